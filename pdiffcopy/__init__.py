@@ -1,0 +1,28 @@
+"""pdiffcopy: fast, safe delta synchronisation of very large files.
+
+The public API mirrors the command line::
+
+    from pdiffcopy import sync
+    result = sync("http://storage1:8080/db/big.ibd", "/srv/db/big.ibd", block_size="1MiB")
+    print(result.similarity, result.bytes_moved)
+
+Everything heavier than this module is imported lazily, so that ``import
+pdiffcopy`` (and the command line's start-up) stays cheap.
+"""
+
+__version__ = "2.0.0"
+
+__all__ = ["__version__", "sync", "SyncResult", "PdiffcopyError"]
+
+
+def __getattr__(name: str):
+    # Lazy exports: the client, server and their dependencies load on first use.
+    if name in ("sync", "SyncResult"):
+        from pdiffcopy import sync as sync_module
+
+        return getattr(sync_module, "sync" if name == "sync" else "SyncResult")
+    if name == "PdiffcopyError":
+        from pdiffcopy.exceptions import PdiffcopyError
+
+        return PdiffcopyError
+    raise AttributeError(f"module 'pdiffcopy' has no attribute {name!r}")

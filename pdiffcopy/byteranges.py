@@ -1,0 +1,174 @@
+"""HTTP byte ranges: ``Range`` headers and ``multipart/byteranges`` bodies.
+
+Pure functions and small stream parsers, shared by the server (answering
+ranged GETs, accepting ranged PATCHes) and the client (sending and reading
+them), so both sides speak exactly the same format (RFC 9110, section 14).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
+
+from pdiffcopy.blocks import ByteRange
+from pdiffcopy.exceptions import BadRequest, RangeNotSatisfiable
+
+#: The boundary between parts. Fixed, because a part's bytes are announced by
+#: its Content-Range and read by count, never scanned for the boundary.
+BOUNDARY = "pdiffcopy-byteranges-3f9c1b"
+
+#: Most ranges one request may carry; bounds the work a single request can ask for.
+MAX_RANGES_PER_REQUEST = 4096
+
+#: Longest header line accepted inside a multipart body.
+MAX_PART_HEADER_LINE = 1024
+
+_RANGE_SPEC = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
+_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+def parse_range_header(header: str, size: int) -> List[ByteRange]:
+    """Parse a ``Range: bytes=...`` header against a file of ``size`` bytes.
+
+    :returns: (offset, length) pairs in the order asked, clipped to the file.
+    :raises BadRequest: When the header is malformed.
+    :raises RangeNotSatisfiable: When no range overlaps the file.
+    """
+    unit, _, specs = header.partition("=")
+    if unit.strip().lower() != "bytes" or not specs.strip():
+        raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+    ranges: List[ByteRange] = []
+    parts = specs.split(",")
+    if len(parts) > MAX_RANGES_PER_REQUEST:
+        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_PER_REQUEST})")
+    for spec in parts:
+        match = _RANGE_SPEC.match(spec)
+        if not match or match.group(1) == match.group(2) == "":
+            raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+        first, last = match.group(1), match.group(2)
+        if first == "":  # suffix range: the last N bytes
+            length = min(int(last), size)
+            if length > 0:
+                ranges.append((size - length, length))
+            continue
+        start = int(first)
+        end = size - 1 if last == "" else min(int(last), size - 1)
+        if last != "" and int(last) < start:
+            raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+        if start < size:
+            ranges.append((start, end - start + 1))
+    if not ranges:
+        raise RangeNotSatisfiable(f"Range not satisfiable for a file of {size} bytes")
+    return ranges
+
+
+def format_range_header(ranges: Iterable[ByteRange]) -> str:
+    """The ``Range`` header value asking for ``ranges``."""
+    return "bytes=" + ",".join(f"{offset}-{offset + length - 1}" for offset, length in ranges)
+
+
+def format_content_range(offset: int, length: int, size: Optional[int]) -> str:
+    """A ``Content-Range`` value; ``size`` :data:`None` means unknown (``*``)."""
+    total = "*" if size is None else str(size)
+    return f"bytes {offset}-{offset + length - 1}/{total}"
+
+
+def parse_content_range(value: str) -> Tuple[int, int, Optional[int]]:
+    """Parse ``bytes FIRST-LAST/SIZE`` into (offset, length, size or None).
+
+    :raises BadRequest: When the value is malformed.
+    """
+    match = _CONTENT_RANGE.match(value or "")
+    if not match:
+        raise BadRequest(f"Malformed Content-Range: {str(value)[:100]!r}")
+    first, last = int(match.group(1)), int(match.group(2))
+    if last < first:
+        raise BadRequest(f"Malformed Content-Range: {value[:100]!r}")
+    size = None if match.group(3) == "*" else int(match.group(3))
+    return first, last - first + 1, size
+
+
+def multipart_content_type() -> str:
+    """The Content-Type of a multipart/byteranges body."""
+    return f"multipart/byteranges; boundary={BOUNDARY}"
+
+
+def part_header(offset: int, length: int, size: Optional[int],
+                content_type: str = "application/octet-stream") -> bytes:
+    """The delimiter and headers that open one part of a multipart body."""
+    return (
+        f"\r\n--{BOUNDARY}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Range: {format_content_range(offset, length, size)}\r\n\r\n"
+    ).encode("ascii")
+
+
+def closing_delimiter() -> bytes:
+    """The delimiter that ends a multipart body."""
+    return f"\r\n--{BOUNDARY}--\r\n".encode("ascii")
+
+
+def multipart_length(ranges: Iterable[ByteRange], size: Optional[int]) -> int:
+    """Exact byte length of a multipart body for ``ranges`` (for Content-Length)."""
+    total = len(closing_delimiter())
+    for offset, length in ranges:
+        total += len(part_header(offset, length, size)) + length
+    return total
+
+
+def boundary_of(content_type: str) -> Optional[str]:
+    """The boundary parameter of a multipart Content-Type, or None."""
+    kind, _, params = (content_type or "").partition(";")
+    if kind.strip().lower() != "multipart/byteranges":
+        return None
+    for param in params.split(";"):
+        key, _, value = param.strip().partition("=")
+        if key.strip().lower() == "boundary":
+            return value.strip().strip('"')
+    raise BadRequest("multipart/byteranges without a boundary")
+
+
+def read_parts(stream: BinaryIO, boundary: str, max_parts: int = MAX_RANGES_PER_REQUEST
+               ) -> Iterator[Tuple[int, int, Optional[int]]]:
+    """Walk the parts of a multipart/byteranges body.
+
+    Yields each part's (offset, length, size) once its headers are read; the
+    caller must then consume exactly ``length`` bytes of ``stream`` (the part's
+    data) before asking for the next part.
+
+    :param stream: A binary stream with ``readline``.
+    :raises BadRequest: When the body is malformed or truncated.
+    """
+    delimiter = b"--" + boundary.encode("ascii", "replace")
+    count = 0
+    while True:
+        line = _read_line(stream)
+        if line == b"":
+            continue  # the CRLF that ends the previous part, or a preamble line
+        if line == delimiter + b"--":
+            return
+        if line != delimiter:
+            raise BadRequest("Malformed multipart body: expected a boundary")
+        count += 1
+        if count > max_parts:
+            raise BadRequest(f"Too many parts (at most {max_parts})")
+        content_range = None
+        while True:
+            header = _read_line(stream)
+            if header == b"":
+                break
+            name, _, value = header.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-range":
+                content_range = value.strip()
+        if content_range is None:
+            raise BadRequest("Malformed multipart body: a part without Content-Range")
+        yield parse_content_range(content_range)
+
+
+def _read_line(stream: BinaryIO) -> bytes:
+    line = stream.readline(MAX_PART_HEADER_LINE)
+    if not line:
+        raise BadRequest("Malformed multipart body: it ends too early")
+    if not line.endswith(b"\n"):
+        raise BadRequest("Malformed multipart body: a header line is too long")
+    return line.rstrip(b"\r\n")

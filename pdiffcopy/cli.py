@@ -1,0 +1,203 @@
+"""The ``pdiffcopy`` command: argument parsing, logging and error reporting.
+
+Every :class:`~pdiffcopy.exceptions.PdiffcopyError` ends the program with one
+line on stderr and a non-zero exit status; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import List, Optional
+
+from pdiffcopy import __version__
+from pdiffcopy.exceptions import PdiffcopyError, UsageError
+
+logger = logging.getLogger("pdiffcopy")
+
+USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET]"
+
+DESCRIPTION = """\
+Synchronise a large file between Linux hosts at high speed, by hashing both
+copies in fixed-size blocks on many cores and moving only the blocks that
+differ, over HTTP.
+
+One of SOURCE and TARGET is a local path and the other a URL of a file on a
+pdiffcopy server (http://HOST:PORT/path): a URL SOURCE pulls, a URL TARGET
+pushes. Both may be local paths. TARGET ends up with exactly SOURCE's bytes
+and size, verified with a whole-file digest on both sides.
+
+Without SOURCE and TARGET, the server starts: it serves the files below
+--root (default: the current directory) on --listen (default 127.0.0.1:8080).
+When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
+require and send it."""
+
+EPILOG = """\
+exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed, 130 interrupted.
+examples:
+  pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
+  pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
+  pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; its help text is the usage documented in README.rst."""
+    parser = argparse.ArgumentParser(
+        prog="pdiffcopy", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    parser.add_argument("paths", nargs="*", metavar="SOURCE TARGET", help=argparse.SUPPRESS)
+    sync = parser.add_argument_group("sync options")
+    sync.add_argument("-b", "--block-size", metavar="BYTES", default="1MiB",
+                      help="block size of the delta transfer: bytes or 5K, 1MiB, 4M... "
+                           "(K/M/G are 1024-based; default 1MiB)")
+    sync.add_argument("-m", "--hash-method", metavar="NAME", default=None,
+                      help="block hash: any hashlib algorithm, xxh3_64, xxh3_128, blake3... "
+                           "(default xxh3_128)")
+    sync.add_argument("-W", "--whole-file", action="store_true",
+                      help="copy every block without comparing (still verified)")
+    sync.add_argument("-c", "--concurrency", metavar="COUNT", type=_positive_int, default=None,
+                      help="hashing processes and connections (default: number of CPUs); "
+                           "for the server, worker processes")
+    sync.add_argument("-n", "--dry-run", action="store_true",
+                      help="report the similarity index and what would move; change nothing")
+    sync.add_argument("--atomic", action="store_true",
+                      help="write a temporary copy and rename it over TARGET when complete")
+    sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
+                      help="mutate the local TARGET and resync it COUNT times at varying "
+                           "similarity, then print an overview (next to rsync if installed)")
+    sync.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
+                      help="how long any network call may wait (default 60)")
+    sync.add_argument("--ca-file", metavar="FILE", default=None,
+                      help="CA bundle to verify an https:// server with")
+    server = parser.add_argument_group("server options")
+    server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
+                        help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
+    server.add_argument("--root", metavar="DIR", default=".",
+                        help="directory the server serves and is confined to (default: .)")
+    server.add_argument("--insecure", action="store_true",
+                        help="allow listening on a non-loopback address without a token")
+    common = parser.add_argument_group("common options")
+    common.add_argument("--token-file", metavar="FILE", default=None,
+                        help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
+    common.add_argument("--no-progress", action="store_true", help="no progress display")
+    common.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (repeatable)")
+    common.add_argument("-q", "--quiet", action="count", default=0,
+                        help="less logging and no progress display (repeatable)")
+    common.add_argument("--version", action="version", version=f"pdiffcopy {__version__}")
+    common.add_argument("-h", "--help", action="help", help="show this message and exit")
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    return value
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; return (and as a script, exit with) its status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose - args.quiet)
+    try:
+        status = run(parser, args)
+    except PdiffcopyError as error:
+        logger.error("%s", error)
+        status = error.exit_code
+    except KeyboardInterrupt:
+        logger.error("Interrupted")
+        status = 130
+    if argv is None:
+        sys.exit(status)
+    return status
+
+
+def setup_logging(verbosity: int) -> None:
+    """Log to stderr through coloredlogs: INFO by default, -v for DEBUG, -q for WARNING."""
+    import coloredlogs
+
+    level = logging.INFO - 10 * verbosity
+    level = max(logging.DEBUG, min(logging.CRITICAL, level))
+    coloredlogs.install(level=level, fmt="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+                        stream=sys.stderr, isatty=None)
+    # Keep third-party chatter out of normal output.
+    logging.getLogger("urllib3").setLevel(max(level, logging.WARNING))
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Dispatch to the server, the benchmark or a sync."""
+    from pdiffcopy.service import read_token
+
+    token = read_token(args.token_file)
+    if not args.paths:
+        if args.benchmark:
+            raise UsageError("--benchmark needs SOURCE and TARGET")
+        from pdiffcopy.service import DEFAULT_LISTEN, ServerOptions, run_server
+
+        run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
+                                 insecure=args.insecure, workers=args.concurrency,
+                                 log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
+        return 0
+    if len(args.paths) != 2:
+        raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
+                         f"see pdiffcopy --help")
+    if args.listen:
+        raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    source, target = args.paths
+    from pdiffcopy.hashing import DEFAULT_HASH_METHOD
+
+    options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+                   whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
+                   token=token, timeout=args.timeout, ca_file=args.ca_file)
+    if args.benchmark:
+        from pdiffcopy.benchmark import run_benchmark
+
+        run_benchmark(source, target, rounds=args.benchmark, **options)
+        return 0
+    result = run_sync(source, target, dry_run=args.dry_run,
+                      show_progress=not (args.quiet or args.no_progress) and sys.stderr.isatty(),
+                      **options)
+    report(result)
+    return 0
+
+
+def run_sync(source: str, target: str, show_progress: bool, **options):
+    """Sync with an optional progress display."""
+    from pdiffcopy.sync import Progress, sync
+
+    progress = Progress()
+    if not show_progress:
+        return sync(source, target, progress=progress, **options)
+    from pdiffcopy.progress import ProgressDisplay
+
+    with ProgressDisplay(progress):
+        return sync(source, target, progress=progress, **options)
+
+
+def report(result) -> None:
+    """Print what a sync did: the similarity for a dry run, a summary otherwise."""
+    from humanfriendly import format_size, format_timespan
+
+    moved = format_size(result.bytes_moved, binary=True)
+    if result.dry_run:
+        print(f"Similarity index: {result.similarity:.2f}% "
+              f"({result.changed_blocks} of {result.total_blocks} blocks differ, "
+              f"{moved} would be transferred)")
+        return
+    logger.info("Synchronised %s to %s: %s moved, %d of %d blocks differed "
+                "(similarity %.2f%%), verified in %s", result.source, result.target, moved,
+                result.changed_blocks, result.total_blocks, result.similarity,
+                format_timespan(result.seconds))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["main", "build_parser"]

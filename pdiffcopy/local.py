@@ -1,0 +1,197 @@
+"""A file on this machine, as a :class:`~pdiffcopy.endpoints.FileEndpoint`."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import stat as stat_module
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Iterable, Iterator, Optional
+
+from pdiffcopy.blocks import ByteRange, Segment
+from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
+from pdiffcopy.exceptions import (
+    NotAFile,
+    PdiffcopyError,
+    StorageError,
+    storage_error,
+)
+from pdiffcopy.fileops import (
+    clone_or_copy,
+    etag,
+    free_space,
+    fsync_directory,
+    read_chunks,
+    resize,
+    temporary_name,
+    write_all,
+)
+from pdiffcopy.hashing import hash_file_segment
+
+
+def _ready() -> bool:
+    return True
+
+
+def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
+    """Start the processes that hash local files.
+
+    The processes are forked now, before the sync starts any thread, because
+    forking a process with running threads can deadlock the child. ``fork``
+    (not spawn) keeps start-up to milliseconds.
+    """
+    try:
+        context = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform
+        context = multiprocessing.get_context()
+    pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context)
+    # With fork, the first submit starts every worker at once.
+    pool.submit(_ready).result()
+    return pool
+
+
+class LocalFile(FileEndpoint):
+    """A regular file on a local file system."""
+
+    def __init__(self, path: str, pool: Optional[ProcessPoolExecutor] = None,
+                 temporary: bool = False) -> None:
+        self.location = path
+        self.path = path
+        self.pool = pool
+        self.temporary = temporary
+        self._read_fd: Optional[int] = None
+        self._write_fd: Optional[int] = None
+        self._created = False
+
+    def stat(self) -> Optional[FileInfo]:
+        try:
+            info = os.stat(self.path)
+        except OSError as error:
+            if error.errno in (errno.ENOENT,):
+                return None
+            raise storage_error(error, f"access {self.path}") from None
+        kind = "file" if stat_module.S_ISREG(info.st_mode) else (
+            "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
+        return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info))
+
+    def submit_hashes(self, segment: Segment, block_size: int, method: str) -> "Future[bytes]":
+        if self.pool is None:
+            raise RuntimeError("LocalFile needs a hash pool to hash")
+        return self.pool.submit(hash_file_segment, self.path, segment, block_size, method)
+
+    def _reader(self) -> int:
+        if self._read_fd is None:
+            try:
+                self._read_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as error:
+                raise storage_error(error, f"open {self.path}") from None
+        return self._read_fd
+
+    def _writer(self) -> int:
+        if self._write_fd is None:
+            try:
+                self._created = not os.path.lexists(self.path)
+                self._write_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            except OSError as error:
+                raise storage_error(error, f"open {self.path} for writing") from None
+            if not stat_module.S_ISREG(os.fstat(self._write_fd).st_mode):
+                raise NotAFile(f"Not a regular file: {self.path}")
+        return self._write_fd
+
+    def prepare(self, size: int) -> None:
+        fd = self._writer()
+        try:
+            growth = size - os.fstat(fd).st_size
+            if growth > 0 and growth > free_space(fd):
+                raise StorageError(
+                    f"Cannot write {self.path}: it needs {growth} more bytes than the disk has free")
+            resize(fd, size)
+        except OSError as error:
+            raise storage_error(error, f"resize {self.path}") from None
+
+    def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
+        fd = self._reader()
+        try:
+            yield from read_chunks(fd, ranges)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        except EOFError:
+            raise StorageError(f"Cannot read {self.path}: it became shorter during the sync") from None
+
+    def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
+        fd = self._writer()
+        written = 0
+        try:
+            for offset, data in chunks:
+                write_all(fd, data, offset)
+                written += len(data)
+        except OSError as error:
+            raise storage_error(error, f"write {self.path}") from None
+        return written
+
+    def flush(self) -> None:
+        try:
+            os.fsync(self._writer())
+            if self._created or self.temporary:
+                fsync_directory(os.path.dirname(self.path))
+        except OSError as error:
+            raise storage_error(error, f"flush {self.path}") from None
+
+    def create_temporary(self, clone: bool) -> "LocalFile":
+        directory, name = os.path.split(self.path)
+        path = os.path.join(directory, temporary_name(name))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            raise storage_error(error, f"create a temporary file in {directory or '.'}") from None
+        temporary = LocalFile(path, self.pool, temporary=True)
+        temporary._write_fd = fd
+        try:
+            source = self._reader() if clone else None
+            if source is not None:
+                if os.fstat(source).st_size > free_space(fd):
+                    raise StorageError(f"Cannot copy {self.path}: not enough free space")
+                clone_or_copy(source, fd)
+            # The final file gets the old file's mode, or the usual default.
+            mode = stat_module.S_IMODE(os.fstat(source).st_mode) if source is not None \
+                else 0o666 & ~_umask()
+            os.fchmod(fd, mode)
+        except OSError as error:
+            temporary.remove_temporary()
+            raise storage_error(error, f"copy {self.path} to a temporary file") from None
+        except PdiffcopyError:
+            temporary.remove_temporary()
+            raise
+        return temporary
+
+    def replace(self, other: FileEndpoint) -> None:
+        assert isinstance(other, LocalFile)
+        try:
+            os.replace(self.path, other.path)
+            fsync_directory(os.path.dirname(other.path))
+        except OSError as error:
+            raise storage_error(error, f"rename {self.path} to {other.path}") from None
+
+    def remove_temporary(self) -> None:
+        self.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass  # already gone: nothing to clean up
+
+    def close(self) -> None:
+        for name in ("_read_fd", "_write_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,150 @@
+"""Confinement: resolve paths beneath a root directory, and nowhere else.
+
+The server never builds a path string and opens it. It opens the root once
+and resolves every request's path relative to it with ``openat2(2)`` and
+``RESOLVE_BENEATH``, so the kernel refuses ``..``, absolute paths and any
+symlink that would lead out, at the moment of opening: there is no window
+between a check and the open for a swapped-in symlink to exploit. Symlinks
+that stay inside the root work.
+
+Where ``openat2`` is missing (Linux < 5.6, other systems) the fallback walks
+the path one component at a time with ``O_NOFOLLOW``: stricter (it refuses
+every symlink) but equally safe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from typing import Optional, Tuple
+
+from pdiffcopy.exceptions import AccessDenied, BadRequest, storage_error
+
+#: The first path component reserved for the server's API (``/.pdiffcopy/...``);
+#: no file of that name at the top of the root can be read or written.
+RESERVED_NAME = ".pdiffcopy"
+
+#: Longest relative path accepted (Linux's PATH_MAX).
+MAX_PATH_LENGTH = 4096
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = None
+_have_openat2: Optional[bool] = None
+
+
+def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                   _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how),
+                       ctypes.sizeof(how))
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
+
+
+def _walk_nofollow(dir_fd: int, path: str, flags: int, mode: int) -> int:
+    parts = path.split("/")
+    current = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                dir_fd=current)
+            os.close(current)
+            current = following
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+    finally:
+        os.close(current)
+
+
+def clean_relative_path(path: str) -> str:
+    """Check a request's path and return it relative to the root.
+
+    :param path: The URL path after percent-decoding and after the slash that
+                 starts every URL path; a further leading ``/`` is absolute.
+    :returns: The normalised relative path, ``""`` for the root itself.
+    :raises AccessDenied: For ``..`` components, absolute escapes and the reserved name.
+    :raises BadRequest: For NUL bytes and overlong paths.
+    """
+    if "\x00" in path:
+        raise BadRequest("Invalid path: it contains a NUL byte")
+    if len(os.fsencode(path)) > MAX_PATH_LENGTH:
+        raise BadRequest("Invalid path: too long")
+    if path.startswith("/"):
+        raise AccessDenied(f"Path outside the root: {path[:200]!r}")
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise AccessDenied(f"Path outside the root: {path[:200]!r}")
+    if parts and parts[0] == RESERVED_NAME:
+        raise AccessDenied(f"Path reserved for the server: {path[:200]!r}")
+    return "/".join(parts)
+
+
+class Root:
+    """A directory the server is confined to."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.abspath(directory)
+        self._fd: Optional[int] = None
+        self._pid: Optional[int] = None
+
+    @property
+    def fd(self) -> int:
+        """A descriptor of the root, opened once per process."""
+        if self._fd is None or self._pid != os.getpid():
+            try:
+                self._fd = os.open(self.directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError as error:
+                raise storage_error(error, f"open the root directory {self.directory}") from None
+            self._pid = os.getpid()
+        return self._fd
+
+    def open(self, path: str, flags: int, mode: int = 0o666) -> int:
+        """Open ``path`` (relative to the root) without leaving the root.
+
+        :returns: A file descriptor; the caller closes it.
+        :raises PdiffcopyError: :class:`AccessDenied` for escapes, else what the file system said.
+        """
+        relative = clean_relative_path(path) or "."
+        global _have_openat2
+        try:
+            if _have_openat2 is not False:
+                try:
+                    return _openat2(self.fd, relative, flags, mode)
+                except OSError as error:
+                    if error.errno != errno.ENOSYS:
+                        raise
+                    _have_openat2 = False
+            return _walk_nofollow(self.fd, relative, flags, mode)
+        except OSError as error:
+            if error.errno in (errno.EXDEV, errno.ELOOP):
+                raise AccessDenied(f"Path outside the root: {path[:200]!r}") from None
+            if error.errno == errno.ENAMETOOLONG:
+                raise BadRequest("Invalid path: a name is too long") from None
+            raise storage_error(error, f"open {relative}") from None
+
+    def open_parent(self, path: str) -> Tuple[int, str]:
+        """Open the directory that holds ``path``; return its descriptor and the last name.
+
+        Renames and unlinks work on (directory descriptor, name) pairs so that
+        the final component is never followed.
+
+        :raises AccessDenied: When ``path`` is the root itself or leads out.
+        """
+        relative = clean_relative_path(path)
+        if not relative:
+            raise AccessDenied("The root directory itself cannot be changed")
+        parent, _, name = relative.rpartition("/")
+        return self.open(parent or ".", os.O_PATH | os.O_DIRECTORY), name

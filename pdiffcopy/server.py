@@ -1,0 +1,464 @@
+"""The HTTP server: a Flask application built by :func:`create_app`.
+
+Views are thin: they parse and validate the request, call the core and the
+file operations, and leave errors to one handler that maps every
+:class:`~pdiffcopy.exceptions.PdiffcopyError` to its HTTP status and a JSON
+body. The protocol is documented in docs/protocol.rst.
+
+Files are served at their own URL (``GET /a/b.img`` with ``Range`` answers
+206, so curl works); the operations a sync needs live under the reserved
+prefix ``/.pdiffcopy/``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import logging
+import os
+import stat as stat_module
+import time
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
+
+from flask import Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from pdiffcopy import __version__
+from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
+from pdiffcopy.byteranges import (
+    boundary_of,
+    closing_delimiter,
+    multipart_content_type,
+    multipart_length,
+    parse_content_range,
+    parse_range_header,
+    part_header,
+    read_parts,
+    format_content_range,
+)
+from pdiffcopy.exceptions import (
+    AccessDenied,
+    AuthenticationFailed,
+    BadRequest,
+    Conflict,
+    NotAFile,
+    PdiffcopyError,
+    RangeNotSatisfiable,
+    StorageError,
+    storage_error,
+)
+from pdiffcopy.fileops import (
+    TRANSFER_CHUNK_SIZE,
+    clone_or_copy,
+    etag,
+    free_space,
+    is_temporary_name,
+    read_chunks,
+    resize,
+    write_all,
+)
+from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
+from pdiffcopy.paths import Root
+
+logger = logging.getLogger(__name__)
+
+#: Largest region one hash request may cover. A client asks per segment
+#: (64 MiB by default); 1 GiB leaves room for large blocks and still bounds
+#: the work one request can demand.
+MAX_HASH_REQUEST_BYTES = 1024 * 1024 * 1024
+
+#: Most blocks one hash request may cover (bounds the answer's size).
+MAX_HASH_REQUEST_BLOCKS = 1024 * 1024
+
+#: Largest file a resize may create: beyond what any disk holds, so a bogus
+#: size is refused even before the free space check.
+MAX_FILE_SIZE = 1 << 50
+
+#: The prefix of the server's own endpoints.
+API_PREFIX = "/.pdiffcopy"
+
+
+@dataclass
+class ServerConfig:
+    """What the application needs to know."""
+
+    root: str
+    token: Optional[str] = None
+
+
+def create_app(config: ServerConfig) -> Flask:
+    """Build the Flask application serving ``config.root``.
+
+    :param config: The root directory and the optional shared secret.
+    :returns: A WSGI application.
+    """
+    app = Flask("pdiffcopy")
+    # "//etc" must reach the view (and be refused), not be merged into "/etc".
+    app.url_map.merge_slashes = False
+    app.url_map.strict_slashes = False
+    root = Root(config.root)
+    expected = f"Bearer {config.token}".encode() if config.token else None
+
+    @app.before_request
+    def authenticate() -> None:
+        g.started = time.monotonic()
+        if expected is None:
+            return
+        supplied = request.headers.get("Authorization", "").encode("latin-1", "replace")
+        # Constant-time comparison: the time to refuse says nothing about the token.
+        if not hmac.compare_digest(supplied, expected):
+            raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
+
+    @app.after_request
+    def log_request(response: Response) -> Response:
+        elapsed = time.monotonic() - g.get("started", time.monotonic())
+        logger.info("%s %s %s %s (%.1f ms)", request.remote_addr, request.method,
+                    request.full_path.rstrip("?"), response.status_code, elapsed * 1000)
+        return response
+
+    @app.errorhandler(Exception)
+    def handle_error(error: Exception):
+        if isinstance(error, PdiffcopyError):
+            status, message = error.http_status, str(error)
+        elif isinstance(error, HTTPException):
+            status, message = error.code or 500, error.description or error.name
+        elif isinstance(error, OSError):
+            mapped = storage_error(error, "complete the request")
+            status, message = mapped.http_status, str(mapped)
+        else:
+            logger.exception("Unexpected error handling %s %s", request.method, request.path)
+            status, message = 500, "Internal server error"
+        response = jsonify(error=message, status=status)
+        response.status_code = status
+        if isinstance(error, AuthenticationFailed):
+            response.headers["WWW-Authenticate"] = 'Bearer realm="pdiffcopy"'
+        return response
+
+    @app.get(f"{API_PREFIX}/version")
+    def version():
+        """Who we are and which hash methods we offer."""
+        return jsonify(version=__version__, methods=available_methods())
+
+    @app.get(f"{API_PREFIX}/stat/<path:path>")
+    def stat_file(path: str):
+        """Size, mtime and type of a file, or 404."""
+        fd = root.open(path, os.O_PATH)
+        try:
+            return jsonify(describe(os.fstat(fd)))
+        finally:
+            os.close(fd)
+
+    @app.get(f"{API_PREFIX}/hashes/<path:path>")
+    def hashes(path: str):
+        """The digests of consecutive blocks of a file, concatenated."""
+        method = validate_method(request.args.get("method", ""))
+        block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+        offset = int_arg("offset", 0, MAX_FILE_SIZE)
+        length = int_arg("length", 0, MAX_HASH_REQUEST_BYTES)
+        if offset % block_size:
+            raise BadRequest("offset must be a multiple of block_size")
+        if -(-length // block_size) > MAX_HASH_REQUEST_BLOCKS:
+            raise BadRequest(f"At most {MAX_HASH_REQUEST_BLOCKS} blocks per request")
+        fd = open_regular(root, path, os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            if offset > info.st_size:
+                raise RangeNotSatisfiable(f"offset {offset} is past the end of the file")
+            try:
+                digests = hash_region(fd, offset, length, block_size, method)
+            except OSError as error:
+                raise storage_error(error, f"read {path}") from None
+        finally:
+            os.close(fd)
+        response = Response(digests, mimetype="application/octet-stream")
+        response.headers["X-Digest-Size"] = str(digest_size(method))
+        response.headers["ETag"] = etag(info)
+        return response
+
+    @app.route("/<path:path>", methods=["GET", "HEAD"])
+    def read_file(path: str):
+        """The file's bytes: all of them, one range (206), or several (multipart/byteranges)."""
+        fd = open_regular(root, path, os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            return ranged_response(fd, info)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @app.route("/<path:path>", methods=["PATCH"])
+    def write_ranges(path: str):
+        """Write byte ranges into an existing file, in place."""
+        fd = open_regular(root, path, os.O_WRONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            written = receive_ranges(fd, info.st_size, path)
+        finally:
+            os.close(fd)
+        return jsonify(written=written)
+
+    @app.post(f"{API_PREFIX}/resize/<path:path>")
+    def resize_file(path: str):
+        """Create the file if missing and make it exactly ``size`` bytes long."""
+        size = int_arg("size", 0, MAX_FILE_SIZE)
+        fd = open_regular(root, path, os.O_WRONLY | os.O_CREAT)
+        try:
+            growth = size - os.fstat(fd).st_size
+            if growth > 0 and growth > free_space(fd):
+                raise StorageError(f"Cannot grow {path} to {size} bytes: not enough free space")
+            try:
+                resize(fd, size)
+            except OSError as error:
+                raise storage_error(error, f"resize {path}") from None
+            return jsonify(describe(os.fstat(fd)))
+        finally:
+            os.close(fd)
+
+    @app.post(f"{API_PREFIX}/fsync/<path:path>")
+    def fsync_file(path: str):
+        """Flush the file's data and its directory entry to disk."""
+        fd = open_regular(root, path, os.O_RDONLY)
+        try:
+            try:
+                os.fsync(fd)
+            except OSError as error:
+                raise storage_error(error, f"flush {path}") from None
+        finally:
+            os.close(fd)
+        fsync_parent(root, path)
+        return jsonify(flushed=True)
+
+    @app.post(f"{API_PREFIX}/clone/<path:path>")
+    def clone_file(path: str):
+        """Create the temporary file ``path`` as a copy of ``from`` (reflink where possible)."""
+        require_temporary(path)
+        origin = request.args.get("from", "")
+        source_fd = open_regular(root, origin, os.O_RDONLY)
+        try:
+            target_fd = root.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                if os.fstat(source_fd).st_size > free_space(target_fd):
+                    raise StorageError(f"Cannot copy {origin}: not enough free space")
+                method = clone_or_copy(source_fd, target_fd)
+                os.fchmod(target_fd, stat_module.S_IMODE(os.fstat(source_fd).st_mode))
+            except BaseException:
+                os.close(target_fd)
+                target_fd = -1
+                remove_quietly(root, path)
+                raise
+            finally:
+                if target_fd >= 0:
+                    os.close(target_fd)
+        except OSError as error:
+            raise storage_error(error, f"copy {origin}") from None
+        finally:
+            os.close(source_fd)
+        return jsonify(method=method)
+
+    @app.post(f"{API_PREFIX}/rename/<path:path>")
+    def rename_file(path: str):
+        """Atomically replace ``to`` with the temporary file ``path``."""
+        require_temporary(path)
+        destination = request.args.get("to", "")
+        source_dir, source_name = root.open_parent(path)
+        try:
+            target_dir, target_name = root.open_parent(destination)
+            try:
+                os.replace(source_name, target_name, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+            except OSError as error:
+                raise storage_error(error, f"rename {path} to {destination}") from None
+            finally:
+                os.close(target_dir)
+        finally:
+            os.close(source_dir)
+        fsync_parent(root, destination)
+        return jsonify(renamed=True)
+
+    @app.delete(f"{API_PREFIX}/temporary/<path:path>")
+    def delete_temporary(path: str):
+        """Remove a temporary file left by an aborted atomic sync."""
+        require_temporary(path)
+        directory, name = root.open_parent(path)
+        try:
+            os.unlink(name, dir_fd=directory)
+        except OSError as error:
+            raise storage_error(error, f"remove {path}") from None
+        finally:
+            os.close(directory)
+        return jsonify(removed=True)
+
+    @app.route("/", methods=["GET", "HEAD"])
+    def index():
+        return jsonify(server="pdiffcopy", version=__version__)
+
+    return app
+
+
+def describe(info: os.stat_result) -> dict:
+    """The JSON description of a file."""
+    kind = "file" if stat_module.S_ISREG(info.st_mode) else (
+        "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
+    return {"type": kind, "size": info.st_size, "mtime_ns": info.st_mtime_ns,
+            "mode": stat_module.S_IMODE(info.st_mode), "etag": etag(info)}
+
+
+def int_arg(name: str, minimum: int, maximum: int) -> int:
+    """A required integer query parameter within bounds."""
+    value = request.args.get(name)
+    if value is None:
+        raise BadRequest(f"Missing parameter: {name}")
+    if not value.isdigit() or len(value) > 20:
+        raise BadRequest(f"Parameter {name} must be a non-negative integer")
+    number = int(value)
+    if not minimum <= number <= maximum:
+        raise BadRequest(f"Parameter {name} must be between {minimum} and {maximum}")
+    return number
+
+
+def open_regular(root: Root, path: str, flags: int) -> int:
+    """Open ``path`` beneath the root and insist that it is a regular file."""
+    fd = root.open(path, flags)
+    info = os.fstat(fd)
+    if not stat_module.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotAFile(f"Not a regular file: {path}")
+    return fd
+
+
+def fsync_parent(root: Root, path: str) -> None:
+    """Flush the directory holding ``path``, so a create or rename survives a crash."""
+    parent = path.rstrip("/").rpartition("/")[0]
+    fd = root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        raise storage_error(error, f"flush the directory of {path}") from None
+    finally:
+        os.close(fd)
+
+
+def require_temporary(path: str) -> None:
+    """Refuse to let the atomic-write endpoints touch anything but temporary files."""
+    if not is_temporary_name(path.rstrip("/").rpartition("/")[2]):
+        raise AccessDenied(f"Not a pdiffcopy temporary file: {path}")
+
+
+def remove_quietly(root: Root, path: str) -> None:
+    """Remove a file we created, ignoring errors (used while already failing)."""
+    try:
+        directory, name = root.open_parent(path)
+        try:
+            os.unlink(name, dir_fd=directory)
+        finally:
+            os.close(directory)
+    except (OSError, PdiffcopyError):
+        pass
+
+
+def check_preconditions(info: os.stat_result) -> None:
+    """Honour ``If-Match``: the client's idea of the file must still be true."""
+    wanted = request.headers.get("If-Match")
+    if wanted and wanted.strip() != "*" and etag(info) not in [t.strip() for t in wanted.split(",")]:
+        raise Conflict("The file changed since the sync started (ETag mismatch)")
+
+
+def ranged_response(fd: int, info: os.stat_result) -> Response:
+    """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``."""
+    size = info.st_size
+    headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
+               "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
+                                              time.gmtime(info.st_mtime))}
+    header = request.headers.get("Range")
+    ranges: List[ByteRange] = [(0, size)]
+    status = 200
+    if header and (not request.headers.get("If-Range")
+                   or request.headers.get("If-Range") == headers["ETag"]):
+        ranges = parse_range_header(header, size)
+        status = 206
+    if request.method == "HEAD":
+        os.close(fd)
+        headers["Content-Length"] = str(size)
+        return Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
+    if len(ranges) == 1:
+        offset, length = ranges[0]
+        if status == 206:
+            headers["Content-Range"] = format_content_range(offset, length, size)
+        headers["Content-Length"] = str(length)
+        # gunicorn sends a file wrapper with sendfile(2), from the current
+        # offset for Content-Length bytes: no copy through Python.
+        os.lseek(fd, offset, os.SEEK_SET)
+        wrapper = request.environ.get("wsgi.file_wrapper")
+        stream = open(fd, "rb", buffering=0)
+        body = wrapper(stream, TRANSFER_CHUNK_SIZE) if wrapper else _file_iterator(stream, length)
+        return Response(body, status=status, headers=headers,
+                        mimetype="application/octet-stream", direct_passthrough=True)
+    headers["Content-Length"] = str(multipart_length(ranges, size))
+    return Response(_multipart_body(fd, ranges, size), status=206, headers=headers,
+                    content_type=multipart_content_type(), direct_passthrough=True)
+
+
+def _file_iterator(stream: io.RawIOBase, length: int) -> Iterator[bytes]:
+    try:
+        while length > 0:
+            data = stream.read(min(TRANSFER_CHUNK_SIZE, length))
+            if not data:
+                break
+            length -= len(data)
+            yield data
+    finally:
+        stream.close()
+
+
+def _multipart_body(fd: int, ranges: List[ByteRange], size: int) -> Iterator[bytes]:
+    try:
+        for offset, length in ranges:
+            yield part_header(offset, length, size)
+            for _, chunk in read_chunks(fd, [(offset, length)]):
+                yield bytes(chunk)
+        yield closing_delimiter()
+    finally:
+        os.close(fd)
+
+
+def receive_ranges(fd: int, size: int, path: str) -> int:
+    """Write the ranges of a PATCH body into ``fd``; return the bytes written.
+
+    Every range must lie inside the file as it is: writes never grow a file
+    (a resize does that, bounded by free space), so a bogus offset cannot
+    create a huge sparse file.
+    """
+    # The WSGI input (gunicorn's Body or werkzeug's LimitedStream) is already
+    # buffered and bounded by Content-Length; it has read() and readline().
+    stream = request.stream
+    boundary = boundary_of(request.content_type or "")
+    if boundary is None:
+        offset, length, _ = parse_content_range(request.headers.get("Content-Range", ""))
+        if request.content_length is not None and request.content_length != length:
+            raise BadRequest("Content-Length does not match Content-Range")
+        return _receive_range(stream, fd, offset, length, size, path)
+    written = 0
+    for offset, length, _ in read_parts(stream, boundary):
+        written += _receive_range(stream, fd, offset, length, size, path)
+    return written
+
+
+def _receive_range(stream, fd: int, offset: int, length: int, size: int,
+                   path: str) -> int:
+    if offset + length > size:
+        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)")
+    position, end = offset, offset + length
+    while position < end:
+        data = stream.read(min(TRANSFER_CHUNK_SIZE, end - position))
+        if not data:
+            raise BadRequest("The request body ended before the range did")
+        try:
+            write_all(fd, data, position)
+        except OSError as error:
+            raise storage_error(error, f"write {path}") from None
+        position += len(data)
+    return length
+

@@ -1,0 +1,144 @@
+"""Running the server: gunicorn started from Python, listen addresses, start-up checks."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from pdiffcopy.exceptions import UsageError
+
+logger = logging.getLogger(__name__)
+
+#: Default listen address: loopback only, so a server started by accident
+#: exposes nothing; the original pdiffcopy's port.
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+#: Request threads per worker process. Transfers wait on the network and
+#: hashing releases the GIL, so a few threads per process keep a client's
+#: hashing and transfer connections (and other clients') all served.
+THREADS_PER_WORKER = 8
+
+#: Seconds a worker may take to finish its requests on shutdown; short, so
+#: Ctrl-C stops the server promptly.
+GRACEFUL_TIMEOUT = 5
+
+#: Seconds an idle keep-alive connection stays open; the client reuses its
+#: connections between the hashing and transfer phases.
+KEEPALIVE_SECONDS = 30
+
+#: The environment variable holding the shared secret (server and client).
+TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
+
+
+def parse_listen_address(value: str) -> Tuple[str, int]:
+    """Parse ``PORT``, ``HOST:PORT`` or ``[IPv6]:PORT``.
+
+    :returns: (host, port); the host defaults to 127.0.0.1.
+    :raises UsageError: For anything else.
+    """
+    text = (value or "").strip()
+    host, port_text = "127.0.0.1", text
+    if text.startswith("["):
+        closing = text.find("]")
+        if closing < 0 or text[closing + 1 : closing + 2] != ":":
+            raise UsageError(f"Invalid listen address: {value!r} (expected [IPv6]:PORT)")
+        host, port_text = text[1:closing], text[closing + 2 :]
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+        if ":" in host:
+            raise UsageError(f"Invalid listen address: {value!r} (write IPv6 as [ADDRESS]:PORT)")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535 or not host:
+        raise UsageError(f"Invalid listen address: {value!r} (expected PORT, HOST:PORT or [IPv6]:PORT)")
+    return host, int(port_text)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(token_file: Optional[str] = None) -> Optional[str]:
+    """The shared secret from ``token_file`` or ``$PDIFFCOPY_TOKEN`` (None if neither).
+
+    :raises UsageError: When the file cannot be read or is empty.
+    """
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as error:
+            raise UsageError(f"Cannot read token file {token_file}: {error.strerror}") from None
+        if not token:
+            raise UsageError(f"Token file {token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_VARIABLE) or None
+
+
+@dataclass
+class ServerOptions:
+    """Everything the ``pdiffcopy`` server command takes."""
+
+    listen: str = DEFAULT_LISTEN
+    root: str = "."
+    token: Optional[str] = None
+    insecure: bool = False
+    workers: Optional[int] = None
+    log_level: str = "info"
+
+
+def run_server(options: ServerOptions) -> None:
+    """Serve ``options.root`` until SIGINT or SIGTERM.
+
+    :raises UsageError: For a bad address, a missing root, or a public
+                        address without a token (unless ``insecure``).
+    """
+    host, port = parse_listen_address(options.listen)
+    root = os.path.abspath(options.root)
+    if not os.path.isdir(root):
+        raise UsageError(f"Root directory does not exist: {root}")
+    if not options.token and not is_loopback(host) and not options.insecure:
+        raise UsageError(
+            f"Refusing to listen on {host} without a token: anyone on the network could read and "
+            f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure."
+        )
+    workers = options.workers or os.cpu_count() or 2
+    from gunicorn.app.base import BaseApplication
+
+    from pdiffcopy.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(root=root, token=options.token))
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    settings = {
+        "bind": [bind],
+        "workers": workers,
+        "worker_class": "gthread",
+        "threads": THREADS_PER_WORKER,
+        "graceful_timeout": GRACEFUL_TIMEOUT,
+        "keepalive": KEEPALIVE_SECONDS,
+        # A worker busy with a long hash still heartbeats from its main thread.
+        "timeout": 120,
+        "loglevel": options.log_level,
+        "errorlog": "-",
+        "accesslog": None,
+        "preload_app": True,
+        "proc_name": "pdiffcopy-server",
+    }
+
+    class Application(BaseApplication):  # gunicorn's documented embedding API
+        def load_config(self) -> None:
+            for key, value in settings.items():
+                self.cfg.set(key, value)
+
+        def load(self):
+            return app
+
+    logger.info("Serving %s on http://%s with %d workers", root, bind, workers)
+    Application().run()

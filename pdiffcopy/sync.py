@@ -1,0 +1,396 @@
+"""The sync: bring a target to exactly a source's bytes, moving only what differs.
+
+The pipeline, one step after another::
+
+    block plan -> block digests of both sides (in parallel) -> changed ranges
+      -> transfer (ranged reads and writes) -> flush -> verify -> (atomic rename)
+
+:func:`sync` is the documented entry point; the command line calls it too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+from pdiffcopy.blocks import (
+    DEFAULT_BLOCK_SIZE,
+    BlockPlan,
+    Segment,
+    Similarity,
+    batch_ranges,
+    changed_blocks,
+    coalesce,
+    parse_block_size,
+    split_digests,
+    split_ranges,
+    tree_digest_input,
+)
+from pdiffcopy.endpoints import FileEndpoint, FileInfo, is_url
+from pdiffcopy.exceptions import (
+    Conflict,
+    FileMissing,
+    NotAFile,
+    StorageError,
+    UsageError,
+    VerificationFailed,
+)
+from pdiffcopy.hashing import (
+    DEFAULT_HASH_METHOD,
+    digest_bytes,
+    digest_size,
+    validate_method,
+    verify_method,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Largest byte range one transfer request carries. 16 MiB keeps a 100 %
+#: changed 1 GiB file spread over 64 requests, so every connection stays
+#: busy until the end, while per-request overhead stays under 1 %.
+TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
+
+#: Most worker processes or connections a user may ask for.
+MAX_CONCURRENCY = 256
+
+
+class Progress:
+    """Counters a progress display reads; the sync only adds to them."""
+
+    def __init__(self) -> None:
+        self.hash_total = 0
+        self.hashed = 0
+        self.move_total = 0
+        self.moved = 0
+        self.phase = "starting"
+
+    def add_hashed(self, count: int) -> None:
+        self.hashed += count
+
+    def add_moved(self, count: int) -> None:
+        self.moved += count
+
+
+@dataclass
+class SyncResult:
+    """What a sync did, or (with ``dry_run``) would do."""
+
+    source: str
+    target: str
+    size: int
+    block_size: int
+    hash_method: str
+    total_blocks: int
+    changed_blocks: int
+    bytes_moved: int
+    similarity: float
+    dry_run: bool
+    verified: bool
+    digest: str
+    seconds: float
+
+
+def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
+         hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
+         concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
+         token: Optional[str] = None, timeout: Optional[float] = None,
+         ca_file: Optional[str] = None, progress: Optional[Progress] = None) -> SyncResult:
+    """Bring ``target`` to exactly the bytes and size of ``source``.
+
+    One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
+    a file on a pdiffcopy server: a URL source pulls, a URL target pushes.
+
+    :param source: Path or URL of the file with the wanted bytes.
+    :param target: Path or URL of the file to update (created if missing).
+    :param block_size: Block size in bytes, or an expression like ``"1MiB"``.
+    :param hash_method: Block hash (any :mod:`hashlib` name, ``xxh3_128``, ``blake3``...).
+    :param whole_file: Skip the comparison and copy every block.
+    :param concurrency: Hashing processes and connections (default: CPU count).
+    :param dry_run: Only compare and report the similarity; change nothing.
+    :param atomic: Write a temporary sibling and rename it over the target at the end.
+    :param token: Shared secret for the server (default: ``$PDIFFCOPY_TOKEN``).
+    :param timeout: Seconds any network call may wait (default 60).
+    :param ca_file: CA bundle to verify an ``https://`` server with.
+    :param progress: Counters to update, for a progress display.
+    :returns: A :class:`SyncResult`.
+    :raises PdiffcopyError: On any failure; the target is then not reported as synced.
+    """
+    options = _Options(
+        block_size=parse_block_size(block_size),
+        hash_method=validate_method(hash_method),
+        whole_file=whole_file,
+        concurrency=_check_concurrency(concurrency),
+        dry_run=dry_run,
+        atomic=atomic,
+    )
+    if is_url(source) and is_url(target):
+        raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
+    if token is None:
+        from pdiffcopy.service import read_token
+
+        token = read_token()
+    job = _SyncJob(source, target, options, token, timeout, ca_file, progress or Progress())
+    return job.run()
+
+
+@dataclass(frozen=True)
+class _Options:
+    block_size: int
+    hash_method: str
+    whole_file: bool
+    concurrency: int
+    dry_run: bool
+    atomic: bool
+
+
+def _check_concurrency(value: Optional[int]) -> int:
+    if value is None:
+        return max(1, os.cpu_count() or 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise UsageError(f"Invalid concurrency: {value!r} (expected 1 to {MAX_CONCURRENCY})")
+    return value
+
+
+class _SyncJob:
+    """One run of :func:`sync`: owns the endpoints, the pools and the counters."""
+
+    def __init__(self, source: str, target: str, options: _Options, token: Optional[str],
+                 timeout: Optional[float], ca_file: Optional[str], progress: Progress) -> None:
+        self.options = options
+        self.progress = progress
+        self.started = time.monotonic()
+        self.pool = None
+        if not (is_url(source) and is_url(target)):
+            from pdiffcopy.local import start_hash_pool
+
+            # Forked before any thread exists (see start_hash_pool).
+            self.pool = start_hash_pool(options.concurrency)
+        self.source = self._endpoint(source, token, timeout, ca_file)
+        self.target = self._endpoint(target, token, timeout, ca_file)
+        self.transfers: Optional[ThreadPoolExecutor] = None
+        self.bytes_moved = 0
+        self.lock = threading.Lock()
+
+    def _endpoint(self, location: str, token, timeout, ca_file) -> FileEndpoint:
+        if is_url(location):
+            from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
+
+            return RemoteFile(location, token=token, concurrency=self.options.concurrency,
+                              timeout=timeout or DEFAULT_TIMEOUT, verify=ca_file or True)
+        from pdiffcopy.local import LocalFile
+
+        if not location or location.endswith("/"):
+            raise UsageError(f"Not a file name: {location!r}")
+        return LocalFile(location, self.pool)
+
+    def run(self) -> SyncResult:
+        try:
+            return self._run()
+        except BrokenProcessPool:
+            raise StorageError("A hashing process died unexpectedly; nothing was reported synced") from None
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self.transfers is not None:
+            self.transfers.shutdown(wait=True, cancel_futures=True)
+        for endpoint in (self.source, self.target):
+            endpoint.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- the steps ---------------------------------------------------------
+
+    def _run(self) -> SyncResult:
+        options = self.options
+        source_info = self._check_source()
+        target_info = self._check_target()
+        plan = BlockPlan(source_info.size, options.block_size)
+        segments = plan.segments()
+        self.progress.phase = "comparing"
+        if options.dry_run:
+            similarity, _, _ = self._compare(plan, segments, self.target if target_info else None,
+                                             transfer_to=None)
+            return self._result(plan, similarity, verified=False, digest="")
+        # A missing target is always written under a temporary name: nothing
+        # half-written ever appears under the target's name.
+        atomic = options.atomic or target_info is None
+        work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
+            if atomic else self.target
+        try:
+            work.prepare(plan.size)
+            self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
+            if options.whole_file or target_info is None:
+                source_digests = self._copy_everything(plan, segments, work)
+                target_digests = None
+                similarity = Similarity(plan.block_count, plan.block_count, plan.size, plan.size)
+            else:
+                similarity, source_digests, target_digests = self._compare(
+                    plan, segments, work, transfer_to=work)
+            self.progress.phase = "flushing"
+            work.flush()
+            digest = self._verify(plan, segments, work, source_digests, target_digests)
+            self._check_source_unchanged(source_info)
+            if work is not self.target:
+                work.replace(self.target)
+        except BaseException:
+            if work is not self.target:
+                work.remove_temporary()
+            raise
+        return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _check_source(self) -> FileInfo:
+        info = self.source.stat()
+        if info is None:
+            raise FileMissing(f"Source does not exist: {self.source.location}")
+        if info.kind != "file":
+            raise NotAFile(f"Source is not a regular file: {self.source.location}")
+        self.source.pin(info)
+        return info
+
+    def _check_target(self) -> Optional[FileInfo]:
+        info = self.target.stat()
+        if info is not None and info.kind != "file":
+            raise NotAFile(f"Target is not a regular file: {self.target.location}")
+        if info is not None and not self.source.is_remote and not self.target.is_remote:
+            if os.path.samefile(self.source.location, self.target.location):
+                raise UsageError(f"Source and target are the same file: {self.source.location}")
+        return info
+
+    def _hash_all(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str
+                  ) -> Dict[int, "Future[bytes]"]:
+        futures = {}
+        for segment in segments:
+            future = endpoint.submit_hashes(segment, self.options.block_size, method)
+            future.add_done_callback(
+                lambda f, n=segment.length: f.cancelled() or f.exception() or self.progress.add_hashed(n))
+            futures[segment.index] = future
+        return futures
+
+    def _compare(self, plan: BlockPlan, segments: List[Segment], target: Optional[FileEndpoint],
+                 transfer_to: Optional[FileEndpoint]):
+        """Hash both sides, find the changed blocks and (unless dry-run) transfer them.
+
+        Transfers of a segment start as soon as both of its digest lists are
+        in, while later segments are still being hashed.
+        """
+        method = self.options.hash_method
+        size = digest_size(method)
+        self.progress.hash_total = plan.size * (2 if target is not None else 1)
+        source_futures = self._hash_all(self.source, segments, method)
+        target_futures = self._hash_all(target, segments, method) if target is not None else {}
+        source_digests: List[bytes] = []
+        target_digests: List[bytes] = []
+        changed_count = changed_bytes = 0
+        pending: List[Future] = []
+        for segment in segments:
+            ours = split_digests(source_futures[segment.index].result(), size)
+            theirs = split_digests(target_futures[segment.index].result(), size) \
+                if target is not None else None
+            source_digests.extend(ours)
+            target_digests.extend(theirs or [])
+            changed = changed_blocks(segment, ours, theirs)
+            changed_count += len(changed)
+            ranges = coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
+            changed_bytes += sum(length for _, length in ranges)
+            if transfer_to is not None:
+                self.progress.move_total = changed_bytes
+                for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
+                    pending.append(self.transfers.submit(self._transfer, batch, transfer_to))
+            self._raise_failures(pending)
+        self._wait(pending)
+        similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
+        return similarity, source_digests, (target_digests if target is not None else None)
+
+    def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
+                         work: FileEndpoint) -> Optional[List[bytes]]:
+        """Whole-file mode: send every byte while the source is hashed for verification."""
+        method = verify_method(self.options.hash_method)
+        self.progress.hash_total = 2 * plan.size
+        self.progress.move_total = plan.size
+        source_futures = self._hash_all(self.source, segments, method)
+        ranges = [(segment.offset, segment.length) for segment in segments]
+        split = split_ranges(ranges, TRANSFER_REQUEST_BYTES)
+        pending = [self.transfers.submit(self._transfer, [item], work) for item in split]
+        self._wait(pending)
+        size = digest_size(method)
+        return [digest for segment in segments
+                for digest in split_digests(source_futures[segment.index].result(), size)]
+
+    def _transfer(self, batch, work: FileEndpoint) -> None:
+        """Move one batch of ranges from the source to ``work`` (runs in a transfer thread)."""
+        written = work.write_ranges(batch, self._count_moved(self.source.read_ranges(batch)))
+        with self.lock:
+            self.bytes_moved += written
+
+    def _count_moved(self, chunks):
+        for offset, data in chunks:
+            yield offset, data
+            self.progress.add_moved(len(data))
+
+    @staticmethod
+    def _raise_failures(pending: List[Future]) -> None:
+        for future in pending:
+            if future.done() and future.exception() is not None:
+                raise future.exception()
+
+    @staticmethod
+    def _wait(pending: List[Future]) -> None:
+        for future in pending:
+            future.result()
+
+    def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
+                source_digests: Optional[List[bytes]], target_digests: Optional[List[bytes]]) -> str:
+        """Compare a whole-file digest of both sides; return it as hex.
+
+        The digest hashes every block digest (a one-level hash tree). The
+        target is hashed again after the writes and the flush, unless nothing
+        was written and its digests from the comparison still hold.
+        """
+        self.progress.phase = "verifying"
+        method = verify_method(self.options.hash_method)
+        size = digest_size(method)
+        if source_digests is None or (method != self.options.hash_method and not self.options.whole_file):
+            futures = self._hash_all(self.source, segments, method)
+            source_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
+        if target_digests is None or self.bytes_moved or method != self.options.hash_method:
+            self.progress.hash_total += plan.size
+            futures = self._hash_all(work, segments, method)
+            target_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
+        info = work.stat()
+        if info is None or info.size != plan.size:
+            raise VerificationFailed(
+                f"Verification failed: {self.target.location} has "
+                f"{'no file' if info is None else f'{info.size} bytes'}, expected {plan.size}")
+        source_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
+                                                             source_digests))
+        target_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
+                                                             target_digests))
+        if source_tree != target_tree:
+            differing = sum(1 for a, b in zip(source_digests, target_digests) if a != b)
+            raise VerificationFailed(
+                f"Verification failed: {differing} block(s) of {self.target.location} differ from "
+                f"the source after the sync")
+        return source_tree.hex()
+
+    def _check_source_unchanged(self, before: FileInfo) -> None:
+        after = self.source.stat()
+        if after is None or (after.size, after.mtime_ns) != (before.size, before.mtime_ns):
+            raise Conflict(f"Source changed during the sync: {self.source.location}; run again")
+
+    def _result(self, plan: BlockPlan, similarity: Similarity, verified: bool, digest: str
+                ) -> SyncResult:
+        return SyncResult(
+            source=self.source.location, target=self.target.location, size=plan.size,
+            block_size=plan.block_size, hash_method=self.options.hash_method,
+            total_blocks=plan.block_count, changed_blocks=similarity.changed_blocks,
+            bytes_moved=self.bytes_moved if not self.options.dry_run else similarity.changed_bytes,
+            similarity=similarity.index, dry_run=self.options.dry_run, verified=verified,
+            digest=digest, seconds=time.monotonic() - self.started)
+
