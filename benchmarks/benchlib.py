@@ -11,11 +11,13 @@ import platform
 import random
 import re
 import shlex
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,7 +64,8 @@ SETUP_ORIGINAL = BENCH_DIR / "setup_original.sh"
 # between local paths, and never skip a file because its size and time look unchanged.
 RSYNC_OPTIONS = ("--inplace", "--no-whole-file", "--ignore-times")
 
-# Tool families that can be chosen with --tools, in the order the columns appear.
+# Tool families that can be chosen with --tools, in the order of the report's columns;
+# cp and curl are whole-file copies, measured as references.
 FAMILIES = ("rsync", "original", "ours", "cp", "curl")
 DIRECTIONS = ("pull", "push")
 
@@ -200,6 +203,13 @@ def make_mutated_copy(source: Path, target: Path, percent: int, seed: int) -> in
     return num_mutated
 
 
+def fresh_target(base: Path, target: Path, copy_base: bool) -> None:
+    """Replace `target` by a copy of `base` (or by nothing, for tools that create the file)."""
+    target.unlink(missing_ok=True)
+    if copy_base:
+        copy_file(base, target)
+
+
 def verify_copy(path: Path, expected_sha256: str, expected_size: int, what: str) -> None:
     """Raise :class:`BenchmarkError` unless `path` has the expected size and SHA-256."""
     if not path.exists():
@@ -261,7 +271,8 @@ def wait_rusage(process: subprocess.Popen, timeout: Optional[float] = None):
     ``ru_maxrss`` of it is the peak RSS in KiB of the largest single process among the
     child and the descendants it waited for, as ``/usr/bin/time -v`` reports it. The wait
     blocks in the kernel, so it adds no polling delay to a timing; after `timeout` seconds a
-    timer kills the process group and :class:`subprocess.TimeoutExpired` is raised.
+    timer kills the process group, and once the process is reaped
+    :class:`subprocess.TimeoutExpired` is raised.
     """
     timed_out = threading.Event()
 
@@ -291,17 +302,25 @@ class RunResult:
     max_rss_kib: int
 
 
-def run_tool(command: List[str], log_path: Path, env: Optional[Dict[str, str]] = None) -> RunResult:
+def run_tool(
+    command: List[str],
+    log_path: Path,
+    env: Optional[Dict[str, str]] = None,
+    on_start: Optional[Callable[[subprocess.Popen], None]] = None,
+) -> RunResult:
     """
     Run one tool invocation to completion and return its wall time, as a user would see it.
 
-    The clock covers the whole process, start-up included. A non-zero exit raises
-    :class:`BenchmarkError` with the end of the log; any exception (Ctrl-C too) kills the
-    tool's process group first so that nothing is left behind.
+    The clock covers the whole process, start-up included. `on_start` is called with the
+    started process (the memory benchmark uses it to watch the process). A non-zero exit
+    raises :class:`BenchmarkError` with the end of the log; any exception (Ctrl-C too) kills
+    the tool's process group first so that nothing is left behind.
     """
     started = time.perf_counter()
     process = start_process(command, log_path, env)
     try:
+        if on_start:
+            on_start(process)
         rusage = wait_rusage(process, RUN_TIMEOUT)
     except BaseException:
         kill_group(process, signal.SIGKILL)
@@ -331,7 +350,12 @@ def install_signal_handlers() -> None:
 
 
 class Server:
-    """A server process on 127.0.0.1, started in its own process group and always stopped."""
+    """
+    A server process on 127.0.0.1, started in its own process group and always stopped.
+
+    It keeps its port for its lifetime, so it can be stopped and started again (the memory
+    benchmark does that to measure each sync with a fresh server).
+    """
 
     name = "server"
 
@@ -355,6 +379,7 @@ class Server:
     def start(self) -> "Server":
         """Start the server and wait until it accepts connections."""
         log("starting %s on 127.0.0.1:%i" % (self.name, self.port))
+        self.exit_rusage = None
         self.process = start_process(self.command(), self.log_path, self.environment())
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
@@ -374,8 +399,8 @@ class Server:
         try:
             self.exit_rusage = wait_rusage(self.process, SERVER_STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            kill_group(self.process, signal.SIGKILL)
-            self.exit_rusage = wait_rusage(self.process)
+            # wait_rusage() has killed the process group and reaped the server by now.
+            log("%s did not stop within %.0f s of SIGTERM: killed" % (self.name, SERVER_STOP_TIMEOUT))
         # Workers that outlived their master are still in the group.
         kill_group(self.process, signal.SIGKILL)
 
@@ -561,7 +586,7 @@ class Tool:
 
     `command` maps the target path of a run to the command line. `needs_target` says
     whether each run starts from a fresh copy of the mutated file (delta tools) or from no
-    file at all (whole-file reference copies).
+    file at all (whole-file reference copies). `server` is the server the tool talks to.
     """
 
     name: str
@@ -570,6 +595,7 @@ class Tool:
     command: Callable[[Path], List[str]]
     needs_target: bool = True
     env: Optional[Dict[str, str]] = None
+    server: Optional[Server] = None
 
 
 @dataclass
@@ -585,26 +611,53 @@ class Setup:
 def rsync_tools(daemon: RsyncDaemon, source: Path, directions: List[str]) -> List[Tool]:
     """rsync pulling `source` from module ``data`` and pushing it into module ``run``."""
     rsync = ["rsync", *RSYNC_OPTIONS]
-    tools = []
-    if "pull" in directions:
-        tools.append(Tool("rsync-pull", "rsync", "pull", lambda target: rsync + [daemon.url("data", source.name), str(target)]))
-    if "push" in directions:
-        tools.append(Tool("rsync-push", "rsync", "push", lambda target: rsync + [str(source), daemon.url("run", target.name)]))
-    return tools
+
+    def pull(target: Path) -> List[str]:
+        return rsync + [daemon.url("data", source.name), str(target)]
+
+    def push(target: Path) -> List[str]:
+        return rsync + [str(source), daemon.url("run", target.name)]
+
+    commands = {"pull": pull, "push": push}
+    return [Tool("rsync-" + d, "rsync", d, commands[d], server=daemon) for d in DIRECTIONS if d in directions]
 
 
 def pdiffcopy_tools(family, server, prefix: List[str], source: Path, directions: List[str], env=None) -> List[Tool]:
-    """A pdiffcopy client (`prefix`: program and options) pulling from and pushing to `server`.
+    """
+    A pdiffcopy client (`prefix`: program and options) pulling from and pushing to `server`.
 
     Both versions take ``SOURCE TARGET`` with one of them a URL of the server; only the URL
     form differs, and ``server.url()`` knows it.
     """
-    tools = []
-    if "pull" in directions:
-        tools.append(Tool(family + "-pull", family, "pull", lambda target: prefix + [server.url(source), str(target)], env=env))
-    if "push" in directions:
-        tools.append(Tool(family + "-push", family, "push", lambda target: prefix + [str(source), server.url(target)], env=env))
-    return tools
+
+    def pull(target: Path) -> List[str]:
+        return prefix + [server.url(source), str(target)]
+
+    def push(target: Path) -> List[str]:
+        return prefix + [str(source), server.url(target)]
+
+    commands = {"pull": pull, "push": push}
+    return [
+        Tool(family + "-" + d, family, d, commands[d], env=env, server=server) for d in DIRECTIONS if d in directions
+    ]
+
+
+def whole_file_fetch(server: "OursServer", source: Path) -> Callable[[Path], List[str]]:
+    """curl downloading all of `source` from our server with one plain GET (a reference)."""
+
+    def fetch(target: Path) -> List[str]:
+        return ["curl", "--silent", "--show-error", "--fail", "-o", str(target), server.url(source)]
+
+    return fetch
+
+
+def local_copy(source: Path) -> Callable[[Path], List[str]]:
+    """cp of `source` into a new file (a reference: the cost of writing the whole file)."""
+
+    def copy(target: Path) -> List[str]:
+        return ["cp", str(source), str(target)]
+
+    return copy
 
 
 def build_setup(
@@ -652,12 +705,10 @@ def build_setup(
         if "ours" in families:
             setup.tools += pdiffcopy_tools("ours", our_server, ours.command + ours_args, source, directions, ours.env)
         if "curl" in families:
-            curl = ["curl", "--silent", "--show-error", "--fail", "-o"]
-            setup.tools.append(
-                Tool("curl", "curl", "copy", lambda target: curl + [str(target), our_server.url(source)], needs_target=False)
-            )
+            fetch = whole_file_fetch(our_server, source)
+            setup.tools.append(Tool("curl", "curl", "copy", fetch, needs_target=False, server=our_server))
     if "cp" in families:
-        setup.tools.append(Tool("cp", "cp", "copy", lambda target: ["cp", str(source), str(target)], needs_target=False))
+        setup.tools.append(Tool("cp", "cp", "copy", local_copy(source), needs_target=False))
     return setup
 
 
@@ -690,3 +741,107 @@ def markdown_table(header: List[str], rows: List[List[str]]) -> str:
 
     separator = "|" + "|".join("-" * (width + 1) + ":" for width in widths) + "|"
     return "\n".join([render(header), separator] + [render(row) for row in rows])
+
+
+# --------------------------------------------------------------------------- the scripts' frame
+
+# Inside a script's work directory: the source and mutated base files, the targets of the
+# runs (also where pushes land), and one log per tool.
+SOURCE_NAME = "source.img"
+
+
+@dataclass
+class WorkDirs:
+    """The temporary directory of one benchmark run and its parts."""
+
+    root: Path
+    data: Path
+    run: Path
+    logs: Path
+
+    @property
+    def source(self) -> Path:
+        """The source file that every tool copies."""
+        return self.data / SOURCE_NAME
+
+    def base(self, delta: int) -> Path:
+        """The mutated base file of `delta` %, copied to make each run's fresh target."""
+        return self.data / ("delta-%03d.img" % delta)
+
+
+def add_common_arguments(parser, families, default_families) -> None:
+    """Add the options both scripts share: tools, directions, seed, tool options, work dir, output."""
+    parser.add_argument(
+        "--tools",
+        default=",".join(default_families),
+        type=lambda text: parse_name_list(text, families),
+        help="comma separated tools from %s (default %s)" % (",".join(families), ",".join(default_families)),
+    )
+    parser.add_argument(
+        "--directions",
+        default=",".join(DIRECTIONS),
+        type=lambda text: parse_name_list(text, DIRECTIONS),
+        help="pull, push or both (default pull,push)",
+    )
+    parser.add_argument("--seed", default=DEFAULT_SEED, type=int, help="seed of the test data")
+    parser.add_argument("--ours-args", default="", type=shlex.split, help="extra options for our pdiffcopy client")
+    parser.add_argument("--ours-server-args", default="", type=shlex.split, help="extra options for our server")
+    parser.add_argument("--original-args", default="", type=shlex.split, help="extra options for the original client")
+    parser.add_argument(
+        "--workdir",
+        default=Path(tempfile.gettempdir()),
+        type=Path,
+        help="directory in which a temporary data directory is made; its file system is part of "
+        "what is measured (default %(default)s)",
+    )
+    parser.add_argument("--keep-data", action="store_true", help="keep the data directory at the end")
+    parser.add_argument("--output", type=Path, help="also write the report to this file")
+
+
+def run_script(args, prefix: str, body: Callable[[Setup, WorkDirs, str], str]) -> int:
+    """
+    The frame of both scripts around `body`; returns the exit status.
+
+    Makes a temporary work directory under ``args.workdir``, builds the servers and tools
+    chosen by the common options, calls ``body(setup, dirs, machine_line)`` for the report,
+    prints it (and writes it to ``--output``), and always removes the data files. The logs
+    are kept when the benchmark failed, the whole directory with ``--keep-data``.
+    """
+    install_signal_handlers()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=args.workdir)).resolve()
+    dirs = WorkDirs(root=root, data=root / "data", run=root / "run", logs=root / "logs")
+    for directory in (dirs.data, dirs.run, dirs.logs):
+        directory.mkdir()
+    machine = machine_description(root)
+    log(machine)
+    succeeded = False
+    try:
+        setup = build_setup(
+            args.tools, args.directions, root, dirs.source, dirs.run,
+            args.original_args, args.ours_args, args.ours_server_args,
+        )
+        if not setup.tools:
+            raise BenchmarkError("no tool left to measure")
+        report = body(setup, dirs, machine)
+        print(report, end="")
+        if args.output:
+            args.output.write_text(report)
+            log("report written to %s" % args.output)
+        succeeded = True
+        return 0
+    except BenchmarkError as error:
+        log("BENCHMARK FAILED: %s" % error)
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        if args.keep_data:
+            log("work directory kept: %s" % root)
+        elif succeeded:
+            shutil.rmtree(root)
+        else:
+            for image in root.rglob("*.img"):
+                image.unlink()
+            log("logs kept for a post-mortem in %s" % root)

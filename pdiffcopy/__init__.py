@@ -12,15 +12,15 @@ pdiffcopy`` (and the command line's start-up) stays cheap.
 
 __version__ = "2.0.0"
 
-__all__ = ["__version__", "sync", "SyncResult", "PdiffcopyError"]
+__all__ = ["__version__", "sync", "SyncResult", "Progress", "PdiffcopyError"]
 
 
 def __getattr__(name: str):
     # Lazy exports: the client, server and their dependencies load on first use.
-    if name in ("sync", "SyncResult"):
-        from pdiffcopy import sync as sync_module
+    if name in ("sync", "SyncResult", "Progress"):
+        from pdiffcopy import pipeline
 
-        return getattr(sync_module, "sync" if name == "sync" else "SyncResult")
+        return getattr(pipeline, name)
     if name == "PdiffcopyError":
         from pdiffcopy.exceptions import PdiffcopyError
 

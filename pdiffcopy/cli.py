@@ -118,14 +118,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     return status
 
 
-def setup_logging(verbosity: int) -> None:
-    """Log to stderr through coloredlogs: INFO by default, -v for DEBUG, -q for WARNING."""
-    import coloredlogs
+#: One format for every log line, coloured or not.
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
 
+
+def setup_logging(verbosity: int) -> None:
+    """Log to stderr: INFO by default, -v for DEBUG, -q for WARNING.
+
+    On a terminal coloredlogs colours the lines; elsewhere (pipes, files,
+    services) colours are no use and plain logging spares the import (~40 ms
+    of every run).
+    """
     level = logging.INFO - 10 * verbosity
     level = max(logging.DEBUG, min(logging.CRITICAL, level))
-    coloredlogs.install(level=level, fmt="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
-                        stream=sys.stderr, isatty=None)
+    if sys.stderr.isatty():
+        import coloredlogs
+
+        coloredlogs.install(level=level, fmt=LOG_FORMAT, stream=sys.stderr)
+    else:
+        logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+        logging.getLogger().setLevel(level)
     # Keep third-party chatter out of normal output.
     logging.getLogger("urllib3").setLevel(max(level, logging.WARNING))
 
@@ -169,7 +181,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def run_sync(source: str, target: str, show_progress: bool, **options):
     """Sync with an optional progress display."""
-    from pdiffcopy.sync import Progress, sync
+    from pdiffcopy.pipeline import Progress, sync
 
     progress = Progress()
     if not show_progress:

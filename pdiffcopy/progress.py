@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Optional, TextIO
 
-from pdiffcopy.sync import Progress
+from pdiffcopy.pipeline import Progress
 
 #: Seconds between redraws: often enough to look alive, rarely enough to cost nothing.
 REFRESH_SECONDS = 0.25

@@ -13,7 +13,6 @@ prefix ``/.pdiffcopy/``.
 from __future__ import annotations
 
 import hmac
-import io
 import logging
 import os
 import stat as stat_module
@@ -54,7 +53,6 @@ from pdiffcopy.fileops import (
     etag,
     free_space,
     is_temporary_name,
-    read_chunks,
     resize,
     write_all,
 )
@@ -388,38 +386,32 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         if status == 206:
             headers["Content-Range"] = format_content_range(offset, length, size)
         headers["Content-Length"] = str(length)
-        # gunicorn sends a file wrapper with sendfile(2), from the current
-        # offset for Content-Length bytes: no copy through Python.
-        os.lseek(fd, offset, os.SEEK_SET)
-        wrapper = request.environ.get("wsgi.file_wrapper")
-        stream = open(fd, "rb", buffering=0)
-        body = wrapper(stream, TRANSFER_CHUNK_SIZE) if wrapper else _file_iterator(stream, length)
-        return Response(body, status=status, headers=headers,
+        return Response(_file_body(fd, ranges, None), status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
     headers["Content-Length"] = str(multipart_length(ranges, size))
-    return Response(_multipart_body(fd, ranges, size), status=206, headers=headers,
+    return Response(_file_body(fd, ranges, size), status=206, headers=headers,
                     content_type=multipart_content_type(), direct_passthrough=True)
 
 
-def _file_iterator(stream: io.RawIOBase, length: int) -> Iterator[bytes]:
-    try:
-        while length > 0:
-            data = stream.read(min(TRANSFER_CHUNK_SIZE, length))
-            if not data:
-                break
-            length -= len(data)
-            yield data
-    finally:
-        stream.close()
+def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) -> Iterator[bytes]:
+    """The body of a GET: the ranges' bytes, as multipart parts when ``multipart_size`` is set.
 
-
-def _multipart_body(fd: int, ranges: List[ByteRange], size: int) -> Iterator[bytes]:
+    Plain reads, not sendfile(2): on loopback here a pread-and-send loop ran
+    at 2.3 GB/s and sendfile at 1.5 GB/s. Closes ``fd`` when done.
+    """
     try:
         for offset, length in ranges:
-            yield part_header(offset, length, size)
-            for _, chunk in read_chunks(fd, [(offset, length)]):
-                yield bytes(chunk)
-        yield closing_delimiter()
+            if multipart_size is not None:
+                yield part_header(offset, length, multipart_size)
+            position, end = offset, offset + length
+            while position < end:
+                data = os.pread(fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+                if not data:
+                    return  # the file shrank: the client sees a short body and fails
+                position += len(data)
+                yield data
+        if multipart_size is not None:
+            yield closing_delimiter()
     finally:
         os.close(fd)
 

@@ -182,7 +182,7 @@ class _SyncJob:
             from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
 
             return RemoteFile(location, token=token, concurrency=self.options.concurrency,
-                              timeout=timeout or DEFAULT_TIMEOUT, verify=ca_file or True)
+                              timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
         from pdiffcopy.local import LocalFile
 
         if not location or location.endswith("/"):
@@ -213,6 +213,7 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
+        self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.dry_run:
             similarity, _, _ = self._compare(plan, segments, self.target if target_info else None,
@@ -233,9 +234,12 @@ class _SyncJob:
             else:
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
+            self._log_phase("transferred %d bytes", self.bytes_moved)
             self.progress.phase = "flushing"
             work.flush()
+            self._log_phase("flushed")
             digest = self._verify(plan, segments, work, source_digests, target_digests)
+            self._log_phase("verified")
             self._check_source_unchanged(source_info)
             if work is not self.target:
                 work.replace(self.target)
@@ -244,6 +248,9 @@ class _SyncJob:
                 work.remove_temporary()
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _log_phase(self, message: str, *args) -> None:
+        logger.debug("%.3f s: " + message, time.monotonic() - self.started, *args)
 
     def _check_source(self) -> FileInfo:
         info = self.source.stat()
@@ -295,6 +302,8 @@ class _SyncJob:
                 if target is not None else None
             source_digests.extend(ours)
             target_digests.extend(theirs or [])
+            if segment.index == len(segments) - 1:
+                self._log_phase("hashed both sides")
             changed = changed_blocks(segment, ours, theirs)
             changed_count += len(changed)
             ranges = coalesce(plan, changed, TRANSFER_REQUEST_BYTES)

@@ -1,0 +1,147 @@
+"""Fixtures: a real pdiffcopy server (gunicorn on 127.0.0.1, a free port) and file helpers."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+#: How long a server may take to start answering.
+START_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@dataclass
+class Server:
+    """A running pdiffcopy server."""
+
+    root: Path
+    port: int
+    process: subprocess.Popen
+    token: Optional[str] = None
+    log: Path = field(default=None)  # type: ignore[assignment]
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def stop(self) -> int:
+        """Stop with SIGTERM; return the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def pdiffcopy_command(*args: str) -> List[str]:
+    return [sys.executable, "-m", "pdiffcopy", *args]
+
+
+def start_server(root: Path, log: Path, token: Optional[str] = None, extra=()) -> Server:
+    """Start ``pdiffcopy --root ROOT --listen 127.0.0.1:PORT`` and wait until it answers."""
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("PDIFFCOPY_TOKEN", None)
+    if token:
+        env["PDIFFCOPY_TOKEN"] = token
+    handle = open(log, "wb")
+    process = subprocess.Popen(
+        pdiffcopy_command("--root", str(root), "--listen", f"127.0.0.1:{port}", "-c", "2", *extra),
+        stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = Server(root=root, port=port, process=process, token=token, log=log)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return server
+        except OSError:
+            time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"server did not start within {START_TIMEOUT} s: {log.read_text()}")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Server:
+    """One server for the session, serving a temporary root."""
+    root = tmp_path_factory.mktemp("server-root")
+    log = tmp_path_factory.mktemp("server-log") / "server.log"
+    running = start_server(root, log)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory) -> Server:
+    """A server that requires a token."""
+    root = tmp_path_factory.mktemp("token-root")
+    log = tmp_path_factory.mktemp("token-log") / "server.log"
+    running = start_server(root, log, token="s3cret-token")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def unique(request) -> str:
+    """A file name unique to the test, for files in the shared server root."""
+    name = request.node.name
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+    return f"{safe}-{random.getrandbits(32):08x}.img"
+
+
+def random_bytes(size: int, seed: int = 1) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def mutate(data: bytes, positions, seed: int = 2, length: int = 7) -> bytes:
+    """Overwrite ``length`` random bytes at each position."""
+    buffer = bytearray(data)
+    rng = random.Random(seed)
+    for position in positions:
+        if position < len(buffer):
+            end = min(len(buffer), position + length)
+            buffer[position:end] = rng.randbytes(end - position)
+    return bytes(buffer)
+
+
+def run_cli(*args: str, env_extra=None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the pdiffcopy command; return the completed process (text output)."""
+    env = dict(os.environ)
+    env.pop("PDIFFCOPY_TOKEN", None)
+    env.update(env_extra or {})
+    return subprocess.run(pdiffcopy_command(*args), capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def http_get(url: str, headers=None):
+    """A plain HTTP GET with the standard library; returns (status, headers, body)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()

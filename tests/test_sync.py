@@ -1,0 +1,157 @@
+"""Pull and push through the real server, for the awkward cases a sync must get right."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import mutate, random_bytes, run_cli
+from pdiffcopy import sync
+
+BLOCK = 4096
+
+#: (name, source bytes, old target bytes or None for a missing target)
+CASES = [
+    ("identical", random_bytes(10 * BLOCK), random_bytes(10 * BLOCK)),
+    ("scattered", random_bytes(20 * BLOCK + 5), mutate(random_bytes(20 * BLOCK + 5), [7, 3 * BLOCK + 1, 19 * BLOCK])),
+    ("missing", random_bytes(5 * BLOCK + 3), None),
+    ("target-longer", random_bytes(6 * BLOCK), random_bytes(6 * BLOCK) + b"x" * (3 * BLOCK + 11)),
+    ("target-shorter", random_bytes(9 * BLOCK + 100), random_bytes(9 * BLOCK + 100)[: 4 * BLOCK + 5]),
+    ("empty-source", b"", random_bytes(3 * BLOCK)),
+    ("empty-both", b"", b""),
+    ("one-byte", b"\x42", b"\x41"),
+    ("one-byte-missing", b"\x42", None),
+    ("not-multiple", random_bytes(7 * BLOCK + 1), random_bytes(7 * BLOCK + 1, seed=9)),
+]
+
+
+def expected_changed_blocks(source: bytes, target) -> int:
+    if target is None:
+        target = b""
+    count = 0
+    for offset in range(0, len(source), BLOCK):
+        if source[offset : offset + BLOCK] != target[offset : offset + BLOCK]:
+            count += 1
+    return count
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+@pytest.mark.parametrize("name,source_data,target_data", CASES, ids=[c[0] for c in CASES])
+def test_sync_makes_target_identical(server, tmp_path, unique, direction, name, source_data, target_data):
+    local = tmp_path / "local.img"
+    remote = server.root / unique
+    if direction == "pull":
+        source_path, target_path = remote, local
+        source, target = server.url(unique), str(local)
+    else:
+        source_path, target_path = local, remote
+        source, target = str(local), server.url(unique)
+    source_path.write_bytes(source_data)
+    if target_data is not None:
+        target_path.write_bytes(target_data)
+    result = sync(source, target, block_size=BLOCK, concurrency=2)
+    assert target_path.read_bytes() == source_data
+    assert result.verified
+    assert result.changed_blocks == expected_changed_blocks(source_data, target_data)
+    if target_data is not None:
+        assert result.bytes_moved <= result.changed_blocks * BLOCK
+    # Nothing else was left behind: no temporary files next to the target.
+    assert sorted(p.name for p in target_path.parent.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_only_changed_blocks_move(server, tmp_path, unique, direction):
+    source_data = random_bytes(64 * BLOCK)
+    target_data = mutate(source_data, [5 * BLOCK + 10, 40 * BLOCK])
+    local, remote = tmp_path / "local.img", server.root / unique
+    if direction == "pull":
+        remote.write_bytes(source_data)
+        local.write_bytes(target_data)
+        result = sync(server.url(unique), str(local), block_size=BLOCK)
+    else:
+        local.write_bytes(source_data)
+        remote.write_bytes(target_data)
+        result = sync(str(local), server.url(unique), block_size=BLOCK)
+    assert result.changed_blocks == 2
+    assert result.bytes_moved == 2 * BLOCK
+    assert round(result.similarity, 2) == round(100 * 62 / 64, 2)
+    assert (remote if direction == "push" else local).read_bytes() == source_data
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_whole_file_copies_everything(server, tmp_path, unique, direction):
+    source_data = random_bytes(10 * BLOCK + 1)
+    target_data = source_data[:-1] + b"\x00"
+    local, remote = tmp_path / "local.img", server.root / unique
+    src, dst = (remote, local) if direction == "pull" else (local, remote)
+    src.write_bytes(source_data)
+    dst.write_bytes(target_data)
+    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    result = sync(*args, block_size=BLOCK, whole_file=True)
+    assert dst.read_bytes() == source_data
+    assert result.bytes_moved == len(source_data)
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_dry_run_reports_and_changes_nothing(server, tmp_path, unique, direction):
+    source_data = random_bytes(16 * BLOCK)
+    target_data = mutate(source_data, [0, 8 * BLOCK, 15 * BLOCK + 100, 15 * BLOCK + 200])
+    local, remote = tmp_path / "local.img", server.root / unique
+    src, dst = (remote, local) if direction == "pull" else (local, remote)
+    src.write_bytes(source_data)
+    dst.write_bytes(target_data)
+    before = os.stat(dst)
+    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    completed = run_cli("-n", "-b", str(BLOCK), *args)
+    assert completed.returncode == 0, completed.stderr
+    assert "Similarity index: 81.25%" in completed.stdout
+    assert "3 of 16 blocks differ" in completed.stdout
+    assert dst.read_bytes() == target_data
+    assert os.stat(dst).st_mtime_ns == before.st_mtime_ns
+
+
+def test_dry_run_with_missing_target_creates_nothing(server, tmp_path, unique):
+    (server.root / unique).write_bytes(random_bytes(3 * BLOCK))
+    completed = run_cli("-n", "-b", str(BLOCK), server.url(unique), str(tmp_path / "new.img"))
+    assert completed.returncode == 0, completed.stderr
+    assert "Similarity index: 0.00%" in completed.stdout
+    assert not (tmp_path / "new.img").exists()
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_atomic_replaces_the_file(server, tmp_path, unique, direction):
+    source_data = random_bytes(30 * BLOCK + 7)
+    target_data = mutate(source_data, [BLOCK * 3, BLOCK * 29])
+    local, remote = tmp_path / "local.img", server.root / unique
+    src, dst = (remote, local) if direction == "pull" else (local, remote)
+    src.write_bytes(source_data)
+    dst.write_bytes(target_data)
+    inode_before = os.stat(dst).st_ino
+    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    completed = run_cli("--atomic", "-b", str(BLOCK), *args)
+    assert completed.returncode == 0, completed.stderr
+    assert dst.read_bytes() == source_data
+    # A new file took the old one's place (rename), and no temporary is left.
+    assert os.stat(dst).st_ino != inode_before
+    assert [p.name for p in dst.parent.iterdir() if ".pdiffcopy-" in p.name] == []
+
+
+def test_cli_pull_and_push(server, tmp_path, unique):
+    data = random_bytes(3 * 1024 * 1024 + 17)
+    (tmp_path / "a.img").write_bytes(data)
+    completed = run_cli(str(tmp_path / "a.img"), server.url(unique))
+    assert completed.returncode == 0, completed.stderr
+    assert (server.root / unique).read_bytes() == data
+    completed = run_cli(server.url(unique), str(tmp_path / "b.img"))
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "b.img").read_bytes() == data
+
+
+def test_local_to_local(tmp_path):
+    data = random_bytes(50 * BLOCK + 3)
+    (tmp_path / "a").write_bytes(data)
+    (tmp_path / "b").write_bytes(mutate(data, [BLOCK * 10]))
+    result = sync(str(tmp_path / "a"), str(tmp_path / "b"), block_size=BLOCK)
+    assert (tmp_path / "b").read_bytes() == data
+    assert result.changed_blocks == 1
