@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -155,3 +156,22 @@ def test_local_to_local(tmp_path):
     result = sync(str(tmp_path / "a"), str(tmp_path / "b"), block_size=BLOCK)
     assert (tmp_path / "b").read_bytes() == data
     assert result.changed_blocks == 1
+
+
+def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
+    source = tmp_path / "source.img"
+    target = tmp_path / "target.img"
+    data = random_bytes(40 * BLOCK + 5)
+    source.write_bytes(data)
+    completed = run_cli("-B", "2", "-b", str(BLOCK), str(source), str(target))
+    assert completed.returncode == 0, completed.stderr
+    rows = [line for line in completed.stdout.splitlines() if line.startswith("| ") and "%" in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["50%", "100%"]
+    # Round 1 mutates round(50 % of 41) = 20 blocks, one of which may be the 5-byte last block.
+    moved = float(rows[0].split("|")[2].split()[0])
+    assert 19 * 4 <= moved <= 20 * 4
+    assert rows[1].split("|")[2].strip() == "160 KiB"  # every block, 40 * 4 KiB + 5 bytes
+    if shutil.which("rsync"):
+        assert all(row.split("|")[4].strip().endswith(" s") for row in rows)
+    assert target.read_bytes() == data
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
