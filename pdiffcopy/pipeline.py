@@ -175,6 +175,8 @@ class _SyncJob:
         self.target = self._endpoint(target, token, timeout, ca_file)
         self.transfers: Optional[ThreadPoolExecutor] = None
         self.bytes_moved = 0
+        #: Indexes of the segments that received data (and so must be read back).
+        self.touched: set = set()
         self.lock = threading.Lock()
 
     def _endpoint(self, location: str, token, timeout, ca_file) -> FileEndpoint:
@@ -235,10 +237,12 @@ class _SyncJob:
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
             self._log_phase("transferred %d bytes", self.bytes_moved)
-            self.progress.phase = "flushing"
+            self.progress.phase = "verifying"
+            # Read back while the data is flushed: hashing and the disk overlap.
+            readback = self._start_readback(segments, work, target_digests)
             work.flush()
             self._log_phase("flushed")
-            digest = self._verify(plan, segments, work, source_digests, target_digests)
+            digest = self._verify(plan, segments, work, source_digests, target_digests, readback)
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
             if work is not self.target:
@@ -308,8 +312,9 @@ class _SyncJob:
             changed_count += len(changed)
             ranges = coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
             changed_bytes += sum(length for _, length in ranges)
-            if transfer_to is not None:
+            if transfer_to is not None and ranges:
                 self.progress.move_total = changed_bytes
+                self.touched.add(segment.index)
                 for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
                     pending.append(self.transfers.submit(self._transfer, batch, transfer_to))
             self._raise_failures(pending)
@@ -325,6 +330,7 @@ class _SyncJob:
         self.progress.move_total = plan.size
         source_futures = self._hash_all(self.source, segments, method)
         ranges = [(segment.offset, segment.length) for segment in segments]
+        self.touched.update(segment.index for segment in segments)
         split = split_ranges(ranges, TRANSFER_REQUEST_BYTES)
         pending = [self.transfers.submit(self._transfer, [item], work) for item in split]
         self._wait(pending)
@@ -354,24 +360,44 @@ class _SyncJob:
         for future in pending:
             future.result()
 
+    def _start_readback(self, segments: List[Segment], work: FileEndpoint,
+                        target_digests: Optional[List[bytes]]) -> Dict[int, "Future[bytes]"]:
+        """Start hashing the target's segments that the verification cannot take as known.
+
+        Those are the segments that received data: they are read back in
+        full, so a write that went astray inside them is caught too. The
+        digests of the other segments were computed in this run from the
+        target as it is. With a block hash too weak to verify with, every
+        segment is hashed again with a strong one.
+        """
+        method = verify_method(self.options.hash_method)
+        if target_digests is None or method != self.options.hash_method:
+            wanted = segments
+        else:
+            wanted = [segment for segment in segments if segment.index in self.touched]
+        self.progress.hash_total += sum(segment.length for segment in wanted)
+        return self._hash_all(work, wanted, method)
+
     def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
-                source_digests: Optional[List[bytes]], target_digests: Optional[List[bytes]]) -> str:
+                source_digests: List[bytes], target_digests: Optional[List[bytes]],
+                readback: Dict[int, "Future[bytes]"]) -> str:
         """Compare a whole-file digest of both sides; return it as hex.
 
-        The digest hashes every block digest (a one-level hash tree). The
-        target is hashed again after the writes and the flush, unless nothing
-        was written and its digests from the comparison still hold.
+        The digest hashes every block digest in order (a one-level hash tree).
         """
-        self.progress.phase = "verifying"
         method = verify_method(self.options.hash_method)
         size = digest_size(method)
-        if source_digests is None or (method != self.options.hash_method and not self.options.whole_file):
+        if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
             source_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
-        if target_digests is None or self.bytes_moved or method != self.options.hash_method:
-            self.progress.hash_total += plan.size
-            futures = self._hash_all(work, segments, method)
-            target_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
+        final_digests: List[bytes] = []
+        for segment in segments:
+            if segment.index in readback:
+                final_digests.extend(split_digests(readback[segment.index].result(), size))
+            else:
+                assert target_digests is not None
+                first = segment.first_block
+                final_digests.extend(target_digests[first : first + segment.block_count])
         info = work.stat()
         if info is None or info.size != plan.size:
             raise VerificationFailed(
@@ -380,9 +406,9 @@ class _SyncJob:
         source_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
                                                              source_digests))
         target_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
-                                                             target_digests))
+                                                             final_digests))
         if source_tree != target_tree:
-            differing = sum(1 for a, b in zip(source_digests, target_digests) if a != b)
+            differing = sum(1 for a, b in zip(source_digests, final_digests) if a != b)
             raise VerificationFailed(
                 f"Verification failed: {differing} block(s) of {self.target.location} differ from "
                 f"the source after the sync")

@@ -175,3 +175,26 @@ def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
         assert all(row.split("|")[4].strip().endswith(" s") for row in rows)
     assert target.read_bytes() == data
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_verification_catches_a_corrupted_write(tmp_path, monkeypatch):
+    """A write that lands wrong (here: one flipped byte) fails the sync; --atomic keeps the old file."""
+    import pdiffcopy.local
+    from pdiffcopy.exceptions import VerificationFailed
+
+    real_write_all = pdiffcopy.local.write_all
+
+    def corrupting_write_all(fd, data, offset):
+        data = bytearray(data)
+        data[0] ^= 0xFF
+        real_write_all(fd, data, offset)
+
+    monkeypatch.setattr(pdiffcopy.local, "write_all", corrupting_write_all)
+    data = random_bytes(8 * BLOCK)
+    old = mutate(data, [3 * BLOCK])
+    (tmp_path / "a").write_bytes(data)
+    (tmp_path / "b").write_bytes(old)
+    with pytest.raises(VerificationFailed, match="1 block"):
+        sync(str(tmp_path / "a"), str(tmp_path / "b"), block_size=BLOCK, atomic=True)
+    assert (tmp_path / "b").read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
