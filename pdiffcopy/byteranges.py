@@ -62,6 +62,31 @@ def parse_range_header(header: str, size: int) -> List[ByteRange]:
     return ranges
 
 
+def parse_explicit_ranges(header: str) -> List[ByteRange]:
+    """Parse a ``Range`` header of explicit ``first-last`` ranges, without clipping to a file.
+
+    Used where ranges name blocks to hash rather than bytes to send.
+
+    :raises BadRequest: When the header is malformed or has suffix/open ranges.
+    """
+    unit, _, specs = header.partition("=")
+    if unit.strip().lower() != "bytes" or not specs.strip():
+        raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+    parts = specs.split(",")
+    if len(parts) > MAX_RANGES_PER_REQUEST:
+        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_PER_REQUEST})")
+    ranges: List[ByteRange] = []
+    for spec in parts:
+        match = _RANGE_SPEC.match(spec)
+        if not match or not match.group(1) or not match.group(2) or len(spec) > 50:
+            raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+        first, last = int(match.group(1)), int(match.group(2))
+        if last < first:
+            raise BadRequest(f"Malformed Range header: {header[:100]!r}")
+        ranges.append((first, last - first + 1))
+    return ranges
+
+
 def format_range_header(ranges: Iterable[ByteRange]) -> str:
     """The ``Range`` header value asking for ``ranges``."""
     return "bytes=" + ",".join(f"{offset}-{offset + length - 1}" for offset, length in ranges)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Iterable, Iterator, Optional, Sequence, Tuple
 
-from pdiffcopy.blocks import ByteRange, Segment
+from pdiffcopy.blocks import ByteRange
 
 #: A piece of file data and where it belongs: (offset, bytes-like).
 Chunk = Tuple[int, "bytes | memoryview"]
@@ -42,8 +42,12 @@ class FileEndpoint(ABC):
         """Describe the file, or return None when it does not exist."""
 
     @abstractmethod
-    def submit_hashes(self, segment: Segment, block_size: int, method: str) -> "Future[bytes]":
-        """Start hashing the blocks of ``segment``; the future gives the concatenated digests."""
+    def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                      ) -> "Future[bytes]":
+        """Start hashing the blocks of block-aligned ``ranges``; the future gives the digests.
+
+        Blocks the file does not (fully) have hash what there is of them.
+        """
 
     @abstractmethod
     def prepare(self, size: int) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
-from pdiffcopy.blocks import Segment
+from pdiffcopy.blocks import ByteRange
 from pdiffcopy.exceptions import UsageError, storage_error
 
 #: Default block hash. Measured here (docs/design.rst): xxh3_128 hashes about
@@ -195,12 +195,13 @@ def _hash_region_read(fd: int, offset: int, length: int, block_size: int, method
     return b"".join(digests)
 
 
-def hash_file_segment(path: str, segment: Segment, block_size: int, method: str) -> bytes:
-    """Hash the blocks of one segment of the file at ``path``.
+def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+    """Hash the blocks of some block-aligned ranges of the file at ``path``.
 
     This is the unit of work of a hashing process: it opens the file itself,
     so only the path, not a file descriptor, crosses the process boundary.
 
+    :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
     """
     try:
@@ -208,13 +209,14 @@ def hash_file_segment(path: str, segment: Segment, block_size: int, method: str)
     except OSError as error:
         raise storage_error(error, f"open {path}") from None
     try:
-        try:
-            # Tell the kernel we read straight through: more read-ahead.
-            os.posix_fadvise(fd, segment.offset, segment.length, os.POSIX_FADV_SEQUENTIAL)
-        except (AttributeError, OSError):
-            pass  # advisory only
-        return hash_region(fd, segment.offset, segment.length, block_size, method)
+        return b"".join(hash_region(fd, offset, length, block_size, method)
+                        for offset, length in ranges)
     except OSError as error:
         raise storage_error(error, f"read {path}") from None
     finally:
         os.close(fd)
+
+
+def digest_count(ranges: Sequence[ByteRange], block_size: int) -> int:
+    """How many block digests hashing ``ranges`` yields."""
+    return sum(-(-length // block_size) for _, length in ranges)

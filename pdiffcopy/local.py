@@ -7,9 +7,9 @@ import multiprocessing
 import os
 import stat as stat_module
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Sequence
 
-from pdiffcopy.blocks import ByteRange, Segment
+from pdiffcopy.blocks import ByteRange
 from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
     NotAFile,
@@ -27,7 +27,7 @@ from pdiffcopy.fileops import (
     temporary_name,
     write_all,
 )
-from pdiffcopy.hashing import hash_file_segment
+from pdiffcopy.hashing import hash_file_ranges
 
 
 def _ready() -> bool:
@@ -75,10 +75,11 @@ class LocalFile(FileEndpoint):
             "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
         return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info))
 
-    def submit_hashes(self, segment: Segment, block_size: int, method: str) -> "Future[bytes]":
+    def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                      ) -> "Future[bytes]":
         if self.pool is None:
             raise RuntimeError("LocalFile needs a hash pool to hash")
-        return self.pool.submit(hash_file_segment, self.path, segment, block_size, method)
+        return self.pool.submit(hash_file_ranges, self.path, list(ranges), block_size, method)
 
     def _reader(self) -> int:
         if self._read_fd is None:

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 from pdiffcopy.blocks import (
     DEFAULT_BLOCK_SIZE,
     BlockPlan,
+    ByteRange,
     Segment,
     Similarity,
     batch_ranges,
@@ -175,8 +176,8 @@ class _SyncJob:
         self.target = self._endpoint(target, token, timeout, ca_file)
         self.transfers: Optional[ThreadPoolExecutor] = None
         self.bytes_moved = 0
-        #: Indexes of the segments that received data (and so must be read back).
-        self.touched: set = set()
+        #: The ranges written, by segment index: they are read back to verify.
+        self.written: Dict[int, List[ByteRange]] = {}
         self.lock = threading.Lock()
 
     def _endpoint(self, location: str, token, timeout, ca_file) -> FileEndpoint:
@@ -276,13 +277,17 @@ class _SyncJob:
 
     def _hash_all(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str
                   ) -> Dict[int, "Future[bytes]"]:
-        futures = {}
-        for segment in segments:
-            future = endpoint.submit_hashes(segment, self.options.block_size, method)
-            future.add_done_callback(
-                lambda f, n=segment.length: f.cancelled() or f.exception() or self.progress.add_hashed(n))
-            futures[segment.index] = future
-        return futures
+        """Start hashing every segment; return the futures by segment index."""
+        return {segment.index: self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
+                for segment in segments}
+
+    def _hash_ranges(self, endpoint: FileEndpoint, ranges: List[ByteRange], method: str
+                     ) -> "Future[bytes]":
+        future = endpoint.submit_hashes(ranges, self.options.block_size, method)
+        hashed = sum(length for _, length in ranges)
+        future.add_done_callback(
+            lambda f: f.cancelled() or f.exception() or self.progress.add_hashed(hashed))
+        return future
 
     def _compare(self, plan: BlockPlan, segments: List[Segment], target: Optional[FileEndpoint],
                  transfer_to: Optional[FileEndpoint]):
@@ -314,7 +319,7 @@ class _SyncJob:
             changed_bytes += sum(length for _, length in ranges)
             if transfer_to is not None and ranges:
                 self.progress.move_total = changed_bytes
-                self.touched.add(segment.index)
+                self.written[segment.index] = ranges
                 for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
                     pending.append(self.transfers.submit(self._transfer, batch, transfer_to))
             self._raise_failures(pending)
@@ -330,7 +335,8 @@ class _SyncJob:
         self.progress.move_total = plan.size
         source_futures = self._hash_all(self.source, segments, method)
         ranges = [(segment.offset, segment.length) for segment in segments]
-        self.touched.update(segment.index for segment in segments)
+        self.written.update((segment.index, [(segment.offset, segment.length)])
+                            for segment in segments)
         split = split_ranges(ranges, TRANSFER_REQUEST_BYTES)
         pending = [self.transfers.submit(self._transfer, [item], work) for item in split]
         self._wait(pending)
@@ -361,26 +367,32 @@ class _SyncJob:
             future.result()
 
     def _start_readback(self, segments: List[Segment], work: FileEndpoint,
-                        target_digests: Optional[List[bytes]]) -> Dict[int, "Future[bytes]"]:
-        """Start hashing the target's segments that the verification cannot take as known.
+                        target_digests: Optional[List[bytes]]) -> Dict[int, tuple]:
+        """Start hashing what the verification cannot take as known: the blocks written.
 
-        Those are the segments that received data: they are read back in
-        full, so a write that went astray inside them is caught too. The
-        digests of the other segments were computed in this run from the
-        target as it is. With a block hash too weak to verify with, every
-        segment is hashed again with a strong one.
+        Every other block's digest was computed in this run from the target
+        as it is now. With a block hash too weak to verify with, or no
+        earlier digests, whole segments are hashed again with a strong hash.
+
+        :returns: By segment index, the ranges read back and the futures of their digests.
         """
         method = verify_method(self.options.hash_method)
-        if target_digests is None or method != self.options.hash_method:
-            wanted = segments
-        else:
-            wanted = [segment for segment in segments if segment.index in self.touched]
-        self.progress.hash_total += sum(segment.length for segment in wanted)
-        return self._hash_all(work, wanted, method)
+        futures: Dict[int, tuple] = {}
+        for segment in segments:
+            if target_digests is None or method != self.options.hash_method:
+                ranges = [(segment.offset, segment.length)]
+            elif segment.index in self.written:
+                ranges = self.written[segment.index]
+            else:
+                continue
+            self.progress.hash_total += sum(length for _, length in ranges)
+            futures[segment.index] = (ranges, [self._hash_ranges(work, batch, method)
+                                               for batch in batch_ranges(ranges, segment.length)])
+        return futures
 
     def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
                 source_digests: List[bytes], target_digests: Optional[List[bytes]],
-                readback: Dict[int, "Future[bytes]"]) -> str:
+                readback: Dict[int, tuple]) -> str:
         """Compare a whole-file digest of both sides; return it as hex.
 
         The digest hashes every block digest in order (a one-level hash tree).
@@ -390,14 +402,19 @@ class _SyncJob:
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
             source_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
-        final_digests: List[bytes] = []
-        for segment in segments:
-            if segment.index in readback:
-                final_digests.extend(split_digests(readback[segment.index].result(), size))
-            else:
-                assert target_digests is not None
-                first = segment.first_block
-                final_digests.extend(target_digests[first : first + segment.block_count])
+        if target_digests is None or method != self.options.hash_method:
+            final_digests: List[bytes] = [b""] * plan.block_count
+        else:
+            final_digests = list(target_digests)
+        for ranges, futures in readback.values():
+            blocks = [block for offset, length in ranges
+                      for block in range(offset // plan.block_size,
+                                         -(-(offset + length) // plan.block_size))]
+            digests = [d for future in futures for d in split_digests(future.result(), size)]
+            if len(digests) != len(blocks):
+                raise VerificationFailed("Verification failed: the read-back digests are incomplete")
+            for block, digest in zip(blocks, digests):
+                final_digests[block] = digest
         info = work.stat()
         if info is None or info.size != plan.size:
             raise VerificationFailed(

@@ -18,10 +18,10 @@ import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, Iterable, Iterator, List, Optional, Type
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Type
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-from pdiffcopy.blocks import ByteRange, Segment
+from pdiffcopy.blocks import ByteRange
 from pdiffcopy.byteranges import (
     boundary_of,
     closing_delimiter,
@@ -47,7 +47,7 @@ from pdiffcopy.exceptions import (
     UsageError,
 )
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
-from pdiffcopy.hashing import digest_size
+from pdiffcopy.hashing import digest_count, digest_size
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
 #: 64 MiB segment takes well under a second even with slow hashes on slow
@@ -303,23 +303,29 @@ class RemoteFile(FileEndpoint):
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
             raise RemoteError(f"Server {self.base} sent a malformed answer; is it pdiffcopy?") from None
 
-    def submit_hashes(self, segment: Segment, block_size: int, method: str) -> "Future[bytes]":
+    def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                      ) -> "Future[bytes]":
         if self._hash_pool is None:
             self._hash_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hash")
-        return self._hash_pool.submit(self._hashes, segment, block_size, method)
+        return self._hash_pool.submit(self._hashes, list(ranges), block_size, method)
 
-    def _hashes(self, segment: Segment, block_size: int, method: str) -> bytes:
-        params = {"method": method, "block_size": block_size, "offset": segment.offset,
-                  "length": segment.length}
-        response = self.request("GET", self._target("hashes", params=params),
-                                headers=self._conditions())
+    def _hashes(self, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
+        """One hash request: one range in the query, several in a Range header."""
+        params: dict = {"method": method, "block_size": block_size}
+        headers = self._conditions()
+        if len(ranges) == 1:
+            params.update(offset=ranges[0][0], length=ranges[0][1])
+        else:
+            headers = {**headers, "Range": format_range_header(ranges)}
+        response = self.request("GET", self._target("hashes", params=params), headers=headers)
         try:
             digests = response.read()
         except (OSError, http.client.HTTPException) as error:
             raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
-        if len(digests) != segment.block_count * digest_size(method):
+        expected = digest_count(ranges, block_size)
+        if len(digests) != expected * digest_size(method):
             raise RemoteError(f"Server {self.base} sent {len(digests)} bytes of digests for "
-                              f"{segment.block_count} blocks")
+                              f"{expected} blocks")
         return digests
 
     def _call(self, method: str, endpoint: str, path: Optional[str] = None,

@@ -31,6 +31,7 @@ from pdiffcopy.byteranges import (
     multipart_content_type,
     multipart_length,
     parse_content_range,
+    parse_explicit_ranges,
     parse_range_header,
     part_header,
     read_parts,
@@ -149,23 +150,17 @@ def create_app(config: ServerConfig) -> Flask:
 
     @app.get(f"{API_PREFIX}/hashes/<path:path>")
     def hashes(path: str):
-        """The digests of consecutive blocks of a file, concatenated."""
+        """The digests of the blocks of one range (offset, length) or of several (Range header)."""
         method = validate_method(request.args.get("method", ""))
         block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-        offset = int_arg("offset", 0, MAX_FILE_SIZE)
-        length = int_arg("length", 0, MAX_HASH_REQUEST_BYTES)
-        if offset % block_size:
-            raise BadRequest("offset must be a multiple of block_size")
-        if -(-length // block_size) > MAX_HASH_REQUEST_BLOCKS:
-            raise BadRequest(f"At most {MAX_HASH_REQUEST_BLOCKS} blocks per request")
         fd = open_regular(root, path, os.O_RDONLY)
         try:
             info = os.fstat(fd)
             check_preconditions(info)
-            if offset > info.st_size:
-                raise RangeNotSatisfiable(f"offset {offset} is past the end of the file")
+            ranges = hash_ranges(block_size, info.st_size)
             try:
-                digests = hash_region(fd, offset, length, block_size, method)
+                digests = b"".join(hash_region(fd, offset, length, block_size, method)
+                                   for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
         finally:
@@ -315,6 +310,34 @@ def int_arg(name: str, minimum: int, maximum: int) -> int:
     if not minimum <= number <= maximum:
         raise BadRequest(f"Parameter {name} must be between {minimum} and {maximum}")
     return number
+
+
+def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
+    """The block-aligned ranges a hash request asks for, checked against its bounds.
+
+    One range comes as ``offset`` and ``length`` parameters; several as a
+    ``Range: bytes=...`` header (used to read back scattered written blocks).
+    Ranges may reach past the end of the file (blocks the file lacks hash
+    what there is of them) but may not start past it.
+    """
+    header = request.headers.get("Range")
+    if header is not None:
+        ranges = [(offset, length) for offset, length in
+                  parse_explicit_ranges(header)]
+    else:
+        ranges = [(int_arg("offset", 0, MAX_FILE_SIZE), int_arg("length", 0, MAX_HASH_REQUEST_BYTES))]
+    total = 0
+    for offset, length in ranges:
+        if offset % block_size:
+            raise BadRequest("Every range must start at a multiple of block_size")
+        if offset > size:
+            raise RangeNotSatisfiable(f"offset {offset} is past the end of the file")
+        total += length
+    if total > MAX_HASH_REQUEST_BYTES:
+        raise BadRequest(f"At most {MAX_HASH_REQUEST_BYTES} bytes per hash request")
+    if sum(-(-length // block_size) for _, length in ranges) > MAX_HASH_REQUEST_BLOCKS:
+        raise BadRequest(f"At most {MAX_HASH_REQUEST_BLOCKS} blocks per hash request")
+    return ranges
 
 
 def open_regular(root: Root, path: str, flags: int) -> int:

@@ -198,3 +198,21 @@ def test_verification_catches_a_corrupted_write(tmp_path, monkeypatch):
         sync(str(tmp_path / "a"), str(tmp_path / "b"), block_size=BLOCK, atomic=True)
     assert (tmp_path / "b").read_bytes() == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+@pytest.mark.parametrize("method", ["xxh3_64", "md5", "sha256", "blake3", "shake_128"])
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_every_kind_of_hash_method(server, tmp_path, unique, direction, method):
+    """Weak (64-bit) block hashes still verify with a strong one; others verify with their own."""
+    source_data = random_bytes(12 * BLOCK + 9)
+    target_data = mutate(source_data, [BLOCK + 3, 11 * BLOCK])
+    local, remote = tmp_path / "local.img", server.root / unique
+    src, dst = (remote, local) if direction == "pull" else (local, remote)
+    src.write_bytes(source_data)
+    dst.write_bytes(target_data)
+    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    result = sync(*args, block_size=BLOCK, hash_method=method)
+    assert dst.read_bytes() == source_data
+    assert result.changed_blocks == 2
+    # The whole-file digest is at least 128 bits even when the block hash is not.
+    assert len(result.digest) >= 32
