@@ -17,8 +17,9 @@ from pdiffcopy.exceptions import BadRequest, RangeNotSatisfiable
 #: its Content-Range and read by count, never scanned for the boundary.
 BOUNDARY = "pdiffcopy-byteranges-3f9c1b"
 
-#: Most ranges one request may carry; bounds the work a single request can ask for.
-MAX_RANGES_PER_REQUEST = 4096
+#: Most ranges the server accepts in one request; bounds the work a single
+#: request can ask for. (Clients send at most blocks.MAX_RANGES_PER_REQUEST.)
+MAX_RANGES_ACCEPTED = 4096
 
 #: Longest header line accepted inside a multipart body.
 MAX_PART_HEADER_LINE = 1024
@@ -39,8 +40,8 @@ def parse_range_header(header: str, size: int) -> List[ByteRange]:
         raise BadRequest(f"Malformed Range header: {header[:100]!r}")
     ranges: List[ByteRange] = []
     parts = specs.split(",")
-    if len(parts) > MAX_RANGES_PER_REQUEST:
-        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_PER_REQUEST})")
+    if len(parts) > MAX_RANGES_ACCEPTED:
+        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_ACCEPTED})")
     for spec in parts:
         match = _RANGE_SPEC.match(spec)
         if not match or match.group(1) == match.group(2) == "":
@@ -73,8 +74,8 @@ def parse_explicit_ranges(header: str) -> List[ByteRange]:
     if unit.strip().lower() != "bytes" or not specs.strip():
         raise BadRequest(f"Malformed Range header: {header[:100]!r}")
     parts = specs.split(",")
-    if len(parts) > MAX_RANGES_PER_REQUEST:
-        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_PER_REQUEST})")
+    if len(parts) > MAX_RANGES_ACCEPTED:
+        raise BadRequest(f"Too many ranges (at most {MAX_RANGES_ACCEPTED})")
     ranges: List[ByteRange] = []
     for spec in parts:
         match = _RANGE_SPEC.match(spec)
@@ -153,7 +154,7 @@ def boundary_of(content_type: str) -> Optional[str]:
     raise BadRequest("multipart/byteranges without a boundary")
 
 
-def read_parts(stream: BinaryIO, boundary: str, max_parts: int = MAX_RANGES_PER_REQUEST
+def read_parts(stream: BinaryIO, boundary: str, max_parts: int = MAX_RANGES_ACCEPTED
                ) -> Iterator[Tuple[int, int, Optional[int]]]:
     """Walk the parts of a multipart/byteranges body.
 

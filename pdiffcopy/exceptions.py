@@ -110,4 +110,6 @@ def storage_error(error: OSError, what: str) -> PdiffcopyError:
         return AccessDenied(message)
     if error.errno in (errno.EISDIR, errno.ENOTDIR):
         return NotAFile(message)
+    if error.errno == errno.EEXIST:
+        return Conflict(message)
     return StorageError(message)

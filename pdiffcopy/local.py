@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import signal
 import stat as stat_module
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Iterable, Iterator, Optional, Sequence
@@ -34,6 +35,13 @@ def _ready() -> bool:
     return True
 
 
+def _ignore_interrupts() -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it and stops
+    # the pool; a worker printing its own KeyboardInterrupt traceback would
+    # only bury the one-line message.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
     """Start the processes that hash local files.
 
@@ -45,7 +53,8 @@ def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("fork")
     except ValueError:  # no fork on this platform
         context = multiprocessing.get_context()
-    pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context)
+    pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context,
+                               initializer=_ignore_interrupts)
     # With fork, the first submit starts every worker at once.
     pool.submit(_ready).result()
     return pool
@@ -63,6 +72,7 @@ class LocalFile(FileEndpoint):
         self._read_fd: Optional[int] = None
         self._write_fd: Optional[int] = None
         self._created = False
+        self._closed = False
 
     def stat(self) -> Optional[FileInfo]:
         try:
@@ -90,6 +100,8 @@ class LocalFile(FileEndpoint):
         return self._read_fd
 
     def _writer(self) -> int:
+        if self._closed:
+            raise StorageError(f"Cannot write {self.path}: the sync was stopped")
         if self._write_fd is None:
             try:
                 self._created = not os.path.lexists(self.path)
@@ -161,7 +173,7 @@ class LocalFile(FileEndpoint):
         except OSError as error:
             temporary.remove_temporary()
             raise storage_error(error, f"copy {self.path} to a temporary file") from None
-        except PdiffcopyError:
+        except BaseException:  # PdiffcopyError, KeyboardInterrupt: leave nothing behind
             temporary.remove_temporary()
             raise
         return temporary
@@ -176,6 +188,7 @@ class LocalFile(FileEndpoint):
 
     def remove_temporary(self) -> None:
         self.close()
+        self._closed = True
         try:
             os.unlink(self.path)
         except OSError:

@@ -200,9 +200,12 @@ class _SyncJob:
         finally:
             self._shutdown()
 
-    def _shutdown(self) -> None:
+    def _stop_transfers(self) -> None:
         if self.transfers is not None:
             self.transfers.shutdown(wait=True, cancel_futures=True)
+
+    def _shutdown(self) -> None:
+        self._stop_transfers()
         for endpoint in (self.source, self.target):
             endpoint.close()
         if self.pool is not None:
@@ -249,6 +252,9 @@ class _SyncJob:
             if work is not self.target:
                 work.replace(self.target)
         except BaseException:
+            # Stop every transfer first: one still running could write into
+            # (or re-create) the temporary file after its removal.
+            self._stop_transfers()
             if work is not self.target:
                 work.remove_temporary()
             raise

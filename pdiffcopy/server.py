@@ -93,7 +93,8 @@ def create_app(config: ServerConfig) -> Flask:
     :returns: A WSGI application.
     """
     app = Flask("pdiffcopy")
-    # "//etc" must reach the view (and be refused), not be merged into "/etc".
+    # No redirects for doubled slashes: "//etc/passwd" is simply etc/passwd
+    # inside the root, like any other path.
     app.url_map.merge_slashes = False
     app.url_map.strict_slashes = False
     root = Root(config.root)
@@ -198,7 +199,11 @@ def create_app(config: ServerConfig) -> Flask:
     def resize_file(path: str):
         """Create the file if missing and make it exactly ``size`` bytes long."""
         size = int_arg("size", 0, MAX_FILE_SIZE)
-        fd = open_regular(root, path, os.O_WRONLY | os.O_CREAT)
+        try:
+            fd = root.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            created = True
+        except Conflict:  # it exists already
+            fd, created = open_regular(root, path, os.O_WRONLY), False
         try:
             growth = size - os.fstat(fd).st_size
             if growth > 0 and growth > free_space(fd):
@@ -208,6 +213,10 @@ def create_app(config: ServerConfig) -> Flask:
             except OSError as error:
                 raise storage_error(error, f"resize {path}") from None
             return jsonify(describe(os.fstat(fd)))
+        except BaseException:
+            if created:  # a refused resize leaves no new empty file behind
+                remove_quietly(root, path)
+            raise
         finally:
             os.close(fd)
 
@@ -402,8 +411,10 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         status = 206
     if request.method == "HEAD":
         os.close(fd)
-        headers["Content-Length"] = str(size)
-        return Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
+        response = Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
+        # Set after construction: an empty body would otherwise announce 0 bytes.
+        response.headers["Content-Length"] = str(size)
+        return response
     if len(ranges) == 1:
         offset, length = ranges[0]
         if status == 206:
