@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
     server.add_argument("--root", metavar="DIR", default=".",
                         help="directory the server serves and is confined to (default: .)")
+    server.add_argument("--certfile", metavar="FILE", default=None,
+                        help="serve https with this certificate (PEM); needs --keyfile")
+    server.add_argument("--keyfile", metavar="FILE", default=None,
+                        help="the private key of --certfile (PEM)")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     common = parser.add_argument_group("common options")
@@ -154,6 +158,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
                                  insecure=args.insecure, workers=args.concurrency,
+                                 certfile=args.certfile, keyfile=args.keyfile,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if len(args.paths) != 2:

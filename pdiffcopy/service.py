@@ -92,6 +92,8 @@ class ServerOptions:
     insecure: bool = False
     workers: Optional[int] = None
     log_level: str = "info"
+    certfile: Optional[str] = None
+    keyfile: Optional[str] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -109,6 +111,11 @@ def run_server(options: ServerOptions) -> None:
             f"Refusing to listen on {host} without a token: anyone on the network could read and "
             f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure."
         )
+    if bool(options.certfile) != bool(options.keyfile):
+        raise UsageError("TLS needs both --certfile and --keyfile")
+    for name in (options.certfile, options.keyfile):
+        if name and not os.access(name, os.R_OK):
+            raise UsageError(f"Cannot read {name}")
     workers = options.workers or os.cpu_count() or 2
     from gunicorn.app.base import BaseApplication
 
@@ -131,6 +138,8 @@ def run_server(options: ServerOptions) -> None:
         "preload_app": True,
         "proc_name": "pdiffcopy-server",
     }
+    if options.certfile:
+        settings.update(certfile=options.certfile, keyfile=options.keyfile)
 
     class Application(BaseApplication):  # gunicorn's documented embedding API
         def load_config(self) -> None:
@@ -140,5 +149,6 @@ def run_server(options: ServerOptions) -> None:
         def load(self):
             return app
 
-    logger.info("Serving %s on http://%s with %d workers", root, bind, workers)
+    scheme = "https" if options.certfile else "http"
+    logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     Application().run()

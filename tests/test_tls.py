@@ -1,0 +1,57 @@
+"""https: the server with --certfile/--keyfile, the client verifying it (or refusing to)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import random_bytes, run_cli, start_server
+from pdiffcopy import sync
+from pdiffcopy.exceptions import RemoteError
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-keyout", str(keys / "key.pem"), "-out", str(keys / "cert.pem"),
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    root = tmp_path_factory.mktemp("tls-root")
+    server = start_server(root, keys / "server.log",
+                          extra=("--certfile", str(keys / "cert.pem"), "--keyfile", str(keys / "key.pem")))
+    server.ca_file = str(keys / "cert.pem")
+    yield server
+    server.stop()
+
+
+def test_pull_and_push_over_https_with_the_ca_file(tls_server, tmp_path):
+    data = random_bytes(300000)
+    (tls_server.root / "a.img").write_bytes(data)
+    url = f"https://127.0.0.1:{tls_server.port}/a.img"
+    result = sync(url, str(tmp_path / "a.img"), ca_file=tls_server.ca_file, block_size=4096)
+    assert (tmp_path / "a.img").read_bytes() == data and result.verified
+    (tmp_path / "b.img").write_bytes(data[::-1])
+    sync(str(tmp_path / "b.img"), f"https://127.0.0.1:{tls_server.port}/b.img",
+         ca_file=tls_server.ca_file)
+    assert (tls_server.root / "b.img").read_bytes() == data[::-1]
+
+
+def test_an_unknown_certificate_is_refused_not_downgraded(tls_server, tmp_path):
+    (tls_server.root / "c.img").write_bytes(b"secret")
+    with pytest.raises(RemoteError, match="certificate verify failed"):
+        sync(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
+    assert not (tmp_path / "c.img").exists()
+    completed = run_cli(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
+    assert completed.returncode == 1
+    assert "certificate verify failed" in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_half_a_tls_configuration_is_a_usage_error(tmp_path):
+    completed = run_cli("--root", str(tmp_path), "--listen", "127.0.0.1:0", "--certfile", "/nonexistent")
+    assert completed.returncode == 2
+    assert "--keyfile" in completed.stderr
