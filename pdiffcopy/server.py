@@ -25,6 +25,7 @@ from werkzeug.exceptions import HTTPException
 
 from pdiffcopy import __version__
 from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
+from pdiffcopy.bodyreader import BodyReader, open_body
 from pdiffcopy.byteranges import (
     boundary_of,
     closing_delimiter,
@@ -457,34 +458,38 @@ def receive_ranges(fd: int, size: int, path: str) -> int:
     (a resize does that, bounded by free space), so a bogus offset cannot
     create a huge sparse file.
     """
-    # The WSGI input (gunicorn's Body or werkzeug's LimitedStream) is already
-    # buffered and bounded by Content-Length; it has read() and readline().
-    stream = request.stream
     boundary = boundary_of(request.content_type or "")
+    single = None
     if boundary is None:
-        offset, length, _ = parse_content_range(request.headers.get("Content-Range", ""))
-        if request.content_length is not None and request.content_length != length:
+        single = parse_content_range(request.headers.get("Content-Range", ""))
+        if request.content_length is not None and request.content_length != single[1]:
             raise BadRequest("Content-Length does not match Content-Range")
-        return _receive_range(stream, fd, offset, length, size, path)
-    written = 0
-    for offset, length, _ in read_parts(stream, boundary):
-        written += _receive_range(stream, fd, offset, length, size, path)
-    return written
+    body = open_body(request.environ, request.content_length)
+    buffer = memoryview(bytearray(TRANSFER_CHUNK_SIZE))
+    try:
+        if single is not None:
+            return _receive_range(body, buffer, fd, single[0], single[1], size, path)
+        written = 0
+        for offset, length, _ in read_parts(body, boundary):
+            written += _receive_range(body, buffer, fd, offset, length, size, path)
+        return written
+    finally:
+        body.finish()
 
 
-def _receive_range(stream, fd: int, offset: int, length: int, size: int,
-                   path: str) -> int:
+def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
+                   size: int, path: str) -> int:
     if offset + length > size:
         raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)")
     position, end = offset, offset + length
     while position < end:
-        data = stream.read(min(TRANSFER_CHUNK_SIZE, end - position))
-        if not data:
+        got = body.readinto(buffer[: min(len(buffer), end - position)])
+        if not got:
             raise BadRequest("The request body ended before the range did")
         try:
-            write_all(fd, data, position)
+            write_all(fd, buffer[:got], position)
         except OSError as error:
             raise storage_error(error, f"write {path}") from None
-        position += len(data)
+        position += got
     return length
 

@@ -216,3 +216,27 @@ def test_every_kind_of_hash_method(server, tmp_path, unique, direction, method):
     assert result.changed_blocks == 2
     # The whole-file digest is at least 128 bits even when the block hash is not.
     assert len(result.digest) >= 32
+
+
+def test_push_works_through_the_plain_wsgi_body_path(tmp_path):
+    """The server's direct socket reading can be switched off; pushes work the same."""
+    from conftest import start_server
+
+    root = tmp_path / "root"
+    root.mkdir()
+    data = random_bytes(70 * BLOCK + 1)
+    (tmp_path / "a.img").write_bytes(data)
+    (root / "a.img").write_bytes(mutate(data, [0, 33 * BLOCK, 69 * BLOCK]))
+    import os as _os
+
+    _os.environ["PDIFFCOPY_DIRECT_BODY"] = "0"
+    try:
+        server = start_server(root, tmp_path / "server.log")
+    finally:
+        del _os.environ["PDIFFCOPY_DIRECT_BODY"]
+    try:
+        result = sync(str(tmp_path / "a.img"), server.url("a.img"), block_size=BLOCK)
+    finally:
+        server.stop()
+    assert (root / "a.img").read_bytes() == data
+    assert result.changed_blocks == 3
