@@ -4,6 +4,7 @@ Everything here uses public tools only (rsync, cp, curl, the original pdiffcopy 
 PyPI) and talks to servers on 127.0.0.1 only. See README.rst for how the scripts use it.
 """
 
+import argparse
 import contextlib
 import hashlib
 import os
@@ -86,15 +87,14 @@ def parse_size(text: str) -> int:
     """Parse a size like ``64M``, ``1G``, ``1GiB`` or ``4096`` into bytes (binary units)."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
     if not match:
-        raise ValueError("invalid size %r (expected e.g. 64M, 1G, 4GiB)" % text)
+        raise argparse.ArgumentTypeError("invalid size %r (expected e.g. 64M, 1G, 4GiB)" % text)
     number, unit = match.groups()
     return int(float(number) * 1024 ** "_KMGT".index(unit.upper() or "_"))
 
 
 def format_size(num_bytes: int) -> str:
     """Format a byte count compactly in binary units (``64 MiB``, ``1 GiB``)."""
-    for unit in ("GiB", "MiB", "KiB"):
-        scale = 1024 ** (" KMG".index(unit[0]))
+    for unit, scale in (("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024)):
         if num_bytes >= scale and num_bytes % scale == 0:
             return "%i %s" % (num_bytes // scale, unit)
     return "%i bytes" % num_bytes
@@ -110,7 +110,7 @@ def parse_name_list(text: str, allowed) -> List[str]:
     names = [item.strip() for item in text.split(",") if item.strip()]
     unknown = [name for name in names if name not in allowed]
     if unknown:
-        raise ValueError("unknown name(s) %s (choose from %s)" % (", ".join(unknown), ", ".join(allowed)))
+        raise argparse.ArgumentTypeError("unknown %s (choose from %s)" % (", ".join(unknown), ", ".join(allowed)))
     return names
 
 
@@ -137,7 +137,8 @@ def machine_description(work_dir: Path) -> str:
     with contextlib.suppress(OSError, ValueError):
         total_kib = int(Path("/proc/meminfo").read_text().split()[1])
         memory = "%.1f GiB" % (total_kib / 1024 ** 2)
-    file_system = " ".join(command_output(["findmnt", "-n", "-o", "FSTYPE,SOURCE,OPTIONS", "--target", str(work_dir)]).split())
+    findmnt = ["findmnt", "--noheadings", "--output", "FSTYPE,SOURCE,OPTIONS", "--target", str(work_dir)]
+    file_system = " ".join(command_output(findmnt).split())
     return "Machine: nproc=%s, CPU=%s, memory=%s, kernel=%s, Python %s, work dir %s on %s" % (
         os.cpu_count(),
         cpu_model,
@@ -147,6 +148,11 @@ def machine_description(work_dir: Path) -> str:
         work_dir,
         file_system,
     )
+
+
+def load_averages() -> str:
+    """The 1, 5 and 15 minute load averages now: other work on the 2 cores skews timings."""
+    return "%.2f %.2f %.2f" % os.getloadavg()
 
 
 # --------------------------------------------------------------------------- test data
@@ -170,8 +176,9 @@ def sha256_file(path: Path) -> str:
 
 def read_through(path: Path) -> None:
     """Read a file once so that it is in the page cache (idle cache is paged out after ~1 min)."""
+    buffer = bytearray(IO_CHUNK)
     with open(path, "rb", buffering=0) as handle:
-        while handle.readinto(bytearray(IO_CHUNK)):
+        while handle.readinto(buffer):
             pass
 
 
@@ -561,9 +568,13 @@ def find_ours() -> "tuple[Optional[OursInstallation], str]":
     return OursInstallation([sys.executable, "-m", "pdiffcopy"], env, description), description
 
 
-def tool_versions(original: Optional[Path], ours_description: Optional[str]) -> List[str]:
-    """Lines naming the versions of the tools, for the report header."""
-    lines = ["rsync: %s" % command_output(["rsync", "--version"]).split("\n")[0]]
+def tool_versions(families: List[str], original: Optional[Path], ours_description: Optional[str]) -> List[str]:
+    """Lines naming the versions of the chosen tools, for the report header."""
+    lines = []
+    if "rsync" in families:
+        lines.append("rsync: %s" % " ".join(command_output(["rsync", "--version"]).split("\n")[0].split()))
+    if "curl" in families and ours_description:
+        lines.append("curl: %s" % command_output(["curl", "--version"]).split("\n")[0])
     if original is not None:
         freeze = command_output([str(original.parent / "python"), "-m", "pip", "freeze", "--disable-pip-version-check"])
         wanted = ("pdiffcopy", "gunicorn", "flask", "requests", "werkzeug")
@@ -689,7 +700,7 @@ def build_setup(
             setup.notes.append("skipped %s: %s" % (skipped, ours_description))
             log("SKIPPING %s: %s" % (skipped, ours_description))
             ours_description = None
-    setup.versions = tool_versions(original, ours_description)
+    setup.versions = tool_versions(families, original, ours_description)
 
     if "rsync" in families:
         daemon = RsyncDaemon(state_root / "rsyncd", {"data": source.parent, "run": run_dir}, writable={"run"})
@@ -823,7 +834,9 @@ def run_script(args, prefix: str, body: Callable[[Setup, WorkDirs, str], str]) -
         )
         if not setup.tools:
             raise BenchmarkError("no tool left to measure")
+        start_load = load_averages()
         report = body(setup, dirs, machine)
+        report += "\nLoad average (1, 5, 15 min): %s at the start, %s at the end.\n" % (start_load, load_averages())
         print(report, end="")
         if args.output:
             args.output.write_text(report)

@@ -166,14 +166,18 @@ class _SyncJob:
         self.options = options
         self.progress = progress
         self.started = time.monotonic()
+        # Endpoints first: a bad path or URL fails before any process starts.
+        self.source = self._endpoint(source, token, timeout, ca_file)
+        self.target = self._endpoint(target, token, timeout, ca_file)
         self.pool = None
-        if not (is_url(source) and is_url(target)):
+        local = [e for e in (self.source, self.target) if not e.is_remote]
+        if local:
             from pdiffcopy.local import start_hash_pool
 
             # Forked before any thread exists (see start_hash_pool).
             self.pool = start_hash_pool(options.concurrency)
-        self.source = self._endpoint(source, token, timeout, ca_file)
-        self.target = self._endpoint(target, token, timeout, ca_file)
+            for endpoint in local:
+                endpoint.pool = self.pool  # type: ignore[attr-defined]
         self.transfers: Optional[ThreadPoolExecutor] = None
         self.bytes_moved = 0
         #: The ranges written, by segment index: they are read back to verify.
@@ -190,7 +194,7 @@ class _SyncJob:
 
         if not location or location.endswith("/"):
             raise UsageError(f"Not a file name: {location!r}")
-        return LocalFile(location, self.pool)
+        return LocalFile(location)
 
     def run(self) -> SyncResult:
         try:

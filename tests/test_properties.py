@@ -37,7 +37,6 @@ from pdiffcopy.blocks import (
 )
 from pdiffcopy.byteranges import (
     BOUNDARY,
-    MAX_RANGES_PER_REQUEST,
     boundary_of,
     closing_delimiter,
     format_content_range,
@@ -64,25 +63,30 @@ BLOCK_SIZES = st.one_of(
 
 SIZES = st.one_of(
     st.integers(0, MAX_SOURCE),
+    st.integers(MAX_SOURCE // 4, MAX_SOURCE),  # many blocks, room for many separate changes
+    st.integers(MAX_SOURCE // 4, MAX_SOURCE),
     st.sampled_from([0, 1, 1023, 1024, 1025, 4096, 5000, 65536, 65537, MAX_SOURCE]),
 )
 
 FRACTION = st.integers(0, 1000).map(lambda n: n / 1000)
 
-MUTATIONS = st.one_of(
-    st.tuples(st.just("overwrite"), FRACTION, st.integers(1, 5000)),
+#: Changes of the target's length, applied first.
+RESIZES = st.one_of(
+    st.just(("keep",)),
     st.tuples(st.just("truncate"), FRACTION),
     st.tuples(st.just("extend"), st.integers(1, 70000)),
-    st.tuples(st.just("zero"), FRACTION, st.integers(1, 70000)),
 )
 
-#: How the target starts out.
-TARGETS = st.one_of(
-    st.tuples(st.just("mutated"), st.lists(MUTATIONS, min_size=0, max_size=6)),
-    st.tuples(st.just("missing"), st.just([])),
-    st.tuples(st.just("unrelated"), st.just([])),
-    st.tuples(st.just("empty"), st.just([])),
+#: Edits of the target's bytes, applied after the resize.
+EDITS = st.one_of(
+    st.tuples(st.just("scatter"), st.integers(1, 30)),  # that many overwrites, anywhere
+    st.tuples(st.just("overwrite"), FRACTION, st.integers(1, 5000)),
+    st.tuples(st.just("zero"), FRACTION, st.integers(1, 70000)),  # a partly sparse target
 )
+
+#: How the target starts out: mostly an older copy of the source with damage here and
+#: there (several separate changed runs, so that the delta has many ranges).
+TARGET_KINDS = st.sampled_from(["mutated"] * 6 + ["missing", "unrelated", "empty", "identical"])
 
 SYNC_SETTINGS = settings(max_examples=25, deadline=None, database=None,
                          suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -96,24 +100,28 @@ def build_target(source: bytes, kind: str, mutations, seed: int) -> Optional[byt
         return None
     if kind == "empty":
         return b""
+    if kind == "identical":
+        return source
     if kind == "unrelated":
         return rng.randbytes(rng.randrange(0, MAX_SOURCE))
+    resize, edits = mutations
     buffer = bytearray(source)
-    for mutation in mutations:
-        if mutation[0] == "overwrite":
-            _, where, length = mutation
+    if resize[0] == "truncate":
+        del buffer[int(resize[1] * len(buffer)) :]
+    elif resize[0] == "extend":
+        buffer += rng.randbytes(resize[1])
+    for edit in edits:
+        if edit[0] == "scatter":
+            for _ in range(edit[1]):
+                position = rng.randrange(len(buffer) + 1)
+                end = min(len(buffer), position + rng.randrange(1, 3000))
+                buffer[position:end] = rng.randbytes(end - position)
+        else:
+            _, where, length = edit
             position = int(where * len(buffer))
             end = min(len(buffer), position + length)
-            buffer[position:end] = rng.randbytes(end - position)
-        elif mutation[0] == "truncate":
-            del buffer[int(mutation[1] * len(buffer)) :]
-        elif mutation[0] == "extend":
-            buffer += rng.randbytes(mutation[1])
-        else:  # zero a run: a target that is partly sparse
-            _, where, length = mutation
-            position = int(where * len(buffer))
-            end = min(len(buffer), position + length)
-            buffer[position:end] = bytes(end - position)
+            buffer[position:end] = rng.randbytes(end - position) if edit[0] == "overwrite" \
+                else bytes(end - position)
     return bytes(buffer)
 
 
@@ -143,7 +151,9 @@ def differing_blocks(source: bytes, target: bytes, block_size: int, pad: bool) -
 def scenarios(draw):
     size = draw(SIZES)
     block_size = draw(BLOCK_SIZES)
-    kind, mutations = draw(TARGETS)
+    kind = draw(TARGET_KINDS)
+    mutations = (draw(RESIZES), draw(st.lists(EDITS, min_size=1, max_size=4))) \
+        if kind == "mutated" else None
     seed = draw(st.integers(0, 2**32 - 1))
     options = dict(
         hash_method=draw(st.sampled_from(["xxh3_128", "xxh3_128", "xxh3_64", "sha1", "md5", "blake3"])),
@@ -151,9 +161,8 @@ def scenarios(draw):
         atomic=draw(st.booleans()),
         whole_file=draw(st.sampled_from([False, False, False, True])),
     )
-    source = random.Random(seed ^ 0x5EED).randbytes(size)
-    target = build_target(source, kind, mutations, seed)
-    return source, target, block_size, options
+    # Only the recipe: the bytes are made in the test, so a failure's report stays short.
+    return size, kind, mutations, seed, block_size, options
 
 
 class Sides:
@@ -187,7 +196,9 @@ _names = itertools.count()
 
 
 def check_sync(direction: str, server, workdir: Path, scenario) -> None:
-    source, target, block_size, options = scenario
+    size, kind, mutations, seed, block_size, options = scenario
+    source = random.Random(seed ^ 0x5EED).randbytes(size)
+    target = build_target(source, kind, mutations, seed)
     sides = Sides(direction, workdir, server, f"prop-{os.getpid()}-{next(_names)}.img")
     try:
         sides.source_path.write_bytes(source)
@@ -243,8 +254,34 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
         sides.cleanup()
 
 
+def _options(**changes):
+    options = dict(hash_method="xxh3_128", concurrency=2, atomic=False, whole_file=False)
+    options.update(changes)
+    return options
+
+
+#: Cases every run checks, whatever Hypothesis draws: many separate changed runs
+#: (so many ranges per request), with the target shorter, longer or sparse.
+EXPLICIT = [
+    (MAX_SOURCE, "mutated", (("keep",), [("scatter", 25)]), 7, 4096, _options()),
+    (MAX_SOURCE - 123, "mutated", (("truncate", 0.6), [("scatter", 12)]), 8, 5000, _options()),
+    (200_000, "mutated", (("extend", 33333), [("scatter", 9), ("zero", 0.5, 20000)]), 9, 1024,
+     _options(hash_method="xxh3_64", concurrency=3)),
+    (150_001, "mutated", (("keep",), [("scatter", 30)]), 10, 1536, _options(atomic=True)),
+    (MAX_SOURCE, "mutated", (("keep",), [("scatter", 3)]), 11, 65536, _options(hash_method="md5")),
+    (100_000, "identical", None, 12, 3000, _options(concurrency=1)),
+]
+
+
+def with_explicit_examples(test):
+    for case in reversed(EXPLICIT):
+        test = example(scenario=case)(test)
+    return test
+
+
 @SYNC_SETTINGS
 @given(scenario=scenarios())
+@with_explicit_examples
 def test_local_sync_makes_identical_files(tmp_path, scenario):
     workdir = Path(tempfile.mkdtemp(dir=tmp_path))
     try:
@@ -256,6 +293,7 @@ def test_local_sync_makes_identical_files(tmp_path, scenario):
 
 @SYNC_SETTINGS
 @given(scenario=scenarios())
+@with_explicit_examples
 def test_pull_makes_identical_files(server, tmp_path, scenario):
     workdir = Path(tempfile.mkdtemp(dir=tmp_path))
     try:
@@ -267,6 +305,7 @@ def test_pull_makes_identical_files(server, tmp_path, scenario):
 
 @SYNC_SETTINGS
 @given(scenario=scenarios())
+@with_explicit_examples
 def test_push_makes_identical_files(server, tmp_path, scenario):
     workdir = Path(tempfile.mkdtemp(dir=tmp_path))
     try:
@@ -406,17 +445,24 @@ def test_split_ranges_preserves_bytes_and_order(ranges, max_length):
 
 
 @settings(max_examples=300, deadline=None)
-@given(ranges=RANGE_LISTS, max_bytes=st.integers(1, 3 * 10**6))
-def test_batch_ranges_preserves_ranges_and_order(ranges, max_bytes):
-    batches = list(batch_ranges(ranges, max_bytes))
+@given(ranges=RANGE_LISTS, max_bytes=st.integers(1, 3 * 10**6),
+       max_count=st.one_of(st.none(), st.integers(1, 12)))
+def test_batch_ranges_preserves_ranges_and_order(ranges, max_bytes, max_count):
+    if max_count is None:
+        batches = list(batch_ranges(ranges, max_bytes))
+        from pdiffcopy.blocks import MAX_RANGES_PER_REQUEST as limit
+    else:
+        batches, limit = list(batch_ranges(ranges, max_bytes, max_count)), max_count
     assert [r for batch in batches for r in batch] == ranges
     assert all(batch for batch in batches), "an empty batch"
     for batch in batches:
         total = sum(length for _, length in batch)
         assert total <= max_bytes or len(batch) == 1
+        assert len(batch) <= limit
     for batch, following in zip(batches, batches[1:]):
         # A batch is closed only when the next range would not fit.
-        assert sum(length for _, length in batch) + following[0][1] > max_bytes
+        full = len(batch) >= limit
+        assert full or sum(length for _, length in batch) + following[0][1] > max_bytes
 
 
 @settings(max_examples=200, deadline=None)
@@ -580,11 +626,50 @@ def test_parse_range_header_never_crashes(header, size):
 
 
 def test_parse_range_header_limits_the_number_of_ranges():
-    header = "bytes=" + ",".join("0-0" for _ in range(MAX_RANGES_PER_REQUEST + 1))
+    from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED
+
+    header = "bytes=" + ",".join("0-0" for _ in range(MAX_RANGES_ACCEPTED + 1))
     with pytest.raises(BadRequest):
         parse_range_header(header, 10)
-    header = "bytes=" + ",".join("0-0" for _ in range(MAX_RANGES_PER_REQUEST))
-    assert len(parse_range_header(header, 10)) == MAX_RANGES_PER_REQUEST
+    header = "bytes=" + ",".join("0-0" for _ in range(MAX_RANGES_ACCEPTED))
+    assert len(parse_range_header(header, 10)) == MAX_RANGES_ACCEPTED
+
+
+def reference_explicit_ranges(specs):
+    """Explicit ranges only: every spec ``first-last`` with first <= last; no clipping."""
+    if any(first is None or last is None or last < first for first, last in specs):
+        return BadRequest
+    return [(first, last - first + 1) for first, last in specs]
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=range_headers())
+@example(case=("bytes=0-0", 0, [(0, 0)]))
+@example(case=("bytes=0-", 10, [(0, None)]))
+@example(case=("bytes=-5", 10, [(None, 5)]))
+def test_parse_explicit_ranges_against_reference(case):
+    from pdiffcopy.byteranges import parse_explicit_ranges
+
+    header, _, specs = case
+    expected = reference_explicit_ranges(specs)
+    if expected is BadRequest:
+        with pytest.raises(BadRequest):
+            parse_explicit_ranges(header)
+    else:
+        assert parse_explicit_ranges(header) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(header=st.one_of(st.text(max_size=40), st.from_regex(r"\Abytes=[0-9 ,-]{0,30}\Z")))
+@example(header="bytes=0-" + "9" * 5000)
+def test_parse_explicit_ranges_never_crashes(header):
+    from pdiffcopy.byteranges import parse_explicit_ranges
+
+    try:
+        ranges = parse_explicit_ranges(header)
+    except BadRequest:
+        return
+    assert ranges and all(offset >= 0 and length >= 1 for offset, length in ranges)
 
 
 @st.composite
