@@ -619,9 +619,9 @@ class Setup:
     versions: List[str] = field(default_factory=list)
 
 
-def rsync_tools(daemon: RsyncDaemon, source: Path, directions: List[str]) -> List[Tool]:
-    """rsync pulling `source` from module ``data`` and pushing it into module ``run``."""
-    rsync = ["rsync", *RSYNC_OPTIONS]
+def rsync_tools(daemon: RsyncDaemon, source: Path, directions: List[str], extra_args: List[str]) -> List[Tool]:
+    """rsync (with `extra_args`) pulling `source` from module ``data`` and pushing it into ``run``."""
+    rsync = ["rsync", *RSYNC_OPTIONS, *extra_args]
 
     def pull(target: Path) -> List[str]:
         return rsync + [daemon.url("data", source.name), str(target)]
@@ -680,6 +680,7 @@ def build_setup(
     original_args: List[str],
     ours_args: List[str],
     ours_server_args: List[str],
+    rsync_args: List[str],
 ) -> Setup:
     """
     Create (without starting) the servers and the tools for the chosen families and directions.
@@ -705,7 +706,7 @@ def build_setup(
     if "rsync" in families:
         daemon = RsyncDaemon(state_root / "rsyncd", {"data": source.parent, "run": run_dir}, writable={"run"})
         setup.servers.append(daemon)
-        setup.tools += rsync_tools(daemon, source, directions)
+        setup.tools += rsync_tools(daemon, source, directions, rsync_args)
     if original is not None:
         original_server = OriginalServer(state_root / "original", original)
         setup.servers.append(original_server)
@@ -798,6 +799,12 @@ def add_common_arguments(parser, families, default_families) -> None:
     parser.add_argument("--ours-args", default="", type=shlex.split, help="extra options for our pdiffcopy client")
     parser.add_argument("--ours-server-args", default="", type=shlex.split, help="extra options for our server")
     parser.add_argument("--original-args", default="", type=shlex.split, help="extra options for the original client")
+    if "rsync" in families:
+        parser.add_argument(
+            "--rsync-args", default="", type=shlex.split, help="extra options for rsync, e.g. --fsync"
+        )
+    else:
+        parser.set_defaults(rsync_args=[])
     parser.add_argument(
         "--workdir",
         default=Path(tempfile.gettempdir()),
@@ -830,7 +837,7 @@ def run_script(args, prefix: str, body: Callable[[Setup, WorkDirs, str], str]) -
     try:
         setup = build_setup(
             args.tools, args.directions, root, dirs.source, dirs.run,
-            args.original_args, args.ours_args, args.ours_server_args,
+            args.original_args, args.ours_args, args.ours_server_args, args.rsync_args,
         )
         if not setup.tools:
             raise BenchmarkError("no tool left to measure")

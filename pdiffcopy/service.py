@@ -137,6 +137,9 @@ def run_server(options: ServerOptions) -> None:
         "accesslog": None,
         "preload_app": True,
         "proc_name": "pdiffcopy-server",
+        # gunicorn >= 25.1 opens a control socket at one fixed path per user,
+        # which several pdiffcopy servers on one host would fight over.
+        "control_socket_disable": True,
     }
     if options.certfile:
         settings.update(certfile=options.certfile, keyfile=options.keyfile)
@@ -144,7 +147,8 @@ def run_server(options: ServerOptions) -> None:
     class Application(BaseApplication):  # gunicorn's documented embedding API
         def load_config(self) -> None:
             for key, value in settings.items():
-                self.cfg.set(key, value)
+                if key in self.cfg.settings:  # older gunicorns lack some settings
+                    self.cfg.set(key, value)
 
         def load(self):
             return app

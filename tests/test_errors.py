@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-
 from conftest import free_port, pdiffcopy_command, random_bytes, start_server
+
 from pdiffcopy import sync
-from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError, UsageError
+from pdiffcopy.exceptions import FileMissing, NotAFile, UsageError
 
 #: The token the ``token_server`` fixture requires.
 TOKEN = "s3cret-token"
@@ -74,7 +74,8 @@ def error_message(stderr: str) -> str:
     return message
 
 
-def assert_fails(completed: subprocess.CompletedProcess, status: Optional[int], *fragments: str) -> str:
+def assert_fails(completed: subprocess.CompletedProcess, status: Optional[int],
+                 *fragments: str) -> str:
     """A failure with ``status`` (any non-zero status for None) and one clear error line."""
     assert completed.returncode != 0, (completed.stdout, completed.stderr)
     if status is not None:
@@ -98,8 +99,8 @@ def snapshot(*directories: Path) -> dict:
                 state[str(path)] = ("link", os.readlink(path))
             elif stat.S_ISREG(info.st_mode):
                 digest = hashlib.sha256(path.read_bytes()).hexdigest()
-                state[str(path)] = ("file", info.st_size, info.st_mtime_ns, stat.S_IMODE(info.st_mode),
-                                    digest)
+                state[str(path)] = ("file", info.st_size, info.st_mtime_ns,
+                                    stat.S_IMODE(info.st_mode), digest)
             else:
                 state[str(path)] = ("other", stat.S_IFMT(info.st_mode))
     return state
@@ -193,9 +194,9 @@ def permissions_apply() -> bool:
     probe.write_bytes(b"x")
     try:
         probe.chmod(0)
+        drop = _drop_file_capabilities if os.geteuid() == 0 else None
         completed = subprocess.run([sys.executable, "-c", f"open({str(probe)!r}).read()"],
-                                   preexec_fn=_drop_file_capabilities if os.geteuid() == 0 else None,
-                                   capture_output=True, timeout=30)
+                                   preexec_fn=drop, capture_output=True, timeout=30)
         return completed.returncode == 1 and b"PermissionError" in completed.stderr
     finally:
         probe.unlink()
@@ -409,7 +410,8 @@ def test_bad_block_size(tmp_path, value):
     (tmp_path / "source.img").write_bytes(random_bytes(3 * BLOCK))
     (tmp_path / "target.img").write_bytes(random_bytes(3 * BLOCK, seed=3))
     before = snapshot(tmp_path)
-    completed = cli(f"--block-size={value}", str(tmp_path / "source.img"), str(tmp_path / "target.img"))
+    completed = cli(f"--block-size={value}", str(tmp_path / "source.img"),
+                    str(tmp_path / "target.img"))
     assert_fails(completed, 2, "block size", repr(value))
     assert snapshot(tmp_path) == before
 
@@ -453,7 +455,8 @@ def test_server_not_running_fails_fast(tmp_path, direction):
     url = f"http://127.0.0.1:{port}/file.img"
     (tmp_path / "local.img").write_bytes(random_bytes(2 * BLOCK))
     before = snapshot(tmp_path)
-    args = (url, str(tmp_path / "new.img")) if direction == "pull" else (str(tmp_path / "local.img"), url)
+    local = str(tmp_path / "local.img")
+    args = (url, str(tmp_path / "new.img")) if direction == "pull" else (local, url)
     completed = cli("--timeout", "30", *args)
     assert_fails(completed, 1, f"127.0.0.1:{port}", "connect")
     assert completed.seconds < 10, f"took {completed.seconds:.1f} s to notice a closed port"
@@ -506,8 +509,8 @@ def error_server(request):
 def test_server_answering_errors(error_server, fragment, direction, tmp_path):
     (tmp_path / "local.img").write_bytes(random_bytes(2 * BLOCK))
     before = snapshot(tmp_path)
-    url = f"{error_server}/file.img"
-    args = (url, str(tmp_path / "new.img")) if direction == "pull" else (str(tmp_path / "local.img"), url)
+    url, local = f"{error_server}/file.img", str(tmp_path / "local.img")
+    args = (url, str(tmp_path / "new.img")) if direction == "pull" else (local, url)
     completed = cli("--timeout", "20", *args)
     assert_fails(completed, 1, fragment)
     assert completed.seconds < 15
@@ -604,7 +607,8 @@ def test_missing_token_file(token_server, tmp_path, unique):
     assert not (tmp_path / "local.img").exists()
 
 
-@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x"])
+@pytest.mark.parametrize("authorization",
+                         [None, "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x"])
 def test_raw_request_without_the_token_is_refused(token_server, unique, authorization):
     (token_server.root / unique).write_bytes(b"secret data")
     headers = {"Authorization": authorization} if authorization else {}
@@ -686,9 +690,11 @@ ENDPOINTS = {
     "GET": ("GET", "/{path}", {}, None),
     "HEAD": ("HEAD", "/{path}", {}, None),
     "GET-range": ("GET", "/{path}", {"Range": "bytes=0-9"}, None),
-    "PATCH": ("PATCH", "/{path}", {"Content-Range": "bytes 0-4/*", "Content-Type": "application/octet-stream"},
+    "PATCH": ("PATCH", "/{path}",
+              {"Content-Range": "bytes 0-4/*", "Content-Type": "application/octet-stream"},
               b"EVIL!"),
-    "hashes": ("GET", "/.pdiffcopy/hashes/{path}?method=md5&block_size=1024&offset=0&length=1024", {}, None),
+    "hashes": ("GET", "/.pdiffcopy/hashes/{path}?method=md5&block_size=1024&offset=0&length=1024",
+               {}, None),
     "stat": ("GET", "/.pdiffcopy/stat/{path}", {}, None),
     "resize": ("POST", "/.pdiffcopy/resize/{path}?size=4096", {}, None),
     "resize-shrink": ("POST", "/.pdiffcopy/resize/{path}?size=0", {}, None),
@@ -733,6 +739,13 @@ def test_raw_request_absolute_path_stays_inside(server, unique, outside, endpoin
 
 FILE_SIZE = 10 * 1024 + 5
 
+#: The hash endpoint, with its query string to be completed.
+HASHES = "/.pdiffcopy/hashes/{f}?"
+#: A multipart PATCH body's Content-Type.
+MULTIPART = {"Content-Type": "multipart/byteranges; boundary=xyz"}
+#: 5000 digits: past the 4300 that int() converts, yet within a header's 8 KiB.
+HUGE = "9" * 5000
+
 MALFORMED = [
     # Range headers
     ("range-not-a-number", "GET", "/{f}", {"Range": "bytes=abc"}, None, 400),
@@ -747,35 +760,54 @@ MALFORMED = [
     ("range-past-end", "GET", "/{f}", {"Range": f"bytes={FILE_SIZE}-"}, None, 416),
     ("range-far-past-end", "GET", "/{f}", {"Range": "bytes=99999999-99999999999"}, None, 416),
     ("range-empty-suffix", "GET", "/{f}", {"Range": "bytes=-0"}, None, 416),
+    ("range-huge-number", "GET", "/{f}", {"Range": f"bytes={HUGE}-"}, None, (400, 416)),
+    ("range-huge-suffix", "GET", "/{f}", {"Range": f"bytes=0-0,-{HUGE}"}, None, (400, 416)),
     # hash requests
-    ("hashes-block-size-abc", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=abc&offset=0&length=1024",
+    ("hashes-block-size-abc", "GET", HASHES + "method=md5&block_size=abc&offset=0&length=1024",
      {}, None, 400),
-    ("hashes-block-size-zero", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=0&offset=0&length=1024",
+    ("hashes-block-size-zero", "GET", HASHES + "method=md5&block_size=0&offset=0&length=1024",
      {}, None, 400),
-    ("hashes-block-size-tiny", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=512&offset=0&length=1024",
+    ("hashes-block-size-tiny", "GET", HASHES + "method=md5&block_size=512&offset=0&length=1024",
      {}, None, 400),
     ("hashes-block-size-huge", "GET",
-     "/.pdiffcopy/hashes/{f}?method=md5&block_size=99999999999999&offset=0&length=1024", {}, None, 400),
-    ("hashes-negative-offset", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=-1024&length=1024",
-     {}, None, 400),
-    ("hashes-unaligned-offset", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=100&length=1024",
-     {}, None, 400),
+     HASHES + "method=md5&block_size=99999999999999&offset=0&length=1024", {}, None, 400),
+    ("hashes-negative-offset", "GET",
+     HASHES + "method=md5&block_size=1024&offset=-1024&length=1024", {}, None, 400),
+    ("hashes-unaligned-offset", "GET",
+     HASHES + "method=md5&block_size=1024&offset=100&length=1024", {}, None, 400),
     ("hashes-offset-past-end", "GET",
-     "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=1048576&length=1024", {}, None, 416),
-    ("hashes-negative-length", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=0&length=-1",
+     HASHES + "method=md5&block_size=1024&offset=1048576&length=1024", {}, None, 416),
+    ("hashes-negative-length", "GET", HASHES + "method=md5&block_size=1024&offset=0&length=-1",
      {}, None, 400),
-    ("hashes-float-length", "GET", "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=0&length=1.5",
+    ("hashes-float-length", "GET", HASHES + "method=md5&block_size=1024&offset=0&length=1.5",
      {}, None, 400),
     ("hashes-huge-length", "GET",
-     "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=0&length=99999999999999999999999", {}, None, 400),
+     HASHES + "method=md5&block_size=1024&offset=0&length=99999999999999999999999", {}, None, 400),
     ("hashes-superscript-offset", "GET",
-     "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=%C2%B2&length=1024", {}, None, 400),
+     HASHES + "method=md5&block_size=1024&offset=%C2%B2&length=1024", {}, None, 400),
     ("hashes-circled-length", "GET",
-     "/.pdiffcopy/hashes/{f}?method=md5&block_size=1024&offset=0&length=%E2%91%A0", {}, None, 400),
-    ("hashes-unknown-method", "GET", "/.pdiffcopy/hashes/{f}?method=nosuch&block_size=1024&offset=0&length=1024",
-     {}, None, 400),
-    ("hashes-no-method", "GET", "/.pdiffcopy/hashes/{f}?block_size=1024&offset=0&length=1024", {}, None, 400),
+     HASHES + "method=md5&block_size=1024&offset=0&length=%E2%91%A0", {}, None, 400),
+    ("hashes-unknown-method", "GET",
+     HASHES + "method=nosuch&block_size=1024&offset=0&length=1024", {}, None, 400),
+    ("hashes-no-method", "GET", HASHES + "block_size=1024&offset=0&length=1024", {}, None, 400),
     ("hashes-no-parameters", "GET", "/.pdiffcopy/hashes/{f}", {}, None, 400),
+    # hash requests for several ranges (a Range header)
+    ("hashes-range-open", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=0-"}, None, 400),
+    ("hashes-range-suffix", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=-100"}, None, 400),
+    ("hashes-range-unaligned", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=0-1023,100-2000"}, None, 400),
+    ("hashes-range-backwards", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=2048-1024"}, None, 400),
+    ("hashes-range-garbage", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=a-b"}, None, 400),
+    ("hashes-range-past-end", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=0-1023,1048576-1049599"}, None, 416),
+    ("hashes-range-too-long", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": "bytes=0-4294967295"}, None, 400),
+    ("hashes-range-huge-number", "GET", HASHES + "method=md5&block_size=1024",
+     {"Range": f"bytes=0-{HUGE}"}, None, 400),
     # resize
     ("resize-no-size", "POST", "/.pdiffcopy/resize/{f}", {}, None, 400),
     ("resize-size-abc", "POST", "/.pdiffcopy/resize/{f}?size=abc", {}, None, 400),
@@ -783,24 +815,33 @@ MALFORMED = [
     ("resize-absurd", "POST", "/.pdiffcopy/resize/{f}?size=9999999999999999999", {}, None, 400),
     ("resize-superscript", "POST", "/.pdiffcopy/resize/{f}?size=%C2%B9%C2%B2", {}, None, 400),
     # PATCH
-    ("patch-no-content-range", "PATCH", "/{f}", {"Content-Type": "application/octet-stream"}, b"abc", 400),
+    ("patch-no-content-range", "PATCH", "/{f}", {"Content-Type": "application/octet-stream"},
+     b"abc", 400),
     ("patch-garbage-content-range", "PATCH", "/{f}", {"Content-Range": "garbage"}, b"abc", 400),
-    ("patch-backwards-content-range", "PATCH", "/{f}", {"Content-Range": "bytes 5-3/*"}, b"abc", 400),
+    ("patch-backwards-content-range", "PATCH", "/{f}", {"Content-Range": "bytes 5-3/*"},
+     b"abc", 400),
     ("patch-length-mismatch", "PATCH", "/{f}", {"Content-Range": "bytes 0-9/*"}, b"abc", 400),
-    ("patch-straddling-end", "PATCH", "/{f}", {"Content-Range": f"bytes {FILE_SIZE - 1}-{FILE_SIZE + 1}/*"},
+    ("patch-straddling-end", "PATCH", "/{f}",
+     {"Content-Range": f"bytes {FILE_SIZE - 1}-{FILE_SIZE + 1}/*"}, b"abc", 416),
+    ("patch-at-end", "PATCH", "/{f}", {"Content-Range": f"bytes {FILE_SIZE}-{FILE_SIZE + 2}/*"},
      b"abc", 416),
-    ("patch-at-end", "PATCH", "/{f}", {"Content-Range": f"bytes {FILE_SIZE}-{FILE_SIZE + 2}/*"}, b"abc", 416),
-    ("patch-far-beyond-end", "PATCH", "/{f}", {"Content-Range": "bytes 1099511627776-1099511627778/*"},
-     b"abc", 416),
-    ("patch-multipart-no-boundary", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges"}, b"abc", 400),
-    ("patch-multipart-garbage", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges; boundary=xyz"},
-     b"this is not multipart\r\n", 400),
-    ("patch-multipart-truncated", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges; boundary=xyz"},
+    ("patch-far-beyond-end", "PATCH", "/{f}",
+     {"Content-Range": "bytes 1099511627776-1099511627778/*"}, b"abc", 416),
+    ("patch-huge-content-range", "PATCH", "/{f}", {"Content-Range": f"bytes 0-{HUGE}/*"},
+     b"abc", (400, 416)),
+    ("patch-multipart-huge-content-range", "PATCH", "/{f}", MULTIPART,
+     b"\r\n--xyz\r\nContent-Range: bytes 0-" + b"9" * 1000 + b"/*\r\n\r\nabc\r\n--xyz--\r\n",
+     (400, 416)),
+    ("patch-multipart-no-boundary", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges"},
+     b"abc", 400),
+    ("patch-multipart-garbage", "PATCH", "/{f}", MULTIPART, b"this is not multipart\r\n", 400),
+    ("patch-multipart-truncated", "PATCH", "/{f}", MULTIPART,
      b"\r\n--xyz\r\nContent-Range: bytes 0-2/*\r\n", 400),
-    ("patch-multipart-no-content-range", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges; boundary=xyz"},
+    ("patch-multipart-no-content-range", "PATCH", "/{f}", MULTIPART,
      b"\r\n--xyz\r\nContent-Type: application/octet-stream\r\n\r\nabc\r\n--xyz--\r\n", 400),
-    ("patch-multipart-beyond-end", "PATCH", "/{f}", {"Content-Type": "multipart/byteranges; boundary=xyz"},
-     f"\r\n--xyz\r\nContent-Range: bytes {FILE_SIZE}-{FILE_SIZE + 2}/*\r\n\r\nabc\r\n--xyz--\r\n".encode(), 416),
+    ("patch-multipart-beyond-end", "PATCH", "/{f}", MULTIPART,
+     f"\r\n--xyz\r\nContent-Range: bytes {FILE_SIZE}-{FILE_SIZE + 2}/*\r\n\r\nabc\r\n--xyz--\r\n"
+     .encode(), 416),
     # other
     ("stat-missing", "GET", "/.pdiffcopy/stat/{f}.missing", {}, None, 404),
     ("get-missing", "GET", "/{f}.missing", {}, None, 404),
@@ -827,7 +868,8 @@ def test_malformed_request(server, unique, case):
     assert path.read_bytes() == data
 
 
-@pytest.mark.parametrize("announced,sent", [(100, 50), (100, 0), (3 * 1024 * 1024, 1024 * 1024 + 7)])
+@pytest.mark.parametrize("announced,sent",
+                         [(100, 50), (100, 0), (3 * 1024 * 1024, 1024 * 1024 + 7)])
 def test_patch_with_short_body(server, unique, announced, sent):
     """The client sends less than its Content-Length and then stops sending."""
     path = server.root / unique
@@ -901,7 +943,8 @@ def test_server_killed_mid_transfer(tmp_path, big_data, direction):
         env.pop("PDIFFCOPY_TOKEN", None)
         started = time.monotonic()
         client = subprocess.Popen(pdiffcopy_command("-c", "1", "--timeout", "30", *args),
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)
         killed = False
         while client.poll() is None and time.monotonic() - started < 60:
             if _first_block_written(watched):
@@ -910,7 +953,7 @@ def test_server_killed_mid_transfer(tmp_path, big_data, direction):
                 break
             time.sleep(0.001)
         try:
-            stdout, stderr = client.communicate(timeout=30)
+            _, stderr = client.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             client.kill()
             client.communicate()
@@ -947,10 +990,11 @@ def test_insecure_lifts_the_refusal(tmp_path):
     port = free_port()
     env = dict(os.environ)
     env.pop("PDIFFCOPY_TOKEN", None)
-    log = open(tmp_path / "server.log", "wb")
-    process = subprocess.Popen(
-        pdiffcopy_command("--root", str(tmp_path), "--listen", f"0.0.0.0:{port}", "--insecure", "-c", "1"),
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with open(tmp_path / "server.log", "wb") as log:
+        process = subprocess.Popen(
+            pdiffcopy_command("--root", str(tmp_path), "--listen", f"0.0.0.0:{port}", "--insecure",
+                              "-c", "1"),
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         wait_for_port(port, process)
         status, _, body = raw_request(port, "GET", "/file.img")
@@ -961,7 +1005,6 @@ def test_insecure_lifts_the_refusal(tmp_path):
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        log.close()
     assert "Traceback" not in (tmp_path / "server.log").read_text()
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 import pytest
-from hypothesis import HealthCheck, assume, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pdiffcopy import sync
@@ -156,7 +156,8 @@ def scenarios(draw):
         if kind == "mutated" else None
     seed = draw(st.integers(0, 2**32 - 1))
     options = dict(
-        hash_method=draw(st.sampled_from(["xxh3_128", "xxh3_128", "xxh3_64", "sha1", "md5", "blake3"])),
+        hash_method=draw(st.sampled_from(["xxh3_128", "xxh3_128", "xxh3_64", "sha1", "md5",
+                                          "blake3"])),
         concurrency=draw(st.integers(1, 3)),
         atomic=draw(st.booleans()),
         whole_file=draw(st.sampled_from([False, False, False, True])),
@@ -321,7 +322,8 @@ def test_push_makes_identical_files(server, tmp_path, scenario):
 @st.composite
 def plans(draw, max_blocks: int = 3000):
     """A BlockPlan with a bounded number of blocks and segments of any size."""
-    block_size = draw(st.one_of(st.integers(1, 70000), st.sampled_from([1, 2, 1024, 4096, 1 << 20])))
+    block_size = draw(st.one_of(st.integers(1, 70000),
+                                st.sampled_from([1, 2, 1024, 4096, 1 << 20])))
     block_count = draw(st.integers(0, max_blocks))
     if block_count == 0:
         size = 0
@@ -350,8 +352,8 @@ def test_plan_segments_tile_the_file(plan):
         assert segment.first_block == block == segment.offset // block_size
         assert 1 <= segment.block_count <= per_segment
         assert segment.length > 0
-        assert segment.length == sum(plan.block_range(b)[1] for b in
-                                     range(segment.first_block, segment.first_block + segment.block_count))
+        numbers = range(segment.first_block, segment.first_block + segment.block_count)
+        assert segment.length == sum(plan.block_range(b)[1] for b in numbers)
         if index < len(segments) - 1:
             assert segment.length == segment.block_count * block_size
             assert segment.block_count == per_segment
@@ -697,7 +699,8 @@ def test_content_range_round_trip(offset, length, size):
 
 
 @settings(max_examples=300, deadline=None)
-@given(value=st.one_of(st.text(max_size=40), st.from_regex(r"\Abytes [0-9]{0,6}-[0-9]{0,6}/[0-9*]{0,6}\Z")))
+@given(value=st.one_of(st.text(max_size=40),
+                       st.from_regex(r"\Abytes [0-9]{0,6}-[0-9]{0,6}/[0-9*]{0,6}\Z")))
 @example(value="bytes 0-" + "9" * 5000 + "/*")          # beyond int()'s 4300 digits
 @example(value="bytes 5-4/*")
 def test_parse_content_range_never_crashes(value):
@@ -713,8 +716,8 @@ TRICKY = st.sampled_from([
     b"\r\n", b"--", f"--{BOUNDARY}".encode(), f"\r\n--{BOUNDARY}--\r\n".encode(),
     f"\r\n--{BOUNDARY}\r\nContent-Range: bytes 0-1/*\r\n\r\n".encode(), b"\n", b"\r",
 ])
-PART_DATA = st.lists(st.one_of(st.binary(min_size=1, max_size=64), TRICKY), min_size=1, max_size=6) \
-    .map(b"".join)
+PART_DATA = st.lists(st.one_of(st.binary(min_size=1, max_size=64), TRICKY),
+                     min_size=1, max_size=6).map(b"".join)
 
 
 @st.composite
@@ -763,7 +766,7 @@ def test_truncated_multipart_is_detected(case, cut):
     body = encode_multipart(parts, size)
     prefix = body[: cut % len(body)]
     try:
-        decoded, _, complete = decode_multipart(prefix)
+        _, _, complete = decode_multipart(prefix)
     except BadRequest:
         return
     assert not complete, f"a body cut at {len(prefix)} of {len(body)} bytes was read as complete"
@@ -775,7 +778,8 @@ def test_read_parts_enforces_max_parts(parts, limit):
     body = encode_multipart([(i * 10, b"x" * 10) for i in range(parts)], None)
     stream = io.BytesIO(body)
     if parts <= limit:
-        assert len([stream.read(length) for _, length, _ in read_parts(stream, BOUNDARY, limit)]) == parts
+        read = [stream.read(length) for _, length, _ in read_parts(stream, BOUNDARY, limit)]
+        assert len(read) == parts
     else:
         with pytest.raises(BadRequest):
             for _, length, _ in read_parts(stream, BOUNDARY, limit):
