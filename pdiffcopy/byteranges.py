@@ -24,8 +24,11 @@ MAX_RANGES_ACCEPTED = 4096
 #: Longest header line accepted inside a multipart body.
 MAX_PART_HEADER_LINE = 1024
 
-_RANGE_SPEC = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
-_CONTENT_RANGE = re.compile(r"^\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+# ASCII digits only (\d would accept "²"), and at most 20 of them: no byte
+# offset needs more, and int() refuses strings of over 4300 digits anyway.
+_RANGE_SPEC = re.compile(r"^[ \t]*([0-9]{0,20})[ \t]*-[ \t]*([0-9]{0,20})[ \t]*$")
+_CONTENT_RANGE = re.compile(r"^[ \t]*bytes[ \t]+([0-9]{1,20})-([0-9]{1,20})/([0-9]{1,20}|\*)[ \t]*$",
+                            re.IGNORECASE)
 
 
 def parse_range_header(header: str, size: int) -> List[ByteRange]:

@@ -77,6 +77,13 @@ class FileEndpoint(ABC):
     def remove_temporary(self) -> None:
         """Remove this temporary file (after a failure)."""
 
+    def check_readable(self) -> None:
+        """Fail now, with a clear message, if the file cannot be read.
+
+        A remote file's server checks when it first reads; a local file is
+        opened here.
+        """
+
     def pin(self, info: FileInfo) -> None:
         """Fail later operations if the file no longer matches ``info``.
 

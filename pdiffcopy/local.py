@@ -91,6 +91,9 @@ class LocalFile(FileEndpoint):
             raise RuntimeError("LocalFile needs a hash pool to hash")
         return self.pool.submit(hash_file_ranges, self.path, list(ranges), block_size, method)
 
+    def check_readable(self) -> None:
+        self._reader()
+
     def _reader(self) -> int:
         if self._read_fd is None:
             try:

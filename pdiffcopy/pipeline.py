@@ -183,6 +183,7 @@ class _SyncJob:
         #: The ranges written, by segment index: they are read back to verify.
         self.written: Dict[int, List[ByteRange]] = {}
         self.lock = threading.Lock()
+        self.prepared = False
 
     def _endpoint(self, location: str, token, timeout, ca_file) -> FileEndpoint:
         if is_url(location):
@@ -235,9 +236,9 @@ class _SyncJob:
         work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
             if atomic else self.target
         try:
-            work.prepare(plan.size)
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or target_info is None:
+                work.prepare(plan.size)
                 source_digests = self._copy_everything(plan, segments, work)
                 target_digests = None
                 similarity = Similarity(plan.block_count, plan.block_count, plan.size, plan.size)
@@ -273,6 +274,7 @@ class _SyncJob:
             raise FileMissing(f"Source does not exist: {self.source.location}")
         if info.kind != "file":
             raise NotAFile(f"Source is not a regular file: {self.source.location}")
+        self.source.check_readable()
         self.source.pin(info)
         return info
 
@@ -330,12 +332,25 @@ class _SyncJob:
             if transfer_to is not None and ranges:
                 self.progress.move_total = changed_bytes
                 self.written[segment.index] = ranges
+                self._prepare_once(transfer_to, plan.size)
                 for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
                     pending.append(self.transfers.submit(self._transfer, batch, transfer_to))
             self._raise_failures(pending)
+        if transfer_to is not None:
+            self._prepare_once(transfer_to, plan.size)  # the size may differ with no block to move
         self._wait(pending)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
         return similarity, source_digests, (target_digests if target is not None else None)
+
+    def _prepare_once(self, work: FileEndpoint, size: int) -> None:
+        """Resize the target just before its first change, not earlier.
+
+        Until then a failure (an unreadable source, a server going away)
+        leaves the target exactly as it was.
+        """
+        if not self.prepared:
+            work.prepare(size)
+            self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
                          work: FileEndpoint) -> Optional[List[bytes]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import stat as stat_module
 import time
 from dataclasses import dataclass
@@ -314,7 +315,7 @@ def int_arg(name: str, minimum: int, maximum: int) -> int:
     value = request.args.get(name)
     if value is None:
         raise BadRequest(f"Missing parameter: {name}")
-    if not value.isdigit() or len(value) > 20:
+    if not re.fullmatch(r"[0-9]{1,20}", value):  # not isdigit(): it accepts "²"
         raise BadRequest(f"Parameter {name} must be a non-negative integer")
     number = int(value)
     if not minimum <= number <= maximum:

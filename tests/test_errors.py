@@ -315,6 +315,22 @@ def test_directory_errors_via_api(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["somedir", "source.img"]
 
 
+@pytest.mark.parametrize("how", ["same-path", "hard-link", "symlink", "dot-path"])
+def test_source_and_target_are_the_same_file(tmp_path, how):
+    source = tmp_path / "file.img"
+    source.write_bytes(random_bytes(3 * BLOCK))
+    target = {"same-path": source, "dot-path": tmp_path / "." / "file.img",
+              "hard-link": tmp_path / "hard.img", "symlink": tmp_path / "soft.img"}[how]
+    if how == "hard-link":
+        os.link(source, target)
+    elif how == "symlink":
+        target.symlink_to(source)
+    before = snapshot(tmp_path)
+    completed = cli("-b", str(BLOCK), str(source), str(target))
+    assert_fails(completed, 2, "same file")
+    assert snapshot(tmp_path) == before
+
+
 def test_push_into_missing_remote_directory(server, tmp_path, unique):
     """The server answers an error (404: no such directory); nothing appears anywhere."""
     (tmp_path / "source.img").write_bytes(random_bytes(2 * BLOCK))
