@@ -13,6 +13,7 @@ no rolling search.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -63,7 +64,12 @@ def parse_block_size(value: "int | str") -> int:
             # humanfriendly reads "5K" as 5000 unless told binary=True; a
             # trailing "B" ("5KB") keeps its decimal meaning on purpose.
             binary = not text.upper().endswith(("KB", "MB", "GB", "TB"))
-            size = parse_size(text, binary=binary)
+            if re.fullmatch(r"[0-9]*\.[0-9]*", text):
+                raise ValueError("a fraction of a byte")  # humanfriendly would round it down
+            parsed = parse_size(text, binary=binary)
+            if parsed != int(parsed):
+                raise ValueError("not a whole number of bytes")
+            size = int(parsed)
         except (InvalidSize, ValueError):
             raise UsageError(f"Invalid block size: {value!r} (expected e.g. 64K, 1MiB, 4M)")
     if size < MIN_BLOCK_SIZE or size > MAX_BLOCK_SIZE:

@@ -41,9 +41,15 @@ examples:
   pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd"""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, like every other error
+        sys.stderr.write(f"pdiffcopy: {message} (see pdiffcopy --help)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; its help text is the usage documented in README.rst."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pdiffcopy", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
     parser.add_argument("paths", nargs="*", metavar="SOURCE TARGET", help=argparse.SUPPRESS)

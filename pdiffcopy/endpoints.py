@@ -8,6 +8,7 @@ is written once and one test suite exercises both.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -94,7 +95,13 @@ class FileEndpoint(ABC):
         """Release descriptors, connections and workers."""
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def is_url(location: str) -> bool:
-    """Whether a SOURCE or TARGET argument names a file behind a server."""
-    lowered = location.lower()
-    return lowered.startswith("http://") or lowered.startswith("https://")
+    """Whether a SOURCE or TARGET argument is a URL (``scheme://...``), not a local path.
+
+    Any scheme counts, so that ``ftp://host/file`` is refused as an
+    unsupported URL instead of being taken for a local path.
+    """
+    return bool(_SCHEME.match(location))

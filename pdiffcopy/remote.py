@@ -78,7 +78,9 @@ def parse_url(url: str):
         port = parts.port
     except ValueError as error:
         raise UsageError(f"Invalid URL {url!r}: {error}") from None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    if parts.scheme.lower() not in ("http", "https"):
+        raise UsageError(f"Unsupported URL {url!r}: expected http://HOST:PORT/path or https://...")
+    if not parts.hostname:
         raise UsageError(f"Invalid URL {url!r}: expected http://HOST:PORT/path")
     if parts.query or parts.fragment:
         raise UsageError(f"Invalid URL {url!r}: a query or fragment is not a file name")
