@@ -57,6 +57,20 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def anonymous_bytes(pid: int) -> int:
+    """The process's own memory: RSS less file-backed pages (0 once it has gone).
+
+    pdiffcopy hashes through mmap, so its RSS includes page-cache pages of the
+    file it maps (at most a segment per hashing process); those are shared
+    with the page cache, not memory the program holds. statm's third field
+    counts them (with shared memory).
+    """
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/%i/statm" % pid) as handle:
+        fields = handle.read().split()
+        return (int(fields[1]) - int(fields[2])) * PAGE_SIZE
+    return 0
+
+
 class TreeMonitor(threading.Thread):
     """Polls the summed RSS of the process trees of some root pids; keeps each tree's peak."""
 
@@ -66,18 +80,23 @@ class TreeMonitor(threading.Thread):
         self.interval = interval
         self.roots: Dict[str, int] = {}
         self.peaks: Dict[str, int] = {}
+        self.anonymous_peaks: Dict[str, int] = {}
         self.halt = threading.Event()
 
     def watch(self, label: str, pid: int) -> None:
         """Start tracking the tree of `pid` under `label`."""
         self.peaks.setdefault(label, 0)
+        self.anonymous_peaks.setdefault(label, 0)
         self.roots[label] = pid
 
     def sample(self) -> None:
         """Take one sample of every watched tree."""
         for label, pid in list(self.roots.items()):
-            total = sum(rss_bytes(member) for member in process_tree(pid))
+            members = process_tree(pid)
+            total = sum(rss_bytes(member) for member in members)
             self.peaks[label] = max(self.peaks[label], total)
+            anonymous = sum(anonymous_bytes(member) for member in members)
+            self.anonymous_peaks[label] = max(self.anonymous_peaks[label], anonymous)
 
     def run(self) -> None:
         """Sample until :meth:`stop` is called."""
@@ -133,6 +152,8 @@ def measure(tool: Tool, delta: int, dirs: WorkDirs, expected_sha: str, interval:
     return {
         "seconds": result.seconds,
         "client_sum": monitor.peaks["client"],
+        "client_anon": monitor.anonymous_peaks["client"],
+        "server_anon": monitor.anonymous_peaks["server"],
         "client_max": result.max_rss_kib * 1024,
         "server_sum": monitor.peaks["server"],
         "server_max": server.exit_rusage.ru_maxrss * 1024 if server.exit_rusage else None,
@@ -155,9 +176,11 @@ def run_all(args, setup: benchlib.Setup, dirs: WorkDirs) -> List[List[str]]:
             benchlib.make_mutated_copy(dirs.source, dirs.base(delta), delta, args.seed)
             for tool in setup.tools:
                 figures = measure(tool, delta, dirs, expected_sha, args.poll_interval)
-                memory = [format_mib(figures[key]) for key in ("client_sum", "client_max", "server_sum", "server_max")]
+                memory = [format_mib(figures[key]) for key in
+                          ("client_sum", "client_anon", "client_max", "server_sum", "server_anon", "server_max")]
                 log(
-                    "%s delta %i%% %s: %.2f s, client %s/%s MiB, server %s/%s MiB (summed/largest), sha256 ok"
+                    "%s delta %i%% %s: %.2f s, client %s/%s/%s MiB, server %s/%s/%s MiB "
+                    "(summed/anonymous/largest), sha256 ok"
                     % (benchlib.format_size(size), delta, tool.name, figures["seconds"], *memory)
                 )
                 row = [benchlib.format_size(size), str(delta), tool.direction, tool.family]
@@ -170,8 +193,8 @@ def render_report(args, setup: benchlib.Setup, rows: List[List[str]], machine: s
     """The report: header lines and the table."""
     header = [
         "size", "delta %", "direction", "tool",
-        "client RSS summed (MiB)", "client largest process (MiB)",
-        "server RSS summed (MiB)", "server largest process (MiB)", "wall s",
+        "client RSS summed (MiB)", "client anonymous (MiB)", "client largest process (MiB)",
+        "server RSS summed (MiB)", "server anonymous (MiB)", "server largest process (MiB)", "wall s",
     ]
     lines = [
         "# pdiffcopy memory benchmark",
@@ -181,7 +204,8 @@ def render_report(args, setup: benchlib.Setup, rows: List[List[str]], machine: s
         "One sync per row against a freshly started server on 127.0.0.1, target made from a seeded "
         "random source with delta %% of its 1 MiB blocks overwritten. 'Summed': peak of the RSS summed "
         "over the process and all its descendants, polled every %g s (shared pages counted once per "
-        "process). 'Largest process': the kernel's peak RSS of the largest single process (wait4 "
+        "process). 'Anonymous': the same sum without file-backed pages (the page cache that mmap "
+        "hashing maps counts in RSS but is not memory the program holds). 'Largest process': the kernel's peak RSS of the largest single process (wait4 "
         "ru_maxrss, as /usr/bin/time -v reports it). Every result verified by sha256."
         % args.poll_interval,
         "",
