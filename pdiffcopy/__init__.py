@@ -12,7 +12,8 @@ pdiffcopy`` (and the command line's start-up) stays cheap.
 
 __version__ = "2.0.0"
 
-__all__ = ["__version__", "sync", "SyncResult", "Progress", "PdiffcopyError"]
+__all__ = ["__version__", "sync", "SyncResult", "Progress", "PdiffcopyError", "copyfile",
+           "patch_copyfile", "unpatch_copyfile"]
 
 
 def __getattr__(name: str):
@@ -21,6 +22,15 @@ def __getattr__(name: str):
         from pdiffcopy import pipeline
 
         return getattr(pipeline, name)
+    if name in ("patch_copyfile", "unpatch_copyfile"):
+        from pdiffcopy import copyfile as copyfile_module
+
+        return getattr(copyfile_module, name)
+    if name == "copyfile":
+        # The module is callable with shutil.copyfile's signature (see copyfile.py).
+        import importlib
+
+        return importlib.import_module("pdiffcopy.copyfile")
     if name == "PdiffcopyError":
         from pdiffcopy.exceptions import PdiffcopyError
 

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="report the similarity index and what would move; change nothing")
     sync.add_argument("--atomic", action="store_true",
                       help="write a temporary copy and rename it over TARGET when complete")
+    sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
+                      help="page cache use of whole-file copies between local files: drop "
+                           "keeps big copies from flushing the cache, keep leaves it alone "
+                           "(default auto: drop from the kernel's writeback threshold up)")
     sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
                       help="mutate the local TARGET and resync it COUNT times at varying "
                            "similarity, then print an overview (next to rsync if installed)")
@@ -123,6 +127,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         logger.error("Interrupted")
         status = 130
+    except Exception as error:  # a bug: still one line, the details with -v
+        logger.debug("Unexpected error", exc_info=True)
+        logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
+        status = 1
     if argv is None:
         sys.exit(status)
     return status
@@ -177,7 +185,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
-                   token=token, timeout=args.timeout, ca_file=args.ca_file)
+                   token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache)
     if args.benchmark:
         from pdiffcopy.benchmark import run_benchmark
 

@@ -120,6 +120,33 @@ def clone_or_copy(source_fd: int, target_fd: int) -> str:
     return "read/write"
 
 
+def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None:
+    """Copy bytes between the same offsets of two files, inside the kernel where it can.
+
+    ``copy_file_range`` moves the data without passing it through user space
+    (and lets file systems share blocks); a read/write loop takes over where
+    the kernel refuses.
+
+    :raises OSError: When copying fails.
+    :raises EOFError: When the source is shorter than the range.
+    """
+    end = offset + length
+    position = offset
+    if hasattr(os, "copy_file_range"):
+        try:
+            while position < end:
+                count = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+                if count == 0:
+                    raise EOFError(f"file ended at {position} bytes, before {end}")
+                position += count
+            return
+        except OSError as error:
+            if error.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    for chunk_offset, chunk in read_chunks(source_fd, [(position, end - position)]):
+        write_all(target_fd, chunk, chunk_offset)
+
+
 def fsync_directory(path: str) -> None:
     """Flush a directory's entries (after a create or rename) to disk."""
     fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
@@ -142,5 +169,5 @@ def etag(stat: os.stat_result) -> str:
 
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "read_chunks", "write_all",
-    "resize", "clone_or_copy", "fsync_directory", "free_space", "etag",
+    "resize", "clone_or_copy", "copy_range", "fsync_directory", "free_space", "etag",
 ]

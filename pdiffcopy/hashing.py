@@ -195,11 +195,14 @@ def _hash_region_read(fd: int, offset: int, length: int, block_size: int, method
     return b"".join(digests)
 
 
-def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,
+                     drop_cache: bool = False) -> bytes:
     """Hash the blocks of some block-aligned ranges of the file at ``path``.
 
     This is the unit of work of a hashing process: it opens the file itself,
     so only the path, not a file descriptor, crosses the process boundary.
+    With ``drop_cache`` the pages read are dropped from the page cache
+    afterwards, for copies that must not flush the cache.
 
     :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
@@ -209,8 +212,12 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
     except OSError as error:
         raise storage_error(error, f"open {path}") from None
     try:
-        return b"".join(hash_region(fd, offset, length, block_size, method)
-                        for offset, length in ranges)
+        digests = []
+        for offset, length in ranges:
+            digests.append(hash_region(fd, offset, length, block_size, method))
+            if drop_cache:
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        return b"".join(digests)
     except OSError as error:
         raise storage_error(error, f"read {path}") from None
     finally:

@@ -101,7 +101,8 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
          concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
          token: Optional[str] = None, timeout: Optional[float] = None,
-         ca_file: Optional[str] = None, progress: Optional[Progress] = None) -> SyncResult:
+         ca_file: Optional[str] = None, cache: str = "auto",
+         progress: Optional[Progress] = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -118,6 +119,9 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param token: Shared secret for the server (default: ``$PDIFFCOPY_TOKEN``).
     :param timeout: Seconds any network call may wait (default 60).
     :param ca_file: CA bundle to verify an ``https://`` server with.
+    :param cache: For whole-file copies between local files: ``"drop"`` keeps
+                  both files out of the page cache (fastest for big files),
+                  ``"keep"`` leaves the cache alone, ``"auto"`` chooses by size.
     :param progress: Counters to update, for a progress display.
     :returns: A :class:`SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
@@ -129,6 +133,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
         concurrency=_check_concurrency(concurrency),
         dry_run=dry_run,
         atomic=atomic,
+        cache=_check_cache(cache),
     )
     if is_url(source) and is_url(target):
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
@@ -148,6 +153,13 @@ class _Options:
     concurrency: int
     dry_run: bool
     atomic: bool
+    cache: str
+
+
+def _check_cache(value: str) -> str:
+    if value not in ("auto", "drop", "keep"):
+        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
+    return value
 
 
 def _check_concurrency(value: Optional[int]) -> int:
@@ -238,8 +250,11 @@ class _SyncJob:
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or target_info is None:
-                work.prepare(plan.size)
-                source_digests = self._copy_everything(plan, segments, work)
+                if self._both_local():
+                    source_digests = self._copy_locally(plan, segments, work)
+                else:
+                    work.prepare(plan.size)
+                    source_digests = self._copy_everything(plan, segments, work)
                 target_digests = None
                 similarity = Similarity(plan.block_count, plan.block_count, plan.size, plan.size)
             else:
@@ -369,9 +384,42 @@ class _SyncJob:
         return [digest for segment in segments
                 for digest in split_digests(source_futures[segment.index].result(), size)]
 
+    def _both_local(self) -> bool:
+        return not self.source.is_remote and not self.target.is_remote
+
+    def _copy_locally(self, plan: BlockPlan, segments: List[Segment], work) -> List[bytes]:
+        """Whole-file copy between local files with the kernel's fastest method.
+
+        The source is hashed for the verification meanwhile, in the hashing
+        processes.
+        """
+        from pdiffcopy.fastcopy import resolve_cache
+
+        method = verify_method(self.options.hash_method)
+        self.progress.hash_total = 2 * plan.size
+        self.progress.move_total = plan.size
+        if resolve_cache(self.options.cache, plan.size) == "drop":
+            # The verification's reads must not fill the cache the copy keeps clean.
+            self.source.drop_cache = work.drop_cache = True  # type: ignore[attr-defined]
+        source_futures = self._hash_all(self.source, segments, method)
+        used = work.copy_all_from(self.source, plan.size, self.options.cache,
+                                  progress=self.progress.add_moved)
+        logger.debug("Copied %s with %s", self.source.location, used)
+        work.prepare(plan.size)  # cuts an in-place target that was longer
+        self.bytes_moved = plan.size
+        self.written.update((segment.index, [(segment.offset, segment.length)])
+                            for segment in segments)
+        size = digest_size(method)
+        return [digest for segment in segments
+                for digest in split_digests(source_futures[segment.index].result(), size)]
+
     def _transfer(self, batch, work: FileEndpoint) -> None:
         """Move one batch of ranges from the source to ``work`` (runs in a transfer thread)."""
-        written = work.write_ranges(batch, self._count_moved(self.source.read_ranges(batch)))
+        if self._both_local():
+            written = work.copy_ranges_from(self.source, batch)  # type: ignore[attr-defined]
+            self.progress.add_moved(written)
+        else:
+            written = work.write_ranges(batch, self._count_moved(self.source.read_ranges(batch)))
         with self.lock:
             self.bytes_moved += written
 

@@ -177,7 +177,7 @@ def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
-def test_verification_catches_a_corrupted_write(tmp_path, monkeypatch):
+def test_verification_catches_a_corrupted_write(server, tmp_path, unique, monkeypatch):
     """A write that lands wrong (here: one flipped byte) fails the sync; --atomic keeps the old file."""
     import pdiffcopy.local
     from pdiffcopy.exceptions import VerificationFailed
@@ -192,12 +192,12 @@ def test_verification_catches_a_corrupted_write(tmp_path, monkeypatch):
     monkeypatch.setattr(pdiffcopy.local, "write_all", corrupting_write_all)
     data = random_bytes(8 * BLOCK)
     old = mutate(data, [3 * BLOCK])
-    (tmp_path / "a").write_bytes(data)
+    (server.root / unique).write_bytes(data)
     (tmp_path / "b").write_bytes(old)
     with pytest.raises(VerificationFailed, match="1 block"):
-        sync(str(tmp_path / "a"), str(tmp_path / "b"), block_size=BLOCK, atomic=True)
+        sync(server.url(unique), str(tmp_path / "b"), block_size=BLOCK, atomic=True)
     assert (tmp_path / "b").read_bytes() == old
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
 
 
 @pytest.mark.parametrize("method", ["xxh3_64", "md5", "sha256", "blake3", "shake_128"])
