@@ -27,6 +27,7 @@ from pdiffcopy.fileops import (
     temporary_name,
     write_all,
 )
+from pdiffcopy.fastcopy import start_writeback
 from pdiffcopy.hashing import hash_file_ranges
 
 
@@ -146,6 +147,8 @@ class LocalFile(FileEndpoint):
                 written += len(data)
         except OSError as error:
             raise storage_error(error, f"write {self.path}") from None
+        for offset, length in ranges:
+            start_writeback(fd, offset, length)  # the final fsync then has little left
         return written
 
     def copy_ranges_from(self, source: "LocalFile", ranges: Iterable[ByteRange]) -> int:
@@ -159,6 +162,7 @@ class LocalFile(FileEndpoint):
                 raise storage_error(error, f"copy {source.path} to {self.path}") from None
             except EOFError:
                 raise StorageError(f"Cannot read {source.path}: it became shorter during the sync") from None
+            start_writeback(target_fd, offset, length)
             written += length
         return written
 
