@@ -8,7 +8,7 @@ them), so both sides speak exactly the same format (RFC 9110, section 14).
 from __future__ import annotations
 
 import re
-from typing import BinaryIO, Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Protocol, Tuple
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.exceptions import BadRequest, RangeNotSatisfiable
@@ -157,7 +157,13 @@ def boundary_of(content_type: str) -> Optional[str]:
     raise BadRequest("multipart/byteranges without a boundary")
 
 
-def read_parts(stream: BinaryIO, boundary: str, max_parts: int = MAX_RANGES_ACCEPTED
+class LineStream(Protocol):
+    """What :func:`read_parts` reads from: a request body or a response."""
+
+    def readline(self, limit: int) -> bytes: ...
+
+
+def read_parts(stream: LineStream, boundary: str, max_parts: int = MAX_RANGES_ACCEPTED
                ) -> Iterator[Tuple[int, int, Optional[int]]]:
     """Walk the parts of a multipart/byteranges body.
 
@@ -194,7 +200,7 @@ def read_parts(stream: BinaryIO, boundary: str, max_parts: int = MAX_RANGES_ACCE
         yield parse_content_range(content_range)
 
 
-def _read_line(stream: BinaryIO) -> bytes:
+def _read_line(stream: LineStream) -> bytes:
     line = stream.readline(MAX_PART_HEADER_LINE)
     if not line:
         raise BadRequest("Malformed multipart body: it ends too early")

@@ -77,6 +77,21 @@ class RemoteError(PdiffcopyError):
     http_status = 502
 
 
+class ServerBusy(RemoteError):
+    """The server is doing as much of this kind of work as it allows; ask again later.
+
+    The server answers 503 with a ``Retry-After`` header; the client waits
+    and retries a bounded number of times before it gives up with this error.
+    """
+
+    http_status = 503
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        #: Seconds the client should wait before asking again.
+        self.retry_after = retry_after
+
+
 class VerificationFailed(PdiffcopyError):
     """After a sync, the target's digest differs from the source's."""
 

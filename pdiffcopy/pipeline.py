@@ -266,7 +266,13 @@ class _SyncJob:
             readback = self._start_readback(segments, work, target_digests)
             work.flush()
             self._log_phase("flushed")
-            digest = self._verify(plan, segments, work, source_digests, target_digests, readback)
+            try:
+                digest = self._verify(plan, segments, work, source_digests, target_digests,
+                                      readback)
+            except VerificationFailed:
+                # A source that changed under us is the likelier cause: say so.
+                self._check_source_unchanged(source_info)
+                raise
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
             if work is not self.target:

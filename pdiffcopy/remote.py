@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import random
+import re
 import socket
 import threading
 import time
@@ -43,6 +46,7 @@ from pdiffcopy.exceptions import (
     NotAFile,
     PdiffcopyError,
     RemoteError,
+    ServerBusy,
     StorageError,
     UsageError,
 )
@@ -57,6 +61,16 @@ DEFAULT_TIMEOUT = 60.0
 #: Seconds to wait for a connection to open.
 CONNECT_TIMEOUT = 10.0
 
+#: Times a request refused with 503 (a busy server) is sent again before the
+#: sync gives up. With the server's Retry-After of a second, that is about
+#: half a minute of waiting: a busy server slows a sync down, a server that
+#: stays overloaded still ends it with a clear error.
+MAX_BUSY_RETRIES = 25
+
+#: Longest Retry-After honoured, in seconds, so a bogus header cannot stall
+#: a sync for hours.
+MAX_RETRY_AFTER_SECONDS = 10.0
+
 #: A connection idle for longer is replaced before a request with a body is
 #: sent on it: the server closes idle connections after 30 s, and a streamed
 #: body cannot be sent a second time.
@@ -64,8 +78,10 @@ MAX_IDLE_SECONDS = 20.0
 
 _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
     400: BadRequest, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
-    409: NotAFile, 412: Conflict, 416: BadRequest, 507: StorageError,
+    409: NotAFile, 412: Conflict, 416: BadRequest, 503: ServerBusy, 507: StorageError,
 }
+
+logger = logging.getLogger(__name__)
 
 
 def parse_url(url: str):
@@ -232,17 +248,45 @@ class RemoteFile(FileEndpoint):
 
         A request that fails because the server closed an idle keep-alive
         connection is sent once more on a new connection, unless its body is a
-        stream (``replayable=False``).
+        stream (``replayable=False``). A request the server refuses as too busy
+        (503 with ``Retry-After``) is sent again after that many seconds, up to
+        :data:`MAX_BUSY_RETRIES` times, unless its body is a stream.
         """
-        connection = self._connection()
         all_headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         all_headers.update(headers or {})
+        for retry in range(MAX_BUSY_RETRIES + 1):
+            response = self._send(method, target, all_headers, body, replayable)
+            delay = _retry_after(response.headers.get("Retry-After"))
+            if response.status != 503 or delay is None or 503 in expected or not replayable:
+                break  # a 503 without Retry-After (maintenance, a proxy) fails at once
+            if retry == MAX_BUSY_RETRIES:
+                error = self._error(response)
+                raise ServerBusy(f"{error} (still busy after {MAX_BUSY_RETRIES} retries)") from None
+            try:
+                response.read()  # the small JSON body: the connection stays usable
+            except (OSError, http.client.HTTPException):
+                pass
+            # Up to half again as long: clients refused together do not all come back together.
+            delay *= random.uniform(1.0, 1.5)
+            logger.debug("Server %s is busy; retrying %s %s in %.1f s", self.base, method,
+                         target, delay)
+            time.sleep(delay)
+        if response.status not in expected:
+            raise self._error(response)
+        return response
+
+    def _send(self, method: str, target: str, all_headers: Dict[str, str], body,
+              replayable: bool) -> _Response:
+        """Send one request on this thread's connection and return the answer, whatever it is."""
+        connection = self._connection()
         if not replayable and time.monotonic() - connection.last_used > MAX_IDLE_SECONDS:
             connection.close()
         for attempt in (1, 2):
             reused = connection.http is not None
+            connected = False
             try:
                 http_connection = connection.open()
+                connected = True
                 http_connection.request(method, target, body=body, headers=all_headers)
                 raw = http_connection.getresponse()
                 break
@@ -253,14 +297,12 @@ class RemoteFile(FileEndpoint):
             except BaseException as error:
                 connection.close()
                 if isinstance(error, (OSError, http.client.HTTPException)):
-                    raise self._transport_error(error, reused) from None
+                    # Connected: the timeout was the server's silence, not the connect.
+                    raise self._transport_error(error, connected) from None
                 raise
         connection.last_used = time.monotonic()
         connection.busy = True
-        response = _Response(raw, connection)
-        if response.status not in expected:
-            raise self._error(response)
-        return response
+        return _Response(raw, connection)
 
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
         if isinstance(error, socket.timeout) or isinstance(error, TimeoutError):
@@ -283,6 +325,9 @@ class RemoteFile(FileEndpoint):
         finally:
             response.close()
         kind = _STATUS_ERRORS.get(response.status, RemoteError)
+        # The server's words, on one line and bounded: a hostile server must
+        # not be able to forge further log lines.
+        message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))[:500]
         return kind(f"Server {self.base}: {message}")
 
     def _conditions(self) -> Dict[str, str]:
@@ -429,6 +474,18 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
             raise RemoteError(f"The server at {base} closed the connection mid-transfer")
         yield position, view[:got]
         position += got
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """Seconds to wait from a ``Retry-After`` header, bounded; None without a usable one.
+
+    Only the delay-seconds form is read: pdiffcopy sends it, and an HTTP date
+    would depend on two clocks agreeing.
+    """
+    text = (value or "").strip()
+    if not re.fullmatch(r"[0-9]{1,10}", text):
+        return None
+    return min(float(text), MAX_RETRY_AFTER_SECONDS)
 
 
 def _reason(error: BaseException) -> str:

@@ -17,12 +17,14 @@ import logging
 import os
 import re
 import stat as stat_module
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from pdiffcopy import __version__
 from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
@@ -47,6 +49,7 @@ from pdiffcopy.exceptions import (
     NotAFile,
     PdiffcopyError,
     RangeNotSatisfiable,
+    ServerBusy,
     StorageError,
     storage_error,
 )
@@ -59,8 +62,11 @@ from pdiffcopy.fileops import (
     resize,
     write_all,
 )
+from pdiffcopy.fastcopy import start_writeback
 from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
+from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
+from pdiffcopy.service import THREADS_PER_WORKER
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +85,37 @@ MAX_FILE_SIZE = 1 << 50
 #: The prefix of the server's own endpoints.
 API_PREFIX = "/.pdiffcopy"
 
+#: Hash requests one worker process runs at once. Half its request threads:
+#: hashing is CPU and disk bound, so more of it at once would not finish
+#: sooner, and the other half stays free for the reads, writes and control
+#: requests of the syncs in progress (a sync that has hashed must be able to
+#: transfer, or a crowd of new syncs would starve it).
+MAX_CONCURRENT_HASHES = max(1, THREADS_PER_WORKER // 2)
+
+#: Seconds a hash request waits for one of those slots before it is refused
+#: with 503. Hashing a 64 MiB segment from the page cache takes tens of
+#: milliseconds, so an ordinary burst (one client's first requests) is
+#: absorbed, while a crowd is told to come back instead of queueing.
+HASH_SLOT_WAIT_SECONDS = 0.5
+
+#: The Retry-After of a 503, in seconds: long enough for a few segments to
+#: be hashed, short enough that a refused client loses little time.
+HASH_RETRY_AFTER_SECONDS = 1
+
+
+class AnyPathConverter(PathConverter):
+    """Werkzeug's ``path`` converter, but matching any first character and newlines.
+
+    The stock one wants a first character other than ``/`` and no newline
+    after it, so ``/.pdiffcopy/resize//x`` or a name with a newline fell
+    through to other rules (405, a generic 404, or the reserved-name 403).
+    Matching everything lets one function, :func:`pdiffcopy.paths.clean_relative_path`,
+    judge every path, with a message that names the problem.
+    """
+
+    regex = r"[\s\S]+?"
+    part_isolating = False  # it matches slashes (Werkzeug guesses from a literal "/")
+
 
 @dataclass
 class ServerConfig:
@@ -94,13 +131,20 @@ def create_app(config: ServerConfig) -> Flask:
     :param config: The root directory and the optional shared secret.
     :returns: A WSGI application.
     """
-    app = Flask("pdiffcopy")
-    # No redirects for doubled slashes: "//etc/passwd" is simply etc/passwd
-    # inside the root, like any other path.
+    # No static folder: Flask would route /static/... to its own (empty)
+    # folder, hiding every file below a directory called static in the root.
+    app = Flask("pdiffcopy", static_folder=None)
+    # No redirects for doubled slashes, and every path reaches its view:
+    # "//etc/passwd" is refused there as absolute (see AnyPathConverter).
     app.url_map.merge_slashes = False
     app.url_map.strict_slashes = False
+    app.url_map.converters["path"] = AnyPathConverter
     root = Root(config.root)
     expected = f"Bearer {config.token}".encode() if config.token else None
+    # Per worker process: gunicorn forks after create_app (preload_app), and
+    # every child gets its own copy, with all its slots free.
+    hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
+    document = render_document()
 
     @app.before_request
     def authenticate() -> None:
@@ -116,7 +160,7 @@ def create_app(config: ServerConfig) -> Flask:
     def log_request(response: Response) -> Response:
         elapsed = time.monotonic() - g.get("started", time.monotonic())
         logger.info("%s %s %s %s (%.1f ms)", request.remote_addr, request.method,
-                    request.full_path.rstrip("?"), response.status_code, elapsed * 1000)
+                    one_line(request.full_path.rstrip("?")), response.status_code, elapsed * 1000)
         return response
 
     @app.errorhandler(Exception)
@@ -129,18 +173,26 @@ def create_app(config: ServerConfig) -> Flask:
             mapped = storage_error(error, "complete the request")
             status, message = mapped.http_status, str(mapped)
         else:
-            logger.exception("Unexpected error handling %s %s", request.method, request.path)
+            logger.exception("Unexpected error handling %s %s", request.method,
+                             one_line(request.path))
             status, message = 500, "Internal server error"
-        response = jsonify(error=message, status=status)
+        response = jsonify(error=one_line(message), status=status)
         response.status_code = status
         if isinstance(error, AuthenticationFailed):
             response.headers["WWW-Authenticate"] = 'Bearer realm="pdiffcopy"'
+        if isinstance(error, ServerBusy):
+            response.headers["Retry-After"] = str(error.retry_after)
         return response
 
     @app.get(f"{API_PREFIX}/version")
     def version():
         """Who we are and which hash methods we offer."""
         return jsonify(version=__version__, methods=available_methods())
+
+    @app.get(DOCUMENT_PATH)
+    def openapi():
+        """The OpenAPI document of this API (behind the token, like every request)."""
+        return Response(document, mimetype="application/json")
 
     @app.get(f"{API_PREFIX}/stat/<path:path>")
     def stat_file(path: str):
@@ -161,11 +213,18 @@ def create_app(config: ServerConfig) -> Flask:
             info = os.fstat(fd)
             check_preconditions(info)
             ranges = hash_ranges(block_size, info.st_size)
+            # Checked before taking a slot: a bad request is refused at once.
+            if not hash_slots.acquire(timeout=HASH_SLOT_WAIT_SECONDS):
+                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running; "
+                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s",
+                                 HASH_RETRY_AFTER_SECONDS)
             try:
                 digests = b"".join(hash_region(fd, offset, length, block_size, method)
                                    for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
+            finally:
+                hash_slots.release()
         finally:
             os.close(fd)
         response = Response(digests, mimetype="application/octet-stream")
@@ -240,7 +299,7 @@ def create_app(config: ServerConfig) -> Flask:
     def clone_file(path: str):
         """Create the temporary file ``path`` as a copy of ``from`` (reflink where possible)."""
         require_temporary(path)
-        origin = request.args.get("from", "")
+        origin = path_arg("from")
         source_fd = open_regular(root, origin, os.O_RDONLY)
         try:
             target_fd = root.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -267,7 +326,7 @@ def create_app(config: ServerConfig) -> Flask:
     def rename_file(path: str):
         """Atomically replace ``to`` with the temporary file ``path``."""
         require_temporary(path)
-        destination = request.args.get("to", "")
+        destination = path_arg("to")
         source_dir, source_name = root.open_parent(path)
         try:
             target_dir, target_name = root.open_parent(destination)
@@ -302,6 +361,19 @@ def create_app(config: ServerConfig) -> Flask:
     return app
 
 
+def one_line(text: str) -> str:
+    """``text`` with every control character escaped, so that it stays one line.
+
+    Error messages and log lines quote paths, and a path may hold a newline
+    (``%0A`` in a URL): unescaped, it would split a client's one-line error
+    and let a request forge lines in the server's log.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def describe(info: os.stat_result) -> dict:
     """The JSON description of a file."""
     kind = "file" if stat_module.S_ISREG(info.st_mode) else (
@@ -321,6 +393,14 @@ def int_arg(name: str, minimum: int, maximum: int) -> int:
     if not minimum <= number <= maximum:
         raise BadRequest(f"Parameter {name} must be between {minimum} and {maximum}")
     return number
+
+
+def path_arg(name: str) -> str:
+    """A required query parameter naming a file (checked like any path when opened)."""
+    value = request.args.get(name, "")
+    if not value:
+        raise BadRequest(f"Missing parameter: {name}")
+    return value
 
 
 def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
@@ -468,7 +548,8 @@ def receive_ranges(fd: int, size: int, path: str) -> int:
     body = open_body(request.environ, request.content_length)
     buffer = memoryview(bytearray(TRANSFER_CHUNK_SIZE))
     try:
-        if single is not None:
+        if boundary is None:
+            assert single is not None  # parsed above
             return _receive_range(body, buffer, fd, single[0], single[1], size, path)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
@@ -492,5 +573,8 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         except OSError as error:
             raise storage_error(error, f"write {path}") from None
         position += got
+    # Start writing the range to disk now: the client's fsync request at the
+    # end then finds little left to write.
+    start_writeback(fd, offset, length)
     return length
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -153,6 +154,37 @@ def run_server(options: ServerOptions) -> None:
         def load(self):
             return app
 
+    answer_protocol_errors_in_json()
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     Application().run()
+
+
+def answer_protocol_errors_in_json() -> None:
+    """Make gunicorn's own error answers JSON ``{"error", "status"}`` like the application's.
+
+    gunicorn refuses some requests before the application sees them: a
+    malformed request line or header (400), a request line or headers that
+    are too long (414, 431). It writes those answers with
+    ``gunicorn.util.write_error`` as HTML; replacing that one function (in
+    the master, before the workers fork) gives every error a client can
+    provoke the same JSON shape. A gunicorn without it keeps its HTML.
+    """
+    from gunicorn import util
+
+    original = getattr(util, "write_error", None)
+    if original is None or getattr(original, "pdiffcopy", False) \
+            or not hasattr(util, "write_nonblock"):
+        return
+
+    def write_error(sock, status_int: int, reason: str, mesg: str) -> None:
+        from pdiffcopy.server import one_line
+
+        message = one_line(f"{reason}: {mesg}" if mesg else reason)[:1000]
+        body = json.dumps({"error": message, "status": status_int}).encode("ascii") + b"\n"
+        head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        util.write_nonblock(sock, head.encode("latin-1") + body)
+
+    write_error.pdiffcopy = True  # type: ignore[attr-defined]
+    util.write_error = write_error

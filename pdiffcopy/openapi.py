@@ -1,0 +1,373 @@
+"""The server's API as an OpenAPI 3 document.
+
+:func:`build_document` returns the description of every endpoint of
+:mod:`pdiffcopy.server`: its paths, parameters, request bodies, answers
+(with the JSON error body every failure has) and the bearer token. The
+server answers ``GET /.pdiffcopy/openapi.json`` with it, and
+``docs/openapi.json`` is a copy written by ``docs/write_openapi.py``.
+tests/test_openapi.py fails when the document and the application's routes
+drift apart, or when the copy in docs/ is stale; tests/test_fuzz.py feeds
+requests generated from it to a running server.
+
+The document is plain data built by pure functions: no I/O, no Flask.
+Prose lives in docs/protocol.rst; the descriptions here are one sentence
+each and point there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, List, Optional
+
+from pdiffcopy import __version__
+from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+
+#: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
+#: (schemathesis, Swagger UI, code generators), and nothing here needs 3.1.
+OPENAPI_VERSION = "3.0.3"
+
+#: Where the server serves the document: under the reserved prefix, so it
+#: can never hide a file called ``openapi.json`` at the top of the root.
+DOCUMENT_PATH = "/.pdiffcopy/openapi.json"
+
+#: The status code of every kind of error and the sentence describing it
+#: (the classes in pdiffcopy/exceptions.py, plus 405 from the framework).
+ERROR_STATUSES: Dict[int, str] = {
+    400: "Malformed or out-of-bounds request (BadRequest), or malformed HTTP",
+    401: "Missing or wrong token (AuthenticationFailed)",
+    403: "Path outside the root or reserved, or access refused (AccessDenied)",
+    404: "The file or a directory on its path does not exist (FileMissing)",
+    405: "The endpoint does not support this method",
+    409: "Not a regular file, or a non-directory on the path (NotAFile)",
+    412: "If-Match failed, or the file exists already (Conflict)",
+    414: "The request line is too long (from the HTTP layer)",
+    416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
+    431: "The headers are too many or too long (from the HTTP layer)",
+    503: "Too many hash requests at once: retry after Retry-After seconds (ServerBusy)",
+    507: "Reading or writing failed: no space left, an I/O error (StorageError)",
+}
+
+#: Errors every request can meet: malformed HTTP, a missing token, a request
+#: line or headers beyond the HTTP layer's limits.
+_ANY_ERRORS = (400, 401, 414, 431)
+
+#: Errors any request on a path can meet besides: a bad path, a missing
+#: file, something other than a file on the way, a failing disk.
+_PATH_ERRORS = _ANY_ERRORS + (403, 404, 409, 507)
+
+_JSON = "application/json"
+_BYTES = "application/octet-stream"
+_MULTIPART = "multipart/byteranges"
+
+_INTEGER = {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1}
+
+
+def _ref(kind: str, name: str) -> Dict[str, str]:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _json_answer(description: str, schema: str) -> Dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": _ref("schemas", schema)}}}
+
+
+def _errors(*statuses: int) -> Dict[str, Any]:
+    return {str(status): _ref("responses", f"Error{status}") for status in sorted(statuses)}
+
+
+def _operation(operation_id: str, summary: str, answers: Dict[str, Any], errors=_ANY_ERRORS,
+               parameters: Optional[List[Dict[str, Any]]] = None,
+               body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    operation: Dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "description": f"{summary}. See docs/protocol.rst for the details.",
+        "parameters": parameters or [],
+        "responses": {**answers, **_errors(*errors)},
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+def _head_of(get: Dict[str, Any], operation_id: str, summary: str) -> Dict[str, Any]:
+    """The HEAD twin of a GET operation: the same answers, without bodies."""
+    head = copy.deepcopy(get)
+    head["operationId"] = operation_id
+    head["summary"] = summary
+    head["description"] = f"{summary}: the answer of GET without its body."
+    for status, answer in head["responses"].items():
+        if "$ref" in answer:
+            answer = head["responses"][status] = copy.deepcopy(
+                _error_response(int(status)))
+        answer.pop("content", None)
+    return head
+
+
+def _query(name: str, description: str, schema: Dict[str, Any], required: bool = True,
+           example: Any = None) -> Dict[str, Any]:
+    parameter = {"name": name, "in": "query", "required": required, "description": description,
+                 "schema": schema}
+    if example is not None:
+        parameter["example"] = example
+    return parameter
+
+
+def _error_response(status: int) -> Dict[str, Any]:
+    response: Dict[str, Any] = {
+        "description": ERROR_STATUSES[status],
+        "content": {_JSON: {"schema": _ref("schemas", "Error")}},
+    }
+    if status == 401:
+        response["headers"] = {"WWW-Authenticate": {
+            "description": 'Always Bearer realm="pdiffcopy"', "schema": {"type": "string"}}}
+    if status == 503:
+        response["headers"] = {"Retry-After": {
+            "description": "Seconds to wait before asking again", "required": True,
+            "schema": {"type": "integer", "minimum": 0}}}
+    return response
+
+
+def _components() -> Dict[str, Any]:
+    string = {"type": "string"}
+    schemas = {
+        "Error": {
+            "type": "object",
+            "description": "The body of every error answer: a one-line message and the status.",
+            "required": ["error", "status"],
+            "properties": {"error": {"type": "string", "minLength": 1},
+                           "status": {"type": "integer", "minimum": 400, "maximum": 599}},
+        },
+        "ServerInfo": {
+            "type": "object", "required": ["server", "version"],
+            "properties": {"server": {"type": "string", "enum": ["pdiffcopy"]}, "version": string},
+        },
+        "Version": {
+            "type": "object", "required": ["version", "methods"],
+            "properties": {"version": string,
+                           "methods": {"type": "array", "items": string,
+                                       "description": "Hash methods, sorted by name"}},
+        },
+        "FileDescription": {
+            "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
+            "properties": {
+                "type": {"type": "string", "enum": ["file", "directory", "other"]},
+                "size": {**_INTEGER, "description": "Size in bytes"},
+                "mtime_ns": {"type": "integer",
+                             "description": "Modification time, nanoseconds since the epoch"},
+                "mode": {"type": "integer", "minimum": 0, "maximum": 4095,
+                         "description": "Permission bits (420 is 0644)"},
+                "etag": {"type": "string", "description": "The ETag, as in ETag headers"},
+            },
+        },
+        "Written": {"type": "object", "required": ["written"],
+                    "properties": {"written": _INTEGER}},
+        "Flushed": {"type": "object", "required": ["flushed"],
+                    "properties": {"flushed": {"type": "boolean", "enum": [True]}}},
+        "Cloned": {"type": "object", "required": ["method"],
+                   "properties": {"method": {"type": "string",
+                                             "enum": ["reflink", "copy_file_range",
+                                                      "read/write"]}}},
+        "Renamed": {"type": "object", "required": ["renamed"],
+                    "properties": {"renamed": {"type": "boolean", "enum": [True]}}},
+        "Removed": {"type": "object", "required": ["removed"],
+                    "properties": {"removed": {"type": "boolean", "enum": [True]}}},
+        "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
+                    "description": "This document."},
+    }
+    parameters = {
+        "Path": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A file's path relative to the server's root, percent-encoded "
+                           "(slashes may stay). NUL bytes and over 4,096 bytes get 400; "
+                           "'..', a leading .pdiffcopy and symlinks out of the root get 403.",
+            "schema": {"type": "string", "minLength": 1}, "example": "db/big.ibd",
+        },
+        "TemporaryPath": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A pdiffcopy temporary file: the last component is "
+                           ".NAME.pdiffcopy- and 12 lowercase hex digits; any other name gets "
+                           "403.",
+            "schema": {"type": "string", "minLength": 1},
+            "example": "db/.big.ibd.pdiffcopy-1a2b3c4d5e6f",
+        },
+        "IfMatch": {
+            "name": "If-Match", "in": "header", "required": False,
+            "description": "ETags the file must still have (or *); otherwise 412.",
+            "schema": string,
+        },
+    }
+    responses = {f"Error{status}": _error_response(status) for status in ERROR_STATUSES}
+    return {
+        "schemas": schemas,
+        "parameters": parameters,
+        "responses": responses,
+        "securitySchemes": {"bearerAuth": {
+            "type": "http", "scheme": "bearer",
+            "description": "The shared secret ($PDIFFCOPY_TOKEN or --token-file). Required on "
+                           "every request, this document included, when the server has one; "
+                           "a server without one accepts every request.",
+        }},
+    }
+
+
+def _paths() -> Dict[str, Dict[str, Any]]:
+    path, temporary, if_match = (_ref("parameters", "Path"), _ref("parameters", "TemporaryPath"),
+                                 _ref("parameters", "IfMatch"))
+    file_headers = {
+        "ETag": {"description": "The file's ETag", "schema": {"type": "string"}},
+        "Accept-Ranges": {"description": "Always bytes", "schema": {"type": "string"}},
+    }
+    index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
+                       {"200": _json_answer("Who we are", "ServerInfo")})
+    version = _operation("version", "The server's version and the hash methods it offers",
+                         {"200": _json_answer("Version and methods", "Version")})
+    document = _operation("openapi", "This OpenAPI document",
+                          {"200": _json_answer("The document", "OpenAPI")})
+    stat = _operation("stat", "Describe a file: type, size, mtime, mode and ETag",
+                      {"200": _json_answer("The description", "FileDescription")},
+                      errors=_PATH_ERRORS, parameters=[path])
+    hashes = _operation(
+        "hashes", "The digests of the blocks of block-aligned ranges of a file",
+        {"200": {
+            "description": "One digest per block of every range, concatenated in the order asked",
+            "headers": {
+                "X-Digest-Size": {"description": "Bytes per digest", "required": True,
+                                  "schema": {"type": "integer", "minimum": 1}},
+                "ETag": file_headers["ETag"],
+            },
+            "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}},
+        }},
+        errors=_PATH_ERRORS + (412, 416, 503),
+        parameters=[
+            path,
+            _query("method", "A hash method from GET /.pdiffcopy/version",
+                   {"type": "string", "minLength": 1}, example="xxh3_128"),
+            _query("block_size", "The block size in bytes",
+                   {"type": "integer", "minimum": MIN_BLOCK_SIZE, "maximum": MAX_BLOCK_SIZE},
+                   example=1048576),
+            _query("offset", "Where the one range starts, a multiple of block_size "
+                             "(required without Range)", _INTEGER, required=False, example=0),
+            _query("length", "How many bytes the range covers, at most 1 GiB "
+                             "(required without Range)", _INTEGER, required=False,
+                   example=3000000),
+            {"name": "Range", "in": "header", "required": False,
+             "description": "Several ranges instead of offset and length: "
+                            "bytes=FIRST-LAST,... (both ends given, at most 4,096)",
+             "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
+            if_match,
+        ])
+    read = _operation(
+        "read", "The file's bytes: all of them, one range or several",
+        {"200": {"description": "The whole file", "headers": file_headers,
+                 "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}},
+         "206": {"description": "One range (with Content-Range), or several as "
+                                "multipart/byteranges", "headers": file_headers,
+                 "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
+                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}}},
+        errors=_PATH_ERRORS + (412, 416),
+        parameters=[
+            path,
+            {"name": "Range", "in": "header", "required": False,
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096)",
+             "schema": {"type": "string"}, "example": "bytes=0-1048575"},
+            {"name": "If-Range", "in": "header", "required": False,
+             "description": "An ETag: when it is not the file's, Range is ignored",
+             "schema": {"type": "string"}},
+            if_match,
+        ])
+    head = _head_of(read, "readHeaders", "The headers of a download")
+    head["responses"].pop("206")
+    head["responses"].pop("416")
+    head["description"] = ("The headers of a download, without its body; Range is ignored and "
+                           "the status is 200.")
+    write = _operation(
+        "write", "Write byte ranges into an existing file, in place",
+        {"200": _json_answer("The bytes written", "Written")},
+        errors=_PATH_ERRORS + (412, 416),
+        parameters=[
+            path,
+            {"name": "Content-Range", "in": "header", "required": False,
+             "description": "bytes FIRST-LAST/SIZE (SIZE may be *): where a one-range body "
+                            "goes; required unless the body is multipart/byteranges",
+             "schema": {"type": "string"}, "example": "bytes 0-4/*"},
+            if_match,
+        ],
+        body={"required": True,
+              "description": "One range's bytes (Content-Length must match Content-Range), or "
+                             "several as multipart/byteranges (each part with Content-Range)",
+              "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
+                          _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}})
+    resize = _operation(
+        "resize", "Create the file if missing and make it exactly size bytes long",
+        {"200": _json_answer("The new description", "FileDescription")},
+        errors=_PATH_ERRORS,
+        parameters=[path, _query("size", "The new size in bytes",
+                                 {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
+                                 example=4096)])
+    fsync = _operation("fsync", "Flush the file's data and its directory entry to disk",
+                       {"200": _json_answer("Flushed", "Flushed")},
+                       errors=_PATH_ERRORS, parameters=[path])
+    clone = _operation(
+        "clone", "Create a temporary file as a copy of another (reflink where possible)",
+        {"200": _json_answer("How it was copied", "Cloned")},
+        errors=_PATH_ERRORS + (412,),
+        parameters=[temporary, _query("from", "The file to copy", {"type": "string"},
+                                      example="db/big.ibd")])
+    rename = _operation(
+        "rename", "Atomically replace another file with a temporary file",
+        {"200": _json_answer("Renamed", "Renamed")},
+        errors=_PATH_ERRORS,
+        parameters=[temporary, _query("to", "The path the file gets", {"type": "string"},
+                                      example="db/big.ibd")])
+    remove = _operation("removeTemporary", "Remove a temporary file left by an aborted sync",
+                        {"200": _json_answer("Removed", "Removed")},
+                        errors=_PATH_ERRORS, parameters=[temporary])
+    return {
+        "/": {"get": index, "head": _head_of(index, "serverInfoHeaders", "Server headers")},
+        "/.pdiffcopy/version": {
+            "get": version, "head": _head_of(version, "versionHeaders", "Version headers")},
+        DOCUMENT_PATH: {
+            "get": document, "head": _head_of(document, "openapiHeaders", "Document headers")},
+        "/.pdiffcopy/stat/{path}": {
+            "get": stat, "head": _head_of(stat, "statHeaders", "Stat headers")},
+        "/.pdiffcopy/hashes/{path}": {
+            "get": hashes, "head": _head_of(hashes, "hashesHeaders", "Hash headers")},
+        "/{path}": {"get": read, "head": head, "patch": write},
+        "/.pdiffcopy/resize/{path}": {"post": resize},
+        "/.pdiffcopy/fsync/{path}": {"post": fsync},
+        "/.pdiffcopy/clone/{path}": {"post": clone},
+        "/.pdiffcopy/rename/{path}": {"post": rename},
+        "/.pdiffcopy/temporary/{path}": {"delete": remove},
+    }
+
+
+def build_document() -> Dict[str, Any]:
+    """The OpenAPI 3 document of the server's API.
+
+    :returns: The document as plain JSON-compatible data (a new copy each call).
+    """
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "pdiffcopy server",
+            "version": __version__,
+            "description": "Ranged reads and writes of the files below the server's root, "
+                           "block hashes, and the few operations a delta sync needs. Every "
+                           "error answer is a JSON object {error, status}. The prose "
+                           "description is docs/protocol.rst.",
+            "license": {"name": "MIT"},
+        },
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": _components(),
+    }
+
+
+def render_document() -> str:
+    """The document as the JSON text served and kept in docs/openapi.json."""
+    return json.dumps(build_document(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_document(), end="")
