@@ -267,7 +267,8 @@ def start_process(command: List[str], log_path: Path, env: Optional[Dict[str, st
         log_file.write(("$ %s\n" % shlex.join(command)).encode())
         log_file.flush()
         return subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True
         )
 
 

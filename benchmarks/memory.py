@@ -118,7 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=lambda text: [benchlib.parse_size(item) for item in text.split(",")],
         help="source sizes (default 1G,4G)",
     )
-    parser.add_argument("--deltas", default="10,100", type=benchlib.parse_int_list, help="deltas in %% (default 10,100)")
+    parser.add_argument("--deltas", default="10,100", type=benchlib.parse_int_list,
+                        help="deltas in %% (default 10,100)")
     parser.add_argument("--poll-interval", default=DEFAULT_POLL_INTERVAL, type=float, help="RSS polling interval (s)")
     benchlib.add_common_arguments(parser, MEMORY_FAMILIES, MEMORY_FAMILIES)
     return parser.parse_args(argv)
@@ -205,7 +206,8 @@ def render_report(args, setup: benchlib.Setup, rows: List[List[str]], machine: s
         "random source with delta %% of its 1 MiB blocks overwritten. 'Summed': peak of the RSS summed "
         "over the process and all its descendants, polled every %g s (shared pages counted once per "
         "process). 'Anonymous': the same sum without file-backed pages (the page cache that mmap "
-        "hashing maps counts in RSS but is not memory the program holds). 'Largest process': the kernel's peak RSS of the largest single process (wait4 "
+        "hashing maps counts in RSS but is not memory the program holds). 'Largest process': "
+        "the kernel's peak RSS of the largest single process (wait4 "
         "ru_maxrss, as /usr/bin/time -v reports it). Every result verified by sha256."
         % args.poll_interval,
         "",

@@ -71,7 +71,7 @@ def parse_block_size(value: "int | str") -> int:
                 raise ValueError("not a whole number of bytes")
             size = int(parsed)
         except (InvalidSize, ValueError):
-            raise UsageError(f"Invalid block size: {value!r} (expected e.g. 64K, 1MiB, 4M)")
+            raise UsageError(f"Invalid block size: {value!r} (expected e.g. 64K, 1MiB, 4M)") from None
     if size < MIN_BLOCK_SIZE or size > MAX_BLOCK_SIZE:
         raise UsageError(
             f"Invalid block size: {value!r} (must be between "

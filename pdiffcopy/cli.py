@@ -108,7 +108,7 @@ def _positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
     return value
