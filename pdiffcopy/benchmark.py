@@ -62,7 +62,7 @@ class RsyncDaemon(PropertyManager):
     """An rsync daemon on 127.0.0.1 serving one directory read-only, run through executor."""
 
     @required_property
-    def directory(self) -> str:
+    def directory(self) -> str:  # type: ignore[empty-body]
         """The directory to serve as the module ``files``."""
 
     @lazy_property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
+from typing import Any, Optional
 
 from pdiffcopy.exceptions import BadRequest
 
@@ -146,10 +146,10 @@ def open_body(environ: dict, content_length: Optional[int]) -> BodyReader:
 def _take_over_gunicorn_body(environ: dict, content_length: Optional[int]) -> Optional[SocketBody]:
     if os.environ.get("PDIFFCOPY_DIRECT_BODY", "1") == "0" or not content_length:
         return None
-    body = environ.get("wsgi.input")
+    body: Any = environ.get("wsgi.input")
     sock = environ.get("gunicorn.socket")
-    reader = getattr(body, "reader", None)
-    unreader = getattr(reader, "unreader", None)
+    reader: Any = getattr(body, "reader", None)
+    unreader: Any = getattr(reader, "unreader", None)
     body_buffer = getattr(body, "buf", None)
     if (sock is None or type(reader).__name__ != "LengthReader"
             or getattr(reader, "length", None) != content_length

@@ -49,6 +49,7 @@ def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
     forking a process with running threads can deadlock the child. ``fork``
     (not spawn) keeps start-up to milliseconds.
     """
+    context: "multiprocessing.context.BaseContext"
     try:
         context = multiprocessing.get_context("fork")
     except ValueError:  # no fork on this platform

@@ -318,8 +318,11 @@ class _SyncJob:
                      ) -> "Future[bytes]":
         future = endpoint.submit_hashes(ranges, self.options.block_size, method)
         hashed = sum(length for _, length in ranges)
-        future.add_done_callback(
-            lambda f: f.cancelled() or f.exception() or self.progress.add_hashed(hashed))
+        def count(done: "Future[bytes]") -> None:
+            if not done.cancelled() and done.exception() is None:
+                self.progress.add_hashed(hashed)
+
+        future.add_done_callback(count)
         return future
 
     def _compare(self, plan: BlockPlan, segments: List[Segment], target: Optional[FileEndpoint],
@@ -355,7 +358,7 @@ class _SyncJob:
                 self.written[segment.index] = ranges
                 self._prepare_once(transfer_to, plan.size)
                 for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
-                    pending.append(self.transfers.submit(self._transfer, batch, transfer_to))
+                    pending.append(self._submit_transfer(batch, transfer_to))
             self._raise_failures(pending)
         if transfer_to is not None:
             self._prepare_once(transfer_to, plan.size)  # the size may differ with no block to move
@@ -374,7 +377,7 @@ class _SyncJob:
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
-                         work: FileEndpoint) -> Optional[List[bytes]]:
+                         work: FileEndpoint) -> List[bytes]:
         """Whole-file mode: send every byte while the source is hashed for verification."""
         method = verify_method(self.options.hash_method)
         self.progress.hash_total = 2 * plan.size
@@ -384,11 +387,15 @@ class _SyncJob:
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
         split = split_ranges(ranges, TRANSFER_REQUEST_BYTES)
-        pending = [self.transfers.submit(self._transfer, [item], work) for item in split]
+        pending = [self._submit_transfer([item], work) for item in split]
         self._wait(pending)
         size = digest_size(method)
         return [digest for segment in segments
                 for digest in split_digests(source_futures[segment.index].result(), size)]
+
+    def _submit_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> Future:
+        assert self.transfers is not None, "transfers start after the pool does"
+        return self.transfers.submit(self._transfer, batch, work)
 
     def _both_local(self) -> bool:
         return not self.source.is_remote and not self.target.is_remote
@@ -437,8 +444,9 @@ class _SyncJob:
     @staticmethod
     def _raise_failures(pending: List[Future]) -> None:
         for future in pending:
-            if future.done() and future.exception() is not None:
-                raise future.exception()
+            error = future.exception() if future.done() else None
+            if error is not None:
+                raise error
 
     @staticmethod
     def _wait(pending: List[Future]) -> None:
