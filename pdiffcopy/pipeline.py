@@ -283,6 +283,9 @@ class _SyncJob:
             self._stop_transfers()
             if work is not self.target:
                 work.remove_temporary()
+            elif self.prepared:
+                logger.warning("%s was being updated in place and may now be partly synchronised; "
+                               "run again to finish (or use --atomic)", self.target.location)
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
 
