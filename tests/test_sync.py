@@ -175,6 +175,10 @@ def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
         assert all(row.split("|")[4].strip().endswith(" s") for row in rows)
     assert target.read_bytes() == data
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # With a local source, whole-file copies are compared too, every one verified.
+    copies = [line.split("|")[1].strip() for line in completed.stdout.splitlines()
+              if line.startswith("| ") and "MB/s" in line]
+    assert copies[:3] == ["pdiffcopy -W", "shutil.copyfile", "cp"]
 
 
 def test_verification_catches_a_corrupted_write(server, tmp_path, unique, monkeypatch):
