@@ -58,7 +58,19 @@ from pdiffcopy.exceptions import (
     UsageError,
     storage_error,
 )
-from pdiffcopy.fileops import FICLONE, TRANSFER_CHUNK_SIZE, fsync_directory, temporary_name
+from pdiffcopy.fileops import (
+    FICLONE,
+    REFUSALS,
+    SYNC_FILE_RANGE_WAIT_AFTER,
+    SYNC_FILE_RANGE_WAIT_BEFORE,
+    SYNC_FILE_RANGE_WRITE,
+    TRANSFER_CHUNK_SIZE,
+    _call_libc,
+    _Libc,
+    fsync_directory,
+    reserve,
+    temporary_name,
+)
 
 #: The copy methods, in the order they are tried (cheapest first).
 METHODS: tuple[str, ...] = ("reflink", "copy_file_range", "sendfile", "readwrite")
@@ -115,20 +127,6 @@ PIPELINE_DEPTH = 4
 #: copy makes (64 MiB, the dirty peak of the issue's reference pipeline) while
 #: giving the disk large sequential writes.
 CACHE_WINDOW = 32 * 1024 * 1024
-
-# sync_file_range(2) flags (linux/fs.h). Python's os module has no binding.
-SYNC_FILE_RANGE_WAIT_BEFORE = 1
-SYNC_FILE_RANGE_WRITE = 2
-SYNC_FILE_RANGE_WAIT_AFTER = 4
-
-#: errno values with which the kernel says "not this way, try another": the file
-#: systems differ (EXDEV), the file system or kernel lacks the operation
-#: (EOPNOTSUPP, ENOSYS, ENOTTY), or refuses these particular files (EINVAL);
-#: ENOTSOCK is sendfile on systems where it only writes to sockets.
-REFUSALS = frozenset({
-    errno.EXDEV, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
-    errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
-})
 
 #: A progress callback: called with the number of bytes just copied.
 ProgressCallback = Callable[[int], None]
@@ -266,42 +264,6 @@ def first_method(method: str | None = None) -> str:
 
 # --------------------------------------------------------------------------- system calls
 
-class _Libc:
-    """The few libc functions Python's os module lacks, loaded on first use."""
-
-    _loaded = False
-    sync_file_range: Callable[..., int] | None = None
-    fallocate: Callable[..., int] | None = None
-
-    @classmethod
-    def load(cls) -> type[_Libc]:
-        if not cls._loaded:
-            cls._loaded = True
-            try:
-                import ctypes
-
-                libc = ctypes.CDLL(None, use_errno=True)
-                for name in ("sync_file_range", "fallocate"):
-                    function = getattr(libc, name, None)
-                    if function is not None:
-                        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                             ctypes.c_uint] if name == "sync_file_range" else \
-                            [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-                        function.restype = ctypes.c_int
-                        setattr(cls, name, function)
-            except (ImportError, OSError):
-                pass  # no ctypes or no libc: the callers have fallbacks
-        return cls
-
-
-def _call_libc(function: Callable[..., int], *args: int) -> None:
-    import ctypes
-
-    if function(*args) != 0:
-        number = ctypes.get_errno()
-        raise OSError(number, os.strerror(number))
-
-
 def _advise(fd: int, offset: int, length: int, advice: int) -> None:
     # Advice is only a hint: a file system that ignores or rejects it copies
     # correctly anyway, so failures are deliberately ignored.
@@ -309,45 +271,6 @@ def _advise(fd: int, offset: int, length: int, advice: int) -> None:
         os.posix_fadvise(fd, offset, length, advice)
     except (OSError, AttributeError):
         pass
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Start writing a just-written range to disk, without waiting for it.
-
-    A sync that fsyncs at the end then finds little left to write: the disk
-    works while the transfer goes on instead of after it. Advisory: a file
-    system that refuses it (or a system without sync_file_range) is simply
-    left to write back later.
-    """
-    function = _Libc.load().sync_file_range
-    if function is not None and length > 0:
-        function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
-
-
-def reserve(fd: int, offset: int, length: int) -> None:
-    """Reserve disk space for a range of a file before writing it.
-
-    This calls ``fallocate(2)`` directly rather than ``posix_fallocate``:
-    where the file system cannot allocate (NFS before 4.2, older CIFS), glibc's
-    ``posix_fallocate`` falls back to writing a byte into every block, which
-    would cost more than the copy (and defeat a server-side copy).
-
-    :param fd: A file open for writing.
-    :param offset: Where the range starts.
-    :param length: How long it is; the file grows to at least ``offset + length``.
-    :raises OSError: ENOSPC when the space is not there; refusals are ignored.
-    """
-    if length <= 0:
-        return
-    function = _Libc.load().fallocate
-    try:
-        if function is not None:
-            _call_libc(function, fd, 0, offset, length)
-        elif hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, offset, length)
-    except OSError as error:
-        if error.errno not in REFUSALS:
-            raise
 
 
 class _CacheWindow:

@@ -1,4 +1,4 @@
-"""Low-level operations on open files, shared by the client and the server.
+"""Low-level operations on open files, shared by the client, the server and fastcopy.
 
 Everything here works on file descriptors, so the server can apply it to
 descriptors it opened safely beneath its root, and the client to its own.
@@ -7,12 +7,10 @@ descriptors it opened safely beneath its root, and the client to its own.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
 import secrets
-
-from typing import Iterable, Iterator, Tuple
+from typing import Callable, Iterable, Iterator, Tuple
 
 from pdiffcopy.blocks import ByteRange
 
@@ -22,6 +20,20 @@ TRANSFER_CHUNK_SIZE = 1024 * 1024
 
 #: The FICLONE ioctl (linux/fs.h): make the target share the source's extents.
 FICLONE = 0x40049409
+
+# sync_file_range(2) flags (linux/fs.h). Python's os module has no binding.
+SYNC_FILE_RANGE_WAIT_BEFORE = 1
+SYNC_FILE_RANGE_WRITE = 2
+SYNC_FILE_RANGE_WAIT_AFTER = 4
+
+#: errno values with which the kernel says "not this way, try another": the file
+#: systems differ (EXDEV), the file system or kernel lacks the operation
+#: (EOPNOTSUPP, ENOSYS, ENOTTY), or refuses these particular files (EINVAL);
+#: ENOTSOCK is sendfile on systems where it only writes to sockets.
+REFUSALS = frozenset({
+    errno.EXDEV, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+    errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
+})
 
 _TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-[0-9a-f]{12}$", re.DOTALL)
 
@@ -70,54 +82,16 @@ def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
 def resize(fd: int, size: int) -> None:
     """Make an open file exactly ``size`` bytes long.
 
-    Growth is reserved with ``posix_fallocate`` where the file system can, so
-    a full disk fails now, with nothing written, instead of half-way through.
+    Growth is reserved with :func:`reserve` where the file system can, so a
+    full disk fails now, with nothing written, instead of half-way through.
 
     :raises OSError: For ENOSPC and other failures.
     """
     current = os.fstat(fd).st_size
     if size > current:
-        try:
-            os.posix_fallocate(fd, current, size - current)
-        except OSError as error:
-            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
+        reserve(fd, current, size - current)
     if os.fstat(fd).st_size != size:
         os.ftruncate(fd, size)
-
-
-def clone_or_copy(source_fd: int, target_fd: int) -> str:
-    """Fill an empty file with another's data, the cheapest way the kernel allows.
-
-    A reflink (FICLONE) shares extents and costs milliseconds; otherwise
-    ``copy_file_range`` copies inside the kernel; a read/write loop is the
-    last resort.
-
-    :returns: The method used: ``"reflink"``, ``"copy_file_range"`` or ``"read/write"``.
-    :raises OSError: When copying fails.
-    """
-    size = os.fstat(source_fd).st_size
-    try:
-        fcntl.ioctl(target_fd, FICLONE, source_fd)
-        return "reflink"
-    except OSError:
-        pass  # EXDEV, EOPNOTSUPP, EINVAL...: not the same reflink-capable file system
-    copied = 0
-    if hasattr(os, "copy_file_range"):
-        try:
-            while copied < size:
-                count = os.copy_file_range(source_fd, target_fd, size - copied, copied, copied)
-                if count == 0:
-                    break
-                copied += count
-            if copied >= size:
-                return "copy_file_range"
-        except OSError as error:
-            if error.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                raise
-    for position, chunk in read_chunks(source_fd, [(copied, size - copied)]):
-        write_all(target_fd, chunk, position)
-    return "read/write"
 
 
 def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None:
@@ -141,10 +115,85 @@ def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None
                 position += count
             return
         except OSError as error:
-            if error.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            if error.errno not in REFUSALS:
                 raise
     for chunk_offset, chunk in read_chunks(source_fd, [(position, end - position)]):
         write_all(target_fd, chunk, chunk_offset)
+
+
+class _Libc:
+    """The few libc functions Python's os module lacks, loaded on first use."""
+
+    _loaded = False
+    sync_file_range: Callable[..., int] | None = None
+    fallocate: Callable[..., int] | None = None
+
+    @classmethod
+    def load(cls) -> type[_Libc]:
+        if not cls._loaded:
+            cls._loaded = True
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                for name in ("sync_file_range", "fallocate"):
+                    function = getattr(libc, name, None)
+                    if function is not None:
+                        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                             ctypes.c_uint] if name == "sync_file_range" else \
+                            [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+                        function.restype = ctypes.c_int
+                        setattr(cls, name, function)
+            except (ImportError, OSError):
+                pass  # no ctypes or no libc: the callers have fallbacks
+        return cls
+
+
+def _call_libc(function: Callable[..., int], *args: int) -> None:
+    import ctypes
+
+    if function(*args) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a just-written range to disk, without waiting for it.
+
+    A sync that fsyncs at the end then finds little left to write: the disk
+    works while the transfer goes on instead of after it. Advisory: a file
+    system that refuses it (or a system without sync_file_range) is simply
+    left to write back later.
+    """
+    function = _Libc.load().sync_file_range
+    if function is not None and length > 0:
+        function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve disk space for a range of a file before writing it.
+
+    This calls ``fallocate(2)`` directly rather than ``posix_fallocate``:
+    where the file system cannot allocate (NFS before 4.2, older CIFS), glibc's
+    ``posix_fallocate`` falls back to writing a byte into every block, which
+    would cost more than the copy (and defeat a server-side copy).
+
+    :param fd: A file open for writing.
+    :param offset: Where the range starts.
+    :param length: How long it is; the file grows to at least ``offset + length``.
+    :raises OSError: ENOSPC when the space is not there; refusals are ignored.
+    """
+    if length <= 0:
+        return
+    function = _Libc.load().fallocate
+    try:
+        if function is not None:
+            _call_libc(function, fd, 0, offset, length)
+        elif hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, offset, length)
+    except OSError as error:
+        if error.errno not in REFUSALS:
+            raise
 
 
 def fsync_directory(path: str) -> None:
@@ -169,5 +218,5 @@ def etag(stat: os.stat_result) -> str:
 
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "read_chunks", "write_all",
-    "resize", "clone_or_copy", "copy_range", "fsync_directory", "free_space", "etag",
+    "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
 ]

@@ -24,10 +24,10 @@ from pdiffcopy.fileops import (
     fsync_directory,
     read_chunks,
     resize,
+    start_writeback,
     temporary_name,
     write_all,
 )
-from pdiffcopy.fastcopy import start_writeback
 from pdiffcopy.hashing import hash_file_ranges
 
 

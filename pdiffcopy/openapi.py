@@ -167,7 +167,7 @@ def _components() -> Dict[str, Any]:
         "Cloned": {"type": "object", "required": ["method"],
                    "properties": {"method": {"type": "string",
                                              "enum": ["reflink", "copy_file_range",
-                                                      "read/write"]}}},
+                                                      "sendfile", "readwrite"]}}},
         "Renamed": {"type": "object", "required": ["renamed"],
                     "properties": {"renamed": {"type": "boolean", "enum": [True]}}},
         "Removed": {"type": "object", "required": ["removed"],

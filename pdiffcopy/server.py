@@ -55,14 +55,14 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import (
     TRANSFER_CHUNK_SIZE,
-    clone_or_copy,
     etag,
     free_space,
     is_temporary_name,
     resize,
+    start_writeback,
     write_all,
 )
-from pdiffcopy.fastcopy import start_writeback
+from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
@@ -306,7 +306,7 @@ def create_app(config: ServerConfig) -> Flask:
             try:
                 if os.fstat(source_fd).st_size > free_space(target_fd):
                     raise StorageError(f"Cannot copy {origin}: not enough free space")
-                method = clone_or_copy(source_fd, target_fd)
+                method = copy_into(source_fd, target_fd, os.fstat(source_fd).st_size, cache="keep")
                 os.fchmod(target_fd, stat_module.S_IMODE(os.fstat(source_fd).st_mode))
             except BaseException:
                 os.close(target_fd)
