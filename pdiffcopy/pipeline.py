@@ -42,6 +42,7 @@ from pdiffcopy.exceptions import (
     UsageError,
     VerificationFailed,
 )
+from pdiffcopy.fastcopy import resolve_cache
 from pdiffcopy.hashing import (
     DEFAULT_HASH_METHOD,
     digest_bytes,
@@ -156,6 +157,14 @@ class _Options:
     cache: str
 
 
+def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
+                     method: str) -> List[bytes]:
+    """Every block digest of ``segments``, in order, from their hashing futures."""
+    size = digest_size(method)
+    return [digest for segment in segments
+            for digest in split_digests(futures[segment.index].result(), size)]
+
+
 def _check_cache(value: str) -> str:
     if value not in ("auto", "drop", "keep"):
         raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
@@ -250,11 +259,7 @@ class _SyncJob:
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or target_info is None:
-                if self._both_local():
-                    source_digests = self._copy_locally(plan, segments, work)
-                else:
-                    work.prepare(plan.size)
-                    source_digests = self._copy_everything(plan, segments, work)
+                source_digests = self._copy_everything(plan, segments, work)
                 target_digests = None
                 similarity = Similarity(plan.block_count, plan.block_count, plan.size, plan.size)
             else:
@@ -381,20 +386,32 @@ class _SyncJob:
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
                          work: FileEndpoint) -> List[bytes]:
-        """Whole-file mode: send every byte while the source is hashed for verification."""
+        """Whole-file mode: copy every byte while the source is hashed for verification.
+
+        Between local files the kernel copies (:mod:`pdiffcopy.fastcopy`);
+        otherwise the transfer threads move the file in 16 MiB ranges.
+        """
         method = verify_method(self.options.hash_method)
         self.progress.hash_total = 2 * plan.size
         self.progress.move_total = plan.size
+        both_local = self._both_local()
+        if both_local and resolve_cache(self.options.cache, plan.size) == "drop":
+            # The verification's reads must not fill the cache the copy keeps clean.
+            self.source.drop_cache = work.drop_cache = True  # type: ignore[attr-defined]
         source_futures = self._hash_all(self.source, segments, method)
-        ranges = [(segment.offset, segment.length) for segment in segments]
+        if both_local:
+            used = work.copy_all_from(self.source, plan.size,  # type: ignore[attr-defined]
+                                      self.options.cache, progress=self.progress.add_moved)
+            logger.debug("Copied %s with %s", self.source.location, used)
+            work.prepare(plan.size)  # cuts an in-place target that was longer
+            self.bytes_moved = plan.size
+        else:
+            work.prepare(plan.size)
+            self._wait([self._submit_transfer([piece], work)
+                        for piece in split_ranges([(0, plan.size)], TRANSFER_REQUEST_BYTES)])
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
-        split = split_ranges(ranges, TRANSFER_REQUEST_BYTES)
-        pending = [self._submit_transfer([item], work) for item in split]
-        self._wait(pending)
-        size = digest_size(method)
-        return [digest for segment in segments
-                for digest in split_digests(source_futures[segment.index].result(), size)]
+        return _segment_digests(source_futures, segments, method)
 
     def _submit_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> Future:
         assert self.transfers is not None, "transfers start after the pool does"
@@ -402,32 +419,6 @@ class _SyncJob:
 
     def _both_local(self) -> bool:
         return not self.source.is_remote and not self.target.is_remote
-
-    def _copy_locally(self, plan: BlockPlan, segments: List[Segment], work) -> List[bytes]:
-        """Whole-file copy between local files with the kernel's fastest method.
-
-        The source is hashed for the verification meanwhile, in the hashing
-        processes.
-        """
-        from pdiffcopy.fastcopy import resolve_cache
-
-        method = verify_method(self.options.hash_method)
-        self.progress.hash_total = 2 * plan.size
-        self.progress.move_total = plan.size
-        if resolve_cache(self.options.cache, plan.size) == "drop":
-            # The verification's reads must not fill the cache the copy keeps clean.
-            self.source.drop_cache = work.drop_cache = True  # type: ignore[attr-defined]
-        source_futures = self._hash_all(self.source, segments, method)
-        used = work.copy_all_from(self.source, plan.size, self.options.cache,
-                                  progress=self.progress.add_moved)
-        logger.debug("Copied %s with %s", self.source.location, used)
-        work.prepare(plan.size)  # cuts an in-place target that was longer
-        self.bytes_moved = plan.size
-        self.written.update((segment.index, [(segment.offset, segment.length)])
-                            for segment in segments)
-        size = digest_size(method)
-        return [digest for segment in segments
-                for digest in split_digests(source_futures[segment.index].result(), size)]
 
     def _transfer(self, batch, work: FileEndpoint) -> None:
         """Move one batch of ranges from the source to ``work`` (runs in a transfer thread)."""
@@ -491,7 +482,7 @@ class _SyncJob:
         size = digest_size(method)
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
-            source_digests = [d for s in segments for d in split_digests(futures[s.index].result(), size)]
+            source_digests = _segment_digests(futures, segments, method)
         if target_digests is None or method != self.options.hash_method:
             final_digests: List[bytes] = [b""] * plan.block_count
         else:

@@ -317,6 +317,13 @@ class RemoteFile(FileEndpoint):
             return RemoteError(f"Cannot connect to the server at {self.base}: connection refused")
         return RemoteError(f"Cannot talk to the server at {self.base}: {_reason(error)}")
 
+    def _body(self, response: _Response) -> bytes:
+        """The whole body of an answer; a connection lost meanwhile is a one-line error."""
+        try:
+            return response.read()
+        except (OSError, http.client.HTTPException) as error:
+            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+
     def _error(self, response: _Response) -> PdiffcopyError:
         try:
             message = response.json()["error"]
@@ -365,10 +372,7 @@ class RemoteFile(FileEndpoint):
         else:
             headers = {**headers, "Range": format_range_header(ranges)}
         response = self.request("GET", self._target("hashes", params=params), headers=headers)
-        try:
-            digests = response.read()
-        except (OSError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+        digests = self._body(response)
         expected = digest_count(ranges, block_size)
         if len(digests) != expected * digest_size(method):
             raise RemoteError(f"Server {self.base} sent {len(digests)} bytes of digests for "
@@ -379,10 +383,7 @@ class RemoteFile(FileEndpoint):
               params: Optional[dict] = None, expected=(200,)) -> None:
         """A control request whose answer we only need to be a success."""
         response = self.request(method, self._target(endpoint, path, params), expected=expected)
-        try:
-            response.read()
-        except (OSError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+        self._body(response)
 
     def prepare(self, size: int) -> None:
         self._call("POST", "resize", params={"size": size})
@@ -427,10 +428,7 @@ class RemoteFile(FileEndpoint):
             headers["Content-Range"] = format_content_range(ranges[0][0], ranges[0][1], None)
         response = self.request("PATCH", self._target(), headers=headers, body=body,
                                 replayable=False)
-        try:
-            response.read()
-        except (OSError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+        self._body(response)
         return sum(length for _, length in ranges)
 
     def flush(self) -> None:
