@@ -37,21 +37,25 @@ def expected_changed_blocks(source: bytes, target) -> int:
     return count
 
 
+def arrange(server, tmp_path, unique, direction, source_data, target_data):
+    """Write a source and (unless None) a target for a pull or a push.
+
+    :returns: (SOURCE, TARGET arguments, path of the target file).
+    """
+    local, remote = tmp_path / "local.img", server.root / unique
+    src, dst = (remote, local) if direction == "pull" else (local, remote)
+    src.write_bytes(source_data)
+    if target_data is not None:
+        dst.write_bytes(target_data)
+    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    return args, dst
+
+
 @pytest.mark.parametrize("direction", ["pull", "push"])
 @pytest.mark.parametrize("name,source_data,target_data", CASES, ids=[c[0] for c in CASES])
 def test_sync_makes_target_identical(server, tmp_path, unique, direction, name, source_data, target_data):
-    local = tmp_path / "local.img"
-    remote = server.root / unique
-    if direction == "pull":
-        source_path, target_path = remote, local
-        source, target = server.url(unique), str(local)
-    else:
-        source_path, target_path = local, remote
-        source, target = str(local), server.url(unique)
-    source_path.write_bytes(source_data)
-    if target_data is not None:
-        target_path.write_bytes(target_data)
-    result = sync(source, target, block_size=BLOCK, concurrency=2)
+    args, target_path = arrange(server, tmp_path, unique, direction, source_data, target_data)
+    result = sync(*args, block_size=BLOCK, concurrency=2)
     assert target_path.read_bytes() == source_data
     assert result.verified
     assert result.changed_blocks == expected_changed_blocks(source_data, target_data)
@@ -65,30 +69,19 @@ def test_sync_makes_target_identical(server, tmp_path, unique, direction, name, 
 def test_only_changed_blocks_move(server, tmp_path, unique, direction):
     source_data = random_bytes(64 * BLOCK)
     target_data = mutate(source_data, [5 * BLOCK + 10, 40 * BLOCK])
-    local, remote = tmp_path / "local.img", server.root / unique
-    if direction == "pull":
-        remote.write_bytes(source_data)
-        local.write_bytes(target_data)
-        result = sync(server.url(unique), str(local), block_size=BLOCK)
-    else:
-        local.write_bytes(source_data)
-        remote.write_bytes(target_data)
-        result = sync(str(local), server.url(unique), block_size=BLOCK)
+    args, dst = arrange(server, tmp_path, unique, direction, source_data, target_data)
+    result = sync(*args, block_size=BLOCK)
     assert result.changed_blocks == 2
     assert result.bytes_moved == 2 * BLOCK
     assert round(result.similarity, 2) == round(100 * 62 / 64, 2)
-    assert (remote if direction == "push" else local).read_bytes() == source_data
+    assert dst.read_bytes() == source_data
 
 
 @pytest.mark.parametrize("direction", ["pull", "push"])
 def test_whole_file_copies_everything(server, tmp_path, unique, direction):
     source_data = random_bytes(10 * BLOCK + 1)
     target_data = source_data[:-1] + b"\x00"
-    local, remote = tmp_path / "local.img", server.root / unique
-    src, dst = (remote, local) if direction == "pull" else (local, remote)
-    src.write_bytes(source_data)
-    dst.write_bytes(target_data)
-    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    args, dst = arrange(server, tmp_path, unique, direction, source_data, target_data)
     result = sync(*args, block_size=BLOCK, whole_file=True)
     assert dst.read_bytes() == source_data
     assert result.bytes_moved == len(source_data)
@@ -98,12 +91,8 @@ def test_whole_file_copies_everything(server, tmp_path, unique, direction):
 def test_dry_run_reports_and_changes_nothing(server, tmp_path, unique, direction):
     source_data = random_bytes(16 * BLOCK)
     target_data = mutate(source_data, [0, 8 * BLOCK, 15 * BLOCK + 100, 15 * BLOCK + 200])
-    local, remote = tmp_path / "local.img", server.root / unique
-    src, dst = (remote, local) if direction == "pull" else (local, remote)
-    src.write_bytes(source_data)
-    dst.write_bytes(target_data)
+    args, dst = arrange(server, tmp_path, unique, direction, source_data, target_data)
     before = os.stat(dst)
-    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
     completed = run_cli("-n", "-b", str(BLOCK), *args)
     assert completed.returncode == 0, completed.stderr
     assert "Similarity index: 81.25%" in completed.stdout
@@ -124,12 +113,8 @@ def test_dry_run_with_missing_target_creates_nothing(server, tmp_path, unique):
 def test_atomic_replaces_the_file(server, tmp_path, unique, direction):
     source_data = random_bytes(30 * BLOCK + 7)
     target_data = mutate(source_data, [BLOCK * 3, BLOCK * 29])
-    local, remote = tmp_path / "local.img", server.root / unique
-    src, dst = (remote, local) if direction == "pull" else (local, remote)
-    src.write_bytes(source_data)
-    dst.write_bytes(target_data)
+    args, dst = arrange(server, tmp_path, unique, direction, source_data, target_data)
     inode_before = os.stat(dst).st_ino
-    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
     completed = run_cli("--atomic", "-b", str(BLOCK), *args)
     assert completed.returncode == 0, completed.stderr
     assert dst.read_bytes() == source_data
@@ -210,11 +195,7 @@ def test_every_kind_of_hash_method(server, tmp_path, unique, direction, method):
     """Weak (64-bit) block hashes still verify with a strong one; others verify with their own."""
     source_data = random_bytes(12 * BLOCK + 9)
     target_data = mutate(source_data, [BLOCK + 3, 11 * BLOCK])
-    local, remote = tmp_path / "local.img", server.root / unique
-    src, dst = (remote, local) if direction == "pull" else (local, remote)
-    src.write_bytes(source_data)
-    dst.write_bytes(target_data)
-    args = (server.url(unique), str(local)) if direction == "pull" else (str(local), server.url(unique))
+    args, dst = arrange(server, tmp_path, unique, direction, source_data, target_data)
     result = sync(*args, block_size=BLOCK, hash_method=method)
     assert dst.read_bytes() == source_data
     assert result.changed_blocks == 2
