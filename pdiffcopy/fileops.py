@@ -82,13 +82,17 @@ def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
 def resize(fd: int, size: int) -> None:
     """Make an open file exactly ``size`` bytes long.
 
-    Growth is reserved with :func:`reserve` where the file system can, so a
-    full disk fails now, with nothing written, instead of half-way through.
+    Growth beyond the free space is refused up front (also where the file
+    system cannot reserve space, and so that a bogus size cannot make a huge
+    sparse file), then reserved with :func:`reserve`: a full disk fails now,
+    with nothing written, instead of half-way through.
 
-    :raises OSError: For ENOSPC and other failures.
+    :raises OSError: ENOSPC when the growth does not fit, and other failures.
     """
     current = os.fstat(fd).st_size
     if size > current:
+        if size - current > free_space(fd):
+            raise OSError(errno.ENOSPC, f"No space left on device ({size - current} more bytes needed)")
         reserve(fd, current, size - current)
     if os.fstat(fd).st_size != size:
         os.ftruncate(fd, size)

@@ -122,10 +122,6 @@ class LocalFile(FileEndpoint):
     def prepare(self, size: int) -> None:
         fd = self._writer()
         try:
-            growth = size - os.fstat(fd).st_size
-            if growth > 0 and growth > free_space(fd):
-                raise StorageError(
-                    f"Cannot write {self.path}: it needs {growth} more bytes than the disk has free")
             resize(fd, size)
         except OSError as error:
             raise storage_error(error, f"resize {self.path}") from None

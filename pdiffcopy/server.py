@@ -266,9 +266,6 @@ def create_app(config: ServerConfig) -> Flask:
         except Conflict:  # it exists already
             fd, created = open_regular(root, path, os.O_WRONLY), False
         try:
-            growth = size - os.fstat(fd).st_size
-            if growth > 0 and growth > free_space(fd):
-                raise StorageError(f"Cannot grow {path} to {size} bytes: not enough free space")
             try:
                 resize(fd, size)
             except OSError as error:
