@@ -133,7 +133,6 @@ class _Response:
         """Finish with the body; a connection with unread data cannot be reused."""
         if not self.raw.isclosed():
             self._connection.close()
-        self._connection.busy = False
 
 
 class _Connection:
@@ -148,7 +147,6 @@ class _Connection:
         self.ca_file = ca_file
         self.http: Optional[http.client.HTTPConnection] = None
         self.last_used = 0.0
-        self.busy = False
 
     def open(self) -> http.client.HTTPConnection:
         if self.http is None:
@@ -183,7 +181,6 @@ class _RangesBody:
         self.chunks = chunks
         self.multipart = len(ranges) > 1
         self.length = multipart_length(ranges, None) if self.multipart else ranges[0][1]
-        self.sent = 0
 
     def __len__(self) -> int:
         return self.length
@@ -199,7 +196,6 @@ class _RangesBody:
                 except StopIteration:
                     raise StorageError("The source ended before the data to send did") from None
                 remaining -= len(data)
-                self.sent += len(data)
                 yield data
         if self.multipart:
             yield closing_delimiter()
@@ -301,7 +297,6 @@ class RemoteFile(FileEndpoint):
                     raise self._transport_error(error, connected) from None
                 raise
         connection.last_used = time.monotonic()
-        connection.busy = True
         return _Response(raw, connection)
 
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
