@@ -16,7 +16,7 @@ from pdiffcopy.exceptions import PdiffcopyError, UsageError
 
 logger = logging.getLogger("pdiffcopy")
 
-USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET]"
+USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET | --remove PATH...]"
 
 DESCRIPTION = """\
 Synchronise a large file between Linux hosts at high speed, by hashing both
@@ -28,17 +28,28 @@ pdiffcopy server (http://HOST:PORT/path): a URL SOURCE pulls, a URL TARGET
 pushes. Both may be local paths. TARGET ends up with exactly SOURCE's bytes
 and size, verified with a whole-file digest on both sides.
 
+When SOURCE is a directory, the whole tree is copied or updated, as rsync
+does: SOURCE/ (with a trailing slash) syncs the contents of SOURCE into
+TARGET, SOURCE without it syncs the directory itself into TARGET/NAME. Files
+of the same size and modification time are skipped (--checksum compares
+their contents instead), changed big files go through the block delta,
+new and small ones are copied whole, by -c worker processes at once. When
+SOURCE is a file and TARGET an existing directory, the file goes into it.
+
 Without SOURCE and TARGET, the server starts: it serves the files below
 --root (default: the current directory) on --listen (default 127.0.0.1:8080).
 When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
 require and send it."""
 
 EPILOG = """\
-exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed, 130 interrupted.
+exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
+  23 some files of a tree failed (the rest was synced), 130 interrupted.
 examples:
   pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
   pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
-  pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd"""
+  pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd
+  pdiffcopy -a --delete /srv/photos/ http://storage2:8080/photos/
+  pdiffcopy --remove /srv/scratch/old-run"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -80,6 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how long any network call may wait (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
                       help="CA bundle to verify an https:// server with")
+    tree = parser.add_argument_group("tree options (SOURCE is a directory)")
+    tree.add_argument("-a", "--archive", action="store_true",
+                      help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
+    tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
+    tree.add_argument("-o", "--owner", action="store_true",
+                      help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("--checksum", action="store_true",
+                      help="compare files of the same size by content, not by modification time")
+    tree.add_argument("--delete", action="store_true",
+                      help="delete what TARGET has and SOURCE does not (never excluded paths)")
+    tree.add_argument("--force", action="store_true",
+                      help="let --delete empty TARGET when SOURCE has nothing to sync")
+    tree.add_argument("-i", "--include", metavar="REGEX", action="append", default=[],
+                      help="only sync paths (relative to the tree) matching REGEX (repeatable)")
+    tree.add_argument("-e", "--exclude", metavar="REGEX", action="append", default=[],
+                      help="leave out paths matching REGEX, and directories' contents (repeatable)")
+    tree.add_argument("--diff", action="store_true",
+                      help="list the differences between the trees, item by item; change nothing")
+    tree.add_argument("--remove", action="store_true",
+                      help="delete the trees (or files) given as arguments, in parallel: files "
+                           "first, then directories deepest first; -i/-e/-n apply")
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
@@ -175,12 +207,23 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  certfile=args.certfile, keyfile=args.keyfile,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
+    if args.listen:
+        raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.remove:
+        from pdiffcopy.treecli import run_remove
+
+        return run_remove(args, token)
     if len(args.paths) != 2:
         raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
                          f"see pdiffcopy --help")
-    if args.listen:
-        raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
     source, target = args.paths
+    from pdiffcopy.treecli import resolve
+
+    source, target, is_tree = resolve(source, target, args, token)
+    if is_tree:
+        from pdiffcopy.treecli import run_tree
+
+        return run_tree(source, target, args, token)
     from pdiffcopy.hashing import DEFAULT_HASH_METHOD
 
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
@@ -191,6 +234,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         run_benchmark(source, target, rounds=args.benchmark, **options)
         return 0
+    if args.diff:
+        args.dry_run = True
     result = run_sync(source, target, dry_run=args.dry_run,
                       show_progress=not (args.quiet or args.no_progress) and sys.stderr.isatty(),
                       **options)

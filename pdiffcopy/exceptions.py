@@ -65,6 +65,12 @@ class Conflict(PdiffcopyError):
     http_status = 412
 
 
+class PartialTransfer(PdiffcopyError):
+    """Some paths of a tree failed; the others were synced (rsync's exit status 23)."""
+
+    exit_code = 23
+
+
 class StorageError(PdiffcopyError):
     """Reading or writing a file failed (I/O error, no space left, ...)."""
 

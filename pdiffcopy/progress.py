@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Optional, TextIO
+from typing import Any, Optional, TextIO
 
 from pdiffcopy.pipeline import Progress
 
@@ -58,4 +58,22 @@ class ProgressDisplay:
                  f"{format_size(rate, binary=True)}/s"]
         if rate > 0 and total > done:
             parts.append(f"ETA {format_timespan((total - done) / rate, max_units=2)}")
+        return " ".join(parts)
+
+
+class TreeProgressDisplay(ProgressDisplay):
+    """The status line of a tree sync: files and bytes done of the totals, rate, ETA."""
+
+    def render(self) -> str:
+        from humanfriendly import format_size, format_timespan
+
+        p: Any = self.progress  # a TreeProgress
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        done = p.bytes_done
+        rate = done / elapsed
+        parts = [f"{p.phase}:", f"{p.files_done} of {p.files_total} files,",
+                 f"{format_size(done, binary=True)} of {format_size(p.bytes_total, binary=True)},",
+                 f"{format_size(rate, binary=True)}/s"]
+        if rate > 0 and p.bytes_total > done:
+            parts.append(f"ETA {format_timespan((p.bytes_total - done) / rate, max_units=2)}")
         return " ".join(parts)

@@ -1,0 +1,575 @@
+"""A directory tree on a local file system (:class:`LocalTree`).
+
+Every access is confined beneath the tree's directory, the way the server
+confines requests (:mod:`pdiffcopy.paths`): a directory is opened relative
+to the root with ``openat2(RESOLVE_BENEATH)`` and a file by its last name
+relative to that directory with ``O_NOFOLLOW``. A symlink in the target
+tree, planted or swapped in, can therefore never send a write outside it,
+and symlinks are listed and recreated, never followed.
+
+Directory descriptors are cached per thread: a tree sync works through
+files in path order, so most files land in a directory opened just before.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import threading
+from collections import OrderedDict
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.endpoints import FileEndpoint
+from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
+from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
+from pdiffcopy.paths import Root
+from pdiffcopy.treeendpoints import (
+    DELETE,
+    METADATA,
+    MKDIR,
+    REMOVE,
+    SYMLINK,
+    Failure,
+    Listing,
+    MetadataOptions,
+    Operation,
+    TreeEndpoint,
+)
+from pdiffcopy.treeplan import DIR, FILE, Entry, kind_of
+from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
+
+#: Directory descriptors kept open per thread.
+DIRECTORY_CACHE_SIZE = 64
+
+#: Errors after which a kernel copy falls back to reading and writing.
+_COPY_REFUSALS = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM,
+                  errno.EBADF, errno.ETXTBSY)
+
+_IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+class TreeFailure(PdiffcopyError):
+    """One path of a batch could not be handled; the batch goes on."""
+
+
+def _why(error: OSError) -> str:
+    return os.strerror(error.errno) if error.errno else str(error)
+
+
+def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
+    """An :class:`Entry` from an ``lstat`` result."""
+    kind = kind_of(info.st_mode)
+    size = info.st_size if kind == FILE else 0
+    sparse = kind == FILE and info.st_blocks * 512 < size
+    return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
+                 target, info.st_nlink, sparse)
+
+
+class LocalTree(TreeEndpoint):
+    """The tree below a local directory (which need not exist yet)."""
+
+    is_remote = False
+
+    def __init__(self, directory: str) -> None:
+        self.location = directory
+        self.directory = os.path.abspath(directory)
+        self._root: Optional[Root] = None
+        self._prefix = ""
+        self._local = threading.local()
+
+    @classmethod
+    def below(cls, root: Root, relative: str) -> "LocalTree":
+        """The tree at ``relative`` beneath an already confined ``root`` (the server's)."""
+        tree = cls(os.path.join(root.directory, relative))
+        tree._root, tree._prefix = root, relative.strip("/")
+        return tree
+
+    # -- descriptors -------------------------------------------------------
+
+    @property
+    def root(self) -> Root:
+        if self._root is None:
+            self._root = Root(self.directory)
+        return self._root
+
+    def _full(self, relative: str) -> str:
+        if not self._prefix:
+            return relative
+        return f"{self._prefix}/{relative}" if relative else self._prefix
+
+    def _directory(self, relative: str) -> int:
+        """A descriptor (``O_PATH``) of a directory of the tree, from the per-thread cache."""
+        cache = getattr(self._local, "directories", None)
+        if cache is None or self._local.pid != os.getpid():
+            cache = self._local.directories = OrderedDict()
+            self._local.pid = os.getpid()
+        fd = cache.get(relative)
+        if fd is not None:
+            cache.move_to_end(relative)
+            return fd
+        if self._prefix or relative:
+            fd = self.root.open(self._full(relative), os.O_PATH | os.O_DIRECTORY)
+        else:
+            fd = os.dup(self.root.fd)
+        cache[relative] = fd
+        if len(cache) > DIRECTORY_CACHE_SIZE:
+            _, oldest = cache.popitem(last=False)
+            os.close(oldest)
+        return fd
+
+    def _forget_directories(self) -> None:
+        """Close the cached descriptors (a directory was removed or replaced)."""
+        cache = getattr(self._local, "directories", None)
+        if cache and self._local.pid == os.getpid():
+            for fd in cache.values():
+                os.close(fd)
+            cache.clear()
+
+    def _parent(self, path: str) -> Tuple[int, str]:
+        parent, _, name = path.rpartition("/")
+        if not name or name in (".", ".."):
+            raise TreeFailure(f"Invalid path {path!r}")
+        return self._directory(parent), name
+
+    def close(self) -> None:
+        self._forget_directories()
+
+    # -- listing -----------------------------------------------------------
+
+    def root_entry(self) -> Optional[Entry]:
+        """What the root itself is (following a symlink to it), or ``None`` when missing."""
+        try:
+            if self._prefix:
+                fd = self.root.open(self._prefix, os.O_PATH)
+                try:
+                    info = os.fstat(fd)
+                finally:
+                    os.close(fd)
+            else:
+                info = os.stat(self.directory)
+        except (FileNotFoundError, FileMissing):
+            return None
+        except (NotADirectoryError, NotAFile):  # a parent is a file: nothing here either
+            return None
+        return entry_from_stat("", info)
+
+    def list(self) -> Listing:
+        root = self._root_or_none()
+        if root is None or root.kind != DIR:
+            return Listing(root, [], [])
+        entries: List[Entry] = []
+        failures: List[Failure] = []
+        top = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory(""))
+        pending = [(top, "")]
+        while pending:
+            fd, relative = pending.pop()
+            try:
+                self._scan(fd, relative, entries, failures, pending)
+            finally:
+                os.close(fd)
+        return Listing(root, entries, failures)
+
+    def _root_or_none(self) -> Optional[Entry]:
+        try:
+            return self.root_entry()
+        except PdiffcopyError:
+            raise
+        except OSError as error:
+            raise TreeFailure(f"Cannot open {self.location}: {_why(error)}") from None
+
+    @staticmethod
+    def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
+              pending: List[Tuple[int, str]]) -> None:
+        prefix = relative + "/" if relative else ""
+        try:
+            scanner = os.scandir(fd)
+        except OSError as error:
+            failures.append((relative, f"cannot list: {_why(error)}"))
+            return
+        with scanner:
+            for item in scanner:
+                path = prefix + item.name
+                try:
+                    info = item.stat(follow_symlinks=False)
+                    mode = info.st_mode
+                    if stat.S_ISLNK(mode):
+                        entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))
+                        continue
+                    entries.append(entry_from_stat(path, info))
+                    if stat.S_ISDIR(mode):
+                        pending.append((os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                                                dir_fd=fd), path))
+                except FileNotFoundError:
+                    continue  # deleted while listed: it is simply not there
+                except OSError as error:
+                    failures.append((path, f"cannot list: {_why(error)}"))
+
+    # -- reading -----------------------------------------------------------
+
+    def open_file(self, entry: Entry) -> int:
+        """Open a listed regular file for reading, never through a symlink."""
+        directory, name = self._parent(entry.path)
+        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        for entry in entries:
+            try:
+                fd = self.open_file(entry)
+            except (OSError, PdiffcopyError) as error:
+                yield entry, None, _message(error)
+                continue
+            try:
+                data = _read_exactly(fd, entry.size)
+            except (OSError, TreeFailure) as error:
+                yield entry, None, _message(error)
+                continue
+            finally:
+                os.close(fd)
+            yield entry, data, ""
+
+    # -- writing -----------------------------------------------------------
+
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
+                    ) -> List[Failure]:
+        failures: List[Failure] = []
+        for entry, data in files:
+            try:
+                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d))
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+        return failures
+
+    def copy_files_from(self, source: "LocalTree", entries: Iterable[Entry],
+                        options: MetadataOptions, compare: bool = False
+                        ) -> Tuple[List[Failure], int, int]:
+        """Copy files from another local tree, by the kernel where it can.
+
+        :param compare: Write only the files whose content differs (the others
+                        only get their metadata); for files whose times differ.
+        :returns: The failures, the number of bytes written and of files written.
+        """
+        failures: List[Failure] = []
+        written = files = 0
+        for entry in entries:
+            try:
+                source_fd = source.open_file(entry)
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+                continue
+            try:
+                if compare and self._same_content(entry, source_fd):
+                    self.set_metadata(entry, options)
+                    continue
+                self._write_file(entry, options,
+                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e))
+                written += entry.size
+                files += 1
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+            finally:
+                os.close(source_fd)
+        return failures, written, files
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether the tree's file at ``entry.path`` holds exactly ``data``."""
+        try:
+            fd = self.open_file(entry)
+        except (OSError, PdiffcopyError):
+            return False
+        try:
+            return _read_exactly(fd, len(data), strict=False) == data
+        except (OSError, TreeFailure):
+            return False
+        finally:
+            os.close(fd)
+
+    def _same_content(self, entry: Entry, source_fd: int) -> bool:
+        wanted = _read_exactly(source_fd, entry.size)
+        os.lseek(source_fd, 0, os.SEEK_SET)
+        return self.same_content(entry, wanted)
+
+    def _write_file(self, entry: Entry, options: MetadataOptions, fill) -> None:
+        """Write a file as a temporary sibling, set its metadata, rename it into place."""
+        directory, name = self._parent(entry.path)
+        temporary = temporary_name(name)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=directory)
+        try:
+            try:
+                fill(fd)
+                self._set_metadata_fd(fd, entry, options)
+            finally:
+                os.close(fd)
+            os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            try:
+                os.unlink(temporary, dir_fd=directory)
+            except OSError:
+                pass
+            raise
+
+    @staticmethod
+    def _set_metadata_fd(fd: int, entry: Entry, options: MetadataOptions) -> None:
+        if options.owner and _IS_ROOT:
+            os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
+        os.fchmod(fd, entry.permissions)
+        if options.times:
+            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+
+    def set_metadata(self, entry: Entry, options: MetadataOptions) -> None:
+        """Set permissions (and times, owner) of an existing entry without following it."""
+        directory, name = self._parent(entry.path)
+        if entry.kind == SYMLINK_KIND:
+            if options.owner and _IS_ROOT:
+                os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
+            if options.times:
+                os.utime(name, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=directory,
+                         follow_symlinks=False)
+            return
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        if entry.kind == DIR:
+            flags |= os.O_DIRECTORY
+        try:
+            fd = os.open(name, flags, dir_fd=directory)
+        except PermissionError:
+            # Unreadable (mode 000 and not root): O_PATH cannot chmod, so set by name;
+            # the name was just listed as this kind, not as a symlink.
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            try:
+                _check_kind(fd, entry)
+                os.chmod(f"/proc/self/fd/{fd}", entry.permissions)
+                if options.times:
+                    os.utime(f"/proc/self/fd/{fd}", ns=(entry.mtime_ns, entry.mtime_ns))
+            finally:
+                os.close(fd)
+            return
+        try:
+            _check_kind(fd, entry)
+            self._set_metadata_fd(fd, entry, options)
+        finally:
+            os.close(fd)
+
+    # -- operations --------------------------------------------------------
+
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        failures: List[Failure] = []
+        for operation in operations:
+            try:
+                self._apply(operation, options)
+            except (OSError, PdiffcopyError) as error:
+                failures.append((operation.entry.path, _message(error)))
+        return failures
+
+    def _apply(self, operation: Operation, options: MetadataOptions) -> None:
+        entry = operation.entry
+        if operation.name == METADATA:
+            self.set_metadata(entry, options)
+            return
+        if not entry.path and operation.name in (MKDIR, DELETE):
+            self._root_itself(operation.name)
+            return
+        directory, name = self._parent(entry.path)
+        if operation.name == MKDIR:
+            try:
+                # Writable by us until the directory metadata step sets the real mode.
+                os.mkdir(name, entry.permissions | 0o700, dir_fd=directory)
+            except FileExistsError:
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode):
+                    raise TreeFailure("exists and is not a directory") from None
+            if options.owner and _IS_ROOT:
+                os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
+        elif operation.name == SYMLINK:
+            temporary = temporary_name(name)
+            os.symlink(entry.target, temporary, dir_fd=directory)
+            try:
+                os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+            except BaseException:
+                os.unlink(temporary, dir_fd=directory)
+                raise
+            self.set_metadata(entry, options)
+        elif operation.name == DELETE:
+            if entry.kind == DIR:
+                os.rmdir(name, dir_fd=directory)
+                self._forget_directories()
+            else:
+                os.unlink(name, dir_fd=directory)
+        elif operation.name == REMOVE:
+            _remove_all(directory, name)
+            self._forget_directories()
+        else:
+            raise TreeFailure(f"Unknown operation {operation.name!r}")
+
+    def _root_itself(self, name: str) -> None:
+        """Make the tree's directory (parents too), or remove it once it is empty."""
+        self._forget_directories()
+        if not self._prefix:
+            if name == MKDIR:
+                os.makedirs(self.directory, exist_ok=True)
+            else:
+                os.rmdir(self.directory)
+            return
+        parts = self._prefix.split("/")
+        parent = os.dup(self.root.fd)
+        try:
+            for part in parts[:-1]:
+                if name == MKDIR:
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=parent)
+                    except FileExistsError:
+                        pass
+                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+                os.close(parent)
+                parent = following
+            if name == MKDIR:
+                try:
+                    os.mkdir(parts[-1], 0o777, dir_fd=parent)
+                except FileExistsError:
+                    pass
+            else:
+                os.rmdir(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def file_endpoint(self, path: str) -> FileEndpoint:
+        from pdiffcopy.local import LocalFile
+
+        return LocalFile(os.path.join(self.directory, path))
+
+    def file_path(self, path: str) -> str:
+        return os.path.join(self.directory, path)
+
+
+def _message(error: BaseException) -> str:
+    """A failure's reason in one line (the path is reported next to it)."""
+    if isinstance(error, OSError):
+        return _why(error)
+    return str(error)
+
+
+def _check_kind(fd: int, entry: Entry) -> None:
+    if kind_of(os.fstat(fd).st_mode) != entry.kind:
+        raise TreeFailure(f"is no longer a {entry.kind}")
+
+
+def _read_exactly(fd: int, size: int, strict: bool = True) -> bytes:
+    """All of a file that must be ``size`` bytes long (strict: no more, no less)."""
+    data = os.read(fd, size + 1) if size < TRANSFER_CHUNK_SIZE else _read_all(fd, size + 1)
+    if len(data) != size:
+        if strict:
+            raise TreeFailure(f"changed while copying ({len(data)} bytes, expected {size})")
+        return b""
+    return data
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+    pieces = []
+    total = 0
+    while total < limit:
+        piece = os.read(fd, min(TRANSFER_CHUNK_SIZE, limit - total))
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+    return b"".join(pieces)
+
+
+#: Granularity of holes kept in sparse files written from memory.
+_HOLE_BLOCK = 4096
+
+
+def _write_data(fd: int, entry: Entry, data: bytes) -> None:
+    if len(data) != entry.size:
+        raise TreeFailure(f"got {len(data)} bytes, expected {entry.size}")
+    if entry.sparse:
+        _write_sparse(fd, data)
+        return
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_sparse(fd: int, data: bytes) -> None:
+    """Write only the blocks that are not all zeros; the rest stays a hole."""
+    zeros = bytes(_HOLE_BLOCK)
+    view = memoryview(data)
+    for offset in range(0, len(data), _HOLE_BLOCK):
+        block = view[offset:offset + _HOLE_BLOCK]
+        if block != zeros[:len(block)]:
+            os.pwrite(fd, block, offset)
+    os.ftruncate(fd, len(data))
+
+
+def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
+    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one."""
+    if entry.sparse:
+        _copy_sparse(source_fd, target_fd, entry.size)
+    else:
+        _copy_range(source_fd, target_fd, 0, entry.size)
+    if os.pread(source_fd, 1, entry.size):
+        raise TreeFailure(f"changed while copying (longer than {entry.size} bytes)")
+
+
+def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(source_fd, position, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # only a hole is left
+                break
+            raise
+        end = min(os.lseek(source_fd, start, os.SEEK_HOLE), size)
+        _copy_range(source_fd, target_fd, start, end - start)
+        position = end
+    os.ftruncate(target_fd, size)
+
+
+def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None:
+    end = offset + length
+    position = offset
+    kernel = True
+    while position < end:
+        if kernel:
+            try:
+                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+            except OSError as error:
+                if error.errno not in _COPY_REFUSALS:
+                    raise
+                kernel = False
+                continue
+            if copied == 0:
+                if position == offset:  # some file systems copy nothing: read and write
+                    kernel = False
+                    continue
+                break
+        else:
+            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not data:
+                break
+            copied = os.pwrite(target_fd, data, position)
+        position += copied
+    if position != end:
+        raise TreeFailure(f"changed while copying (shorter than {end} bytes)")
+
+
+def _remove_all(directory: int, name: str) -> None:
+    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed."""
+    try:
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=directory)
+        return
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        for child in os.listdir(fd):
+            _remove_all(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=directory)
+
+
+__all__ = ["LocalTree", "entry_from_stat"]

@@ -1,0 +1,114 @@
+"""One interface for a directory tree, wherever it is.
+
+A tree sync talks to its source and target trees through :class:`TreeEndpoint`,
+as a file sync talks to its files through
+:class:`~pdiffcopy.endpoints.FileEndpoint`: :class:`~pdiffcopy.localtree.LocalTree`
+works on a local directory, :class:`~pdiffcopy.remotetree.RemoteTree` on a
+directory behind a pdiffcopy server (which runs a ``LocalTree`` for it).
+
+Small files move whole, many per call (:meth:`TreeEndpoint.read_files`,
+:meth:`TreeEndpoint.write_files`), so 60,000 files are not 60,000 requests;
+big ones go through :meth:`TreeEndpoint.file_endpoint` and the block engine.
+Every call that changes many things reports the ones that failed and goes
+on with the rest: one unreadable file never stops a tree sync.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.endpoints import FileEndpoint
+from pdiffcopy.treeplan import Entry
+
+#: A path (relative to the tree's root) and why it failed, in one line.
+Failure = Tuple[str, str]
+
+#: Operations of :meth:`TreeEndpoint.apply`.
+MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is fine
+SYMLINK = "symlink"  # make or replace a symlink pointing at entry.target
+METADATA = "metadata"  # set permissions, and times/owner as the options say
+DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
+REMOVE = "remove"  # remove whatever is there, a whole directory tree included
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One change :meth:`TreeEndpoint.apply` makes, described by the source's entry."""
+
+    name: str
+    entry: Entry
+
+    def to_wire(self) -> list:
+        return [self.name, self.entry.to_wire()]
+
+    @classmethod
+    def from_wire(cls, value: Sequence) -> "Operation":
+        name, entry = value
+        if name not in OPERATIONS:
+            raise ValueError(f"unknown operation {name!r}")
+        return cls(str(name), Entry.from_wire(entry))
+
+
+@dataclass(frozen=True)
+class MetadataOptions:
+    """Which metadata besides permissions (always kept) a write or an operation sets."""
+
+    times: bool = False
+    owner: bool = False
+
+
+@dataclass
+class Listing:
+    """A tree's root entry (``None`` when missing), everything below it, and what could not be listed."""
+
+    root: Optional[Entry]
+    entries: List[Entry]
+    failures: List[Failure]
+
+
+class TreeEndpoint(ABC):
+    """A directory tree that can be listed, read and changed in batches."""
+
+    #: The path or URL the user gave, for messages.
+    location: str
+    #: Whether the tree lives behind a server.
+    is_remote: bool = False
+
+    @abstractmethod
+    def list(self) -> Listing:
+        """Everything below the root, recursively; symlinks are listed, never followed."""
+
+    @abstractmethod
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        """Yield ``(entry, content, "")`` per file, or ``(entry, None, why)`` when it cannot be read.
+
+        A file whose size is no longer the listed one is a failure ("changed
+        while copying"): the listing's size is what the plan promised.
+        """
+
+    @abstractmethod
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
+                    ) -> List[Failure]:
+        """Write each file whole under its path, with its permissions (and times, owner).
+
+        Each file appears under its name complete or not at all (a temporary
+        sibling renamed into place); a sparse entry is written with holes.
+        """
+
+    @abstractmethod
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        """Run the operations in order; a failed one is reported and the rest still run."""
+
+    @abstractmethod
+    def file_endpoint(self, path: str) -> FileEndpoint:
+        """The file at ``path`` below the root, for the block engine (big files)."""
+
+    def close(self) -> None:
+        """Release connections and descriptors."""
+
+
+__all__ = ["DELETE", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
+           "MetadataOptions", "Operation", "TreeEndpoint"]
