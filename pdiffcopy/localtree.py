@@ -293,9 +293,11 @@ class LocalTree(TreeEndpoint):
         """Write a file as a temporary sibling, set its metadata, rename it into place."""
         directory, name = self._parent(entry.path)
         temporary = temporary_name(name)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=directory)
         try:
+            # Opened inside the try: an interrupt lands right after a call
+            # returns, and the clean-up below must cover the file just made.
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600, dir_fd=directory)
             try:
                 fill(fd)
                 self._set_metadata_fd(fd, entry, options)
@@ -306,7 +308,7 @@ class LocalTree(TreeEndpoint):
             try:
                 os.unlink(temporary, dir_fd=directory)
             except OSError:
-                pass
+                pass  # not created, or already renamed
             raise
 
     @staticmethod
@@ -382,11 +384,14 @@ class LocalTree(TreeEndpoint):
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
         elif operation.name == SYMLINK:
             temporary = temporary_name(name)
-            os.symlink(entry.target, temporary, dir_fd=directory)
             try:
+                os.symlink(entry.target, temporary, dir_fd=directory)
                 os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
             except BaseException:
-                os.unlink(temporary, dir_fd=directory)
+                try:
+                    os.unlink(temporary, dir_fd=directory)
+                except OSError:
+                    pass  # not created, or already renamed
                 raise
             self.set_metadata(entry, options)
         elif operation.name == DELETE:

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.treeendpoints import TreeEndpoint
+from pdiffcopy.treeplan import printable
 
 logger = logging.getLogger("pdiffcopy")
 
@@ -206,7 +207,7 @@ def _finish(result) -> int:
     if not result.failures:
         return 0
     for path, message in result.failures[:MAX_FAILURES_LISTED]:
-        logger.error("%s: %s", path or result.target, message)
+        logger.error("%s: %s", printable(path) if path else printable(result.target), message)
     if len(result.failures) > MAX_FAILURES_LISTED:
         logger.error("... and %d more", len(result.failures) - MAX_FAILURES_LISTED)
     raise PartialTransfer(f"{len(result.failures)} path(s) failed; everything else was synced; "

@@ -162,7 +162,7 @@ class PathFilter:
             return True
         if self.excluded(path, is_dir):
             return True
-        return bool(self.includes) and not is_dir and not self.included(path, False)
+        return bool(self.includes) and not self.included(path, is_dir)
 
 
 def _ancestors(path: str) -> List[str]:
@@ -369,7 +369,7 @@ class Difference:
     details: str = ""
 
     def render(self) -> str:
-        name = self.path + ("/" if self.kind == DIR else "")
+        name = printable(self.path) + ("/" if self.kind == DIR else "")
         text = f"{self.change:<10} {self.kind:<7} {name}"
         return f"{text}  ({self.details})" if self.details else text
 
@@ -423,6 +423,28 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
     return lines
 
 
+def printable(path: str) -> str:
+    """A path for one line of output: control characters and undecodable bytes escaped.
+
+    A name with a newline must not look like two lines, and bytes that are
+    not UTF-8 (kept as surrogate escapes) cannot be printed as they are.
+    """
+    if path.isprintable():
+        return path
+    out = []
+    for char in path:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # an undecodable byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif not char.isprintable():
+            out.append(repr(char)[1:-1] if code < 0x10000 else char)
+        elif char == "\\":
+            out.append("\\\\")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
     """Split entries to delete into the two phases that cannot race.
 
@@ -437,6 +459,6 @@ def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
 
 __all__ = [
     "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "MetadataFix",
-    "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "kind_of", "plan_tree",
+    "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "kind_of", "plan_tree", "printable",
     "removal_order",
 ]

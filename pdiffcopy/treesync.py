@@ -197,6 +197,8 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
     source_listing, target_listing = _list_both(source, target)
+    _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
+               len(target_listing.entries))
     if source_listing.root is None:
         raise PdiffcopyError(f"Source does not exist: {source.location}")
     if source_listing.root.kind != DIR:
@@ -207,6 +209,7 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                      target_listing.entries if target_listing.root is not None else None,
                      PlanOptions(checksum=options.checksum, times=options.times,
                                  owner=options.owner, delete=options.delete), path_filter)
+    _log_phase(started, "planned %d file(s) to copy or check", len(plan.files))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run,
                         failures=list(source_listing.failures) + list(target_listing.failures),
                         unchanged=plan.unchanged, skipped=plan.specials)
@@ -256,6 +259,10 @@ def remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tre
                              and listing.root.kind == DIR)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _log_phase(started: float, message: str, *args) -> None:
+    logger.debug("%.3f s: " + message, time.monotonic() - started, *args)
 
 
 def _filter(options: TreeOptions) -> PathFilter:
@@ -342,6 +349,7 @@ class _Runner:
         self.meta = options.metadata
         self.big: List[_BigFile] = []
         self.units: List[Unit] = []
+        self.started = time.monotonic()
 
     # -- sequential steps --------------------------------------------------
 
@@ -357,16 +365,26 @@ class _Runner:
             [Operation(MKDIR, entry) for entry in plan.directories]
         failed_directories = self._apply(operations)
         self.result.directories_made = len(plan.directories) - len(failed_directories)
+        _log_phase(self.started, "made %d directories", self.result.directories_made)
         self._build_units(failed_directories)
+        _log_phase(self.started, "queued %d units", len(self.units))
         progress.files_total = len(plan.files)
         progress.bytes_total = plan.bytes_to_copy
         progress.phase = "copying"
-        self._run_units()
+        try:
+            self._run_units()
+        except BaseException:
+            for big in self.big:  # the ones a worker did not finish (renamed or removed)
+                if big.temporary:
+                    big.work.remove_temporary()
+            raise
+        _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
         directories = [e for e in plan.deletions if e.kind == DIR]
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
         self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()])
+        _log_phase(self.started, "deleted and set directory metadata")
 
     def delete_everything(self, remove_root: bool) -> None:
         files = [e for e in self.plan.deletions if e.kind != DIR]
@@ -414,8 +432,10 @@ class _Runner:
             size = action.source.size
             if size >= DELTA_MIN_SIZE and action.reason != REASON_NEW and not self.options.whole_file:
                 self._add_big(action, delta=True)
-            elif size >= RANGE_SIZE:
+            elif size >= RANGE_SIZE and not (action.source.sparse and self._both_local):
                 self._add_big(action, delta=False)
+            elif size >= RANGE_SIZE:  # copied whole, hole by hole, as one unit
+                self.units.append(Unit(size, "files", (action,)))
             else:
                 small.append(action)
         # Batches keep path order (neighbours share directories); the queue then
@@ -441,6 +461,10 @@ class _Runner:
         for start in range(0, len(files), BATCH_OPERATIONS):
             self.units.append(Unit(0, "delete", tuple(files[start:start + BATCH_OPERATIONS])))
         self.units.sort(key=lambda unit: unit.weight, reverse=True)
+
+    @property
+    def _both_local(self) -> bool:
+        return not self.source.is_remote and not self.target.is_remote
 
     def _add_big(self, action: FileAction, delta: bool) -> None:
         """Prepare a big file (temporary, size) and queue its parts."""
@@ -499,7 +523,10 @@ class _Runner:
                 os.close(reader)
                 code = 0
                 try:
-                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    # Ctrl-C or a stop from the parent: unwind, so the file being
+                    # written loses its temporary instead of leaving it behind.
+                    signal.signal(signal.SIGINT, _interrupt)
+                    signal.signal(signal.SIGTERM, _interrupt)
                     state = _WorkerState(self, slot, parts_left, parts_failed)
                     while True:
                         with next_unit.get_lock():
@@ -534,7 +561,7 @@ class _Runner:
                     pass
             for pid, _ in processes:
                 try:
-                    os.waitpid(pid, 0)
+                    os.waitpid(pid, 0)  # each removes its temporary file first
                 except ChildProcessError:
                     pass
             raise
@@ -737,6 +764,18 @@ class _WorkerState:
             self.failures.append((entry.path, str(error)))
             if big.temporary:
                 big.work.remove_temporary()
+
+
+_stopping = False
+
+
+def _interrupt(signum, frame) -> None:
+    """Stop a worker once: a second signal (Ctrl-C reaches the workers and the
+    parent, which passes it on) must not cut the clean-up of the first short."""
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        raise KeyboardInterrupt
 
 
 class _AlreadyReported(Exception):

@@ -1,0 +1,398 @@
+"""Tree sync between local directories, through the command line: what lands, what is kept, what is left alone."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import pdiffcopy_command, random_bytes, run_cli
+
+
+def snapshot(root: Path, times: bool = False) -> dict:
+    """Everything below ``root``: kind, permissions, content digest or link target (and mtime)."""
+    result = {}
+    base = os.fsencode(root)
+    for directory, dirs, files in os.walk(base):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            relative = os.fsdecode(os.path.relpath(path, base))
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                item = ("link", os.readlink(path))
+            elif stat.S_ISDIR(info.st_mode):
+                item = ("dir", stat.S_IMODE(info.st_mode))
+            elif stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    item = ("file", stat.S_IMODE(info.st_mode), hashlib.sha256(handle.read()).hexdigest())
+            else:
+                item = ("other",)
+            if times and not stat.S_ISLNK(info.st_mode):
+                item += (info.st_mtime_ns,)
+            result[relative] = item
+    return result
+
+
+def make_tree(root: Path) -> Path:
+    """A tree with the usual awkward members."""
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "a.txt").write_bytes(b"hello\n")
+    (root / "zero").write_bytes(b"")
+    (root / "one").write_bytes(b"x")
+    (root / "sub" / "b.bin").write_bytes(random_bytes(300_000, seed=3))
+    (root / "sub" / "deeper" / "c.bin").write_bytes(random_bytes(5000, seed=4))
+    (root / "with space.txt").write_bytes(b"spaces")
+    (root / "-leading-dash").write_bytes(b"dash")
+    (root / "new\nline").write_bytes(b"newline")
+    (root / os.fsdecode(b"latin1-\xe9")).write_bytes(b"not utf-8")
+    os.symlink("a.txt", root / "link-inside")
+    os.symlink("/etc/hostname", root / "link-outside")
+    os.symlink("loop", root / "loop")  # points at itself: never followed
+    os.chmod(root / "sub" / "deeper" / "c.bin", 0o640)
+    os.chmod(root / "sub" / "deeper", 0o750)
+    os.chmod(root / "one", 0o755)
+    past = time.time_ns() - 86400 * 10**9
+    for path in (root / "a.txt", root / "sub" / "b.bin", root / "sub"):
+        os.utime(path, ns=(past, past))
+    return root
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return make_tree(tmp_path / "src")
+
+
+def sync(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    done = run_cli("--no-progress", *map(str, args))
+    if ok:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_copy_contents_with_trailing_slash(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    assert snapshot(target, times=True) == snapshot(tree, times=True)
+    assert os.readlink(target / "link-outside") == "/etc/hostname"  # kept, not followed
+    assert os.path.islink(target / "loop")
+
+
+def test_copy_directory_itself_without_trailing_slash(tree, tmp_path):
+    target = tmp_path / "dst"
+    target.mkdir()
+    sync(tree, target)
+    assert snapshot(target / "src") == snapshot(tree)
+    assert sorted(os.listdir(target)) == ["src"]
+
+
+def test_permissions_kept_always_times_only_with_t(tree, tmp_path):
+    sync(f"{tree}/", tmp_path / "plain")
+    copied = tmp_path / "plain"
+    assert stat.S_IMODE(os.stat(copied / "sub" / "deeper" / "c.bin").st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(copied / "sub" / "deeper").st_mode) == 0o750
+    assert os.stat(copied / "a.txt").st_mtime_ns != os.stat(tree / "a.txt").st_mtime_ns
+    sync("-t", f"{tree}/", tmp_path / "timed")
+    assert os.stat(tmp_path / "timed" / "a.txt").st_mtime_ns == os.stat(tree / "a.txt").st_mtime_ns
+    # Directory times are set after their contents changed.
+    assert os.stat(tmp_path / "timed" / "sub").st_mtime_ns == os.stat(tree / "sub").st_mtime_ns
+
+
+def test_second_sync_moves_nothing(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    second = sync("-a", "-v", f"{tree}/", target)
+    assert "0 file(s) copied (0 bytes moved)" in second.stderr
+
+
+def test_changed_files_updated_and_stale_bytes_gone(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    (tree / "a.txt").write_bytes(b"hi")  # shorter: no stale tail may survive
+    (tree / "sub" / "b.bin").write_bytes(random_bytes(300_000, seed=9))  # same size, new content
+    os.chmod(tree / "zero", 0o600)  # metadata only
+    sync("-a", f"{tree}/", target)
+    assert snapshot(target, times=True) == snapshot(tree, times=True)
+    assert (target / "a.txt").read_bytes() == b"hi"
+
+
+def test_same_size_same_time_is_skipped_unless_checksum(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    info = os.stat(tree / "sub" / "b.bin")
+    different = bytearray((tree / "sub" / "b.bin").read_bytes())
+    different[1000] ^= 0xFF
+    (target / "sub" / "b.bin").write_bytes(bytes(different))
+    os.utime(target / "sub" / "b.bin", ns=(info.st_atime_ns, info.st_mtime_ns))
+    sync("-a", f"{tree}/", target)
+    assert (target / "sub" / "b.bin").read_bytes() == bytes(different)  # the quick check trusts it
+    sync("-a", "--checksum", f"{tree}/", target)
+    assert (target / "sub" / "b.bin").read_bytes() == (tree / "sub" / "b.bin").read_bytes()
+
+
+def test_without_times_a_resync_compares_content_and_writes_nothing(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync(f"{tree}/", target)
+    inode = os.stat(target / "sub" / "b.bin").st_ino
+    second = sync("-v", f"{tree}/", target)
+    assert "0 file(s) copied" in second.stderr
+    assert os.stat(target / "sub" / "b.bin").st_ino == inode  # not rewritten
+
+
+def test_delete_removes_extraneous_but_never_excluded(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    (target / "extra.txt").write_bytes(b"extra")
+    (target / "extra-dir" / "inner").mkdir(parents=True)
+    (target / "extra-dir" / "inner" / "f").write_bytes(b"f")
+    (target / "keep.log").write_bytes(b"log")
+    kept = sync("-a", f"{tree}/", target)
+    assert (target / "extra.txt").exists()  # no --delete, nothing deleted
+    assert kept.returncode == 0
+    sync("-a", "--delete", "-e", r"\.log$", f"{tree}/", target)
+    assert not (target / "extra.txt").exists()
+    assert not (target / "extra-dir").exists()
+    assert (target / "keep.log").read_bytes() == b"log"
+    assert snapshot(target) == {**snapshot(tree), "keep.log": snapshot(target)["keep.log"]}
+
+
+def test_include_and_exclude_filter_copy_and_delete(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-i", r"\.bin$", "-e", "^sub/deeper/", f"{tree}/", target)
+    copied = snapshot(target)
+    assert set(copied) == {"sub", "sub/b.bin"}
+    # An excluded directory is not entered: its contents are protected from --delete too.
+    (target / "sub" / "deeper").mkdir()
+    (target / "sub" / "deeper" / "mine").write_bytes(b"mine")
+    (target / "other.txt").write_bytes(b"not selected by the include")
+    sync("--delete", "-i", r"\.bin$", "-e", "^sub/deeper/", f"{tree}/", target)
+    assert (target / "sub" / "deeper" / "mine").exists()
+    assert (target / "other.txt").exists()
+
+
+def test_dry_run_and_diff_change_nothing_and_report_exactly(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    (tree / "a.txt").write_bytes(b"changed content")
+    (tree / "brand-new").write_bytes(b"new")
+    (target / "extraneous").write_bytes(b"x")
+    os.chmod(tree / "zero", 0o600)
+    before = snapshot(target, times=True)
+    diff = sync("-a", "--diff", f"{tree}/", target)
+    lines = diff.stdout.splitlines()
+    assert snapshot(target, times=True) == before
+    assert any(line.startswith("new") and line.endswith("brand-new  (3 bytes)") for line in lines)
+    assert any(line.startswith("changed") and "a.txt" in line and "size 6 -> 15" in line for line in lines)
+    assert any(line.startswith("changed") and "zero" in line and "mode" in line for line in lines)
+    assert any(line.startswith("extraneous") and line.endswith("extraneous") for line in lines)
+    assert len(lines) == 4, lines
+    dry = sync("-a", "-n", "--delete", f"{tree}/", target)
+    assert snapshot(target, times=True) == before
+    assert any(line.startswith("delete") and "extraneous" in line for line in dry.stdout.splitlines())
+    assert "Dry run:" in dry.stdout
+
+
+def test_odd_names_are_printed_on_one_line(tree, tmp_path):
+    listing = sync("-n", f"{tree}/", tmp_path / "dst").stdout
+    assert "new\\nline" in listing
+    assert "latin1-\\xe9" in listing
+
+
+def test_sparse_files_stay_sparse(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    with open(source / "sparse", "wb") as handle:
+        handle.truncate(64 * 1024 * 1024)
+        handle.seek(32 * 1024 * 1024)
+        handle.write(b"data in the middle")
+    sync(f"{source}/", tmp_path / "dst")
+    copied = tmp_path / "dst" / "sparse"
+    assert copied.read_bytes() == (source / "sparse").read_bytes()
+    assert os.stat(copied).st_blocks * 512 < 1024 * 1024
+
+
+def test_special_files_skipped_with_a_warning(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    os.mkfifo(source / "pipe")
+    (source / "f").write_bytes(b"f")
+    done = sync(f"{source}/", tmp_path / "dst")
+    assert "pipe" in done.stderr and "special" in done.stderr
+    assert sorted(os.listdir(tmp_path / "dst")) == ["f"]
+
+
+def test_file_into_existing_directory(tmp_path):
+    (tmp_path / "f.txt").write_bytes(b"content")
+    (tmp_path / "dir").mkdir()
+    sync(tmp_path / "f.txt", tmp_path / "dir")
+    assert (tmp_path / "dir" / "f.txt").read_bytes() == b"content"
+
+
+def test_target_inside_source_refused(tree):
+    done = sync(f"{tree}/", tree / "sub" / "copy", ok=False)
+    assert done.returncode == 2
+    assert "inside the source" in done.stderr
+    assert not (tree / "sub" / "copy").exists()
+
+
+def test_delete_with_empty_source_refused_unless_forced(tree, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = sync("--delete", f"{empty}/", f"{tree}/", ok=False)
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert (tree / "a.txt").exists()
+    sync("--delete", "--force", f"{empty}/", f"{tree}/")
+    assert os.listdir(tree) == []
+
+
+def test_missing_source_is_one_line_error(tmp_path):
+    done = sync(f"{tmp_path}/nothing/", tmp_path / "dst", ok=False)
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1 and "does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_type_changes_replace_what_is_in_the_way(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    os.unlink(tree / "a.txt")
+    (tree / "a.txt").mkdir()  # was a file, now a directory
+    (tree / "a.txt" / "inside").write_bytes(b"i")
+    shutil.rmtree(tree / "empty")
+    (tree / "empty").write_bytes(b"now a file")
+    sync("-a", f"{tree}/", target)
+    assert snapshot(target) == snapshot(tree)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
+                    reason="needs root and setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+def test_unreadable_file_reported_rest_copied(tree, tmp_path):
+    """Without the capability to override permissions, a mode 000 file cannot be read:
+    it fails with exit status 23 and every other file lands."""
+    os.chmod(tree / "a.txt", 0o000)
+    target = tmp_path / "dst"
+    drop = "-dac_override,-dac_read_search"
+    done = subprocess.run(["setpriv", "--bounding-set", drop, "--inh-caps", drop,
+                           *pdiffcopy_command("--no-progress", f"{tree}/", str(target))],
+                          capture_output=True, text=True)
+    assert done.returncode == 23, done.stderr
+    assert "a.txt" in done.stderr and "Permission denied" in done.stderr
+    assert "Traceback" not in done.stderr
+    expected = snapshot(tree)
+    del expected["a.txt"]
+    assert snapshot(target) == expected
+
+
+def test_remove_deletes_a_tree(tree, tmp_path):
+    dry = sync("--remove", "-n", tree)
+    assert os.path.exists(tree / "sub" / "deeper" / "c.bin")
+    assert "sub/deeper/c.bin" in dry.stdout
+    sync("--remove", tree)
+    assert not tree.exists()
+
+
+def test_remove_with_filters_keeps_the_rest(tree):
+    sync("--remove", "-i", r"\.bin$", tree)
+    assert not (tree / "sub" / "b.bin").exists() and not (tree / "sub" / "deeper" / "c.bin").exists()
+    assert (tree / "a.txt").exists() and (tree / "sub" / "deeper").is_dir()
+
+
+def test_remove_missing_path_fails_cleanly(tmp_path):
+    done = sync("--remove", tmp_path / "nothing", ok=False)
+    assert done.returncode == 1 and "does not exist" in done.stderr
+
+
+def small_engine(monkeypatch):
+    """Make "big" small, so ranges and block deltas run on files of a few MiB."""
+    from pdiffcopy import treesync
+
+    monkeypatch.setattr(treesync, "RANGE_SIZE", 1024 * 1024)
+    monkeypatch.setattr(treesync, "DELTA_MIN_SIZE", 256 * 1024)
+    return treesync
+
+
+def test_big_files_go_by_ranges_then_by_block_delta(tmp_path, monkeypatch):
+    treesync = small_engine(monkeypatch)
+    from pdiffcopy.localtree import LocalTree
+
+    source = tmp_path / "src"
+    source.mkdir()
+    big = random_bytes(5 * 1024 * 1024 + 12345, seed=5)
+    (source / "big").write_bytes(big)
+    (source / "small").write_bytes(b"s" * 100)
+    options = treesync.TreeOptions(times=True, concurrency=2, block_size=64 * 1024)
+    first = treesync.sync_tree(LocalTree(f"{source}/"), LocalTree(str(tmp_path / "dst")), options)
+    assert not first.failures
+    assert first.files_copied == 2 and first.bytes_moved == len(big) + 100
+    assert snapshot(tmp_path / "dst", times=True) == snapshot(source, times=True)
+    changed = bytearray(big)
+    changed[3 * 1024 * 1024 + 7] ^= 1  # one block
+    changed += b"tail"  # and the last block grows
+    (source / "big").write_bytes(bytes(changed))
+    second = treesync.sync_tree(LocalTree(f"{source}/"), LocalTree(str(tmp_path / "dst")), options)
+    assert not second.failures
+    assert second.bytes_moved <= 3 * 64 * 1024, second.bytes_moved
+    assert (tmp_path / "dst" / "big").read_bytes() == bytes(changed)
+    assert snapshot(tmp_path / "dst", times=True) == snapshot(source, times=True)
+
+
+def test_file_growing_while_copied_is_reported_and_not_left_half_written(tmp_path, monkeypatch):
+    treesync = small_engine(monkeypatch)
+    from pdiffcopy.localtree import LocalTree
+
+    source = tmp_path / "src"
+    source.mkdir()
+    for name, size in (("grows-small", 1000), ("grows-big", 3 * 1024 * 1024), ("steady", 2000)):
+        (source / name).write_bytes(random_bytes(size, seed=size))
+
+    class GrowingAfterListing(LocalTree):
+        def list(self):
+            listing = super().list()
+            for name in ("grows-small", "grows-big"):
+                with open(source / name, "ab") as handle:
+                    handle.write(b"more")
+            return listing
+
+    result = treesync.sync_tree(GrowingAfterListing(f"{source}/"), LocalTree(str(tmp_path / "dst")),
+                                treesync.TreeOptions(concurrency=2))
+    failed = {path for path, _ in result.failures}
+    assert failed == {"grows-small", "grows-big"}, result.failures
+    assert all("changed" in message for _, message in result.failures)
+    assert sorted(os.listdir(tmp_path / "dst")) == ["steady"]  # no temporary, no partial file
+
+
+def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path):
+    import signal
+
+    source = tmp_path / "src"
+    for d in range(40):
+        (source / f"d{d}").mkdir(parents=True)
+        for f in range(50):
+            (source / f"d{d}" / f"f{f}").write_bytes(random_bytes(20_000, seed=d * 100 + f))
+    with open(source / "large", "wb") as handle:  # big enough to be still running when stopped
+        for seed in range(8):
+            handle.write(random_bytes(64 * 1024 * 1024, seed=seed))
+    target = tmp_path / "dst"
+    process = subprocess.Popen(pdiffcopy_command("--no-progress", "-a", f"{source}/", str(target)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(
+            name.startswith("f") for name in (os.listdir(target / "d0") if (target / "d0").exists() else ())):
+        time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
+    process.wait(timeout=60)
+    assert process.returncode == 130, process.stderr.read()
+    expected = snapshot(source, times=True)
+    for path, item in snapshot(target).items():
+        name = path.rpartition("/")[2]
+        assert not name.startswith("."), f"temporary file left: {path}"
+        if item[0] == "file":
+            assert item[2] == expected[path][2], f"half-written file under its name: {path}"
+    sync("-a", f"{source}/", target)
+    assert snapshot(target, times=True) == expected
