@@ -504,8 +504,15 @@ class _Runner:
         if workers <= 1 or small_job:
             state = _WorkerState(self, 0, parts_left=[b.parts for b in self.big],
                                  parts_failed=[0] * len(self.big))
-            for index in range(len(self.units)):
-                state.run(self.units[index])
+            previous = signal.signal(signal.SIGINT, _request_stop) \
+                if threading.current_thread() is threading.main_thread() else None
+            try:
+                for index in range(len(self.units)):
+                    state.run(self.units[index])
+            finally:
+                if previous is not None:
+                    signal.signal(signal.SIGINT, previous)
+                _Stop.requested = False
             self._collect(state.failures, state.counts)
             return
         self._run_forked(workers)
@@ -525,8 +532,8 @@ class _Runner:
                 try:
                     # Ctrl-C or a stop from the parent: unwind, so the file being
                     # written loses its temporary instead of leaving it behind.
-                    signal.signal(signal.SIGINT, _interrupt)
-                    signal.signal(signal.SIGTERM, _interrupt)
+                    signal.signal(signal.SIGINT, _request_stop)
+                    signal.signal(signal.SIGTERM, _request_stop)
                     state = _WorkerState(self, slot, parts_left, parts_failed)
                     while True:
                         with next_unit.get_lock():
@@ -554,16 +561,7 @@ class _Runner:
                 elif status:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
         except BaseException:
-            for pid, _ in processes:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            for pid, _ in processes:
-                try:
-                    os.waitpid(pid, 0)  # each removes its temporary file first
-                except ChildProcessError:
-                    pass
+            _stop_workers([pid for pid, _ in processes])
             raise
 
     def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
@@ -588,6 +586,8 @@ class _WorkerState:
                                        "unchanged": 0}
 
     def run(self, unit: Unit) -> None:
+        if _Stop.requested:
+            raise KeyboardInterrupt
         try:
             getattr(self, f"_run_{unit.kind}")(unit)
         except PdiffcopyError as error:
@@ -608,9 +608,13 @@ class _WorkerState:
         from pdiffcopy.localtree import LocalTree
 
         if isinstance(source, LocalTree) and isinstance(target, LocalTree):
-            for check in (False, True):
-                group = [e for e in entries if (e.path in compare) == check]
-                failures, moved, count = target.copy_files_from(source, group, meta, compare=check)
+            fresh = {a.path for a in actions if a.target is None}
+            for check, new in ((False, True), (False, False), (True, False)):
+                group = [e for e in entries if (e.path in compare) == check and (e.path in fresh) == new]
+                if not group:
+                    continue
+                failures, moved, count = target.copy_files_from(source, group, meta, compare=check,
+                                                                fresh=new)
                 self.failures += failures
                 self._count("files", count)
                 self._count("bytes", moved)
@@ -766,16 +770,45 @@ class _WorkerState:
                 big.work.remove_temporary()
 
 
-_stopping = False
+#: Seconds stopped workers get to finish their unit before they are killed.
+STOP_GRACE_SECONDS = 10.0
 
 
-def _interrupt(signum, frame) -> None:
-    """Stop a worker once: a second signal (Ctrl-C reaches the workers and the
-    parent, which passes it on) must not cut the clean-up of the first short."""
-    global _stopping
-    if not _stopping:
-        _stopping = True
-        raise KeyboardInterrupt
+def _stop_workers(pids: List[int]) -> None:
+    """Ask every worker to stop after its unit (Ctrl-C may not have reached them), then wait."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    waiting = set(pids)
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG if time.monotonic() < deadline else 0)
+            except ChildProcessError:
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if waiting and time.monotonic() >= deadline:
+            for pid in waiting:
+                os.kill(pid, signal.SIGKILL)
+        if waiting:
+            time.sleep(0.01)
+
+
+class _Stop:
+    """Set by Ctrl-C or SIGTERM while the queue runs: stop after the unit in hand."""
+
+    requested = False
+
+
+def _request_stop(signum, frame) -> None:
+    # No exception here: raised in the middle of a file it would leave a
+    # partial file or a temporary behind. Units are small (a batch of small
+    # files, 64 MiB of a big one), so the stop comes within a fraction of a second.
+    _Stop.requested = True
 
 
 class _AlreadyReported(Exception):
