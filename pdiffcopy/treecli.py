@@ -26,9 +26,13 @@ MAX_FAILURES_LISTED = 50
 def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Optional[str]:
     """"file", "directory", "other" or None (missing), following a symlink at the top."""
     if is_url(location):
+        from urllib.parse import urlsplit
+
         from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
 
-        endpoint = RemoteFile(location, token=token, concurrency=1,
+        if not urlsplit(location).path.strip("/"):
+            return "directory"  # the server's root
+        endpoint = RemoteFile(location.rstrip("/"), token=token, concurrency=1,
                               timeout=args.timeout or DEFAULT_TIMEOUT, ca_file=args.ca_file)
         try:
             info = endpoint.stat()
