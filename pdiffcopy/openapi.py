@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from pdiffcopy.treeendpoints import OPERATIONS
+from pdiffcopy.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS
 
 #: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
 #: (schemathesis, Swagger UI, code generators), and nothing here needs 3.1.
@@ -61,6 +63,21 @@ _BYTES = "application/octet-stream"
 _MULTIPART = "multipart/byteranges"
 
 _INTEGER = {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1}
+
+#: An entry of a tree: a JSON array (OpenAPI 3.0 cannot type its positions).
+_ENTRY: Dict[str, Any] = {
+    "type": "array", "minItems": 10, "maxItems": 10,
+    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+    "description": "[path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse]: path "
+                   "relative to the tree, kind file, dir, symlink or other, the whole st_mode, "
+                   "a symlink's target, sparse 0 or 1",
+    "example": ["db/small.txt", "file", 6, 1795369760261932937, 33188, 0, 0, "", 1, 0],
+}
+
+_FAILURE_LIST: Dict[str, Any] = {
+    "type": "array", "description": "[path, message] per entry that failed",
+    "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "string"}},
+}
 
 
 def _ref(kind: str, name: str) -> Dict[str, str]:
@@ -174,6 +191,38 @@ def _components() -> Dict[str, Any]:
                     "properties": {"removed": {"type": "boolean", "enum": [True]}}},
         "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
                     "description": "This document."},
+        "Entry": _ENTRY,
+        "Failures": {
+            "type": "object", "required": ["failures"],
+            "properties": {"failures": _FAILURE_LIST},
+        },
+        "Listing": {
+            "type": "object", "required": ["root", "entries", "failures"],
+            "properties": {
+                "root": {**_ENTRY, "nullable": True,
+                         "description": "The tree's directory itself (path \"\"), null when missing"},
+                "entries": {"type": "array", "items": _ref("schemas", "Entry"),
+                            "description": "Everything below it, recursively"},
+                "failures": _FAILURE_LIST,
+            },
+        },
+        "ReadRequest": {
+            "type": "object", "required": ["entries"],
+            "properties": {"entries": {
+                "type": "array", "maxItems": MAX_BATCH_FILES, "items": _ref("schemas", "Entry"),
+                "description": "Regular files from a listing, each at most 64 MiB, at most "
+                               "256 MiB in all"}},
+        },
+        "ApplyRequest": {
+            "type": "object", "required": ["operations"],
+            "properties": {"operations": {
+                "type": "array", "maxItems": MAX_BATCH_OPERATIONS,
+                "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                          "items": {"anyOf": [{"type": "string", "enum": list(OPERATIONS)},
+                                              _ref("schemas", "Entry")]},
+                          "description": "[operation, entry]: mkdir, symlink, metadata, delete "
+                                         "or remove"}}},
+        },
     }
     parameters = {
         "Path": {
@@ -190,6 +239,25 @@ def _components() -> Dict[str, Any]:
                            "403.",
             "schema": {"type": "string", "minLength": 1},
             "example": "db/.big.ibd.pdiffcopy-1a2b3c4d5e6f",
+        },
+        "TreePath": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A directory's path relative to the server's root, percent-encoded "
+                           "(slashes may stay); the variant without it is the root itself. "
+                           "Checked like a file's path: '..' and symlinks out of the root get "
+                           "403.",
+            "schema": {"type": "string", "minLength": 1}, "example": "db",
+        },
+        "Times": {
+            "name": "times", "in": "query", "required": False,
+            "description": "1: set modification times from the entries; 0 (the default): do not",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Owner": {
+            "name": "owner", "in": "query", "required": False,
+            "description": "1: set user and group from the entries (when the server runs as "
+                           "root); 0 (the default): do not",
+            "schema": {"type": "string", "enum": ["0", "1"]},
         },
         "IfMatch": {
             "name": "If-Match", "in": "header", "required": False,
@@ -339,7 +407,49 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "/.pdiffcopy/clone/{path}": {"post": clone},
         "/.pdiffcopy/rename/{path}": {"post": rename},
         "/.pdiffcopy/temporary/{path}": {"delete": remove},
+        **_tree_paths(),
     }
+
+
+def _tree_paths() -> Dict[str, Dict[str, Any]]:
+    """The tree endpoints, each for a directory below the root and for the root itself."""
+    tree = _ref("parameters", "TreePath")
+    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner")]
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    paths: Dict[str, Dict[str, Any]] = {}
+    for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):
+        listing = _operation(
+            f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
+            {"200": _json_answer("The listing", "Listing")},
+            errors=_PATH_ERRORS, parameters=list(parameters))
+        read = _operation(
+            f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",
+            {"200": {"description": "The files in the order asked, as a batch stream (records "
+                                    "of a JSON header, the data and its xxh3_64 digest)",
+                     "content": {_BYTES: binary}}},
+            errors=_PATH_ERRORS, parameters=list(parameters),
+            body={"required": True, "description": "The files to read",
+                  "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
+        write = _operation(
+            f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
+            {"200": _json_answer("The files that could not be written", "Failures")},
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
+            body={"required": True, "description": "The files, as a batch stream (at most "
+                                                   "10,000 files and 256 MiB)",
+                  "content": {_BYTES: binary}})
+        apply = _operation(
+            f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
+            {"200": _json_answer("The operations that failed", "Failures")},
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
+            body={"required": True, "description": "The operations, run in order",
+                  "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
+        paths[f"/.pdiffcopy/tree{suffix}"] = {
+            "get": listing,
+            "head": _head_of(listing, f"treeListHeaders{name}", "Listing headers")}
+        paths[f"/.pdiffcopy/tree-read{suffix}"] = {"post": read}
+        paths[f"/.pdiffcopy/tree-write{suffix}"] = {"post": write}
+        paths[f"/.pdiffcopy/tree-apply{suffix}"] = {"post": apply}
+    return paths
 
 
 def build_document() -> Dict[str, Any]:

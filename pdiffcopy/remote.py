@@ -15,14 +15,15 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import random
 import re
 import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Type
-from urllib.parse import quote, unquote, urlencode, urlsplit
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
+from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.byteranges import (
@@ -84,10 +85,14 @@ _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
 logger = logging.getLogger(__name__)
 
 
-def parse_url(url: str):
-    """Split a file URL into (base URL, path relative to the server's root).
+def split_server_url(url: str) -> Tuple[str, str]:
+    """Split a URL on a pdiffcopy server into (base URL, path relative to the server's root).
 
-    :raises UsageError: For a URL that does not name a file on a server.
+    The path is percent-decoded to bytes and then to ``str`` as file names
+    are (:func:`os.fsdecode`), so a name that is not UTF-8 keeps its bytes;
+    it has no leading slash and may be empty (the root) or end with one.
+
+    :raises UsageError: For a URL that does not point at a server.
     """
     try:
         parts = urlsplit(url)
@@ -100,12 +105,26 @@ def parse_url(url: str):
         raise UsageError(f"Invalid URL {url!r}: expected http://HOST:PORT/path")
     if parts.query or parts.fragment:
         raise UsageError(f"Invalid URL {url!r}: a query or fragment is not a file name")
-    path = unquote(parts.path).lstrip("/")
-    if not path or path.endswith("/"):
-        raise UsageError(f"Invalid URL {url!r}: it names no file (expected http://HOST:PORT/path)")
+    path = os.fsdecode(unquote_to_bytes(parts.path)).lstrip("/")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     base = f"{parts.scheme.lower()}://{host}" + (f":{port}" if port else "")
     return base, path
+
+
+def parse_url(url: str) -> Tuple[str, str]:
+    """Split a file URL into (base URL, path relative to the server's root).
+
+    :raises UsageError: For a URL that does not name a file on a server.
+    """
+    base, path = split_server_url(url)
+    if not path or path.endswith("/"):
+        raise UsageError(f"Invalid URL {url!r}: it names no file (expected http://HOST:PORT/path)")
+    return base, path
+
+
+def quote_path(path: str) -> str:
+    """``path`` percent-encoded for a URL, byte for byte (the inverse of :func:`split_server_url`)."""
+    return quote(os.fsencode(path), safe="/")
 
 
 class _Response:
@@ -201,45 +220,65 @@ class _RangesBody:
             yield closing_delimiter()
 
 
-class RemoteFile(FileEndpoint):
-    """A file on a pdiffcopy server, named by its URL."""
+class HttpClient:
+    """The connections to one server and the requests sent on them, with every failure one line.
 
-    is_remote = True
+    Each thread gets its own keep-alive connection, and so does each process:
+    a connection opened before a fork stays the parent's, never shared with
+    a child (whose first request opens its own). :meth:`dedicated` lends a
+    connection that belongs to no thread, for an answer streamed at the
+    caller's pace.
+    """
 
-    def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
-                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 _base_path: Optional[tuple] = None) -> None:
-        self.location = url
-        self.base, self.path = _base_path or parse_url(url)
+    def __init__(self, base: str, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
+                 ca_file: Optional[str] = None) -> None:
+        self.base = base
         self.token = token
         self.timeout = timeout
         self.ca_file = ca_file
-        self.concurrency = concurrency
         self._local = threading.local()
+        self._forget_connections()
+
+    def _forget_connections(self) -> None:
+        """Start a fresh set of connections (in a new process: the parent's are not ours)."""
+        self._pid = os.getpid()
+        self._lock = threading.Lock()  # one held at the fork would stay held in the child
         self._connections: List[_Connection] = []
-        self._lock = threading.Lock()
-        self._hash_pool: Optional[ThreadPoolExecutor] = None
-        self._etag: Optional[str] = None
+        self._idle: List[_Connection] = []  # dedicated connections free for reuse
 
-    # -- transport -------------------------------------------------------
-
-    def _connection(self) -> _Connection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = _Connection(self.base, self.timeout, self.ca_file)
-            self._local.connection = connection
-            with self._lock:
-                self._connections.append(connection)
+    def _register(self, connection: _Connection) -> _Connection:
+        if self._pid != os.getpid():
+            self._forget_connections()
+        with self._lock:
+            self._connections.append(connection)
         return connection
 
-    def _target(self, endpoint: Optional[str] = None, path: Optional[str] = None,
-                params: Optional[dict] = None) -> str:
-        quoted = quote(path if path is not None else self.path, safe="/")
-        target = f"/.pdiffcopy/{endpoint}/{quoted}" if endpoint else f"/{quoted}"
-        return f"{target}?{urlencode(params)}" if params else target
+    def connection(self) -> _Connection:
+        """This thread's connection, in this process."""
+        pid = os.getpid()
+        connection = getattr(self._local, "connection", None)
+        if connection is None or getattr(self._local, "pid", None) != pid:
+            connection = self._register(_Connection(self.base, self.timeout, self.ca_file))
+            self._local.connection = connection
+            self._local.pid = pid
+        return connection
+
+    def dedicated(self) -> _Connection:
+        """A connection for one streamed answer; give it back with :meth:`release`."""
+        if self._pid == os.getpid():
+            with self._lock:
+                if self._idle:
+                    return self._idle.pop()
+        return self._register(_Connection(self.base, self.timeout, self.ca_file))
+
+    def release(self, connection: _Connection) -> None:
+        """Take back a :meth:`dedicated` connection (closed ones are dropped: their answer was cut)."""
+        if connection.http is not None and self._pid == os.getpid():
+            with self._lock:
+                self._idle.append(connection)
 
     def request(self, method: str, target: str, expected=(200,), headers=None, body=None,
-                replayable: bool = True) -> _Response:
+                replayable: bool = True, connection: Optional[_Connection] = None) -> _Response:
         """Send one request and return the answer; every failure becomes a one-line error.
 
         A request that fails because the server closed an idle keep-alive
@@ -247,16 +286,20 @@ class RemoteFile(FileEndpoint):
         stream (``replayable=False``). A request the server refuses as too busy
         (503 with ``Retry-After``) is sent again after that many seconds, up to
         :data:`MAX_BUSY_RETRIES` times, unless its body is a stream.
+
+        :param connection: The connection to use (from :meth:`dedicated`);
+                           this thread's by default.
         """
         all_headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         all_headers.update(headers or {})
         for retry in range(MAX_BUSY_RETRIES + 1):
-            response = self._send(method, target, all_headers, body, replayable)
+            response = self._send(method, target, all_headers, body, replayable,
+                                  connection or self.connection())
             delay = _retry_after(response.headers.get("Retry-After"))
             if response.status != 503 or delay is None or 503 in expected or not replayable:
                 break  # a 503 without Retry-After (maintenance, a proxy) fails at once
             if retry == MAX_BUSY_RETRIES:
-                error = self._error(response)
+                error = self.error(response)
                 raise ServerBusy(f"{error} (still busy after {MAX_BUSY_RETRIES} retries)") from None
             try:
                 response.read()  # the small JSON body: the connection stays usable
@@ -268,13 +311,12 @@ class RemoteFile(FileEndpoint):
                          target, delay)
             time.sleep(delay)
         if response.status not in expected:
-            raise self._error(response)
+            raise self.error(response)
         return response
 
     def _send(self, method: str, target: str, all_headers: Dict[str, str], body,
-              replayable: bool) -> _Response:
-        """Send one request on this thread's connection and return the answer, whatever it is."""
-        connection = self._connection()
+              replayable: bool, connection: _Connection) -> _Response:
+        """Send one request on ``connection`` and return the answer, whatever it is."""
         if not replayable and time.monotonic() - connection.last_used > MAX_IDLE_SECONDS:
             connection.close()
         for attempt in (1, 2):
@@ -312,14 +354,32 @@ class RemoteFile(FileEndpoint):
             return RemoteError(f"Cannot connect to the server at {self.base}: connection refused")
         return RemoteError(f"Cannot talk to the server at {self.base}: {_reason(error)}")
 
-    def _body(self, response: _Response) -> bytes:
+    def lost(self, error: BaseException) -> RemoteError:
+        """The one-line error for a connection that failed while an answer was being read."""
+        return RemoteError(f"Lost the connection to {self.base}: {_reason(error)}")
+
+    def malformed(self, detail: str = "is it pdiffcopy?") -> RemoteError:
+        """The one-line error for an answer that is not what the protocol says."""
+        separator = "; " if detail == "is it pdiffcopy?" else ": "
+        return RemoteError(f"Server {self.base} sent a malformed answer{separator}{detail}")
+
+    def body(self, response: _Response) -> bytes:
         """The whole body of an answer; a connection lost meanwhile is a one-line error."""
         try:
             return response.read()
         except (OSError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+            raise self.lost(error) from None
 
-    def _error(self, response: _Response) -> PdiffcopyError:
+    def json(self, response: _Response) -> Any:
+        """The body of an answer parsed as JSON; anything else is a one-line error."""
+        data = self.body(response)
+        try:
+            return json.loads(data.decode("utf-8"))
+        except ValueError:
+            raise self.malformed() from None
+
+    def error(self, response: _Response) -> PdiffcopyError:
+        """The exception for an error answer: its class from the status, the server's message."""
         try:
             message = response.json()["error"]
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
@@ -331,6 +391,52 @@ class RemoteFile(FileEndpoint):
         # not be able to forge further log lines.
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))[:500]
         return kind(f"Server {self.base}: {message}")
+
+    def close(self) -> None:
+        """Close every connection of this process (other threads' too)."""
+        if self._pid != os.getpid():
+            self._forget_connections()
+            return
+        with self._lock:
+            for connection in self._connections:
+                connection.close()
+            self._connections.clear()
+            self._idle.clear()
+
+
+class RemoteFile(FileEndpoint):
+    """A file on a pdiffcopy server, named by its URL."""
+
+    is_remote = True
+
+    def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
+                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
+                 _base_path: Optional[tuple] = None) -> None:
+        self.location = url
+        self.base, self.path = _base_path or parse_url(url)
+        self.token = token
+        self.timeout = timeout
+        self.ca_file = ca_file
+        self.concurrency = concurrency
+        self.client = HttpClient(self.base, token, timeout, ca_file)
+        self._hash_pool: Optional[ThreadPoolExecutor] = None
+        self._etag: Optional[str] = None
+
+    # -- transport -------------------------------------------------------
+
+    def _target(self, endpoint: Optional[str] = None, path: Optional[str] = None,
+                params: Optional[dict] = None) -> str:
+        quoted = quote_path(path if path is not None else self.path)
+        target = f"/.pdiffcopy/{endpoint}/{quoted}" if endpoint else f"/{quoted}"
+        return f"{target}?{urlencode(params)}" if params else target
+
+    def request(self, method: str, target: str, expected=(200,), headers=None, body=None,
+                replayable: bool = True) -> _Response:
+        """Send one request (see :meth:`HttpClient.request`)."""
+        return self.client.request(method, target, expected, headers, body, replayable)
+
+    def _body(self, response: _Response) -> bytes:
+        return self.client.body(response)
 
     def _conditions(self) -> Dict[str, str]:
         return {"If-Match": self._etag} if self._etag else {}
@@ -350,7 +456,7 @@ class RemoteFile(FileEndpoint):
             return FileInfo(str(data["type"]), int(data["size"]), int(data["mtime_ns"]),
                             str(data["etag"]))
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
-            raise RemoteError(f"Server {self.base} sent a malformed answer; is it pdiffcopy?") from None
+            raise self.client.malformed() from None
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
@@ -451,10 +557,7 @@ class RemoteFile(FileEndpoint):
     def close(self) -> None:
         if self._hash_pool is not None:
             self._hash_pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            for connection in self._connections:
-                connection.close()
-            self._connections.clear()
+        self.client.close()
 
 
 def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, base: str) -> Iterator[Chunk]:

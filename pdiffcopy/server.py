@@ -67,6 +67,7 @@ from pdiffcopy.hashing import available_methods, digest_size, hash_region, valid
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
+from pdiffcopy.treeserver import add_tree_routes
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +156,11 @@ def create_app(config: ServerConfig) -> Flask:
         # Constant-time comparison: the time to refuse says nothing about the token.
         if not hmac.compare_digest(supplied, expected):
             raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
+
+    @app.url_value_preprocessor
+    def keep_path_bytes(endpoint: Optional[str], values: Optional[dict]) -> None:
+        if values and "\ufffd" in values.get("path", ""):
+            values["path"] = undecoded_path(values["path"])
 
     @app.after_request
     def log_request(response: Response) -> Response:
@@ -355,7 +361,29 @@ def create_app(config: ServerConfig) -> Flask:
     def index():
         return jsonify(server="pdiffcopy", version=__version__)
 
+    add_tree_routes(app, root)
     return app
+
+
+def undecoded_path(value: str) -> str:
+    """A route's ``path`` with the bytes of the URL that are not UTF-8 kept as they are.
+
+    Werkzeug decodes the URL path as UTF-8 and turns the bytes it cannot
+    decode into U+FFFD, so a file named ``b"a\\xff"`` (``/a%FF``) would be
+    looked for as ``"a\\ufffd"``, another name. The WSGI ``PATH_INFO`` still
+    has the bytes (as latin-1); decoded as file names are (:func:`os.fsdecode`),
+    they give the name back. The route's literal prefix is ASCII, so the value
+    is what follows that prefix in the undecoded path.
+    """
+    decoded = request.path
+    try:
+        undecoded = "/" + os.fsdecode(request.environ.get("PATH_INFO", "").encode("latin-1")).lstrip("/")
+    except UnicodeError:
+        return value
+    prefix = decoded[: len(decoded) - len(value)]
+    if not decoded.endswith(value) or not undecoded.startswith(prefix):
+        return value  # not the shape Werkzeug gives: keep its reading
+    return undecoded[len(prefix):]
 
 
 def one_line(text: str) -> str:

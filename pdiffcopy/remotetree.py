@@ -1,0 +1,245 @@
+"""A directory tree behind a pdiffcopy server, as a :class:`~pdiffcopy.treeendpoints.TreeEndpoint`.
+
+:class:`RemoteTree` speaks the tree endpoints of :mod:`pdiffcopy.treeserver`
+(docs/protocol.rst, section Trees) through the transport of
+:mod:`pdiffcopy.remote` (:class:`~pdiffcopy.remote.HttpClient`): the same
+keep-alive connections, token, TLS, timeouts, 503 retries and one-line
+errors as a file sync. Batches larger than one request may carry are split
+into several requests, in order. Big files go through
+:meth:`RemoteTree.file_endpoint`, a :class:`~pdiffcopy.remote.RemoteFile`.
+
+It may be used from several threads at once (each has its own connection)
+and from processes forked after it was made (each opens its own).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.exceptions import PdiffcopyError
+from pdiffcopy.remote import DEFAULT_TIMEOUT, HttpClient, RemoteFile, quote_path, split_server_url
+from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
+from pdiffcopy.treeplan import FILE, Entry
+from pdiffcopy.treewire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_FILES,
+    MAX_BATCH_OPERATIONS,
+    MAX_FILE_BYTES,
+    MAX_JSON_BODY_BYTES,
+    Record,
+    TreeWireError,
+    decode_files,
+    encode_files,
+    parse_entry,
+)
+
+#: JSON bytes a read or apply request is kept under: half the server's limit,
+#: which leaves room for the escaping of odd names measured per item.
+_JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
+
+
+class RemoteTree(TreeEndpoint):
+    """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash)."""
+
+    is_remote = True
+
+    def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
+                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None) -> None:
+        self.location = url
+        self.base, path = split_server_url(url)
+        #: The tree's path below the server's root ("" for the root itself).
+        self.path = path.strip("/")
+        self.token = token
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.ca_file = ca_file
+        self.client = HttpClient(self.base, token, timeout, ca_file)
+
+    def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
+        target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
+        if options is not None:
+            target += f"?times={int(options.times)}&owner={int(options.owner)}"
+        return target
+
+    # -- TreeEndpoint ----------------------------------------------------
+
+    def list(self) -> Listing:
+        document = self.client.json(self.client.request("GET", self._target("tree")))
+        try:
+            root = document["root"]
+            return Listing(
+                None if root is None else parse_entry(root, allow_root=True),
+                [parse_entry(value) for value in document["entries"]],
+                _failures(document["failures"]))
+        except (PdiffcopyError, KeyError, TypeError, ValueError) as error:
+            raise self.client.malformed(f"listing: {error}" if str(error) else "listing") from None
+
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        """Yield each file as the server sends it, one request per batch the server accepts.
+
+        A file too large to travel whole, or not a regular file, is a
+        failure without a request; the block engine moves big files.
+        """
+        readable: List[Entry] = []
+        for entry in entries:
+            if entry.kind != FILE:
+                yield entry, None, f"not a regular file but a {entry.kind}"
+            elif entry.size > MAX_FILE_BYTES:
+                yield entry, None, f"too large to copy whole ({entry.size} bytes)"
+            else:
+                readable.append(entry)
+        for batch in _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES,
+                              lambda entry: entry.size, lambda entry: entry.to_wire()):
+            yield from self._read_batch(batch)
+
+    def _read_batch(self, entries: List[Entry]) -> Iterator[Record]:
+        """One read request, decoded as it arrives; the records come in the order asked."""
+        body = _json_bytes({"entries": [entry.to_wire() for entry in entries]})
+        # A connection of its own: the caller reads the answer at its pace,
+        # maybe from several threads, and may send other requests meanwhile.
+        connection = self.client.dedicated()
+        try:
+            response = self.client.request("POST", self._target("tree-read"), body=body,
+                                           headers={"Content-Type": "application/json"},
+                                           connection=connection)
+        except BaseException:
+            self.client.release(connection)  # an error answer was read whole: still usable
+            raise
+        try:
+            position = 0
+            for sent, data, error in decode_files(response.raw):
+                if position == len(entries) or sent.path != entries[position].path:
+                    raise self.client.malformed(f"it sent {sent.path!r}, which was not asked for "
+                                                f"at that point")
+                yield entries[position], data, error
+                position += 1
+            if position != len(entries):
+                raise self.client.malformed(f"it left out {len(entries) - position} of the files")
+        except TreeWireError as error:
+            raise self.client.malformed(str(error)) from None
+        except (OSError, http.client.HTTPException) as error:
+            raise self.client.lost(error) from None
+        finally:
+            response.close()  # closes the connection unless the answer was read to its end
+            self.client.release(connection)
+
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
+                    ) -> List[Failure]:
+        """Send the files, streamed, in as few requests as the server's bounds allow."""
+        failures: List[Failure] = []
+        pending = _Pending(files)
+        while pending.more():
+            body = encode_files(self._write_batch(pending, failures))
+            response = self.client.request(
+                "POST", self._target("tree-write", options), body=body,
+                headers={"Content-Type": "application/octet-stream"}, replayable=False)
+            failures.extend(self._failures_of(response))
+        return failures
+
+    @staticmethod
+    def _write_batch(pending: "_Pending", failures: List[Failure]) -> Iterator[Record]:
+        """The records of one write request, taken from ``pending`` as the body is sent."""
+        count = total = 0
+        for entry, data in pending:
+            if len(data) != entry.size:
+                failures.append((entry.path, f"got {len(data)} bytes, expected {entry.size}"))
+                continue
+            if len(data) > MAX_FILE_BYTES:
+                failures.append((entry.path, f"too large to copy whole ({len(data)} bytes)"))
+                continue
+            if count and (count == MAX_BATCH_FILES or total + len(data) > MAX_BATCH_BYTES):
+                pending.put_back((entry, data))  # starts the next request
+                return
+            count += 1
+            total += len(data)
+            yield entry, data, ""
+
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        failures: List[Failure] = []
+        for batch in _batches(list(operations), MAX_BATCH_OPERATIONS, None, None,
+                              lambda operation: operation.to_wire()):
+            body = _json_bytes({"operations": [operation.to_wire() for operation in batch]})
+            response = self.client.request("POST", self._target("tree-apply", options), body=body,
+                                           headers={"Content-Type": "application/json"})
+            failures.extend(self._failures_of(response))
+        return failures
+
+    def file_endpoint(self, path: str) -> RemoteFile:
+        full = f"{self.path}/{path}" if self.path else path
+        return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
+                          self.timeout, self.ca_file)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _failures_of(self, response) -> List[Failure]:
+        document = self.client.json(response)
+        try:
+            return _failures(document["failures"])
+        except (KeyError, TypeError, ValueError):
+            raise self.client.malformed("failures") from None
+
+
+class _Pending:
+    """The files still to write, with room to put back the one that starts the next request."""
+
+    def __init__(self, files: Iterable[Tuple[Entry, bytes]]) -> None:
+        self._files = iter(files)
+        self._back: List[Tuple[Entry, bytes]] = []
+
+    def more(self) -> bool:
+        """Whether another file waits (looks ahead by one, without losing it)."""
+        if not self._back:
+            try:
+                self._back.append(next(self._files))
+            except StopIteration:
+                return False
+        return True
+
+    def put_back(self, item: Tuple[Entry, bytes]) -> None:
+        self._back.append(item)
+
+    def __iter__(self) -> Iterator[Tuple[Entry, bytes]]:
+        while self.more():
+            yield self._back.pop()
+
+
+def _batches(items: List[Any], max_count: int, max_bytes: Optional[int], size_of,
+             wire_of) -> Iterator[List[Any]]:
+    """``items`` cut into lists within a request's bounds: count, data bytes and JSON bytes."""
+    batch: List[Any] = []
+    data = text = 0
+    for item in items:
+        item_data = size_of(item) if size_of else 0
+        item_text = len(json.dumps(wire_of(item))) + 1
+        if batch and (len(batch) == max_count or text + item_text > _JSON_BATCH_BYTES
+                      or (max_bytes is not None and data + item_data > max_bytes)):
+            yield batch
+            batch, data, text = [], 0, 0
+        batch.append(item)
+        data += item_data
+        text += item_text
+    if batch:
+        yield batch
+
+
+def _json_bytes(document: Any) -> bytes:
+    return json.dumps(document, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _failures(value: Any) -> List[Failure]:
+    """The ``[[path, message], ...]`` of an answer, checked."""
+    if not isinstance(value, list):
+        raise TypeError("failures must be a list")
+    failures: List[Failure] = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2
+                and isinstance(item[0], str) and isinstance(item[1], str)):
+            raise TypeError("a failure must be [path, message]")
+        failures.append((item[0], " ".join(item[1].splitlines())[:1000]))
+    return failures
+
+
+__all__ = ["RemoteTree"]

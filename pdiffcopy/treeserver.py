@@ -1,0 +1,283 @@
+"""The server's tree endpoints: list, read, write and change a directory tree in batches.
+
+:func:`add_tree_routes` adds four endpoints to the application of
+:mod:`pdiffcopy.server`, each for the tree at ``{path}`` below the server's
+root (or the root itself, without ``{path}``):
+
+* ``GET /.pdiffcopy/tree/{path}``: the listing, as compact JSON;
+* ``POST /.pdiffcopy/tree-read/{path}``: files, whole, as a :mod:`~pdiffcopy.treewire` stream;
+* ``POST /.pdiffcopy/tree-write/{path}``: a treewire stream in, files written;
+* ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions.
+
+The work is done by a :class:`~pdiffcopy.localtree.LocalTree` confined
+beneath the server's :class:`~pdiffcopy.paths.Root`; the views check what
+the client sent (entries, operations, bounds) before it reaches it, so a
+malformed request is a 400 (a path leading out a 403), never a 500. The
+token check and the JSON error answers are the application's (server.py).
+docs/protocol.rst, section Trees, describes the endpoints and the format.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Callable, Iterator, List, Tuple
+
+from flask import Flask, Response, request
+
+from pdiffcopy.bodyreader import open_body
+from pdiffcopy.exceptions import (
+    AccessDenied,
+    BadRequest,
+    FileMissing,
+    NotAFile,
+    PdiffcopyError,
+    StorageError,
+)
+from pdiffcopy.localtree import LocalTree
+from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
+from pdiffcopy.treeendpoints import DELETE, REMOVE, Failure, MetadataOptions, Operation
+from pdiffcopy.treeplan import FILE, Entry
+from pdiffcopy.treewire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_FILES,
+    MAX_BATCH_OPERATIONS,
+    MAX_FILE_BYTES,
+    MAX_JSON_BODY_BYTES,
+    TreeWireError,
+    decode_files,
+    encode_files,
+    parse_entry,
+    parse_operation,
+)
+
+#: The prefix of the server's own endpoints (server.API_PREFIX).
+PREFIX = f"/{RESERVED_NAME}"
+
+_READ_CHUNK = 1024 * 1024
+
+
+def add_tree_routes(app: Flask, root: Root) -> None:
+    """Add the tree endpoints, serving the trees below ``root``, to ``app``."""
+
+    @app.get(f"{PREFIX}/tree/")
+    @app.get(f"{PREFIX}/tree/<path:path>")
+    @storage_failures
+    def tree_list(path: str = ""):
+        """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
+        tree = open_tree(root, path)
+        try:
+            listing = tree.list()
+        finally:
+            tree.close()
+        return json_answer({
+            "root": None if listing.root is None else listing.root.to_wire(),
+            "entries": [entry.to_wire() for entry in listing.entries],
+            "failures": [list(failure) for failure in listing.failures],
+        })
+
+    @app.post(f"{PREFIX}/tree-read/")
+    @app.post(f"{PREFIX}/tree-read/<path:path>")
+    @storage_failures
+    def tree_read(path: str = ""):
+        """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
+        entries = [parse_entry(value) for value in json_list("entries", MAX_BATCH_FILES)]
+        check_files_to_read(entries)
+        tree = open_tree(root, path)
+
+        def stream() -> Iterator[bytes]:
+            # Runs after the view has returned; closes the tree when the
+            # answer is done or abandoned (a client gone mid-stream).
+            try:
+                yield from encode_files(tree.read_files(entries))
+            finally:
+                tree.close()
+
+        return Response(stream(), mimetype="application/octet-stream")
+
+    @app.post(f"{PREFIX}/tree-write/")
+    @app.post(f"{PREFIX}/tree-write/<path:path>")
+    @storage_failures
+    def tree_write(path: str = ""):
+        """Write the files of the treewire stream in the body, each whole or not at all."""
+        options = metadata_options()
+        tree = open_tree(root, path)
+        body = open_body(request.environ, request.content_length)
+        refusal: List[PdiffcopyError] = []
+
+        def files() -> Iterator[Tuple[Entry, bytes]]:
+            # Only records whose digest matched come out of decode_files: a
+            # corrupt or cut-off record stops the stream before it is written.
+            try:
+                for entry, data, _ in decode_files(_ClientBody(body), MAX_BATCH_FILES,
+                                                   MAX_BATCH_BYTES):
+                    if data is None:
+                        raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
+                    yield entry, data
+            except PdiffcopyError as problem:
+                refusal.append(problem)  # raised below, even if the tree took it for one failure
+                raise
+
+        try:
+            failures = tree.write_files(files(), options)
+        except PdiffcopyError:
+            if not refusal:
+                raise
+        finally:
+            body.finish()
+            tree.close()
+        if refusal:
+            raise refusal[0]
+        return failures_answer(failures)
+
+    @app.post(f"{PREFIX}/tree-apply/")
+    @app.post(f"{PREFIX}/tree-apply/<path:path>")
+    @storage_failures
+    def tree_apply(path: str = ""):
+        """Run the operations of the body in order; report the ones that failed."""
+        options = metadata_options()
+        operations = [parse_operation(value)
+                      for value in json_list("operations", MAX_BATCH_OPERATIONS)]
+        if not clean_relative_path(path):
+            check_server_root_kept(operations)
+        tree = open_tree(root, path)
+        try:
+            failures = tree.apply(operations, options)
+        finally:
+            tree.close()
+        return failures_answer(failures)
+
+
+def storage_failures(view: Callable) -> Callable:
+    """Answer a tree's failure that names no status of its own as a storage failure (507).
+
+    Such an error (``LocalTree``'s ``TreeFailure``) means the file system
+    failed; the default 500 would say that the server is broken.
+    """
+
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        try:
+            return view(*args, **kwargs)
+        except PdiffcopyError as error:
+            if error.http_status == 500:
+                raise StorageError(str(error)) from None
+            raise
+
+    return wrapper
+
+
+def open_tree(root: Root, path: str) -> LocalTree:
+    """The tree at a request's path, confined beneath the root; the caller closes it."""
+    relative = clean_relative_path(path)
+    check_confined(root, relative)
+    return LocalTree.below(root, relative)
+
+
+def check_confined(root: Root, relative: str) -> None:
+    """Refuse a tree path that leads out of the root (403), before any work starts.
+
+    The tree confines every access anyway; this makes an escape a 403 for the
+    whole request rather than one failure per entry. A path that does not
+    exist (yet), or has a file on its way, is for the tree to report.
+    """
+    try:
+        fd = root.open(relative or ".", os.O_PATH)
+    except (FileMissing, NotAFile):
+        return
+    os.close(fd)
+
+
+def check_files_to_read(entries: List[Entry]) -> None:
+    """Bound a read request: regular files only, each and all of them small enough."""
+    total = 0
+    for entry in entries:
+        if entry.kind != FILE:
+            raise BadRequest(f"Not a regular file: {entry.path!r} is a {entry.kind}")
+        if entry.size > MAX_FILE_BYTES:
+            raise BadRequest(f"{entry.path!r} has {entry.size} bytes; at most {MAX_FILE_BYTES} "
+                             f"travel whole")
+        total += entry.size
+    if total > MAX_BATCH_BYTES:
+        raise BadRequest(f"At most {MAX_BATCH_BYTES} bytes per read request")
+
+
+def check_server_root_kept(operations: List[Operation]) -> None:
+    """Refuse to delete the server's root directory (a tree's own root is fair game)."""
+    for operation in operations:
+        if not operation.entry.path and operation.name in (DELETE, REMOVE):
+            raise AccessDenied("The root directory itself cannot be changed")
+
+
+def metadata_options() -> MetadataOptions:
+    """The ``times`` and ``owner`` query flags (0 or 1, 0 when missing)."""
+    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"))
+
+
+def flag_arg(name: str) -> bool:
+    value = request.args.get(name, "0")
+    if value not in ("0", "1"):
+        raise BadRequest(f"Parameter {name} must be 0 or 1")
+    return value == "1"
+
+
+def json_list(key: str, limit: int) -> List[Any]:
+    """The list under ``key`` in the JSON object of the request body, at most ``limit`` long."""
+    document = json_body()
+    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+        raise BadRequest(f"The request body must be a JSON object with a list {key!r}")
+    values = document[key]
+    if len(values) > limit:
+        raise BadRequest(f"At most {limit} {key} per request")
+    return values
+
+
+def json_body() -> Any:
+    """The request body parsed as JSON, read up to :data:`MAX_JSON_BODY_BYTES`."""
+    length = request.content_length
+    if length is not None and length > MAX_JSON_BODY_BYTES:
+        raise BadRequest(f"The request body is larger than {MAX_JSON_BODY_BYTES} bytes")
+    chunks = []
+    size = 0
+    try:
+        while size <= MAX_JSON_BODY_BYTES:
+            chunk = request.stream.read(min(_READ_CHUNK, MAX_JSON_BODY_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise BadRequest(f"The request body could not be read: {error}") from None
+    if size > MAX_JSON_BODY_BYTES:
+        raise BadRequest(f"The request body is larger than {MAX_JSON_BODY_BYTES} bytes")
+    try:
+        return json.loads(b"".join(chunks).decode("utf-8"))
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
+        raise BadRequest("The request body is not valid JSON") from None
+
+
+def json_answer(document: Any) -> Response:
+    """A JSON answer written compactly: a listing of 60,000 entries takes a tenth of a second."""
+    text = json.dumps(document, ensure_ascii=True, separators=(",", ":"))
+    return Response(text, mimetype="application/json")
+
+
+def failures_answer(failures: List[Failure]) -> Response:
+    return json_answer({"failures": [list(failure) for failure in failures]})
+
+
+class _ClientBody:
+    """A request body whose read errors (a client gone mid-body) are the client's: 400."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readinto(self, view: memoryview) -> int:
+        try:
+            return self._body.readinto(view)
+        except OSError as error:
+            raise BadRequest(f"The request body could not be read: {error}") from None
+
+
+__all__ = ["add_tree_routes"]
