@@ -91,7 +91,7 @@ class LocalTree(TreeEndpoint):
     @property
     def root(self) -> Root:
         if self._root is None:
-            self._root = Root(self.directory)
+            self._root = Root(self.directory, reserve=False)
         return self._root
 
     def _full(self, relative: str) -> str:
@@ -101,10 +101,11 @@ class LocalTree(TreeEndpoint):
 
     def _directory(self, relative: str) -> int:
         """A descriptor (``O_PATH``) of a directory of the tree, from the per-thread cache."""
+        # Descriptors inherited by a forked worker stay valid there: no pid check
+        # (getpid is a system call, and this runs twice per file).
         cache = getattr(self._local, "directories", None)
-        if cache is None or self._local.pid != os.getpid():
+        if cache is None:
             cache = self._local.directories = OrderedDict()
-            self._local.pid = os.getpid()
         fd = cache.get(relative)
         if fd is not None:
             cache.move_to_end(relative)
@@ -122,7 +123,7 @@ class LocalTree(TreeEndpoint):
     def _forget_directories(self) -> None:
         """Close the cached descriptors (a directory was removed or replaced)."""
         cache = getattr(self._local, "directories", None)
-        if cache and self._local.pid == os.getpid():
+        if cache:
             for fd in cache.values():
                 os.close(fd)
             cache.clear()
@@ -188,12 +189,20 @@ class LocalTree(TreeEndpoint):
         except OSError as error:
             failures.append((relative, f"cannot list: {_why(error)}"))
             return
+        new = tuple.__new__
+        is_file = stat.S_ISREG
         with scanner:
             for item in scanner:
                 path = prefix + item.name
                 try:
                     info = item.stat(follow_symlinks=False)
                     mode = info.st_mode
+                    if is_file(mode):  # most entries: built inline, as a plain tuple is
+                        size = info.st_size
+                        entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
+                                                   info.st_gid, "", info.st_nlink,
+                                                   info.st_blocks * 512 < size)))
+                        continue
                     if stat.S_ISLNK(mode):
                         entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))
                         continue
@@ -307,11 +316,11 @@ class LocalTree(TreeEndpoint):
             created = False
             try:
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o600, dir_fd=directory)
+                             entry.permissions & 0o777, dir_fd=directory)
                 created = True
                 try:
                     fill(fd)
-                    self._set_metadata_fd(fd, entry, options)
+                    self._set_metadata_fd(fd, entry, options, created=True)
                 finally:
                     os.close(fd)
                 return
@@ -328,10 +337,10 @@ class LocalTree(TreeEndpoint):
             # Opened inside the try: an interrupt lands right after a call
             # returns, and the clean-up below must cover the file just made.
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=directory)
+                         entry.permissions & 0o777, dir_fd=directory)
             try:
                 fill(fd)
-                self._set_metadata_fd(fd, entry, options)
+                self._set_metadata_fd(fd, entry, options, created=True)
             finally:
                 os.close(fd)
             os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
@@ -340,10 +349,18 @@ class LocalTree(TreeEndpoint):
             raise
 
     @staticmethod
-    def _set_metadata_fd(fd: int, entry: Entry, options: MetadataOptions) -> None:
+    def _set_metadata_fd(fd: int, entry: Entry, options: MetadataOptions, created: bool = False
+                         ) -> None:
+        """Owner, permissions and times of an open file.
+
+        A file this process ``created`` got its permissions from ``open``:
+        chmod is needed only for what the umask took away and for set-id and
+        sticky bits (which open does not set and chown clears).
+        """
         if options.owner and _IS_ROOT:
             os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
-        os.fchmod(fd, entry.permissions)
+        if not created or entry.permissions & (0o7000 | _Umask.value):
+            os.fchmod(fd, entry.permissions)
         if options.times:
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
 
@@ -472,6 +489,31 @@ class LocalTree(TreeEndpoint):
 
     def file_path(self, path: str) -> str:
         return os.path.join(self.directory, path)
+
+
+class _Umask:
+    """The process umask, read once (reading it means setting it: not per file)."""
+
+    value = 0o022
+
+    @classmethod
+    def read(cls) -> None:
+        cls.value = os.umask(0o022)
+        os.umask(cls.value)
+
+    @classmethod
+    def clear(cls) -> None:
+        """Create files with exactly the permissions asked for (forked tree workers)."""
+        os.umask(0)
+        cls.value = 0
+
+
+_Umask.read()
+
+
+def exact_permissions() -> None:
+    """In a worker process: no umask, so new files need no chmod."""
+    _Umask.clear()
 
 
 _temporary_serial = itertools.count()
@@ -606,8 +648,8 @@ def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int
                 break
             if copied < end - position:  # short: the end of the file (small files: one call)
                 position += copied
-                if os.fstat(source_fd).st_size <= position:
-                    break
+                if position >= end - 1 or os.fstat(source_fd).st_size <= position:
+                    break  # (the last byte asked may be the one that tells a file grew)
                 continue
         else:
             data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)

@@ -69,7 +69,7 @@ def _walk_nofollow(dir_fd: int, path: str, flags: int, mode: int) -> int:
         os.close(current)
 
 
-def clean_relative_path(path: str) -> str:
+def clean_relative_path(path: str, reserve: bool = True) -> str:
     """Check a request's path and return it relative to the root.
 
     :param path: The URL path after percent-decoding and after the slash that
@@ -87,7 +87,7 @@ def clean_relative_path(path: str) -> str:
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise AccessDenied(f"Path outside the root: {path[:200]!r}")
-    if parts and parts[0] == RESERVED_NAME:
+    if reserve and parts and parts[0] == RESERVED_NAME:
         raise AccessDenied(f"Path reserved for the server: {path[:200]!r}")
     return "/".join(parts)
 
@@ -95,8 +95,11 @@ def clean_relative_path(path: str) -> str:
 class Root:
     """A directory the server is confined to."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, reserve: bool = True) -> None:
+        """:param reserve: Refuse :data:`RESERVED_NAME` at the top (the server's API lives there);
+                        a local tree has no API and copies such a name like any other."""
         self.directory = os.path.abspath(directory)
+        self.reserve = reserve
         self._fd: Optional[int] = None
         self._pid: Optional[int] = None
 
@@ -117,7 +120,7 @@ class Root:
         :returns: A file descriptor; the caller closes it.
         :raises PdiffcopyError: :class:`AccessDenied` for escapes, else what the file system said.
         """
-        relative = clean_relative_path(path) or "."
+        relative = clean_relative_path(path, self.reserve) or "."
         global _have_openat2
         try:
             if _have_openat2 is not False:
@@ -143,7 +146,7 @@ class Root:
 
         :raises AccessDenied: When ``path`` is the root itself or leads out.
         """
-        relative = clean_relative_path(path)
+        relative = clean_relative_path(path, self.reserve)
         if not relative:
             raise AccessDenied("The root directory itself cannot be changed")
         parent, _, name = relative.rpartition("/")

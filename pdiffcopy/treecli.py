@@ -26,11 +26,9 @@ MAX_FAILURES_LISTED = 50
 def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Optional[str]:
     """"file", "directory", "other" or None (missing), following a symlink at the top."""
     if is_url(location):
-        from urllib.parse import urlsplit
+        from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile, split_server_url
 
-        from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
-
-        if not urlsplit(location).path.strip("/"):
+        if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
             return "directory"  # the server's root
         endpoint = RemoteFile(location.rstrip("/"), token=token, concurrency=1,
                               timeout=args.timeout or DEFAULT_TIMEOUT, ca_file=args.ca_file)
@@ -70,7 +68,7 @@ def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[
         raise FileMissing(f"Source does not exist: {source}")
     if args.remove or args.delete and source_kind is None:
         raise FileMissing(f"Source does not exist: {source}")
-    if source_kind is not None and (target.endswith("/") or _kind(target, token, args) == "directory"):
+    if source_kind is not None and (_kind(target, token, args) == "directory" or target.endswith("/")):
         name = os.path.basename(source.rstrip("/")) if not is_url(source) else \
             _url_name(source)
         return source, target.rstrip("/") + "/" + name, False

@@ -257,6 +257,9 @@ def _metadata_changes(source: Entry, target: Entry, options: PlanOptions) -> Tup
     return tuple(changes)
 
 
+_QUICK_KINDS = (FILE, SYMLINK)
+
+
 def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
               options: PlanOptions = PlanOptions(),
               path_filter: Optional[PathFilter] = None) -> TreePlan:
@@ -272,11 +275,19 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     existing: Dict[str, Entry] = {e.path: e for e in (target or ())}
     plan = TreePlan()
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
-    for entry in sorted(wanted, key=lambda e: e.path):
-        if entry.parent and _under(entry.parent, removed):
+    same_owner = not options.owner
+    for entry in sorted(wanted):  # by path (the first field): parents before children
+        if removed and _under(entry.parent, removed):
             current = None
         else:
             current = existing.get(entry.path)
+            # The common case first: a single-linked file or a symlink whose
+            # kind, size, time and mode match, and owner if asked.
+            if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
+                    and entry.target == current.target and entry.nlink == 1 \
+                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]):
+                plan.unchanged += 1
+                continue
         if entry.kind == OTHER:
             plan.specials.append(entry)
             continue

@@ -273,7 +273,20 @@ def _filter(options: TreeOptions) -> PathFilter:
 
 
 def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Listing]:
-    """List both trees at the same time (a remote one works while the local one is walked)."""
+    """List both trees at the same time.
+
+    A remote tree is listed by its server while this process walks the
+    local one (a thread waits for the answer). Two local trees are walked by
+    two processes: the walk is mostly Python, which two threads would run
+    one at a time (64,000 entries: 0.38 s each; the child's list costs
+    ~0.1 s to pickle and 0.03 s to read back).
+    """
+    from pdiffcopy.localtree import LocalTree
+
+    if isinstance(source, LocalTree) and isinstance(target, LocalTree):
+        receive = _list_in_child(target)
+        source_listing = source.list()
+        return source_listing, receive()
     box: Dict[str, object] = {}
 
     def list_target() -> None:
@@ -291,6 +304,46 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return source_listing, box["listing"]  # type: ignore[return-value]
+
+
+def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
+    """Start listing ``tree`` in a forked process; return the function that collects it."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(reader)
+            try:
+                listing = tree.list()
+                answer: tuple = ("ok", listing.root and tuple(listing.root),
+                                 [tuple(e) for e in listing.entries], listing.failures)
+            except BaseException as error:
+                answer = ("error", error)
+            with os.fdopen(writer, "wb") as stream:
+                pickle.dump(answer, stream, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(writer)
+
+    def receive() -> Listing:
+        try:
+            with os.fdopen(reader, "rb") as stream:
+                data = stream.read()
+        finally:
+            os.waitpid(pid, 0)
+        if not data:
+            raise PdiffcopyError(f"Listing {tree.location} failed: the listing process died")
+        answer = pickle.loads(data)
+        if answer[0] == "error":
+            raise answer[1]
+        _, root, entries, failures = answer
+        new = tuple.__new__  # Entry._make, without a Python call per entry
+        return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
+
+    return receive
 
 
 def _warn_about(plan: TreePlan) -> None:
@@ -426,7 +479,7 @@ class _Runner:
 
         small: List[FileAction] = []
         for action in self.plan.files:
-            if action.source.parent and _under(action.source.parent, failed_directories):
+            if failed_directories and _under(action.source.parent, failed_directories):
                 self.result.failures.append((action.path, "its directory could not be made"))
                 continue
             size = action.source.size
@@ -534,6 +587,9 @@ class _Runner:
                     # written loses its temporary instead of leaving it behind.
                     signal.signal(signal.SIGINT, _request_stop)
                     signal.signal(signal.SIGTERM, _request_stop)
+                    from pdiffcopy.localtree import exact_permissions
+
+                    exact_permissions()
                     state = _WorkerState(self, slot, parts_left, parts_failed)
                     while True:
                         with next_unit.get_lock():

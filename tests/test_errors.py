@@ -269,40 +269,43 @@ def test_unreadable_files_without_root_privileges(tmp_path, which):
     assert snapshot(tmp_path) == before
 
 
-def test_directory_as_local_source(tmp_path):
+def test_directory_source_onto_a_file_is_refused(tmp_path):
+    """A directory SOURCE is a tree sync (tests/test_tree.py); onto a file it cannot be."""
     (tmp_path / "somedir").mkdir()
+    (tmp_path / "target.img").write_bytes(b"a file")
     before = snapshot(tmp_path)
     completed = cli(str(tmp_path / "somedir"), str(tmp_path / "target.img"))
-    assert_fails(completed, 1, "not a regular file", "somedir")
+    assert_fails(completed, 2, "not a directory", "target.img")
     assert snapshot(tmp_path) == before
 
 
-def test_directory_as_local_target(tmp_path):
+def test_file_source_goes_into_a_local_target_directory(tmp_path):
     (tmp_path / "source.img").write_bytes(random_bytes(BLOCK))
     (tmp_path / "somedir").mkdir()
     (tmp_path / "somedir" / "inside").write_bytes(b"keep")
-    before = snapshot(tmp_path)
     completed = cli(str(tmp_path / "source.img"), str(tmp_path / "somedir"))
-    assert_fails(completed, 1, "not a regular file", "somedir")
-    assert snapshot(tmp_path) == before
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "somedir" / "source.img").read_bytes() == (tmp_path / "source.img").read_bytes()
+    assert (tmp_path / "somedir" / "inside").read_bytes() == b"keep"
 
 
-def test_directory_as_remote_source(server, tmp_path, unique):
+def test_remote_directory_source_onto_a_file_is_refused(server, tmp_path, unique):
     (server.root / unique).mkdir()
+    (tmp_path / "target.img").write_bytes(b"a file")
     before = snapshot(tmp_path, server.root)
     completed = cli(server.url(unique), str(tmp_path / "target.img"))
-    assert_fails(completed, 1, "not a regular file", unique)
+    assert_fails(completed, 2, "not a directory", "target.img")
     assert snapshot(tmp_path, server.root) == before
 
 
-def test_directory_as_remote_target(server, tmp_path, unique):
+def test_file_source_goes_into_a_remote_target_directory(server, tmp_path, unique):
     (tmp_path / "source.img").write_bytes(random_bytes(BLOCK))
     (server.root / unique).mkdir()
     (server.root / unique / "inside").write_bytes(b"keep")
-    before = snapshot(tmp_path, server.root)
     completed = cli(str(tmp_path / "source.img"), server.url(unique))
-    assert_fails(completed, 1, "not a regular file", unique)
-    assert snapshot(tmp_path, server.root) == before
+    assert completed.returncode == 0, completed.stderr
+    assert (server.root / unique / "source.img").read_bytes() == (tmp_path / "source.img").read_bytes()
+    assert (server.root / unique / "inside").read_bytes() == b"keep"
 
 
 def test_directory_errors_via_api(tmp_path):
@@ -345,7 +348,7 @@ def test_push_into_missing_remote_directory(server, tmp_path, unique):
 BAD_URLS = [
     ("http://", 2),
     ("https://", 2),
-    ("http://127.0.0.1:1/", 2),          # names no file
+    ("http://127.0.0.1:1/", None),       # the server's root (a tree); nobody listens
     ("http://host:notaport/x", 2),
     ("http://127.0.0.1:99999/x", 2),     # port out of range
     ("http://[::1/x", 2),                # broken IPv6 literal

@@ -58,6 +58,8 @@ def make_tree(root: Path) -> Path:
     os.chmod(root / "sub" / "deeper" / "c.bin", 0o640)
     os.chmod(root / "sub" / "deeper", 0o750)
     os.chmod(root / "one", 0o755)
+    (root / ".pdiffcopy").mkdir()  # reserved on a server's root, a plain name in a local tree
+    (root / ".pdiffcopy" / "inside").write_bytes(b"ok")
     past = time.time_ns() - 86400 * 10**9
     for path in (root / "a.txt", root / "sub" / "b.bin", root / "sub"):
         os.utime(path, ns=(past, past))
