@@ -2,7 +2,7 @@
 """
 Copy benchmark: pdiffcopy's local whole-file copy against shutil, cp and rsync.
 
-Three parts, chosen with ``--parts`` (default: warm,cold):
+Five parts, chosen with ``--parts`` (default: warm,cold):
 
 ``warm``
     For each size of ``--sizes`` (default 1 MiB, 64 MiB, 1 GiB), new targets, source in the
@@ -27,6 +27,29 @@ Three parts, chosen with ``--parts`` (default: warm,cold):
 ``reflink``
     On a loop-mounted XFS image made with ``mkfs.xfs -m reflink=1`` (needs root and
     xfsprogs): the time of each tool for a 1 GiB file, and the blocks the copy took.
+
+``pairs``
+    ``pdiffcopy.copyfile`` and ``shutil.copyfile`` in this process, alternating one copy
+    each (the order flipping every round), ``--pair-rounds`` times for each size of
+    ``--pair-sizes`` (default 4 KiB, 1 MiB, 2 MiB): small copies take a quarter of a
+    millisecond, so a difference of a few per cent needs thousands of them, taken under
+    the same conditions. Reported: median and quartiles in microseconds and the ratio of
+    the medians.
+
+``cli``
+    The command line's whole-file copy to a new local target, ``pdiffcopy -q SRC DST``
+    (copy, fsync, verification by hashing both files, rename), for each size of
+    ``--cli-sizes`` (default 256 MiB and 1 GiB), warm source, side by side with ``cp SRC
+    DST`` (no flush, no check) and ``cp SRC DST && sync DST`` (durable, no check), and
+    with ``--cli-baseline REV`` also the command line of an earlier revision (``git
+    archive``) under the same load. Every command is a new process, as a user runs it;
+    pdiffcopy's byte code is compiled once into the work directory
+    (``PYTHONPYCACHEPREFIX``), as an installed package's would be. Each timed run follows
+    an untimed warm-up run of the same tool, the tools rotate, and before every run the
+    target is removed and ``sync`` flushes what earlier runs left dirty. Reported: wall
+    and CPU seconds (user + system of the process tree), the ratios, and the phases of one
+    ``-v`` run (the sync's own timestamps; the rest is interpreter start-up, imports and
+    exit).
 
 Caches are emptied per file by default: the file is flushed and its pages dropped with
 ``posix_fadvise(DONTNEED)``, which ``fincore`` confirms. That leaves other programs on the
@@ -97,6 +120,18 @@ REFLINK_IMAGE_SIZE = 2 * REFLINK_SIZE + 512 * 1024 ** 2
 
 #: The cachestat system call number (the same on every architecture, Linux 6.5+).
 CACHESTAT_SYSCALL = 451
+
+#: The pairs part's sizes: a tiny file, the issue's 1 MiB, and one above it.
+DEFAULT_PAIR_SIZES = "4KiB,1MiB,2MiB"
+
+#: Copies of each tool per size in the pairs part.
+DEFAULT_PAIR_ROUNDS = 1500
+
+#: The command line part's sizes: the issue's 256 MiB and 1 GiB.
+DEFAULT_CLI_SIZES = "256MiB,1GiB"
+
+#: Timed runs per tool and size in the command line part.
+DEFAULT_CLI_REPEATS = 7
 
 WARM_TOOLS = ("pdiffcopy", "shutil", "cp", "rsync")
 COLD_TOOLS = ("cp+sync", "pdiffcopy-drop", "pdiffcopy-keep")
@@ -499,6 +534,150 @@ def reflink_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
     print("\n".join(lines), flush=True)
 
 
+# --------------------------------------------------------------------------- pairs
+
+def pairs_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
+    tools = {"pdiffcopy": pdiffcopy_copyfile.copyfile, "shutil": SHUTIL_COPYFILE}
+    lines = ["\n## Small copies in pairs: pdiffcopy.copyfile against shutil.copyfile\n",
+             f"Both in this process, one copy of each per round, alternating which goes first, "
+             f"{args.pair_rounds} rounds per size; new target each time (removed outside the "
+             "timing), warm source. Microseconds: median (25th-75th percentile); ratio = "
+             "pdiffcopy's median / shutil's.\n",
+             "| size | pdiffcopy us | shutil us | ratio | load (1 min) start/end |", "|---|---|---|---|---|"]
+    for size in args.pair_sizes:
+        source, target = work / f"pair-source-{size}", work / "pair-target"
+        benchlib.generate_source(source, size, seed=size)
+        digest = benchlib.sha256_file(source)
+        load_start = os.getloadavg()[0]
+        samples: dict[str, list[float]] = {name: [] for name in tools}
+        log(f"pairs, {format_size(size)}: {args.pair_rounds} rounds")
+        for round_number in range(args.pair_rounds):
+            names = list(tools) if round_number % 2 == 0 else list(reversed(tools))
+            for name in names:
+                started = time.perf_counter()
+                tools[name](source, target)
+                samples[name].append(time.perf_counter() - started)
+                if round_number == 0 and benchlib.sha256_file(target) != digest:
+                    raise BenchmarkError(f"{name} made a wrong copy of {source}")
+                target.unlink()
+        source.unlink()
+        cells = [format_size(size)]
+        for name in tools:
+            ordered = sorted(samples[name])
+            quarter = len(ordered) // 4
+            cells.append(f"{statistics.median(ordered) * 1e6:.1f} "
+                         f"({ordered[quarter] * 1e6:.1f}-{ordered[-quarter - 1] * 1e6:.1f})")
+        ratio = statistics.median(samples["pdiffcopy"]) / statistics.median(samples["shutil"])
+        cells += [f"{ratio:.3f}x", f"{load_start:.2f}/{os.getloadavg()[0]:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    out.extend(lines)
+    print("\n".join(lines), flush=True)
+
+
+# --------------------------------------------------------------------------- cli
+
+def cli_tools(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The command line part's tools: name -> (command before SRC DST, environment)."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    env.pop("PDIFFCOPY_TOKEN", None)
+    tools = {"cp": (["cp"], env), "cp+sync": (["sh", "-c", 'cp "$1" "$2" && sync "$2"', "cp+sync"], env),
+             "pdiffcopy": ([sys.executable, "-m", "pdiffcopy", "-q"], dict(env, PYTHONPATH=str(REPO_ROOT)))}
+    if args.cli_baseline:
+        tree = work / "baseline"
+        tree.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", args.cli_baseline, "pdiffcopy"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        tools[f"pdiffcopy@{args.cli_baseline}"] = (
+            [sys.executable, "-m", "pdiffcopy", "-q"], dict(env, PYTHONPATH=str(tree)))
+    return tools
+
+
+def run_timed(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Run a command; return its wall seconds, CPU seconds (user + system) and stderr."""
+    before = os.times()
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    after = os.times()
+    if result.returncode != 0:
+        raise BenchmarkError(f"{' '.join(command)} failed: {result.stderr.strip()}")
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    return elapsed, cpu, result.stderr
+
+
+def cli_phases(command: list[str], env: dict[str, str], source: Path, target: Path) -> str:
+    """One ``-v`` run of pdiffcopy: its phase timestamps, and the time outside the sync."""
+    remove([target])
+    os.sync()
+    verbose = [part for part in command if part != "-q"] + ["-v", str(source), str(target)]
+    elapsed, _, stderr = run_timed(verbose, env)
+    phases = []
+    for line in stderr.splitlines():
+        if " s: " in line and " DEBUG " in line:
+            seconds, _, what = line.split(" DEBUG ", 1)[1].partition(" s: ")
+            phases.append(f"{what.split(' ')[0]} {float(seconds):.3f}")
+    last = float(phases[-1].rsplit(" ", 1)[1]) if phases else 0.0
+    return (f"{', '.join(phases)} s after the sync started; whole process {elapsed:.3f} s, so "
+            f"{elapsed - last:.3f} s outside the sync (interpreter, imports, report, exit)")
+
+
+def cli_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
+    tools = cli_tools(args, work)
+    names = list(tools)
+    ours = [name for name in names if name.startswith("pdiffcopy")]
+    lines = ["\n## Command line, whole-file copy to a new local target, warm source\n",
+             "pdiffcopy = `python3 -m pdiffcopy -q SRC DST` (copy, fsync, verification, rename); "
+             "cp = `cp SRC DST`; cp+sync = `cp SRC DST && sync DST`"
+             + (f"; pdiffcopy@{args.cli_baseline} = the same command at revision {args.cli_baseline}"
+                if args.cli_baseline else "")
+             + f". Seconds, median (best) of {args.cli_repeats} timed runs, each after an untimed "
+             "warm-up run; CPU = user + system seconds of the process tree, median.\n"]
+    header = ["size"] + [f"{name} s" for name in names] + [f"{name} CPU s" for name in ours] + \
+        [f"{ours[0]} / {name}" for name in names if name != ours[0]] + ["load (1 min) start/end"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    details, phases = [], []
+    for size in args.cli_sizes:
+        source, target = work / f"cli-source-{size}", work / "cli-target"
+        benchlib.generate_source(source, size, seed=size)
+        digest = benchlib.sha256_file(source)
+        load_start = os.getloadavg()[0]
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        log(f"cli, {format_size(size)}: {args.cli_repeats} rounds of {', '.join(names)}")
+        for round_number in range(args.cli_repeats):
+            order = names[round_number % len(names):] + names[:round_number % len(names)]
+            for name in order:
+                command, env = tools[name]
+                for timed in (False, True):
+                    remove([target])
+                    os.sync()  # what earlier runs left dirty is not this run's to write
+                    benchlib.read_through(source)
+                    elapsed, cpu, _ = run_timed([*command, str(source), str(target)], env)
+                    if timed:
+                        samples[name].append((elapsed, cpu))
+                if target.stat().st_size != size or benchlib.sha256_file(target) != digest:
+                    raise BenchmarkError(f"{name} made a wrong copy of {source}")
+        remove([target])
+        for name in ours:
+            phases.append(f"{format_size(size)} {name}: "
+                          + cli_phases(tools[name][0], tools[name][1], source, target))
+        remove([source, target])
+        medians = {name: statistics.median(s[0] for s in samples[name]) for name in names}
+        cells = [format_size(size)]
+        cells += [f"{medians[name]:.3f} ({min(s[0] for s in samples[name]):.3f})" for name in names]
+        cells += [f"{statistics.median(s[1] for s in samples[name]):.3f}" for name in ours]
+        cells += [f"{medians[ours[0]] / medians[name]:.2f}x" for name in names if name != ours[0]]
+        cells.append(f"{load_start:.2f}/{os.getloadavg()[0]:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+        details.append(f"{format_size(size)}: " + "; ".join(
+            f"{name} " + ", ".join(f"{w:.3f}" for w, _ in samples[name]) for name in names))
+    lines += ["", "Seconds per run: " + " | ".join(details), "",
+              "Phases of one `-v` run: " + " | ".join(phases)]
+    out.extend(lines)
+    print("\n".join(lines), flush=True)
+
+
 # --------------------------------------------------------------------------- main
 
 def default_workdir() -> Path:
@@ -510,7 +689,7 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="warm,cold",
-                        help="comma separated: warm, cold, reflink (default: warm,cold)")
+                        help="comma separated: warm, cold, reflink, pairs, cli (default: warm,cold)")
     parser.add_argument("--sizes", default=DEFAULT_SIZES,
                         help=f"warm part's sizes (default {DEFAULT_SIZES})")
     parser.add_argument("--tools", default=",".join(WARM_TOOLS),
@@ -532,6 +711,19 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drop-caches", action="store_true",
                         help="drop the whole page cache before each cold run (root; "
                              "disturbs everything else on the machine)")
+    parser.add_argument("--pair-sizes", default=DEFAULT_PAIR_SIZES,
+                        help=f"pairs part's sizes (default {DEFAULT_PAIR_SIZES})")
+    parser.add_argument("--pair-rounds", type=int, default=DEFAULT_PAIR_ROUNDS,
+                        help=f"copies of each tool per size in the pairs part (default "
+                             f"{DEFAULT_PAIR_ROUNDS})")
+    parser.add_argument("--cli-sizes", default=DEFAULT_CLI_SIZES,
+                        help=f"command line part's sizes (default {DEFAULT_CLI_SIZES})")
+    parser.add_argument("--cli-repeats", type=int, default=DEFAULT_CLI_REPEATS,
+                        help=f"timed runs per tool and size in the command line part (default "
+                             f"{DEFAULT_CLI_REPEATS})")
+    parser.add_argument("--cli-baseline", metavar="REV", default=None,
+                        help="also time the command line of this git revision, for a before/after "
+                             "comparison under the same load")
     parser.add_argument("--workdir", type=Path, default=default_workdir(),
                         help="where the data goes (default /work/bench-tmp or the temp dir)")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
@@ -542,6 +734,8 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.tools = [name.strip() for name in args.tools.split(",")]
     args.cold_size = parse_size(args.cold_size)
     args.cold_tools = [name.strip() for name in args.cold_tools.split(",")]
+    args.cli_sizes = [parse_size(text) for text in args.cli_sizes.split(",")]
+    args.pair_sizes = [parse_size(text) for text in args.pair_sizes.split(",")]
     return args
 
 
@@ -557,7 +751,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(out), flush=True)
     try:
         for part in args.parts:
-            {"warm": warm_part, "cold": cold_part, "reflink": reflink_part}[part](args, work, out)
+            {"warm": warm_part, "cold": cold_part, "reflink": reflink_part,
+             "pairs": pairs_part, "cli": cli_part}[part](args, work, out)
     except (BenchmarkError, subprocess.CalledProcessError) as error:
         log(f"benchmark failed: {error}")
         return 1
