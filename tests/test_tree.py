@@ -398,3 +398,25 @@ def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path
             assert item[2] == expected[path][2], f"half-written file under its name: {path}"
     sync("-a", f"{source}/", target)
     assert snapshot(target, times=True) == expected
+
+
+def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, monkeypatch):
+    from pdiffcopy import treesync
+    from pdiffcopy.localtree import LocalTree
+    from pdiffcopy.progress import TreeProgressDisplay
+
+    monkeypatch.setattr(treesync, "INLINE_FILES", 1)  # force the forked workers
+    source = tmp_path / "src"
+    sizes = [(f"d{i % 7}/f{i}", 1000 + 37 * i) for i in range(300)]
+    for name, size in sizes:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (source / name).write_bytes(random_bytes(size, seed=size))
+    progress = treesync.TreeProgress(3)
+    result = treesync.sync_tree(LocalTree(f"{source}/"), LocalTree(str(tmp_path / "dst")),
+                                treesync.TreeOptions(concurrency=3), progress)
+    total = sum(size for _, size in sizes)
+    assert result.files_copied == 300 and result.bytes_moved == total
+    assert (progress.files_total, progress.files_done) == (300, 300)
+    assert (progress.bytes_total, progress.bytes_done) == (total, total)
+    line = TreeProgressDisplay(progress).render()
+    assert "300 of 300 files" in line
