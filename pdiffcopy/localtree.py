@@ -240,12 +240,13 @@ class LocalTree(TreeEndpoint):
 
     # -- writing -----------------------------------------------------------
 
-    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
-                    ) -> List[Failure]:
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
         failures: List[Failure] = []
         for entry, data in files:
             try:
-                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d))
+                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
+                                 fresh)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
         return failures

@@ -259,6 +259,14 @@ def _components() -> Dict[str, Any]:
                            "root); 0 (the default): do not",
             "schema": {"type": "string", "enum": ["0", "1"]},
         },
+        "Fresh": {
+            "name": "fresh", "in": "query", "required": False,
+            "description": "1: the files are new; each is created under its name exclusively "
+                           "(no temporary and rename) and removed if writing it fails; a name "
+                           "that exists gets the temporary and rename after all. 0 (the "
+                           "default): every file goes through a temporary",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
         "IfMatch": {
             "name": "If-Match", "in": "header", "required": False,
             "description": "ETags the file must still have (or *); otherwise 412.",
@@ -433,7 +441,7 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
             {"200": _json_answer("The files that could not be written", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Fresh")],
             body={"required": True, "description": "The files, as a batch stream (at most "
                                                    "10,000 files and 256 MiB)",
                   "content": {_BYTES: binary}})

@@ -125,15 +125,15 @@ class RemoteTree(TreeEndpoint):
             response.close()  # closes the connection unless the answer was read to its end
             self.client.release(connection)
 
-    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
-                    ) -> List[Failure]:
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
         """Send the files, streamed, in as few requests as the server's bounds allow."""
         failures: List[Failure] = []
         pending = _Pending(files)
         while pending.more():
             body = encode_files(self._write_batch(pending, failures))
             response = self.client.request(
-                "POST", self._target("tree-write", options), body=body,
+                "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
                 headers={"Content-Type": "application/octet-stream"}, replayable=False)
             failures.extend(self._failures_of(response))
         return failures

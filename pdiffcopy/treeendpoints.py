@@ -90,12 +90,16 @@ class TreeEndpoint(ABC):
         """
 
     @abstractmethod
-    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions
-                    ) -> List[Failure]:
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
         """Write each file whole under its path, with its permissions (and times, owner).
 
-        Each file appears under its name complete or not at all (a temporary
+        Each file replaces the old one complete or not at all (a temporary
         sibling renamed into place); a sparse entry is written with holes.
+        With ``fresh`` the files are new (nothing had their names when the
+        tree was listed): each is created under its name, exclusively, and
+        removed again if writing it fails, which saves the rename; a name
+        that exists after all gets the temporary and rename.
         """
 
     @abstractmethod

@@ -120,7 +120,7 @@ def add_tree_routes(app: Flask, root: Root) -> None:
                 raise
 
         try:
-            failures = tree.write_files(files(), options)
+            failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))
         except PdiffcopyError:
             if not refusal:
                 raise

@@ -687,7 +687,12 @@ class _WorkerState:
                 self._count("unchanged")
             else:
                 to_write.append((entry, data))
-        failures = target.write_files(to_write, meta)
+        fresh = {a.path for a in actions if a.target is None}
+        failures: List[Failure] = []
+        for new in (True, False):
+            batch = [(e, d) for e, d in to_write if (e.path in fresh) == new]
+            if batch:
+                failures += target.write_files(batch, meta, fresh=new)
         failed = {path for path, _ in failures}
         self.failures += failures
         done = [(e, d) for e, d in to_write if e.path not in failed]
