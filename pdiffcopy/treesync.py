@@ -655,39 +655,49 @@ class _WorkerState:
     # -- small files -------------------------------------------------------
 
     def _run_files(self, unit: Unit) -> None:
-        runner = self.runner
-        source, target, meta = runner.source, runner.target, runner.meta
-        actions: Sequence[FileAction] = unit.items
-        entries = [a.source for a in actions]
-        compare = {a.path for a in actions if a.reason != REASON_NEW and a.target is not None
-                   and a.target.size == a.source.size}
+        """A batch of small files: new ones, rewritten ones, and ones to compare first."""
         from pdiffcopy.localtree import LocalTree
 
+        actions: Sequence[FileAction] = unit.items
+        fresh = {a.path for a in actions if a.target is None}
+        compare = {a.path for a in actions if a.target is not None
+                   and a.target.size == a.source.size}
+        source, target = self.runner.source, self.runner.target
         if isinstance(source, LocalTree) and isinstance(target, LocalTree):
-            fresh = {a.path for a in actions if a.target is None}
-            for check, new in ((False, True), (False, False), (True, False)):
-                group = [e for e in entries if (e.path in compare) == check and (e.path in fresh) == new]
-                if not group:
-                    continue
-                failures, moved, count = target.copy_files_from(source, group, meta, compare=check,
-                                                                fresh=new)
-                self.failures += failures
-                self._count("files", count)
-                self._count("bytes", moved)
-                self._count("unchanged", len(group) - count - len(failures))
-            self.runner.progress.add(self.slot, len(entries), unit.weight)
-            return
+            self._copy_locally(source, target, [a.source for a in actions], fresh, compare)
+        else:
+            self._transfer(source, target, [a.source for a in actions], fresh, compare)
+        self.runner.progress.add(self.slot, len(actions), unit.weight)
+
+    def _copy_locally(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
+        """Between local trees the kernel copies; files to compare are read on both sides first."""
+        for check, new in ((False, True), (False, False), (True, False)):
+            group = [e for e in entries if (e.path in compare) == check and (e.path in fresh) == new]
+            if not group:
+                continue
+            failures, moved, count = target.copy_files_from(source, group, self.runner.meta,
+                                                            compare=check, fresh=new)
+            self.failures += failures
+            self._count("files", count)
+            self._count("bytes", moved)
+            self._count("unchanged", len(group) - count - len(failures))
+
+    def _transfer(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
+        """Through a server: one request reads the batch, one (or two) write it."""
+        from pdiffcopy.localtree import LocalTree
+
+        meta = self.runner.meta
         to_write: List[Tuple[Entry, bytes]] = []
         for entry, data, error in source.read_files(entries):
             if data is None:
                 self.failures.append((entry.path, error))
             elif entry.path in compare and isinstance(target, LocalTree) and \
                     target.same_content(entry, data):
+                # Pulled and already right: only its metadata (its time, say) differs.
                 self.failures += target.apply([Operation(METADATA, entry)], meta)
                 self._count("unchanged")
             else:
                 to_write.append((entry, data))
-        fresh = {a.path for a in actions if a.target is None}
         failures: List[Failure] = []
         for new in (True, False):
             batch = [(e, d) for e, d in to_write if (e.path in fresh) == new]
@@ -698,7 +708,6 @@ class _WorkerState:
         done = [(e, d) for e, d in to_write if e.path not in failed]
         self._count("files", len(done))
         self._count("bytes", sum(len(d) for _, d in done))
-        self.runner.progress.add(self.slot, len(entries), unit.weight)
 
     def _run_links(self, unit: Unit) -> None:
         self.failures += self.runner.target.apply([Operation(SYMLINK, e) for e in unit.items],
