@@ -169,10 +169,10 @@ def copy_open_files(source_fd: int, target_fd: int) -> str:
         choice != "fastcopy" and source.st_dev == target.st_dev and is_cifs(source_fd, source.st_dev))
     if wanted and cifs_copychunk(source_fd, target_fd):
         return "copychunk"
-    size = source.st_size
     # Like shutil.copyfile: no flush, and a file that changes while it is copied
     # is copied as far as it goes rather than refused.
-    return fastcopy.copy_into(source_fd, target_fd, size, detect_changes=False)
+    return fastcopy.copy_into(source_fd, target_fd, source.st_size, detect_changes=False,
+                              source_stat=source, target_device=target.st_dev)
 
 
 def patch_copyfile() -> None:
