@@ -217,6 +217,11 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
             source_listing.entries):
         raise UsageError(f"Refusing to delete everything in {target.location}: the source "
                          f"{source.location} has nothing to sync (use --force to do it anyway)")
+    if plan.deletions and source_listing.failures:
+        # What the source could not list looks deleted: deleting it would lose data.
+        logger.warning("Not deleting anything: %d part(s) of the source could not be listed",
+                       len(source_listing.failures))
+        plan.extraneous, plan.deletions = plan.deletions, []
     _warn_about(plan)
     if options.dry_run:
         result.differences = describe_plan(plan, _compare_contents(source, target, plan, options))
@@ -285,7 +290,14 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
 
     if isinstance(source, LocalTree) and isinstance(target, LocalTree):
         receive = _list_in_child(target)
-        source_listing = source.list()
+        try:
+            source_listing = source.list()
+        except BaseException:
+            try:
+                receive()  # reap the child
+            except BaseException:
+                pass
+            raise
         return source_listing, receive()
     box: Dict[str, object] = {}
 

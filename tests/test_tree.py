@@ -420,3 +420,19 @@ def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, m
     assert (progress.bytes_total, progress.bytes_done) == (total, total)
     line = TreeProgressDisplay(progress).render()
     assert "300 of 300 files" in line
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0,
+                    reason="needs root and setpriv (util-linux) to drop CAP_DAC_OVERRIDE")
+def test_delete_deletes_nothing_when_part_of_the_source_cannot_be_listed(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync(f"{tree}/", target)
+    os.chmod(tree / "sub", 0o000)  # its contents would look deleted
+    drop = "-dac_override,-dac_read_search"
+    done = subprocess.run(["setpriv", "--bounding-set", drop, "--inh-caps", drop,
+                           *pdiffcopy_command("--no-progress", "--delete", f"{tree}/", str(target))],
+                          capture_output=True, text=True)
+    os.chmod(tree / "sub", 0o755)
+    assert done.returncode == 23, done.stderr
+    assert "Not deleting anything" in done.stderr
+    assert (target / "sub" / "b.bin").exists() and (target / "sub" / "deeper" / "c.bin").exists()
