@@ -611,11 +611,16 @@ def cli_tools(args: argparse.Namespace, work: Path) -> dict[str, tuple[list[str]
     return tools
 
 
-def run_timed(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run a command; return its wall seconds, CPU seconds (user + system) and stderr."""
+def run_timed(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str]:
+    """Run a command; return its wall seconds, CPU seconds (user + system) and stderr.
+
+    ``cwd`` must not be the repository: ``python -m`` puts the working directory
+    first on the module path, where its pdiffcopy would shadow the one chosen
+    with PYTHONPATH (the baseline's).
+    """
     before = os.times()
     started = time.perf_counter()
-    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
     after = os.times()
     if result.returncode != 0:
@@ -629,7 +634,7 @@ def cli_phases(command: list[str], env: dict[str, str], source: Path, target: Pa
     remove([target])
     os.sync()
     verbose = [part for part in command if part != "-q"] + ["-v", str(source), str(target)]
-    elapsed, _, stderr = run_timed(verbose, env)
+    elapsed, _, stderr = run_timed(verbose, env, target.parent)
     phases = []
     for line in stderr.splitlines():
         if " s: " in line and " DEBUG " in line:
@@ -670,7 +675,7 @@ def cli_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
                     remove([target])
                     os.sync()  # what earlier runs left dirty is not this run's to write
                     benchlib.read_through(source)
-                    elapsed, cpu, _ = run_timed([*command, str(source), str(target)], env)
+                    elapsed, cpu, _ = run_timed([*command, str(source), str(target)], env, work)
                     if timed:
                         samples[name].append((elapsed, cpu))
                 if target.stat().st_size != size or benchlib.sha256_file(target) != digest:
