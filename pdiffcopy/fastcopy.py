@@ -135,6 +135,10 @@ CACHE_WINDOW = 32 * 1024 * 1024
 #: A progress callback: called with the number of bytes just copied.
 ProgressCallback = Callable[[int], None]
 
+#: A step callback: called after each step of a copy with the offset up to which
+#: the target now holds the source's bytes, and the method that copied them.
+StepCallback = Callable[[int, str], None]
+
 
 @dataclass
 class CopyReport:
@@ -325,6 +329,10 @@ class _CacheWindow:
     def finish(self, position: int) -> None:
         """The copy is complete up to ``position``: write back and drop what is left."""
         if not self.drop:
+            if self.writeback and position > self.write_started:
+                # The last, partial window: the caller's fsync then only waits.
+                self._sync(self.write_started, position - self.write_started, SYNC_FILE_RANGE_WRITE)
+                self.write_started = position
             return
         self._settle(self.write_dropped, position)
         _advise(self.source_fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -471,7 +479,8 @@ _COPIERS = {
 def copy_into(source_fd: int, target_fd: int, size: int, *, cache: str = DEFAULT_CACHE,
               durable: bool = False, progress: ProgressCallback | None = None,
               method: str | None = None, detect_changes: bool = True,
-              source_stat: os.stat_result | None = None, target_device: int | None = None) -> str:
+              on_step: StepCallback | None = None, source_stat: os.stat_result | None = None,
+              target_device: int | None = None) -> str:
     """Copy the first ``size`` bytes of one open file to the same offsets of another.
 
     Methods are tried in the order of :data:`METHODS`, starting at ``method``
@@ -497,6 +506,11 @@ def copy_into(source_fd: int, target_fd: int, size: int, *, cache: str = DEFAULT
                            source changes size or modification time during the
                            copy. When false, a source that shrank ends the copy
                            early and the target is cut to what was copied.
+    :param on_step: Called after each step with the offset up to which the
+                    target holds the source's bytes and the method that copied
+                    them (the sync hashes each finished segment of the target
+                    while the next one is copied; a ``"reflink"`` step is the
+                    whole file, sharing the source's extents).
     :param source_stat: ``os.fstat(source_fd)``, and
     :param target_device: ``os.fstat(target_fd).st_dev``, for callers that asked
                           already (each saves a system call, which shows on
@@ -531,8 +545,9 @@ def copy_into(source_fd: int, target_fd: int, size: int, *, cache: str = DEFAULT
                 reserve(target_fd, position, size - position)
             window.begin(position, size)
             reserved = True
+        report = progress if on_step is None else _stepper(progress, on_step, used, position)
         try:
-            position = _COPIERS[used](source_fd, target_fd, position, size, window, progress)
+            position = _COPIERS[used](source_fd, target_fd, position, size, window, report)
             break
         except _Refused as refusal:
             position = refusal.position
@@ -550,6 +565,21 @@ def copy_into(source_fd: int, target_fd: int, size: int, *, cache: str = DEFAULT
     elif position < size:
         os.ftruncate(target_fd, position)
     return used
+
+
+def _stepper(progress: ProgressCallback | None, on_step: StepCallback, method: str,
+             position: int) -> ProgressCallback:
+    """A progress callback for one method that also reports how far the copy has come."""
+    reached = position
+
+    def report(count: int) -> None:
+        nonlocal reached
+        reached += count
+        if progress is not None:
+            progress(count)
+        on_step(reached, method)
+
+    return report
 
 
 def copy_file(source_path: str, target_path: str, *, cache: str = DEFAULT_CACHE,

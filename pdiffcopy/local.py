@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import errno
-import multiprocessing
 import os
 import signal
 import stat as stat_module
-from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
@@ -30,6 +28,9 @@ from pdiffcopy.fileops import (
 )
 from pdiffcopy.hashing import hash_file_ranges
 
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future, ProcessPoolExecutor
+
 
 def _ready() -> bool:
     return True
@@ -42,13 +43,16 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
+def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
     """Start the processes that hash local files.
 
     The processes are forked now, before the sync starts any thread, because
     forking a process with running threads can deadlock the child. ``fork``
     (not spawn) keeps start-up to milliseconds.
     """
+    import multiprocessing  # here: whole-file copies hash in threads and never need it
+    from concurrent.futures import ProcessPoolExecutor
+
     context: "multiprocessing.context.BaseContext"
     try:
         context = multiprocessing.get_context("fork")
@@ -64,7 +68,7 @@ def start_hash_pool(concurrency: int) -> ProcessPoolExecutor:
 class LocalFile(FileEndpoint):
     """A regular file on a local file system."""
 
-    def __init__(self, path: str, pool: Optional[ProcessPoolExecutor] = None,
+    def __init__(self, path: str, pool: "Optional[Executor]" = None,
                  temporary: bool = False) -> None:
         self.location = path
         self.path = path
@@ -163,13 +167,17 @@ class LocalFile(FileEndpoint):
             written += length
         return written
 
-    def copy_all_from(self, source: "LocalFile", size: int, cache: str, progress=None) -> str:
-        """Copy the whole of another local file into this one, the fastest way there is."""
+    def copy_all_from(self, source: "LocalFile", size: int, cache: str, progress=None,
+                      on_step=None) -> str:
+        """Copy the whole of another local file into this one, the fastest way there is.
+
+        ``progress`` and ``on_step`` are passed to :func:`pdiffcopy.fastcopy.copy_into`.
+        """
         from pdiffcopy.fastcopy import copy_into
 
         try:
             return copy_into(source._reader(), self._writer(), size, cache=cache, durable=True,
-                             progress=progress)
+                             progress=progress, on_step=on_step)
         except OSError as error:
             raise storage_error(error, f"copy {source.path} to {self.path}") from None
 

@@ -14,10 +14,9 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from pdiffcopy.blocks import (
     DEFAULT_BLOCK_SIZE,
@@ -50,6 +49,9 @@ from pdiffcopy.hashing import (
     validate_method,
     verify_method,
 )
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -190,19 +192,28 @@ class _SyncJob:
         # Endpoints first: a bad path or URL fails before any process starts.
         self.source = self._endpoint(source, token, timeout, ca_file)
         self.target = self._endpoint(target, token, timeout, ca_file)
-        self.pool = None
+        self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if not e.is_remote]
-        if local:
+        if local and len(local) == 2 and (options.whole_file or not os.path.lexists(target)):
+            # A whole-file copy between local files hashes in threads: the
+            # hash functions release the GIL, and forking processes (and
+            # importing multiprocessing) cost more than it saves here.
+            self.pool = ThreadPoolExecutor(options.concurrency, thread_name_prefix="hash")
+        elif local:
             from pdiffcopy.local import start_hash_pool
 
             # Forked before any thread exists (see start_hash_pool).
             self.pool = start_hash_pool(options.concurrency)
-            for endpoint in local:
-                endpoint.pool = self.pool  # type: ignore[attr-defined]
+        for endpoint in local:
+            endpoint.pool = self.pool  # type: ignore[attr-defined]
         self.transfers: Optional[ThreadPoolExecutor] = None
         self.bytes_moved = 0
         #: The ranges written, by segment index: they are read back to verify.
         self.written: Dict[int, List[ByteRange]] = {}
+        #: Read-back hashing already started, by segment index (see _start_readback).
+        self.readback: Dict[int, tuple] = {}
+        #: Whether the whole target is a reflink clone of the source.
+        self.cloned = False
         self.lock = threading.Lock()
         self.prepared = False
 
@@ -221,7 +232,7 @@ class _SyncJob:
     def run(self) -> SyncResult:
         try:
             return self._run()
-        except BrokenProcessPool:
+        except BrokenExecutor:  # a process of the hash pool was killed
             raise StorageError("A hashing process died unexpectedly; nothing was reported synced") from None
         finally:
             self._shutdown()
@@ -400,9 +411,14 @@ class _SyncJob:
             self.source.drop_cache = work.drop_cache = True  # type: ignore[attr-defined]
         source_futures = self._hash_all(self.source, segments, method)
         if both_local:
-            used = work.copy_all_from(self.source, plan.size,  # type: ignore[attr-defined]
-                                      self.options.cache, progress=self.progress.add_moved)
+            early = resolve_cache(self.options.cache, plan.size) == "keep"
+            used = work.copy_all_from(  # type: ignore[attr-defined]
+                self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
+                on_step=self._read_back_early(segments, work) if early else None)
             logger.debug("Copied %s with %s", self.source.location, used)
+            # A clone shares the source's extents: reading them back through the
+            # target would read the very blocks the source's digests come from.
+            self.cloned = used == "reflink"
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
@@ -412,6 +428,29 @@ class _SyncJob:
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
         return _segment_digests(source_futures, segments, method)
+
+    def _read_back_early(self, segments: List[Segment], work: FileEndpoint):
+        """A step callback for the copy that starts hashing each segment of the target once copied.
+
+        The read-back then runs while the next segments are copied, instead of
+        all of it after the copy. It reads the page cache, as the read-back
+        after the copy did with the cache kept. A clone is not read back.
+        """
+        method = verify_method(self.options.hash_method)
+        pending = iter(segments)
+        segment = next(pending, None)
+
+        def copied(position: int, how: str) -> None:
+            nonlocal segment
+            if how == "reflink":
+                return
+            while segment is not None and segment.offset + segment.length <= position:
+                ranges = [(segment.offset, segment.length)]
+                self.progress.hash_total += segment.length
+                self.readback[segment.index] = (ranges, [self._hash_ranges(work, ranges, method)])
+                segment = next(pending, None)
+
+        return copied
 
     def _submit_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> Future:
         assert self.transfers is not None, "transfers start after the pool does"
@@ -459,7 +498,12 @@ class _SyncJob:
         """
         method = verify_method(self.options.hash_method)
         futures: Dict[int, tuple] = {}
+        if self.cloned:
+            return futures
         for segment in segments:
+            if segment.index in self.readback:
+                futures[segment.index] = self.readback[segment.index]  # started during the copy
+                continue
             if target_digests is None or method != self.options.hash_method:
                 ranges = [(segment.offset, segment.length)]
             elif segment.index in self.written:
@@ -483,8 +527,10 @@ class _SyncJob:
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
             source_digests = _segment_digests(futures, segments, method)
-        if target_digests is None or method != self.options.hash_method:
-            final_digests: List[bytes] = [b""] * plan.block_count
+        if self.cloned:
+            final_digests: List[bytes] = list(source_digests)
+        elif target_digests is None or method != self.options.hash_method:
+            final_digests = [b""] * plan.block_count
         else:
             final_digests = list(target_digests)
         for ranges, futures in readback.values():

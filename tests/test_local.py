@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -65,3 +66,121 @@ def test_source_and_target_the_same_file_is_refused(tmp_path):
     assert completed.returncode == 2
     assert "same file" in completed.stderr
     assert (tmp_path / "a").read_bytes() == b"data"
+
+
+# --------------------------------------------------------------------------- verification of whole-file copies
+
+#: More than one 64 MiB segment, so the read-back of a finished segment runs
+#: while the next one is copied (pdiffcopy.blocks.DEFAULT_SEGMENT_SIZE).
+TWO_SEGMENTS = 64 * 1024 * 1024 + 3 * 1024 * 1024 + 11
+
+
+def _corrupt_writes(monkeypatch, method: str, where: int, data: bytes) -> None:
+    """Make the kernel's (or the write loop's) copy land one wrong byte at ``where``.
+
+    The byte is flipped in the target right after the call that wrote it
+    returns, as a kernel or file system bug in a fast path would leave it.
+    """
+    from pdiffcopy import fastcopy
+
+    monkeypatch.setenv(fastcopy.METHOD_VARIABLE, method)
+    real = {"copy_file_range": os.copy_file_range, "sendfile": os.sendfile, "readwrite": os.pwrite}
+
+    def flip(fd: int, start: int, count: int) -> None:
+        if start <= where < start + count:
+            real["readwrite"](fd, bytes([data[where] ^ 0xFF]), where)
+
+    def copy_file_range(source_fd, target_fd, count, offset_src, offset_dst):
+        copied = real["copy_file_range"](source_fd, target_fd, count, offset_src, offset_dst)
+        flip(target_fd, offset_dst, copied)
+        return copied
+
+    def sendfile(out_fd, in_fd, offset, count):
+        sent = real["sendfile"](out_fd, in_fd, offset, count)
+        flip(out_fd, offset, sent)
+        return sent
+
+    def pwrite(fd, data, offset):
+        written = real["readwrite"](fd, data, offset)
+        flip(fd, offset, written)
+        return written
+
+    monkeypatch.setattr(os, method if method != "readwrite" else "pwrite",
+                        {"copy_file_range": copy_file_range, "sendfile": sendfile,
+                         "readwrite": pwrite}[method])
+
+
+@pytest.mark.parametrize("method", ["copy_file_range", "sendfile", "readwrite"])
+@pytest.mark.parametrize("where", [5, 64 * 1024 * 1024 - 1, TWO_SEGMENTS - 1],
+                         ids=["first-segment", "end-of-first-segment", "last-byte"])
+@pytest.mark.parametrize("cache", ["keep", "drop"])
+def test_whole_file_copy_detects_a_wrong_byte(tmp_path, monkeypatch, method, where, cache):
+    """A copy that comes out wrong fails the sync, wherever the byte is, and leaves no target.
+
+    With the cache kept, each segment of the target is read back as soon as
+    it is copied; a read-back that were skipped, or done before the data
+    landed, would let the wrong byte through.
+    """
+    from pdiffcopy import sync
+    from pdiffcopy.exceptions import VerificationFailed
+
+    data = random_bytes(TWO_SEGMENTS, seed=8)
+    (tmp_path / "a").write_bytes(data)
+    _corrupt_writes(monkeypatch, method, where, data)
+    with pytest.raises(VerificationFailed, match="1 block"):
+        sync(str(tmp_path / "a"), str(tmp_path / "b"), cache=cache, concurrency=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_whole_file_copy_in_place_detects_a_wrong_byte(tmp_path, monkeypatch):
+    """-W over an existing target (in place, no temporary file): the same check, the same error."""
+    from pdiffcopy import sync
+    from pdiffcopy.exceptions import VerificationFailed
+
+    data = random_bytes(TWO_SEGMENTS, seed=9)
+    (tmp_path / "a").write_bytes(data)
+    (tmp_path / "b").write_bytes(b"old")
+    _corrupt_writes(monkeypatch, "copy_file_range", 66 * 1024 * 1024, data)
+    with pytest.raises(VerificationFailed, match="1 block"):
+        sync(str(tmp_path / "a"), str(tmp_path / "b"), whole_file=True, cache="keep")
+
+
+def test_whole_file_copy_reads_back_every_segment_but_not_a_clone(tmp_path, monkeypatch):
+    """The target is hashed once per segment; a reflink clone (simulated here) is not re-read.
+
+    The clone shares the source's extents, so reading it would read the very
+    blocks the source's digests came from. Every other method's result is read.
+    """
+    import pdiffcopy.local
+    from pdiffcopy import fastcopy, sync
+
+    data = random_bytes(TWO_SEGMENTS, seed=10)
+    (tmp_path / "a").write_bytes(data)
+    hashed = []
+    real_hash = pdiffcopy.local.hash_file_ranges
+
+    def spy(path, ranges, *args):
+        hashed.append((os.path.basename(path), tuple(ranges)))
+        return real_hash(path, ranges, *args)
+
+    monkeypatch.setattr(pdiffcopy.local, "hash_file_ranges", spy)
+    result = sync(str(tmp_path / "a"), str(tmp_path / "b"), cache="keep")
+    assert result.verified and (tmp_path / "b").read_bytes() == data
+    target_reads = sorted(ranges for name, ranges in hashed if name != "a")
+    assert target_reads == [((0, 64 * 1024 * 1024),), ((64 * 1024 * 1024, TWO_SEGMENTS - 64 * 1024 * 1024),)]
+
+    def fake_clone(source_fd, target_fd, position, size, window, progress):
+        # A successful FICLONE, as far as the caller can tell: all bytes at once.
+        os.copy_file_range(source_fd, target_fd, size, 0, 0)
+        if progress is not None:
+            progress(size)
+        return size
+
+    monkeypatch.setitem(fastcopy._COPIERS, "reflink", fake_clone)
+    fastcopy.forget_refusals()  # ext4 refused the real FICLONE above
+    hashed.clear()
+    (tmp_path / "b").unlink()
+    result = sync(str(tmp_path / "a"), str(tmp_path / "c"), cache="keep")
+    assert result.verified and (tmp_path / "c").read_bytes() == data
+    assert [name for name, _ in hashed if name != "a"] == []
+    assert len([name for name, _ in hashed if name == "a"]) == 2  # the digest still comes from the source
