@@ -280,6 +280,35 @@ def test_copy_into_clones_a_temporary_on_xfs(xfs):
         temporary.unlink(missing_ok=True)
 
 
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="fincore (util-linux) is missing")
+def test_sync_of_a_new_file_on_xfs_is_a_clone_not_read_back(xfs, caplog):
+    """The command line's whole-file copy on XFS: a clone, verified without reading the clone.
+
+    Reading it back would fill the page cache with the clone's pages (and on
+    a cold cache read the whole file from disk); the source is hashed for the
+    digest, the target not at all.
+    """
+    import logging
+
+    from pdiffcopy import sync
+
+    source, target = xfs / "source4", xfs / "target4"
+    content = data(REFLINK_FILE_SIZE // 4, seed=5)
+    source.write_bytes(content)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="pdiffcopy.pipeline"):
+            result = sync(str(source), str(target))
+        assert f"Copied {source} with reflink" in caplog.text
+        assert result.verified and result.digest
+        assert resident_bytes(target) == 0
+        assert target.read_bytes() == content
+        if shutil.which("filefrag") is not None:
+            assert shared_extents(target) > 0
+    finally:
+        source.unlink()
+        target.unlink(missing_ok=True)
+
+
 # --------------------------------------------------------------------------- the page cache
 
 def resident_bytes(path: Path) -> int:
