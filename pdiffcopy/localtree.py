@@ -366,7 +366,17 @@ class LocalTree(TreeEndpoint):
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
 
     def set_metadata(self, entry: Entry, options: MetadataOptions) -> None:
-        """Set permissions (and times, owner) of an existing entry without following it."""
+        """Set permissions (and times, owner) of an existing entry without following it.
+
+        The path ``""`` is the tree's own directory (rsync -a sets it too).
+        """
+        if not entry.path:
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._directory(""))
+            try:
+                self._set_metadata_fd(fd, entry, options)
+            finally:
+                os.close(fd)
+            return
         directory, name = self._parent(entry.path)
         if entry.kind == SYMLINK_KIND:
             if options.owner and _IS_ROOT:

@@ -37,7 +37,7 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.localtree import LocalTree
 from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
-from pdiffcopy.treeendpoints import DELETE, REMOVE, Failure, MetadataOptions, Operation
+from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.treeplan import FILE, Entry
 from pdiffcopy.treewire import (
     MAX_BATCH_BYTES,
@@ -204,9 +204,9 @@ def check_files_to_read(entries: List[Entry]) -> None:
 
 
 def check_server_root_kept(operations: List[Operation]) -> None:
-    """Refuse to delete the server's root directory (a tree's own root is fair game)."""
+    """Refuse to delete the server's root directory or change its metadata (a tree's own root is fair game)."""
     for operation in operations:
-        if not operation.entry.path and operation.name in (DELETE, REMOVE):
+        if not operation.entry.path and operation.name in (DELETE, REMOVE, METADATA):
             raise AccessDenied("The root directory itself cannot be changed")
 
 

@@ -231,6 +231,7 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         result.seconds = time.monotonic() - started
         return result
     runner = _Runner(source, target, options, plan, progress, result)
+    runner.source_root = source_listing.root
     runner.run(target_listing.root is None)
     result.seconds = time.monotonic() - started
     return result
@@ -414,6 +415,7 @@ class _Runner:
         self.meta = options.metadata
         self.big: List[_BigFile] = []
         self.units: List[Unit] = []
+        self.source_root: Optional[Entry] = None
         self.started = time.monotonic()
 
     # -- sequential steps --------------------------------------------------
@@ -448,7 +450,8 @@ class _Runner:
         directories = [e for e in plan.deletions if e.kind == DIR]
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
-        self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()])
+        self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()]
+                    + self._root_fix())
         _log_phase(self.started, "deleted and set directory metadata")
 
     def delete_everything(self, remove_root: bool) -> None:
@@ -471,6 +474,16 @@ class _Runner:
             failed += self.target.apply(operations[start:start + BATCH_OPERATIONS * 8], self.meta)
         self.result.failures += failed
         return {path for path, _ in failed}
+
+    def _root_fix(self) -> List[Operation]:
+        """The target root's own permissions (and time, owner), as rsync -a sets them.
+
+        Not for a server's root directory, which the server keeps as it is.
+        """
+        root = self.source_root
+        if root is None or getattr(self.target, "path", None) == "":
+            return []
+        return [Operation(METADATA, root._replace(path=""))]
 
     def _directory_fixes(self):
         """Directory metadata, deepest first: with -t every directory whose contents changed too."""

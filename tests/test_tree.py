@@ -102,6 +102,8 @@ def test_permissions_kept_always_times_only_with_t(tree, tmp_path):
     assert os.stat(copied / "a.txt").st_mtime_ns != os.stat(tree / "a.txt").st_mtime_ns
     sync("-t", f"{tree}/", tmp_path / "timed")
     assert os.stat(tmp_path / "timed" / "a.txt").st_mtime_ns == os.stat(tree / "a.txt").st_mtime_ns
+    # The target's own directory too, as rsync -a does.
+    assert os.stat(tmp_path / "timed").st_mtime_ns == os.stat(tree).st_mtime_ns
     # Directory times are set after their contents changed.
     assert os.stat(tmp_path / "timed" / "sub").st_mtime_ns == os.stat(tree / "sub").st_mtime_ns
 

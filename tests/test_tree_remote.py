@@ -33,8 +33,10 @@ def test_push_then_pull_round_trip_keeps_everything(tree, tmp_path, remote):
     url, path = remote
     sync("-a", f"{tree}/", url)
     assert snapshot(path, times=True) == snapshot(tree, times=True)
+    assert os.stat(path).st_mtime_ns == os.stat(tree).st_mtime_ns  # the tree's own directory
     sync("-a", url, tmp_path / "back")
     assert snapshot(tmp_path / "back", times=True) == snapshot(tree, times=True)
+    assert os.stat(tmp_path / "back").st_mtime_ns == os.stat(tree).st_mtime_ns
     assert os.readlink(tmp_path / "back" / "link-outside") == "/etc/hostname"
 
 
