@@ -249,6 +249,8 @@ class LocalTree(TreeEndpoint):
                                  fresh)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
+                if is_full(error):
+                    break  # the rest would fail the same way
         return failures
 
     def copy_files_from(self, source: "LocalTree", entries: Iterable[Entry],
@@ -279,6 +281,8 @@ class LocalTree(TreeEndpoint):
                 files += 1
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
+                if is_full(error):
+                    break  # the rest would fail the same way
             finally:
                 os.close(source_fd)
         return failures, written, files
@@ -545,6 +549,15 @@ def _unlink_quietly(name: str, directory: int) -> None:
         os.unlink(name, dir_fd=directory)
     except OSError:
         pass
+
+
+#: Errors that mean no further write can succeed: a tree sync stops on them.
+FULL_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether ``error`` says the file system (or the quota) is full."""
+    return isinstance(error, OSError) and error.errno in FULL_ERRORS
 
 
 def _message(error: BaseException) -> str:

@@ -22,6 +22,7 @@ itself is inherited through the fork, never pickled.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -586,6 +587,8 @@ class _Runner:
                 if threading.current_thread() is threading.main_thread() else None
             try:
                 for index in range(len(self.units)):
+                    if state.full:
+                        break
                     state.run(self.units[index])
             finally:
                 if previous is not None:
@@ -623,6 +626,9 @@ class _Runner:
                         if index >= len(self.units):
                             break
                         state.run(self.units[index])
+                        if state.full:  # no worker takes another unit
+                            with next_unit.get_lock():
+                                next_unit.value = len(self.units)
                     with os.fdopen(writer, "wb") as stream:
                         pickle.dump((state.failures, state.counts), stream)
                 except BaseException:  # never run the parent's code in a child
@@ -646,6 +652,9 @@ class _Runner:
             raise
 
     def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
+        if counts.get("full") and not any(path == "" and message.startswith(_FULL_STOP)
+                                          for path, message in self.result.failures):
+            self.result.failures.append(("", f"{_FULL_STOP}; free some space and run again"))
         self.result.failures += failures
         self.result.files_copied += counts.get("files", 0)
         self.result.bytes_moved += counts.get("bytes", 0)
@@ -664,15 +673,22 @@ class _WorkerState:
         self.parts_failed = parts_failed
         self.failures: List[Failure] = []
         self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0,
-                                       "unchanged": 0}
+                                       "unchanged": 0, "full": 0}
 
     def run(self, unit: Unit) -> None:
         if _Stop.requested:
             raise KeyboardInterrupt
+        known = len(self.failures)
         try:
             getattr(self, f"_run_{unit.kind}")(unit)
         except PdiffcopyError as error:
             self.failures.append(("", str(error)))
+        if any(full in message for _, message in self.failures[known:] for full in _NO_SPACE):
+            self.counts["full"] = 1  # every further write would fail the same way
+
+    @property
+    def full(self) -> bool:
+        return bool(self.counts["full"])
 
     def _count(self, key: str, value: int = 1) -> None:
         self.counts[key] += value
@@ -904,6 +920,11 @@ def _request_stop(signum, frame) -> None:
     # partial file or a temporary behind. Units are small (a batch of small
     # files, 64 MiB of a big one), so the stop comes within a fraction of a second.
     _Stop.requested = True
+
+
+#: How a full target file system shows in a failure, and what the run then says.
+_NO_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+_FULL_STOP = "The target file system is full: stopped"
 
 
 class _AlreadyReported(Exception):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any, Iterable, Iterator, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import xxhash
 
@@ -200,9 +200,14 @@ def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
                            whose content is not as long as its entry says
                            (the receiver would refuse the whole stream).
     """
+    # Small records go out together, in pieces of at least _COALESCE_BYTES:
+    # one HTTP chunk (and one send) per small file would cost more than the file.
+    pending: List[bytes] = []
+    pending_size = 0
     for entry, data, error in records:
         if data is None:
-            yield encode_header(entry, 0, error or "unreadable") + digest(b"")
+            pending.append(encode_header(entry, 0, error or "unreadable") + digest(b""))
+            pending_size += len(pending[-1])
             continue
         if len(data) != entry.size:
             raise TreeWireError(f"{entry.path!r} has {len(data)} bytes, its entry says {entry.size}")
@@ -211,19 +216,35 @@ def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
                                 f"to travel whole")
         header = encode_header(entry, len(data))
         if len(data) < _COALESCE_BYTES:
-            yield b"".join((header, data, digest(data)))
+            pending += (header, data, digest(data))
+            pending_size += len(header) + len(data) + DIGEST_SIZE
+            if pending_size >= _COALESCE_BYTES:
+                yield b"".join(pending)
+                pending, pending_size = [], 0
         else:
-            yield header
+            pending.append(header)
+            yield b"".join(pending)
+            pending, pending_size = [], 0
             yield data
             yield digest(data)
-    yield END_MARKER
+    pending.append(END_MARKER)
+    yield b"".join(pending)
 
 
 # -- decoding ------------------------------------------------------------------
 
 
+#: Bytes a decoder reads from its source at a time (more when a record needs it).
+READ_AHEAD_BYTES = 256 * 1024
+
+
 class _Source:
-    """Exactly-``n``-bytes reads over a file-like object or an iterator of chunks."""
+    """Exactly-``n``-bytes reads over a file-like object or an iterator of chunks.
+
+    Reads are served from a read-ahead buffer: a record is four reads
+    (length, header, data, digest), and four calls into a chunked HTTP
+    response per small file cost more than the file itself.
+    """
 
     def __init__(self, source: Any) -> None:
         self._read = getattr(source, "read", None)
@@ -231,51 +252,38 @@ class _Source:
         self._chunks: Optional[Iterator[bytes]] = None
         if self._read is None and self._readinto is None:
             self._chunks = iter(source)
-        self._pending = bytearray()  # chunk bytes not handed out yet
+        self._buffer = b""  # read ahead; handed out from _position on
+        self._position = 0
 
     def read(self, size: int) -> bytes:
         """Up to ``size`` bytes; fewer only at the end of the stream."""
         if size <= 0:
             return b""
-        if self._chunks is not None:
-            return self._from_chunks(size)
-        if self._read is not None:
-            first = self._read(size)
-            if len(first) == size or not first:
-                return bytes(first)
-            parts = [first]
-            got = len(first)
-            while got < size:
-                data = self._read(size - got)
-                if not data:
-                    break
-                parts.append(data)
-                got += len(data)
-            return b"".join(parts)
-        readinto = self._readinto
-        assert readinto is not None  # one of the three is set
-        buffer = bytearray(size)
-        view = memoryview(buffer)
-        got = 0
-        while got < size:
-            count = readinto(view[got:])
-            if not count:
+        start = self._position
+        if len(self._buffer) - start >= size:
+            self._position = start + size
+            return self._buffer[start:start + size]
+        parts = [self._buffer[start:]]
+        have = len(parts[0])
+        while have < size:
+            more = self._raw(max(READ_AHEAD_BYTES, size - have))
+            if not more:
                 break
-            got += count
-        del view
-        return bytes(buffer[:got]) if got < size else bytes(buffer)
+            parts.append(more)
+            have += len(more)
+        joined = b"".join(parts)
+        self._buffer, self._position = joined, min(size, len(joined))
+        return joined[:size]
 
-    def _from_chunks(self, size: int) -> bytes:
-        assert self._chunks is not None
-        while len(self._pending) < size:
-            try:
-                chunk = next(self._chunks)
-            except StopIteration:
-                break
-            self._pending += chunk
-        data = bytes(self._pending[:size])
-        del self._pending[:size]
-        return data
+    def _raw(self, size: int) -> bytes:
+        """The next bytes of the underlying stream, at most ``size`` (empty at its end)."""
+        if self._chunks is not None:
+            return next(self._chunks, b"")
+        if self._read is not None:
+            return bytes(self._read(size))
+        buffer = bytearray(size)
+        count = self._readinto(memoryview(buffer))  # type: ignore[misc]
+        return bytes(buffer[:count]) if count else b""
 
 
 def decode_files(source: Any, max_files: Optional[int] = None,

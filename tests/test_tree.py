@@ -438,3 +438,32 @@ def test_delete_deletes_nothing_when_part_of_the_source_cannot_be_listed(tree, t
     assert done.returncode == 23, done.stderr
     assert "Not deleting anything" in done.stderr
     assert (target / "sub" / "b.bin").exists() and (target / "sub" / "deeper" / "c.bin").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_target_stops_the_run_with_whole_files_only(tmp_path):
+    source = tmp_path / "src"
+    for d in range(20):  # 2,000 files: 8 batches, each of which would meet the full disk
+        (source / f"d{d}").mkdir(parents=True)
+        for f in range(100):
+            (source / f"d{d}" / f"f{f}").write_bytes(random_bytes(3000, seed=d * 100 + f))
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        done = sync("-a", f"{source}/", small / "dst", ok=False)
+        assert done.returncode == 23, done.stderr
+        assert "file system is full: stopped" in done.stderr
+        assert "Traceback" not in done.stderr
+        # It stopped at the first full write of each worker, not after trying all 400 files.
+        import re
+
+        failed = int(re.search(r"(\d+) path\(s\) failed", done.stderr).group(1))
+        assert failed <= 4, done.stderr[-2000:]
+        expected = snapshot(source)
+        for path, item in snapshot(small / "dst").items():
+            assert not path.rpartition("/")[2].startswith("."), f"temporary left: {path}"
+            if item[0] == "file":
+                assert item == expected[path], f"partial file: {path}"
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
