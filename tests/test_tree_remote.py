@@ -144,3 +144,22 @@ def test_big_files_by_ranges_and_block_delta_remote(tmp_path, remote, monkeypatc
     assert not second.failures
     assert second.bytes_moved <= 2 * 64 * 1024, second.bytes_moved
     assert snapshot(path, times=True) == snapshot(local, times=True)
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_sparse_files_stay_sparse_through_the_server(tmp_path, remote, direction):
+    url, path = remote
+    local = tmp_path / "local"
+    side = local if direction == "push" else path
+    side.mkdir(parents=True)
+    with open(side / "sparse", "wb") as handle:
+        handle.truncate(8 * 1024 * 1024)
+        handle.seek(4 * 1024 * 1024)
+        handle.write(b"the only data")
+    if direction == "push":
+        sync(f"{local}/", url)
+    else:
+        sync(url, f"{local}/")
+    copy = (path if direction == "push" else local) / "sparse"
+    assert copy.read_bytes() == (side / "sparse").read_bytes()
+    assert os.stat(copy).st_blocks * 512 <= 64 * 1024, os.stat(copy).st_blocks
