@@ -184,7 +184,9 @@ class LocalFile(FileEndpoint):
     def flush(self) -> None:
         try:
             os.fsync(self._writer())
-            if self._created or self.temporary:
+            # A temporary file's name needs no flush: replace() renames it and
+            # then flushes the directory, which makes the final name durable.
+            if self._created and not self.temporary:
                 fsync_directory(os.path.dirname(self.path))
         except OSError as error:
             raise storage_error(error, f"flush {self.path}") from None
