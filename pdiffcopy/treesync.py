@@ -22,7 +22,9 @@ itself is inherited through the fork, never pickled.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import logging
 import multiprocessing
 import os
@@ -194,6 +196,30 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
             --delete with an empty source); failures of single files are
             collected in :attr:`TreeResult.failures` instead.
     """
+    with _no_garbage_collection():
+        return _sync_tree(source, target, options, progress, report_line)
+
+
+@contextlib.contextmanager
+def _no_garbage_collection():
+    """The cyclic garbage collector off while a tree sync runs.
+
+    Listings of 64,000 entries are hundreds of thousands of objects, and
+    every collection walks them all, for nothing: a tree sync makes no
+    cycles worth collecting. It took 0.3-0.5 s of a 1.4 s no-change sync.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
+               progress: Optional[TreeProgress],
+               report_line: Optional[Callable[[str], None]]) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
@@ -245,6 +271,12 @@ def remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tre
     With includes or excludes only the selected entries go, and the
     directories that end up empty; without, the root goes too.
     """
+    with _no_garbage_collection():
+        return _remove_tree(tree, options, progress, report_line)
+
+
+def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[TreeProgress],
+                 report_line: Optional[Callable[[str], None]]) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
