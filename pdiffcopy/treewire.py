@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
@@ -34,7 +35,7 @@ import xxhash
 from pdiffcopy.exceptions import AccessDenied, BadRequest
 from pdiffcopy.paths import MAX_PATH_LENGTH
 from pdiffcopy.treeendpoints import OPERATIONS, Operation
-from pdiffcopy.treeplan import FILE, Entry
+from pdiffcopy.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -133,6 +134,34 @@ def check_relative_path(path: str, allow_root: bool = False) -> str:
     return path
 
 
+#: A "." or ".." component, or an empty one, anywhere in a path.
+_ODD_COMPONENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+_KINDS = frozenset((FILE, DIR, SYMLINK, OTHER))
+_UINT32 = range(0, _MAX_UINT32 + 1)
+
+
+def _plainly_valid(value: Any) -> Optional[Entry]:
+    """The entry, when every check passes the cheap way (the common case:
+    ASCII names, sane numbers); ``None`` sends it through the field-by-field
+    checks, which also say what is wrong. A listing of 64,000 entries spent
+    0.8 s in those."""
+    if type(value) is not list or len(value) != 10:
+        return None
+    path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
+    if not (type(path) is str and path.isascii() and 0 < len(path) <= MAX_PATH_LENGTH
+            and path[0] != "/" and "\x00" not in path and not _ODD_COMPONENT.search(path)
+            and type(target) is str and target.isascii() and "\x00" not in target
+            and len(target) <= MAX_PATH_LENGTH and kind in _KINDS
+            and type(size) is int and 0 <= size <= _MAX_INT64
+            and type(mtime_ns) is int and -_MAX_INT64 - 1 <= mtime_ns <= _MAX_INT64
+            and type(mode) is int and mode in _UINT32 and type(uid) is int and uid in _UINT32
+            and type(gid) is int and gid in _UINT32 and type(nlink) is int and nlink in _UINT32
+            and type(sparse) is int and sparse in (0, 1)):
+        return None
+    return tuple.__new__(Entry, (path, kind, size, mtime_ns, mode, uid, gid, target, nlink,
+                                 bool(sparse)))
+
+
 def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     """An :class:`Entry` from its wire form, checked field by field.
 
@@ -143,6 +172,9 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     :raises TreeWireError: (or :class:`AccessDenied` for a path leading out)
                            with a one-line message.
     """
+    quick = _plainly_valid(value)
+    if quick is not None:
+        return quick
     if not isinstance(value, list) or len(value) != 10:
         raise TreeWireError("Invalid entry: expected a list of 10 values")
     path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
