@@ -131,7 +131,7 @@ class PathFilter:
         taken: List[Entry] = []
         for entry in sorted(entries, key=lambda e: e.path):
             parent = entry.parent
-            if parent and _under(parent, pruned):
+            if parent and is_under(parent, pruned):
                 if entry.kind == DIR:
                     pruned.add(entry.path)
                 continue
@@ -158,7 +158,7 @@ class PathFilter:
 
     def protects(self, path: str, is_dir: bool, parents_pruned: Set[str]) -> bool:
         """Whether a target entry is outside what the filters select (and so never deleted)."""
-        if path.rpartition("/")[0] and _under(path.rpartition("/")[0], parents_pruned):
+        if path.rpartition("/")[0] and is_under(path.rpartition("/")[0], parents_pruned):
             return True
         if self.excluded(path, is_dir):
             return True
@@ -170,7 +170,7 @@ def _ancestors(path: str) -> List[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _under(directory: str, prefixes: Set[str]) -> bool:
+def is_under(directory: str, prefixes: Set[str]) -> bool:
     """Whether ``directory`` is one of ``prefixes`` or below one."""
     while directory:
         if directory in prefixes:
@@ -277,7 +277,7 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
     same_owner = not options.owner
     for entry in sorted(wanted):  # by path (the first field): parents before children
-        if removed and _under(entry.parent, removed):
+        if removed and is_under(entry.parent, removed):
             current = None
         else:
             current = existing.get(entry.path)
@@ -349,9 +349,9 @@ def _plan_extraneous(plan: TreePlan, wanted: Sequence[Entry], target: Sequence[E
     pruned = {e.path for e in target if e.kind == DIR and path_filter.excluded(e.path, True)}
     extra: List[Entry] = []
     for entry in sorted(target, key=lambda e: e.path):
-        if entry.path in present or (entry.parent and _under(entry.parent, removed)):
+        if entry.path in present or (entry.parent and is_under(entry.parent, removed)):
             continue
-        if entry.kind == DIR and entry.parent and _under(entry.parent, pruned):
+        if entry.kind == DIR and entry.parent and is_under(entry.parent, pruned):
             pruned.add(entry.path)
         if path_filter.protects(entry.path, entry.kind == DIR, pruned):
             continue
@@ -415,8 +415,10 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
             how.append("content")
         if source.permissions != target.permissions:
             how.append(f"mode {target.permissions:04o} -> {source.permissions:04o}")
-        if differs is False and action.reason != REASON_SIZE and how == ["time"] or not how:
-            how = how or ["content unknown"]
+        if not how:
+            if differs is False:
+                continue  # compared by content (--checksum) and the same: no difference
+            how = ["content unknown"]
         lines.append(Difference("changed", FILE, source.path, ", ".join(how)))
     for entry, current in plan.symlinks:
         lines.append(Difference("new" if current is None else "changed", SYMLINK, entry.path,
@@ -470,6 +472,7 @@ def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
 
 __all__ = [
     "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "MetadataFix",
-    "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "kind_of", "plan_tree", "printable",
+    "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "is_under", "kind_of", "plan_tree",
+    "printable",
     "removal_order",
 ]

@@ -71,6 +71,7 @@ from pdiffcopy.treeplan import (
     PlanOptions,
     TreePlan,
     describe_plan,
+    is_under,
     plan_tree,
 )
 
@@ -533,11 +534,9 @@ class _Runner:
     # -- the queue ---------------------------------------------------------
 
     def _build_units(self, failed_directories: set) -> None:
-        from pdiffcopy.treeplan import _under
-
         small: List[FileAction] = []
         for action in self.plan.files:
-            if failed_directories and _under(action.source.parent, failed_directories):
+            if failed_directories and is_under(action.source.parent, failed_directories):
                 self.result.failures.append((action.path, "its directory could not be made"))
                 continue
             size = action.source.size

@@ -467,3 +467,13 @@ def test_full_target_stops_the_run_with_whole_files_only(tmp_path):
                 assert item == expected[path], f"partial file: {path}"
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_checksum_diff_lists_only_files_whose_content_differs(tree, tmp_path):
+    target = tmp_path / "dst"
+    sync("-a", f"{tree}/", target)
+    (target / "sub" / "b.bin").write_bytes(bytes(300_000))  # same size, other content
+    info = os.stat(tree / "sub" / "b.bin")
+    os.utime(target / "sub" / "b.bin", ns=(info.st_atime_ns, info.st_mtime_ns))
+    lines = sync("-a", "--checksum", "--diff", f"{tree}/", target).stdout.splitlines()
+    assert len(lines) == 1 and "sub/b.bin" in lines[0] and "content" in lines[0], lines
