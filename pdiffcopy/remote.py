@@ -546,7 +546,8 @@ class RemoteFile(FileEndpoint):
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, RemoteFile)
-        self._call("POST", "rename", params={"to": other.path})
+        # The name's bytes, not its characters: it may not be UTF-8.
+        self._call("POST", "rename", params={"to": os.fsencode(other.path)})
 
     def remove_temporary(self) -> None:
         try:

@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
+from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -421,8 +422,14 @@ def int_arg(name: str, minimum: int, maximum: int) -> int:
 
 
 def path_arg(name: str) -> str:
-    """A required query parameter naming a file (checked like any path when opened)."""
-    value = request.args.get(name, "")
+    """A required query parameter naming a file (checked like any path when opened).
+
+    Decoded from the raw query string as file names are (bytes that are not
+    UTF-8 kept as surrogate escapes), not by Werkzeug, which replaces them.
+    """
+    raw = request.environ.get("QUERY_STRING", "")
+    values = parse_qs(raw, encoding="utf-8", errors="surrogateescape").get(name) or [""]
+    value = values[0]
     if not value:
         raise BadRequest(f"Missing parameter: {name}")
     return value

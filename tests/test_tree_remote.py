@@ -121,7 +121,8 @@ def test_big_files_by_ranges_and_block_delta_remote(tmp_path, remote, monkeypatc
     side = local if direction == "push" else path
     side.mkdir(exist_ok=True)
     big = random_bytes(4 * 1024 * 1024 + 999, seed=11)
-    (side / "big").write_bytes(big)
+    name = os.fsdecode(b"big \xe9 name")  # not UTF-8: its URL must carry the bytes
+    (side / name).write_bytes(big)
     (side / "small").write_bytes(b"small")
 
     def run():
@@ -139,7 +140,7 @@ def test_big_files_by_ranges_and_block_delta_remote(tmp_path, remote, monkeypatc
     assert snapshot(path, times=True) == snapshot(local, times=True)
     changed = bytearray(big)
     changed[2 * 1024 * 1024] ^= 0x55
-    (side / "big").write_bytes(bytes(changed))
+    (side / name).write_bytes(bytes(changed))
     second = run()
     assert not second.failures
     assert second.bytes_moved <= 2 * 64 * 1024, second.bytes_moved
