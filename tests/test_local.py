@@ -184,3 +184,36 @@ def test_whole_file_copy_reads_back_every_segment_but_not_a_clone(tmp_path, monk
     assert result.verified and (tmp_path / "c").read_bytes() == data
     assert [name for name, _ in hashed if name != "a"] == []
     assert len([name for name, _ in hashed if name == "a"]) == 2  # the digest still comes from the source
+
+
+def test_ctrl_c_during_a_whole_file_copy_leaves_no_temporary_and_no_thread(tmp_path, monkeypatch):
+    """Interrupted after the first segment (its read-back already running): nothing is left behind.
+
+    The hashing threads of a whole-file copy cannot be interrupted; the sync
+    waits for them before it returns, so none of them outlives it reading a
+    file that is being removed.
+    """
+    import threading
+
+    from pdiffcopy import fastcopy, sync
+
+    data = random_bytes(TWO_SEGMENTS, seed=11)
+    (tmp_path / "a").write_bytes(data)
+    (tmp_path / "b").write_bytes(b"old")
+    monkeypatch.setenv(fastcopy.METHOD_VARIABLE, "copy_file_range")
+    real = os.copy_file_range
+    calls = []
+
+    def interrupted(source_fd, target_fd, count, offset_src, offset_dst):
+        calls.append(offset_dst)
+        if offset_dst >= 64 * 1024 * 1024:
+            raise KeyboardInterrupt
+        return real(source_fd, target_fd, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sync(str(tmp_path / "a"), str(tmp_path / "b"), whole_file=True, atomic=True, cache="keep")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    assert (tmp_path / "b").read_bytes() == b"old"
+    assert [t.name for t in threading.enumerate() if t.name.startswith("hash")] == []
+    assert max(calls) >= 64 * 1024 * 1024  # the first segment was copied (and read back)
