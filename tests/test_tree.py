@@ -449,7 +449,10 @@ def test_full_target_stops_the_run_with_whole_files_only(tmp_path):
             (source / f"d{d}" / f"f{f}").write_bytes(random_bytes(3000, seed=d * 100 + f))
     small = tmp_path / "small"
     small.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         done = sync("-a", f"{source}/", small / "dst", ok=False)
         assert done.returncode == 23, done.stderr
