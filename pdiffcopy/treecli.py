@@ -61,24 +61,16 @@ def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[
         target_kind = _kind(target, token, args)
         if target_kind is not None and target_kind != "directory":
             raise UsageError(f"Cannot sync the directory {source} onto {target}: it is not a directory")
-        source_tree, target_tree = tree_locations(source, target, target_kind == "directory")
+        source_tree, target_tree = tree_locations(source, target)
         check_not_nested(source_tree, target_tree)
         return source_tree, target_tree, True
-    if source_kind is None and source.endswith("/"):
-        raise FileMissing(f"Source does not exist: {source}")
-    if args.remove or args.delete and source_kind is None:
+    if source_kind is None and (source.endswith("/") or args.delete):
         raise FileMissing(f"Source does not exist: {source}")
     if source_kind is not None and (_kind(target, token, args) == "directory" or target.endswith("/")):
-        name = os.path.basename(source.rstrip("/")) if not is_url(source) else \
-            _url_name(source)
-        return source, target.rstrip("/") + "/" + name, False
+        from pdiffcopy.treesync import join_location, last_name
+
+        return source, join_location(target, last_name(source)), False
     return source, target, False
-
-
-def _url_name(url: str) -> str:
-    from urllib.parse import unquote, urlsplit
-
-    return unquote(urlsplit(url).path.rstrip("/").rpartition("/")[2])
 
 
 def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:

@@ -977,26 +977,34 @@ class _NoLock:
 # -- what SOURCE and TARGET mean -------------------------------------------
 
 
-def tree_locations(source: str, target: str, target_is_directory: bool) -> Tuple[str, str]:
+def tree_locations(source: str, target: str) -> Tuple[str, str]:
     """rsync's convention: ``SRC/`` syncs the contents of SRC into TARGET,
     ``SRC`` syncs the directory itself into TARGET (as TARGET/SRC).
 
     :returns: The source and target tree locations to sync.
     """
-    if source.endswith("/"):
-        return source, target
-    name = _last_name(source)
-    if not name:
-        raise UsageError(f"Cannot tell the name of the directory {source!r}")
-    return source + "/", target.rstrip("/") + "/" + name
+    name = last_name(source)
+    if source.endswith("/") or name in ("", ".", ".."):  # "." has no name to go by
+        return source.rstrip("/") + "/", target
+    return source + "/", join_location(target, name)
 
 
-def _last_name(location: str) -> str:
+def last_name(location: str) -> str:
+    """The last component of a path or URL (percent-decoded, bytes kept as file names keep them)."""
     if is_url(location):
-        from urllib.parse import unquote, urlsplit
+        from urllib.parse import unquote_to_bytes, urlsplit
 
-        return unquote(urlsplit(location).path.rstrip("/").rpartition("/")[2])
-    return os.path.basename(os.path.normpath(location))
+        return os.fsdecode(unquote_to_bytes(urlsplit(location).path.rstrip("/").rpartition("/")[2]))
+    return os.path.basename(location.rstrip("/"))
+
+
+def join_location(directory: str, name: str) -> str:
+    """``directory/name`` for a path or a URL (the name percent-encoded)."""
+    if is_url(directory):
+        from pdiffcopy.remote import quote_path
+
+        return directory.rstrip("/") + "/" + quote_path(name)
+    return os.path.join(directory, name)
 
 
 def check_not_nested(source: str, target: str) -> None:
@@ -1009,5 +1017,5 @@ def check_not_nested(source: str, target: str) -> None:
         raise UsageError(f"The target {target} is inside the source {source}")
 
 
-__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "check_not_nested", "remove_tree",
-           "sync_tree", "tree_locations"]
+__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "check_not_nested", "join_location",
+           "last_name", "remove_tree", "sync_tree", "tree_locations"]

@@ -480,3 +480,10 @@ def test_checksum_diff_lists_only_files_whose_content_differs(tree, tmp_path):
     os.utime(target / "sub" / "b.bin", ns=(info.st_atime_ns, info.st_mtime_ns))
     lines = sync("-a", "--checksum", "--diff", f"{tree}/", target).stdout.splitlines()
     assert len(lines) == 1 and "sub/b.bin" in lines[0] and "content" in lines[0], lines
+
+
+def test_dot_source_means_its_contents(tree, tmp_path):
+    done = subprocess.run(pdiffcopy_command("--no-progress", ".", str(tmp_path / "dst")), cwd=tree,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert snapshot(tmp_path / "dst") == snapshot(tree)

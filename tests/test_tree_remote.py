@@ -164,3 +164,13 @@ def test_sparse_files_stay_sparse_through_the_server(tmp_path, remote, direction
     copy = (path if direction == "push" else local) / "sparse"
     assert copy.read_bytes() == (side / "sparse").read_bytes()
     assert os.stat(copy).st_blocks * 512 <= 64 * 1024, os.stat(copy).st_blocks
+
+
+def test_file_with_url_characters_goes_into_a_remote_directory(tmp_path, remote):
+    url, path = remote
+    path.mkdir()
+    name = "a #1 %41?.txt"  # '#', '%' and '?' must be encoded in the URL
+    (tmp_path / name).write_bytes(b"odd name")
+    sync(tmp_path / name, url)
+    assert (path / name).read_bytes() == b"odd name"
+    assert sorted(os.listdir(path)) == [name]
