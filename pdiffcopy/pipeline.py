@@ -117,6 +117,8 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param hash_method: Block hash (any :mod:`hashlib` name, ``xxh3_128``, ``blake3``...).
     :param whole_file: Skip the comparison and copy every block.
     :param concurrency: Hashing processes and connections (default: CPU count).
+                        A whole-file copy between local files hashes in one
+                        thread beside the copy, which is faster than more.
     :param dry_run: Only compare and report the similarity; change nothing.
     :param atomic: Write a temporary sibling and rename it over the target at the end.
     :param token: Shared secret for the server (default: ``$PDIFFCOPY_TOKEN``).
