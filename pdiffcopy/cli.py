@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-W", "--whole-file", action="store_true",
                       help="copy every block without comparing (still verified)")
     sync.add_argument("-c", "--concurrency", metavar="COUNT", type=_positive_int, default=None,
-                      help="hashing processes and connections (default: number of CPUs); "
-                           "for the server, worker processes")
+                      help="hashing processes, connections and tree workers (default: number "
+                           "of CPUs); for the server, worker processes")
     sync.add_argument("-n", "--dry-run", action="store_true",
                       help="report the similarity index and what would move; change nothing")
     sync.add_argument("--atomic", action="store_true",
