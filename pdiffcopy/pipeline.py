@@ -135,7 +135,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
         block_size=parse_block_size(block_size),
         hash_method=validate_method(hash_method),
         whole_file=whole_file,
-        concurrency=_check_concurrency(concurrency),
+        concurrency=check_concurrency(concurrency),
         dry_run=dry_run,
         atomic=atomic,
         cache=_check_cache(cache),
@@ -175,7 +175,7 @@ def _check_cache(value: str) -> str:
     return value
 
 
-def _check_concurrency(value: Optional[int]) -> int:
+def check_concurrency(value: Optional[int]) -> int:
     if value is None:
         return max(1, os.cpu_count() or 1)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:

@@ -86,9 +86,9 @@ def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str])
 
 
 def _concurrency(args: argparse.Namespace) -> int:
-    from pdiffcopy.pipeline import _check_concurrency
+    from pdiffcopy.pipeline import check_concurrency
 
-    return _check_concurrency(args.concurrency)
+    return check_concurrency(args.concurrency)
 
 
 def tree_options(args: argparse.Namespace):

@@ -612,8 +612,7 @@ class _Runner:
             sum(len(u.items) for u in self.units if u.kind != "range" and u.kind != "delta") < INLINE_FILES
         workers = min(self.options.concurrency, len(self.units))
         if workers <= 1 or small_job:
-            state = _WorkerState(self, 0, parts_left=[b.parts for b in self.big],
-                                 parts_failed=[0] * len(self.big))
+            state = _WorkerState(self, 0, *self._part_counters())
             previous = signal.signal(signal.SIGINT, _request_stop) \
                 if threading.current_thread() is threading.main_thread() else None
             try:
@@ -629,11 +628,16 @@ class _Runner:
             return
         self._run_forked(workers)
 
+    def _part_counters(self):
+        """Per big file: parts left to do, and whether one failed (shared by forked workers)."""
+        context = multiprocessing.get_context("fork")
+        return (context.Array("i", [b.parts for b in self.big] or [0]),
+                context.Array("i", [0] * (len(self.big) or 1)))
+
     def _run_forked(self, workers: int) -> None:
         context = multiprocessing.get_context("fork")
         next_unit = context.Value("q", 0)
-        parts_left = context.Array("i", [b.parts for b in self.big] or [0])
-        parts_failed = context.Array("i", [0] * (len(self.big) or 1))
+        parts_left, parts_failed = self._part_counters()
         processes = []
         for slot in range(workers):
             reader, writer = os.pipe()
@@ -871,13 +875,13 @@ class _WorkerState:
             raise PdiffcopyError(f"Verification failed: {big.action.path} differs after the copy")
 
     def _part_failed(self, index: int, message: str) -> None:
-        with self.parts_failed.get_lock() if hasattr(self.parts_failed, "get_lock") else _NoLock():
+        with self.parts_failed.get_lock():
             if not self.parts_failed[index]:
                 self.failures.append((self.runner.big[index].action.path, message))
             self.parts_failed[index] = 1
 
     def _part_done(self, index: int) -> None:
-        with self.parts_left.get_lock() if hasattr(self.parts_left, "get_lock") else _NoLock():
+        with self.parts_left.get_lock():
             self.parts_left[index] -= 1
             last = self.parts_left[index] == 0
         if last:
@@ -964,14 +968,6 @@ class _AlreadyReported(Exception):
 
 class _Empty(Exception):
     pass
-
-
-class _NoLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        return False
 
 
 # -- what SOURCE and TARGET mean -------------------------------------------
