@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE
-from pdiffcopy.paths import Root
+from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -218,9 +218,21 @@ class LocalTree(TreeEndpoint):
     # -- reading -----------------------------------------------------------
 
     def open_file(self, entry: Entry) -> int:
-        """Open a listed regular file for reading, never through a symlink."""
+        """Open a listed regular file for reading, never through a symlink.
+
+        Only a regular file is opened: the kind is checked first (``fstatat``
+        opens nothing, and opening some devices has effects), and the open
+        itself cannot block on a FIFO swapped in since (:data:`PROBING_FLAGS`).
+        A server's client names the entries it wants read, so "listed" is
+        its claim, not ours.
+        """
         directory, name = self._parent(entry.path)
-        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFile(f"Not a regular file: {entry.path} is {describe_kind(mode)}")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        check_regular(fd, entry.path)
+        return fd
 
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
         for entry in entries:
@@ -389,9 +401,12 @@ class LocalTree(TreeEndpoint):
                 os.utime(name, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=directory,
                          follow_symlinks=False)
             return
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS
         if entry.kind == DIR:
             flags |= os.O_DIRECTORY
+        elif kind_of(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode) != entry.kind:
+            # Checked before opening: a device named as a file is never opened.
+            raise TreeFailure(f"is no longer a {entry.kind}")
         try:
             fd = os.open(name, flags, dir_fd=directory)
         except PermissionError:
@@ -500,7 +515,8 @@ class LocalTree(TreeEndpoint):
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local import LocalFile
 
-        return LocalFile(os.path.join(self.directory, path))
+        # Beneath the root, like every other access of the tree (docs/trees.rst).
+        return LocalFile.below(self.root, self._full(path))
 
     def file_path(self, path: str) -> str:
         return os.path.join(self.directory, path)

@@ -47,7 +47,6 @@ from pdiffcopy.exceptions import (
     AuthenticationFailed,
     BadRequest,
     Conflict,
-    NotAFile,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
@@ -464,13 +463,12 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
 
 
 def open_regular(root: Root, path: str, flags: int) -> int:
-    """Open ``path`` beneath the root and insist that it is a regular file."""
-    fd = root.open(path, flags)
-    info = os.fstat(fd)
-    if not stat_module.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise NotAFile(f"Not a regular file: {path}")
-    return fd
+    """Open ``path`` beneath the root and insist that it is a regular file.
+
+    FIFOs and devices are refused (409) without being opened or waited on
+    (see :meth:`pdiffcopy.paths.Root.open_regular`).
+    """
+    return root.open_regular(path, flags)
 
 
 def fsync_parent(root: Root, path: str) -> None:
