@@ -355,10 +355,17 @@ class LocalFile(FileEndpoint):
                     pass
 
 
+#: The roots a hashing process has opened, by directory (one descriptor each, kept).
+_roots: "dict[str, Root]" = {}
+
+
 def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], block_size: int,
                 method: str) -> bytes:
     """:func:`hash_file_ranges` for a file confined beneath ``directory`` (run in a hashing process)."""
-    fd = Root(directory, reserve=False).open_regular(relative, os.O_RDONLY, follow=False)
+    root = _roots.get(directory)
+    if root is None:
+        root = _roots[directory] = Root(directory, reserve=False)
+    fd = root.open_regular(relative, os.O_RDONLY, follow=False)
     try:
         return b"".join(hash_region(fd, offset, length, block_size, method) for offset, length in ranges)
     except OSError as error:

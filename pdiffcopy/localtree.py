@@ -78,6 +78,9 @@ class LocalTree(TreeEndpoint):
         self._root: Optional[Root] = None
         self._prefix = ""
         self._local = threading.local()
+        #: Change the metadata of files with several hard links (a server
+        #: refuses unless started with --write-hard-links; see server.refuse_hard_links).
+        self.write_hard_links = True
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -414,7 +417,7 @@ class LocalTree(TreeEndpoint):
             # the name was just listed as this kind, not as a symlink.
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
             try:
-                _check_kind(fd, entry)
+                self._check_links(_check_kind(fd, entry))
                 os.chmod(f"/proc/self/fd/{fd}", entry.permissions)
                 if options.times:
                     os.utime(f"/proc/self/fd/{fd}", ns=(entry.mtime_ns, entry.mtime_ns))
@@ -422,10 +425,19 @@ class LocalTree(TreeEndpoint):
                 os.close(fd)
             return
         try:
-            _check_kind(fd, entry)
+            self._check_links(_check_kind(fd, entry))
             self._set_metadata_fd(fd, entry, options)
         finally:
             os.close(fd)
+
+    def _check_links(self, info: os.stat_result) -> None:
+        """Refuse a metadata change of a file with several hard links, unless allowed.
+
+        Its other names, maybe outside the tree, would change too.
+        """
+        if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode) and not self.write_hard_links:
+            raise TreeFailure(f"has {info.st_nlink} hard links: its metadata is left alone "
+                              f"(the server does not change such files in place)")
 
     # -- operations --------------------------------------------------------
 
@@ -583,9 +595,11 @@ def _message(error: BaseException) -> str:
     return str(error)
 
 
-def _check_kind(fd: int, entry: Entry) -> None:
-    if kind_of(os.fstat(fd).st_mode) != entry.kind:
+def _check_kind(fd: int, entry: Entry) -> os.stat_result:
+    info = os.fstat(fd)
+    if kind_of(info.st_mode) != entry.kind:
         raise TreeFailure(f"is no longer a {entry.kind}")
+    return info
 
 
 def _read_exactly(fd: int, size: int, strict: bool = True) -> bytes:
