@@ -225,6 +225,7 @@ def open_tree(root: Root, path: str, write_hard_links: bool = False) -> LocalTre
     check_confined(root, relative)
     tree = LocalTree.below(root, relative)
     tree.write_hard_links = write_hard_links
+    tree.entries_from_client = True
     return tree
 
 
