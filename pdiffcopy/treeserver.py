@@ -23,7 +23,7 @@ import functools
 import json
 import os
 import stat
-from typing import Any, Callable, Iterator, List, Set, Tuple
+from typing import AbstractSet, Any, Callable, Iterator, List, Set, Tuple
 
 from flask import Flask, Response, request
 
@@ -317,7 +317,7 @@ def json_answer(document: Any) -> Response:
     return Response(text, mimetype="application/json")
 
 
-def failures_answer(failures: List[Failure], ignored: Set[str] = frozenset()) -> Response:
+def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozenset()) -> Response:
     """The failures of a batch, and (``ignored``, when not empty) what the server did not do."""
     document: dict = {"failures": [list(failure) for failure in failures]}
     if ignored:
