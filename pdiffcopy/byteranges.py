@@ -58,8 +58,13 @@ def parse_range_header(header: str, size: int) -> List[ByteRange]:
         if start < size:
             ranges.append((start, end - start + 1))
     if not ranges:
-        raise RangeNotSatisfiable(f"Range not satisfiable for a file of {size} bytes")
+        raise RangeNotSatisfiable(f"Range not satisfiable for a file of {size} bytes", size)
     return ranges
+
+
+def is_bytes_range(header: str) -> bool:
+    """Whether a ``Range`` header asks for bytes: a server ignores other units (RFC 9110, section 14.2)."""
+    return header.partition("=")[0].strip().lower() == "bytes"
 
 
 def parse_explicit_ranges(header: str) -> List[ByteRange]:

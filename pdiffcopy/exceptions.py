@@ -34,6 +34,12 @@ class RangeNotSatisfiable(BadRequest):
 
     http_status = 416
 
+    def __init__(self, message: str, size: "int | None" = None) -> None:
+        super().__init__(message)
+        #: The file's current size, when known: the server's 416 says it in
+        #: ``Content-Range: bytes */SIZE`` (RFC 9110, section 15.5.17).
+        self.size = size
+
 
 class AccessDenied(PdiffcopyError):
     """A path leads outside the server's root, or the file system refused access."""
