@@ -571,7 +571,7 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
     while position < end:
         got = stream.readinto(view[: min(len(buffer), end - position)])
         if not got:
-            raise RemoteError(f"The server at {base} closed the connection mid-transfer")
+            raise RemoteError(f"Lost the connection to {base}: {SERVER_CLOSED}")
         yield position, view[:got]
         position += got
 
@@ -588,8 +588,17 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     return min(float(text), MAX_RETRY_AFTER_SECONDS)
 
 
+#: What a user is told when the server went away inside an answer (killed,
+#: restarted, a proxy's timeout): http.client says ``IncompleteRead(...)``.
+SERVER_CLOSED = "the server closed the connection mid-transfer"
+
+
 def _reason(error: BaseException) -> str:
     """A short, specific reason for a transport error."""
+    if isinstance(error, http.client.IncompleteRead):
+        return SERVER_CLOSED
+    if isinstance(error, http.client.RemoteDisconnected):
+        return "the server closed the connection without answering"
     text = str(error)
     for marker in ("Connection refused", "Name or service not known", "No route to host",
                    "Connection reset by peer", "Remote end closed connection", "timed out",
