@@ -329,23 +329,26 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                    example=3000000),
             {"name": "Range", "in": "header", "required": False,
              "description": "Several ranges instead of offset and length: "
-                            "bytes=FIRST-LAST,... (both ends given, at most 4,096)",
+                            "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
             if_match,
         ])
     read = _operation(
         "read", "The file's bytes: all of them, one range or several",
-        {"200": {"description": "The whole file", "headers": file_headers,
+        {"200": {"description": "The whole file (also for many tiny ranges whose part headers "
+                                "would outweigh it)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}},
          "206": {"description": "One range (with Content-Range), or several as "
-                                "multipart/byteranges", "headers": file_headers,
+                                "multipart/byteranges (overlapping or touching ranges merged, "
+                                "ascending)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
                              _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}}},
         errors=_PATH_ERRORS + (412, 416),
         parameters=[
             path,
             {"name": "Range", "in": "header", "required": False,
-             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096)",
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096; "
+                            "overlapping or touching ones are merged)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575"},
             {"name": "If-Range", "in": "header", "required": False,
              "description": "An ETag: when it is not the file's, Range is ignored",

@@ -31,8 +31,10 @@ from pdiffcopy.byteranges import (
     closing_delimiter,
     format_content_range,
     format_range_header,
+    merge_ranges,
     multipart_content_type,
     multipart_length,
+    overlapping,
     parse_content_range,
     part_header,
     read_parts,
@@ -495,20 +497,25 @@ class RemoteFile(FileEndpoint):
         response = self.request("GET", self._target(), expected=(206,), headers=headers)
         try:
             stream = response.raw
+            # The server merges ranges that touch (byteranges.parse_range_header);
+            # an older one sends them as asked. Either is fine, as long as
+            # every byte asked for comes once.
+            merged = merge_ranges(ranges)
+            allowed = set(ranges) | set(merged)
             boundary = boundary_of(response.headers.get("Content-Type", ""))
             if boundary is None:
                 offset, length, _ = parse_content_range(response.headers.get("Content-Range", ""))
-                if (offset, length) != ranges[0] or len(ranges) != 1:
+                if [(offset, length)] != merged:
                     raise RemoteError(f"Server {self.base} sent other ranges than asked")
                 yield from _read_exactly(stream, offset, length, self.base)
                 return
-            wanted = set(ranges)
+            received: List[ByteRange] = []
             for offset, length, _ in read_parts(stream, boundary, max_parts=len(ranges)):
-                if (offset, length) not in wanted:
+                if (offset, length) not in allowed:
                     raise RemoteError(f"Server {self.base} sent a range that was not asked for")
-                wanted.discard((offset, length))
+                received.append((offset, length))
                 yield from _read_exactly(stream, offset, length, self.base)
-            if wanted:
+            if merge_ranges(received) != merged or overlapping(received):
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
             stream.read()  # the closing delimiter, so the connection can be reused
         except BadRequest as error:

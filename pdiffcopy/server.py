@@ -34,7 +34,9 @@ from pdiffcopy.byteranges import (
     boundary_of,
     closing_delimiter,
     multipart_content_type,
+    MAX_MULTIPART_OVERHEAD,
     multipart_length,
+    overlapping,
     parse_content_range,
     parse_explicit_ranges,
     parse_range_header,
@@ -449,6 +451,10 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
                   parse_explicit_ranges(header)]
     else:
         ranges = [(int_arg("offset", 0, MAX_FILE_SIZE), int_arg("length", 0, MAX_HASH_REQUEST_BYTES))]
+    if overlapping(ranges):
+        # Each range's blocks are hashed and answered, so overlapping ranges
+        # would hash the same bytes again and again (a client never asks that).
+        raise BadRequest("Hash ranges must not overlap")
     total = 0
     for offset, length in ranges:
         if offset % block_size:
@@ -523,6 +529,18 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
                    or request.headers.get("If-Range") == headers["ETag"]):
         ranges = parse_range_header(header, size)
         status = 206
+        if len(ranges) > 1:
+            answer = multipart_length(ranges, size)
+            if answer > sum(length for _, length in ranges) + MAX_MULTIPART_OVERHEAD:
+                # Many tiny ranges, whose part headers would outweigh their
+                # data: a broken client or an attack (RFC 9110, 14.2 lets a
+                # server ignore or refuse them). The whole file when it is no
+                # larger than that answer, a refusal otherwise.
+                if size > answer:
+                    raise RangeNotSatisfiable(
+                        f"Too many small ranges: their part headers would exceed "
+                        f"{MAX_MULTIPART_OVERHEAD} bytes; ask for fewer, larger ranges")
+                ranges, status = [(0, size)], 200
     if request.method == "HEAD":
         os.close(fd)
         response = Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
