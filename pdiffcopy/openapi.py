@@ -163,7 +163,8 @@ def _components() -> Dict[str, Any]:
             "type": "object", "required": ["version", "methods"],
             "properties": {"version": string,
                            "methods": {"type": "array", "items": string,
-                                       "description": "Hash methods, sorted by name"}},
+                                       "description": "Hash methods the server accepts "
+                                                      "(--hash-methods), sorted by name"}},
         },
         "FileDescription": {
             "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
@@ -296,7 +297,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     }
     index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
                        {"200": _json_answer("Who we are", "ServerInfo")})
-    version = _operation("version", "The server's version and the hash methods it offers",
+    version = _operation("version", "The server's version and the hash methods it accepts",
                          {"200": _json_answer("Version and methods", "Version")})
     document = _operation("openapi", "This OpenAPI document",
                           {"200": _json_answer("The document", "OpenAPI")})

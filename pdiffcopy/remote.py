@@ -65,10 +65,17 @@ DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 
 #: Times a request refused with 503 (a busy server) is sent again before the
-#: sync gives up. With the server's Retry-After of a second, that is about
-#: half a minute of waiting: a busy server slows a sync down, a server that
-#: stays overloaded still ends it with a clear error.
+#: sync gives up. Each wait is the server's Retry-After stretched by
+#: :data:`BUSY_BACKOFF` per retry (up to :data:`MAX_RETRY_AFTER_SECONDS`):
+#: with the server's Retry-After of a second, the first retries come within
+#: a second or two, and all of them span about three minutes. A burst of
+#: another client's hash requests (which once failed a sync after 55 s of
+#: 503s) slows a sync down; a server that stays overloaded still ends it
+#: with a clear error.
 MAX_BUSY_RETRIES = 25
+
+#: How much longer each wait for a busy server is than the one before.
+BUSY_BACKOFF = 1.25
 
 #: Longest Retry-After honoured, in seconds, so a bogus header cannot stall
 #: a sync for hours.
@@ -307,8 +314,9 @@ class HttpClient:
                 response.read()  # the small JSON body: the connection stays usable
             except (OSError, http.client.HTTPException):
                 pass
-            # Up to half again as long: clients refused together do not all come back together.
-            delay *= random.uniform(1.0, 1.5)
+            # Longer each time, up to the cap, and up to half again as long:
+            # clients refused together do not all come back together.
+            delay = min(delay * BUSY_BACKOFF ** retry, MAX_RETRY_AFTER_SECONDS) * random.uniform(1.0, 1.5)
             logger.debug("Server %s is busy; retrying %s %s in %.1f s", self.base, method,
                          target, delay)
             time.sleep(delay)

@@ -17,10 +17,9 @@ import logging
 import os
 import re
 import stat as stat_module
-import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
@@ -66,10 +65,11 @@ from pdiffcopy.fileops import (
     write_all,
 )
 from pdiffcopy.fastcopy import copy_into
-from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
+from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
+from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,17 @@ HASH_SLOT_WAIT_SECONDS = 0.5
 #: be hashed, short enough that a refused client loses little time.
 HASH_RETRY_AFTER_SECONDS = 1
 
+#: Hash slots of a worker process one client address may hold while other
+#: clients want some too: half, so a client keeping many hash requests in
+#: flight (slow methods, 1 KiB blocks) leaves the other half to everybody else.
+#: Per process: with W worker processes a client holds at most W times this.
+MAX_HASHES_PER_CLIENT = max(1, MAX_CONCURRENT_HASHES // 2)
+
+#: Seconds a client counts as wanting hash slots after its last hash request:
+#: a few times the Retry-After, so a refused client waiting to ask again
+#: still holds the others to their share.
+HASH_CONTENTION_SECONDS = 5 * HASH_RETRY_AFTER_SECONDS
+
 
 class AnyPathConverter(PathConverter):
     """Werkzeug's ``path`` converter, but matching any first character and newlines.
@@ -127,6 +138,8 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: The hash methods accepted (:func:`~pdiffcopy.hashing.accepted_methods`).
+    hash_methods: Tuple[str, ...] = field(default_factory=accepted_methods)
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -147,7 +160,7 @@ def create_app(config: ServerConfig) -> Flask:
     expected = f"Bearer {config.token}".encode() if config.token else None
     # Per worker process: gunicorn forks after create_app (preload_app), and
     # every child gets its own copy, with all its slots free.
-    hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
+    hash_slots = FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS)
     document = render_document()
 
     @app.before_request
@@ -196,7 +209,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.get(f"{API_PREFIX}/version")
     def version():
         """Who we are and which hash methods we offer."""
-        return jsonify(version=__version__, methods=available_methods())
+        return jsonify(version=__version__, methods=list(config.hash_methods))
 
     @app.get(DOCUMENT_PATH)
     def openapi():
@@ -216,6 +229,9 @@ def create_app(config: ServerConfig) -> Flask:
     def hashes(path: str):
         """The digests of the blocks of one range (offset, length) or of several (Range header)."""
         method = validate_method(request.args.get("method", ""))
+        if method not in config.hash_methods:
+            raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
+                             f"{', '.join(config.hash_methods)}); choose one with -m")
         block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
         fd = open_regular(root, path, os.O_RDONLY)
         try:
@@ -223,17 +239,18 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             ranges = hash_ranges(block_size, info.st_size)
             # Checked before taking a slot: a bad request is refused at once.
-            if not hash_slots.acquire(timeout=HASH_SLOT_WAIT_SECONDS):
-                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running; "
-                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s",
-                                 HASH_RETRY_AFTER_SECONDS)
+            client = request.remote_addr or ""
+            if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
+                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running "
+                                 f"(at most {MAX_HASHES_PER_CLIENT} per client while others wait); "
+                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
             try:
                 digests = b"".join(hash_region(fd, offset, length, block_size, method)
                                    for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
             finally:
-                hash_slots.release()
+                hash_slots.release(client)
         finally:
             os.close(fd)
         response = Response(digests, mimetype="application/octet-stream")

@@ -95,6 +95,8 @@ class ServerOptions:
     log_level: str = "info"
     certfile: Optional[str] = None
     keyfile: Optional[str] = None
+    #: ``--hash-methods``: a comma-separated list or ``all``; None for the default.
+    hash_methods: Optional[str] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -118,11 +120,14 @@ def run_server(options: ServerOptions) -> None:
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
     workers = options.workers or os.cpu_count() or 2
+    from pdiffcopy.hashing import accepted_methods
+
+    hash_methods = accepted_methods(options.hash_methods)
     from gunicorn.app.base import BaseApplication
 
     from pdiffcopy.server import ServerConfig, create_app
 
-    app = create_app(ServerConfig(root=root, token=options.token))
+    app = create_app(ServerConfig(root=root, token=options.token, hash_methods=hash_methods))
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "bind": [bind],

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import threading
+import time
 
-from conftest import http_get, random_bytes
+import pytest
+from conftest import http_get, mutate, random_bytes, run_cli, start_server
 
+from pdiffcopy import sync
 from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED, parse_range_header
 from pdiffcopy.remote import RemoteFile
 
@@ -80,3 +85,104 @@ def test_the_client_reads_ranges_the_server_merged(server, unique):
     assert joined == data[0:2048] + data[4096:5220] + data[9000:9010]
     # Merged or not, every range asked for came once.
     assert sum(len(chunk) for chunk in got.values()) == sum(length for _, length in asked)
+
+
+# -- item 10: CPU fairness and the hash methods a server accepts ------------------------
+
+
+#: The abusive client's address: loopback, but another one than the normal client's.
+ABUSER = "127.0.0.2"
+
+
+def abusive_hashes(port: int, stop: threading.Event, statuses: list) -> None:
+    """Hash requests as fast as one connection goes: 1 KiB blocks of a 256 MiB sparse file."""
+    while not stop.is_set():
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60,
+                                                source_address=(ABUSER, 0))
+        try:
+            connection.request("GET", "/.pdiffcopy/hashes/sparse.img?method=sha256"
+                                      f"&block_size=1024&offset=0&length={SPARSE_SIZE}")
+            response = connection.getresponse()
+            response.read()
+            statuses.append(response.status)
+        except OSError:
+            pass
+        finally:
+            connection.close()
+
+
+SPARSE_SIZE = 256 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def hammered_server(tmp_path_factory):
+    """A server with one worker process (its hash slots are few) and a big sparse file."""
+    root = tmp_path_factory.mktemp("hammered-root")
+    with open(root / "sparse.img", "wb") as handle:
+        handle.truncate(SPARSE_SIZE)
+    (root / "normal.img").write_bytes(random_bytes(8 * 1024 * 1024, seed=5))
+    running = start_server(root, tmp_path_factory.mktemp("hammered-log") / "server.log",
+                           extra=("-c", "1"))
+    yield running
+    running.stop()
+
+
+def test_a_client_hammering_hash_requests_leaves_slots_for_a_normal_sync(hammered_server, tmp_path):
+    stop = threading.Event()
+    statuses: list = []
+    abusers = [threading.Thread(target=abusive_hashes, args=(hammered_server.port, stop, statuses))
+               for _ in range(6)]
+    for thread in abusers:
+        thread.start()
+    try:
+        time.sleep(1.5)  # they hold every slot they can get
+        local = tmp_path / "normal.img"
+        local.write_bytes(mutate((hammered_server.root / "normal.img").read_bytes(), range(0, 8 << 20, 1 << 20)))
+        started = time.monotonic()
+        result = sync(hammered_server.url("normal.img"), str(local), concurrency=2)
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        for thread in abusers:
+            thread.join()
+    assert result.verified
+    assert local.read_bytes() == (hammered_server.root / "normal.img").read_bytes()
+    assert 200 in statuses  # the abuser was served too, its fair share
+    own = re.findall(r"127\.0\.0\.1 GET /\.pdiffcopy/hashes/normal\.img\S* (\d{3}) ",
+                     hammered_server.log.read_text())
+    # The normal client was never refused: the abuser could take only its share of the slots.
+    assert own and set(own) == {"200"}, (own, elapsed)
+    assert elapsed < 20
+
+
+def test_a_slow_hash_method_is_refused_by_default_and_the_client_says_so_in_one_line(hammered_server,
+                                                                                       tmp_path):
+    server, unique = hammered_server, "normal.img"
+    status, _, body = http_get(server.url(f".pdiffcopy/hashes/{unique}?method=sm3&block_size=1024"
+                                          "&offset=0&length=65536"))
+    assert status == 400
+    assert "does not accept the hash method 'sm3'" in json.loads(body)["error"]
+    status, _, body = http_get(server.url(".pdiffcopy/version"))
+    assert "sm3" not in json.loads(body)["methods"] and "xxh3_128" in json.loads(body)["methods"]
+    result = run_cli("-m", "sm3", "--no-progress", server.url(unique), str(tmp_path / "copy.img"))
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not accept the hash method 'sm3'" in lines[0], result.stderr
+
+
+def test_the_operator_chooses_the_hash_methods(tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "a.img").write_bytes(random_bytes(64 * 1024))
+    running = start_server(tmp_path / "root", tmp_path / "server.log", extra=("--hash-methods", "sm3,sha256"))
+    try:
+        query = "block_size=1024&offset=0&length=65536"
+        assert http_get(running.url(f".pdiffcopy/hashes/a.img?method=sm3&{query}"))[0] == 200
+        assert http_get(running.url(f".pdiffcopy/hashes/a.img?method=xxh3_128&{query}"))[0] == 400
+        result = run_cli("-m", "sm3", "--no-progress", running.url("a.img"), str(tmp_path / "copy.img"))
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / "copy.img").read_bytes() == (tmp_path / "root" / "a.img").read_bytes()
+    finally:
+        running.stop()
+    result = run_cli("--root", str(tmp_path), "--hash-methods", "nosuch", "-l", "127.0.0.1:0")
+    assert result.returncode == 2 and "Unknown hash method: 'nosuch'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
