@@ -35,6 +35,12 @@ class RangeNotSatisfiable(BadRequest):
     http_status = 416
 
 
+class PayloadTooLarge(BadRequest):
+    """A request body is larger than the operation allows."""
+
+    http_status = 413
+
+
 class AccessDenied(PdiffcopyError):
     """A path leads outside the server's root, or the file system refused access."""
 

@@ -43,6 +43,7 @@ ERROR_STATUSES: Dict[int, str] = {
     405: "The endpoint does not support this method",
     409: "Not a regular file, or a non-directory on the path (NotAFile)",
     412: "If-Match failed, or the file exists already (Conflict)",
+    413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
     431: "The headers are too many or too long (from the HTTP layer)",
@@ -198,13 +199,17 @@ def _components() -> Dict[str, Any]:
             "properties": {"failures": _FAILURE_LIST},
         },
         "Listing": {
-            "type": "object", "required": ["root", "entries", "failures"],
+            "type": "object", "required": ["root", "entries", "failures", "complete"],
+            "description": "Streamed in this key order while the tree is walked; a walk that "
+                           "fails midway ends the text with \"error\" and no closing brace",
             "properties": {
                 "root": {**_ENTRY, "nullable": True,
                          "description": "The tree's directory itself (path \"\"), null when missing"},
                 "entries": {"type": "array", "items": _ref("schemas", "Entry"),
                             "description": "Everything below it, recursively"},
                 "failures": _FAILURE_LIST,
+                "complete": {"type": "boolean", "enum": [True],
+                             "description": "Last: the listing is whole"},
             },
         },
         "ReadRequest": {
@@ -439,8 +444,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
             {"200": {"description": "The files in the order asked, as a batch stream (records "
                                     "of a JSON header, the data and its xxh3_64 digest)",
                      "content": {_BYTES: binary}}},
-            errors=_PATH_ERRORS, parameters=list(parameters),
-            body={"required": True, "description": "The files to read",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters),
+            body={"required": True, "description": "The files to read (at most 64 MiB of JSON, "
+                                                   "read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
@@ -452,8 +458,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         apply = _operation(
             f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
             {"200": _json_answer("The operations that failed", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
-            body={"required": True, "description": "The operations, run in order",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
+            body={"required": True, "description": "The operations, run in order (at most 64 MiB "
+                                                   "of JSON, read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
         paths[f"/.pdiffcopy/tree{suffix}"] = {
             "get": listing,

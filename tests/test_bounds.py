@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
+import os
 import re
+import socket
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 from conftest import http_get, mutate, random_bytes, run_cli, start_server
 
 from pdiffcopy import sync
+from pdiffcopy.exceptions import RemoteError
 from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED, parse_range_header
 from pdiffcopy.remote import RemoteFile
+from pdiffcopy.remotetree import RemoteTree
 
 
 # -- item 9: range amplification -----------------------------------------------
@@ -186,3 +192,189 @@ def test_the_operator_chooses_the_hash_methods(tmp_path):
     result = run_cli("--root", str(tmp_path), "--hash-methods", "nosuch", "-l", "127.0.0.1:0")
     assert result.returncode == 2 and "Unknown hash method: 'nosuch'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# -- item 8: memory: JSON bodies read item by item, listings streamed ---------------------
+
+
+def worker_peak_kib(server) -> int:
+    """The peak resident memory (VmHWM, KiB) of the server's one worker process."""
+    children = []
+    for task in os.listdir(f"/proc/{server.process.pid}/task"):
+        with open(f"/proc/{server.process.pid}/task/{task}/children") as handle:
+            children += [int(pid) for pid in handle.read().split()]
+    assert len(children) == 1, children
+    with open(f"/proc/{children[0]}/status") as handle:
+        for line in handle:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def post_raw(port: int, target: str, head_only_length: int = 0, body: bytes = b""):
+    """POST ``body`` (or only headers announcing ``head_only_length`` bytes); (status, document) or None.
+
+    None when the server closed the connection before its answer could be
+    read: it stopped reading a body it refused, and the kernel reset the
+    connection over the unread rest.
+    """
+    length = head_only_length or len(body)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        try:
+            connection.sendall(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               f"Content-Length: {length}\r\n\r\n".encode() + body)
+        except OSError:
+            pass
+        answer = b""
+        try:
+            while True:
+                data = connection.recv(65536)
+                if not data:
+                    break
+                answer += data
+                head, _, rest = answer.partition(b"\r\n\r\n")
+                match = re.search(rb"Content-Length: (\d+)", head)
+                if match and len(rest) >= int(match.group(1)):
+                    break
+        except OSError:
+            return None
+    if not answer:
+        return None
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(rest)
+
+
+@pytest.fixture
+def lean_server(tmp_path):
+    """A fresh server with one worker process, whose memory the test watches."""
+    (tmp_path / "root").mkdir()
+    running = start_server(tmp_path / "root", tmp_path / "server.log", extra=("-c", "1"))
+    assert http_get(running.url(".pdiffcopy/version"))[0] == 200  # the worker is warm
+    yield running
+    running.stop()
+
+
+def test_an_oversize_json_body_is_refused_by_its_length_before_it_is_read(lean_server):
+    started = time.monotonic()
+    for endpoint in ("tree-read", "tree-apply"):
+        answer = post_raw(lean_server.port, f"/.pdiffcopy/{endpoint}/", head_only_length=1 << 30)
+        assert answer is not None
+        status, document = answer
+        assert status == 413 and document["status"] == 413
+        assert "at most 67108864" in document["error"]
+    assert time.monotonic() - started < 5  # no wait for the gigabyte that never came
+    assert http_get(lean_server.url(".pdiffcopy/version"))[0] == 200
+
+
+def test_a_json_body_of_many_tiny_values_costs_a_worker_little_memory(lean_server):
+    # 16 MiB of empty lists: json.loads made 5.6 million list objects of it
+    # (some 400 MiB) before looking at the first one.
+    body = b'{"entries":[' + b",".join([b"[]"] * (16 * 1024 * 1024 // 3)) + b"]}"
+    before = worker_peak_kib(lean_server)
+    for endpoint in ("tree-read", "tree-apply"):
+        answer = post_raw(lean_server.port, f"/.pdiffcopy/{endpoint}/", body=body.replace(
+            b"entries", b"entries" if endpoint == "tree-read" else b"operations"))
+        if answer is not None:  # else refused unread, the connection reset
+            assert answer[0] == 400, answer
+    grown = worker_peak_kib(lean_server) - before
+    assert grown < 48 * 1024, f"the worker grew by {grown} KiB"
+    assert http_get(lean_server.url(".pdiffcopy/version"))[0] == 200
+
+
+def test_a_listing_is_streamed_and_ends_with_a_status(lean_server):
+    tree = lean_server.root / "many"
+    tree.mkdir()
+    for index in range(30_000):
+        os.close(os.open(tree / f"file-{index:05d}", os.O_CREAT | os.O_WRONLY, 0o644))
+    before = worker_peak_kib(lean_server)
+    connection = http.client.HTTPConnection("127.0.0.1", lean_server.port, timeout=30)
+    try:
+        connection.request("GET", "/.pdiffcopy/tree/many")
+        response = connection.getresponse()
+        # Sent while the tree is walked: no length known in advance.
+        assert response.status == 200 and response.getheader("Content-Length") is None
+        assert response.getheader("Transfer-Encoding") == "chunked"
+        document = json.loads(response.read())
+    finally:
+        connection.close()
+    assert document["complete"] is True and document["failures"] == []
+    assert len(document["entries"]) == 30_000
+    grown = worker_peak_kib(lean_server) - before
+    assert grown < 12 * 1024, f"the worker grew by {grown} KiB"
+    listing = RemoteTree(lean_server.url("many")).list()
+    assert len(listing.entries) == 30_000 and listing.root is not None
+
+
+class _ListingServer(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with ``body`` (a listing as a server might send it)."""
+
+    body: ClassVar[bytes] = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+ROOT_WIRE = ["", "dir", 0, 0, 0o40755, 0, 0, "", 2, 0]
+FILE_WIRE = ["a", "file", 1, 0, 0o100644, 0, 0, "", 1, 0]
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"root": ROOT_WIRE, "entries": [FILE_WIRE], "failures": [], "complete": True}, None),
+    ({"root": ROOT_WIRE, "entries": [FILE_WIRE], "failures": []}, "listing: it ended early"),
+    ('{"root":%s,"entries":[%s],"failures":[],"error":"Cannot read sub: I/O error"'
+     % (json.dumps(ROOT_WIRE), json.dumps(FILE_WIRE)), "could not list .*: Cannot read sub: I/O error"),
+    ('{"root":%s,"entries":[%s' % (json.dumps(ROOT_WIRE), json.dumps(FILE_WIRE)), "malformed"),
+], ids=["complete", "no-status", "error-at-the-end", "cut-off"])
+def test_the_client_takes_only_a_listing_that_says_it_is_complete(body, message):
+    handler = type("Handler", (_ListingServer,), {
+        "body": (body if isinstance(body, str) else json.dumps(body)).encode()})
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        tree = RemoteTree(f"http://127.0.0.1:{httpd.server_address[1]}/tree")
+        if message is None:
+            assert [entry.path for entry in tree.list().entries] == ["a"]
+        else:
+            with pytest.raises(RemoteError, match=message):
+                tree.list()
+        tree.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_listings_never_read_or_abandoned_leave_no_descriptor_open(lean_server):
+    # A regression test of the streamed listing: a HEAD never reads its body,
+    # a client that goes away reads part of it.
+    tree = lean_server.root / "some"
+    for directory in range(5):
+        (tree / f"d{directory}").mkdir(parents=True)
+        for index in range(3000):
+            (tree / f"d{directory}" / f"f{index}").write_bytes(b"")
+
+    def worker_descriptors() -> int:
+        children = open(f"/proc/{lean_server.process.pid}/task/{lean_server.process.pid}/children").read()
+        return len(os.listdir(f"/proc/{int(children.split()[0])}/fd"))
+
+    before = worker_descriptors()
+    for _ in range(10):
+        connection = http.client.HTTPConnection("127.0.0.1", lean_server.port, timeout=30)
+        connection.request("HEAD", "/.pdiffcopy/tree/some")
+        assert connection.getresponse().status == 200
+        connection.close()
+        with socket.create_connection(("127.0.0.1", lean_server.port), timeout=30) as gone:
+            gone.sendall(b"GET /.pdiffcopy/tree/some HTTP/1.1\r\nHost: x\r\n\r\n")
+            gone.recv(1000)
+    deadline = time.monotonic() + 10
+    while worker_descriptors() > before + 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_descriptors() <= before + 2
+    assert http_get(lean_server.url(".pdiffcopy/version"))[0] == 200
