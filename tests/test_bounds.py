@@ -20,6 +20,7 @@ from pdiffcopy.exceptions import RemoteError
 from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED, parse_range_header
 from pdiffcopy.remote import RemoteFile
 from pdiffcopy.remotetree import RemoteTree
+from pdiffcopy.slots import FairSlots
 
 
 # -- item 9: range amplification -----------------------------------------------
@@ -378,3 +379,23 @@ def test_listings_never_read_or_abandoned_leave_no_descriptor_open(lean_server):
         time.sleep(0.2)
     assert worker_descriptors() <= before + 2
     assert http_get(lean_server.url(".pdiffcopy/version"))[0] == 200
+
+
+def test_fair_slots_give_a_lone_client_all_but_one_and_a_crowd_their_share():
+    slots = FairSlots(4, 2, contention_seconds=60)
+    assert [slots.acquire("a", timeout=0) for _ in range(4)] == [True, True, True, False]
+    # A newcomer finds the slot kept free, at once.
+    assert slots.acquire("b", timeout=0)
+    # "a" holds more than its share now: its next request is refused at once
+    # (no waiting), and slots it gives back go to "b", not to it.
+    started = time.monotonic()
+    assert not slots.acquire("a", timeout=5)
+    assert time.monotonic() - started < 1
+    slots.release("a")
+    assert not slots.acquire("a", timeout=0)
+    assert slots.acquire("b", timeout=0)
+    assert slots.held("a") == 2 and slots.held("b") == 2
+    for _ in range(2):
+        slots.release("a")
+        slots.release("b")
+    assert slots.held("a") == slots.held("b") == 0
