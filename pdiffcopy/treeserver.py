@@ -86,6 +86,7 @@ def add_tree_routes(app: Flask, root: Root) -> None:
         except BaseException:
             tree.close()
             raise
+
         def release() -> None:
             directories.close()
             tree.close()
