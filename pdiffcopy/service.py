@@ -97,6 +97,8 @@ class ServerOptions:
     keyfile: Optional[str] = None
     #: ``--hash-methods``: a comma-separated list or ``all``; None for the default.
     hash_methods: Optional[str] = None
+    trust_clients: bool = False
+    write_hard_links: bool = False
 
 
 def run_server(options: ServerOptions) -> None:
@@ -127,7 +129,8 @@ def run_server(options: ServerOptions) -> None:
 
     from pdiffcopy.server import ServerConfig, create_app
 
-    app = create_app(ServerConfig(root=root, token=options.token, hash_methods=hash_methods))
+    app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
+                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods))
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "bind": [bind],
