@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve https with this certificate (PEM); needs --keyfile")
     server.add_argument("--keyfile", metavar="FILE", default=None,
                         help="the private key of --certfile (PEM)")
+    server.add_argument("--hash-methods", metavar="LIST", default=None,
+                        help="hash methods the server accepts, comma-separated, or 'all' "
+                             "(default: the fast ones: xxh*, blake3, sha256, sha1)")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
@@ -250,10 +253,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
                                  certfile=args.certfile, keyfile=args.keyfile,
+                                 hash_methods=args.hash_methods,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.hash_methods:
+        raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
     if args.remove:
         from pdiffcopy.treecli import run_remove
 

@@ -43,6 +43,12 @@ class RangeNotSatisfiable(BadRequest):
         self.size = size
 
 
+class PayloadTooLarge(BadRequest):
+    """A request body is larger than the operation allows."""
+
+    http_status = 413
+
+
 class AccessDenied(PdiffcopyError):
     """A path leads outside the server's root, or the file system refused access."""
 

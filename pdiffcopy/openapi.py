@@ -43,6 +43,7 @@ ERROR_STATUSES: Dict[int, str] = {
     405: "The endpoint does not support this method",
     409: "Not a regular file, or a non-directory on the path (NotAFile)",
     412: "If-Match failed, or the file exists already (Conflict)",
+    413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
     431: "The headers are too many or too long (from the HTTP layer)",
@@ -167,7 +168,8 @@ def _components() -> Dict[str, Any]:
             "type": "object", "required": ["version", "methods"],
             "properties": {"version": string,
                            "methods": {"type": "array", "items": string,
-                                       "description": "Hash methods, sorted by name"}},
+                                       "description": "Hash methods the server accepts "
+                                                      "(--hash-methods), sorted by name"}},
         },
         "FileDescription": {
             "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
@@ -207,13 +209,17 @@ def _components() -> Dict[str, Any]:
             },
         },
         "Listing": {
-            "type": "object", "required": ["root", "entries", "failures"],
+            "type": "object", "required": ["root", "entries", "failures", "complete"],
+            "description": "Streamed in this key order while the tree is walked; a walk that "
+                           "fails midway ends the text with \"error\" and no closing brace",
             "properties": {
                 "root": {**_ENTRY, "nullable": True,
                          "description": "The tree's directory itself (path \"\"), null when missing"},
                 "entries": {"type": "array", "items": _ref("schemas", "Entry"),
                             "description": "Everything below it, recursively"},
                 "failures": _FAILURE_LIST,
+                "complete": {"type": "boolean", "enum": [True],
+                             "description": "Last: the listing is whole"},
             },
         },
         "ReadRequest": {
@@ -306,7 +312,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     }
     index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
                        {"200": _json_answer("Who we are", "ServerInfo")})
-    version = _operation("version", "The server's version and the hash methods it offers",
+    version = _operation("version", "The server's version and the hash methods it accepts",
                          {"200": _json_answer("Version and methods", "Version")})
     document = _operation("openapi", "This OpenAPI document",
                           {"200": _json_answer("The document", "OpenAPI")})
@@ -339,16 +345,18 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                    example=3000000),
             {"name": "Range", "in": "header", "required": False,
              "description": "Several ranges instead of offset and length: "
-                            "bytes=FIRST-LAST,... (both ends given, at most 4,096)",
+                            "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
             if_match,
         ])
     read = _operation(
         "read", "The file's bytes: all of them, one range or several",
-        {"200": {"description": "The whole file", "headers": file_headers,
+        {"200": {"description": "The whole file (also for many tiny ranges whose part headers "
+                                "would outweigh it)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}},
          "206": {"description": "One range (with Content-Range), or several as "
-                                "multipart/byteranges", "headers": file_headers,
+                                "multipart/byteranges (overlapping or touching ranges merged, "
+                                "ascending)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
                              _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}},
          "304": {"description": "Not modified: If-None-Match holds the file's ETag (or *), or, "
@@ -358,8 +366,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         parameters=[
             path,
             {"name": "Range", "in": "header", "required": False,
-             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096); "
-                            "a Range in another unit is ignored (RFC 9110, section 14.2)",
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096; "
+                            "overlapping or touching ones are merged); a Range in another unit "
+                            "is ignored (RFC 9110, section 14.2)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575"},
             {"name": "If-Range", "in": "header", "required": False,
              "description": "An ETag: when it is not the file's, Range is ignored",
@@ -458,8 +467,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
             {"200": {"description": "The files in the order asked, as a batch stream (records "
                                     "of a JSON header, the data and its xxh3_64 digest)",
                      "content": {_BYTES: binary}}},
-            errors=_PATH_ERRORS, parameters=list(parameters),
-            body={"required": True, "description": "The files to read",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters),
+            body={"required": True, "description": "The files to read (at most 64 MiB of JSON, "
+                                                   "read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
@@ -471,8 +481,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         apply = _operation(
             f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
             {"200": _json_answer("The operations that failed", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
-            body={"required": True, "description": "The operations, run in order",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
+            body={"required": True, "description": "The operations, run in order (at most 64 MiB "
+                                                   "of JSON, read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
         paths[f"/.pdiffcopy/tree{suffix}"] = {
             "get": listing,

@@ -31,9 +31,11 @@ from pdiffcopy.byteranges import (
     closing_delimiter,
     format_content_range,
     format_range_header,
+    merge_ranges,
     multipart_content_type,
     multipart_length,
     new_boundary,
+    overlapping,
     parse_content_range,
     part_header,
     read_parts,
@@ -64,10 +66,17 @@ DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 
 #: Times a request refused with 503 (a busy server) is sent again before the
-#: sync gives up. With the server's Retry-After of a second, that is about
-#: half a minute of waiting: a busy server slows a sync down, a server that
-#: stays overloaded still ends it with a clear error.
+#: sync gives up. Each wait is the server's Retry-After stretched by
+#: :data:`BUSY_BACKOFF` per retry (up to :data:`MAX_RETRY_AFTER_SECONDS`):
+#: with the server's Retry-After of a second, the first retries come within
+#: a second or two, and all of them span about three minutes. A burst of
+#: another client's hash requests (which once failed a sync after 55 s of
+#: 503s) slows a sync down; a server that stays overloaded still ends it
+#: with a clear error.
 MAX_BUSY_RETRIES = 25
+
+#: How much longer each wait for a busy server is than the one before.
+BUSY_BACKOFF = 1.25
 
 #: Longest Retry-After honoured, in seconds, so a bogus header cannot stall
 #: a sync for hours.
@@ -308,8 +317,9 @@ class HttpClient:
                 response.read()  # the small JSON body: the connection stays usable
             except (OSError, http.client.HTTPException):
                 pass
-            # Up to half again as long: clients refused together do not all come back together.
-            delay *= random.uniform(1.0, 1.5)
+            # Longer each time, up to the cap, and up to half again as long:
+            # clients refused together do not all come back together.
+            delay = min(delay * BUSY_BACKOFF ** retry, MAX_RETRY_AFTER_SECONDS) * random.uniform(1.0, 1.5)
             logger.debug("Server %s is busy; retrying %s %s in %.1f s", self.base, method,
                          target, delay)
             time.sleep(delay)
@@ -498,20 +508,25 @@ class RemoteFile(FileEndpoint):
         response = self.request("GET", self._target(), expected=(206,), headers=headers)
         try:
             stream = response.raw
+            # The server merges ranges that touch (byteranges.parse_range_header);
+            # an older one sends them as asked. Either is fine, as long as
+            # every byte asked for comes once.
+            merged = merge_ranges(ranges)
+            allowed = set(ranges) | set(merged)
             boundary = boundary_of(response.headers.get("Content-Type", ""))
             if boundary is None:
                 offset, length, _ = parse_content_range(response.headers.get("Content-Range", ""))
-                if (offset, length) != ranges[0] or len(ranges) != 1:
+                if [(offset, length)] != merged:
                     raise RemoteError(f"Server {self.base} sent other ranges than asked")
                 yield from _read_exactly(stream, offset, length, self.base)
                 return
-            wanted = set(ranges)
+            received: List[ByteRange] = []
             for offset, length, _ in read_parts(stream, boundary, max_parts=len(ranges)):
-                if (offset, length) not in wanted:
+                if (offset, length) not in allowed:
                     raise RemoteError(f"Server {self.base} sent a range that was not asked for")
-                wanted.discard((offset, length))
+                received.append((offset, length))
                 yield from _read_exactly(stream, offset, length, self.base)
-            if wanted:
+            if merge_ranges(received) != merged or overlapping(received):
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
             stream.read()  # the closing delimiter, so the connection can be reused
         except BadRequest as error:

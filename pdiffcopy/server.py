@@ -17,10 +17,9 @@ import logging
 import os
 import re
 import stat as stat_module
-import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
@@ -36,8 +35,10 @@ from pdiffcopy.byteranges import (
     closing_delimiter,
     is_bytes_range,
     multipart_content_type,
+    MAX_MULTIPART_OVERHEAD,
     multipart_length,
     new_boundary,
+    overlapping,
     parse_content_range,
     parse_explicit_ranges,
     parse_range_header,
@@ -66,10 +67,11 @@ from pdiffcopy.fileops import (
     write_all,
 )
 from pdiffcopy.fastcopy import copy_into
-from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
+from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
+from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
 
 logger = logging.getLogger(__name__)
@@ -106,6 +108,17 @@ HASH_SLOT_WAIT_SECONDS = 0.5
 #: be hashed, short enough that a refused client loses little time.
 HASH_RETRY_AFTER_SECONDS = 1
 
+#: Hash slots of a worker process one client address may hold while other
+#: clients want some too: half, so a client keeping many hash requests in
+#: flight (slow methods, 1 KiB blocks) leaves the other half to everybody else.
+#: Per process: with W worker processes a client holds at most W times this.
+MAX_HASHES_PER_CLIENT = max(1, MAX_CONCURRENT_HASHES // 2)
+
+#: Seconds a client counts as wanting hash slots after its last hash request:
+#: a few times the Retry-After, so a refused client waiting to ask again
+#: still holds the others to their share.
+HASH_CONTENTION_SECONDS = 5 * HASH_RETRY_AFTER_SECONDS
+
 
 class AnyPathConverter(PathConverter):
     """Werkzeug's ``path`` converter, but matching any first character and newlines.
@@ -127,6 +140,8 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: The hash methods accepted (:func:`~pdiffcopy.hashing.accepted_methods`).
+    hash_methods: Tuple[str, ...] = field(default_factory=accepted_methods)
     #: Clients may set owners and setuid/setgid bits (``--trust-clients``).
     trust_clients: bool = False
     #: Clients may change files with several hard links in place (``--write-hard-links``).
@@ -151,7 +166,7 @@ def create_app(config: ServerConfig) -> Flask:
     expected = config.token.encode() if config.token else None
     # Per worker process: gunicorn forks after create_app (preload_app), and
     # every child gets its own copy, with all its slots free.
-    hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
+    hash_slots = FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS)
     document = render_document()
 
     @app.before_request
@@ -207,7 +222,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.get(f"{API_PREFIX}/version")
     def version():
         """Who we are and which hash methods we offer."""
-        return jsonify(version=__version__, methods=available_methods())
+        return jsonify(version=__version__, methods=list(config.hash_methods))
 
     @app.get(DOCUMENT_PATH)
     def openapi():
@@ -227,6 +242,9 @@ def create_app(config: ServerConfig) -> Flask:
     def hashes(path: str):
         """The digests of the blocks of one range (offset, length) or of several (Range header)."""
         method = validate_method(request.args.get("method", ""))
+        if method not in config.hash_methods:
+            raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
+                             f"{', '.join(config.hash_methods)}); choose one with -m")
         block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
         fd = open_regular(root, path, os.O_RDONLY)
         try:
@@ -234,17 +252,18 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             ranges = hash_ranges(block_size, info.st_size)
             # Checked before taking a slot: a bad request is refused at once.
-            if not hash_slots.acquire(timeout=HASH_SLOT_WAIT_SECONDS):
-                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running; "
-                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s",
-                                 HASH_RETRY_AFTER_SECONDS)
+            client = request.remote_addr or ""
+            if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
+                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running "
+                                 f"(at most {MAX_HASHES_PER_CLIENT} per client while others wait); "
+                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
             try:
                 digests = b"".join(hash_region(fd, offset, length, block_size, method)
                                    for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
             finally:
-                hash_slots.release()
+                hash_slots.release(client)
         finally:
             os.close(fd)
         response = Response(digests, mimetype="application/octet-stream")
@@ -466,6 +485,10 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
                   parse_explicit_ranges(header)]
     else:
         ranges = [(int_arg("offset", 0, MAX_FILE_SIZE), int_arg("length", 0, MAX_HASH_REQUEST_BYTES))]
+    if overlapping(ranges):
+        # Each range's blocks are hashed and answered, so overlapping ranges
+        # would hash the same bytes again and again (a client never asks that).
+        raise BadRequest("Hash ranges must not overlap")
     total = 0
     for offset, length in ranges:
         if offset % block_size:
@@ -567,10 +590,23 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         header = None  # a unit we do not know is ignored: the whole file (RFC 9110, section 14.2)
     ranges: List[ByteRange] = [(0, size)]
     status = 200
+    boundary = new_boundary()
     if header and (not request.headers.get("If-Range")
                    or request.headers.get("If-Range") == headers["ETag"]):
         ranges = parse_range_header(header, size)
         status = 206
+        if len(ranges) > 1:
+            answer = multipart_length(ranges, size, boundary)
+            if answer > sum(length for _, length in ranges) + MAX_MULTIPART_OVERHEAD:
+                # Many tiny ranges, whose part headers would outweigh their
+                # data: a broken client or an attack (RFC 9110, 14.2 lets a
+                # server ignore or refuse them). The whole file when it is no
+                # larger than that answer, a refusal otherwise.
+                if size > answer:
+                    raise RangeNotSatisfiable(
+                        f"Too many small ranges: their part headers would exceed "
+                        f"{MAX_MULTIPART_OVERHEAD} bytes; ask for fewer, larger ranges", size)
+                ranges, status = [(0, size)], 200
     if request.method == "HEAD":
         os.close(fd)
         response = Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
@@ -584,7 +620,6 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         headers["Content-Length"] = str(length)
         return Response(_file_body(fd, ranges, None), status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
-    boundary = new_boundary()
     headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
     return Response(_file_body(fd, ranges, size, boundary), status=206, headers=headers,
                     content_type=multipart_content_type(boundary), direct_passthrough=True)

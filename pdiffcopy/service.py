@@ -97,6 +97,8 @@ class ServerOptions:
     log_level: str = "info"
     certfile: Optional[str] = None
     keyfile: Optional[str] = None
+    #: ``--hash-methods``: a comma-separated list or ``all``; None for the default.
+    hash_methods: Optional[str] = None
     trust_clients: bool = False
     write_hard_links: bool = False
 
@@ -123,12 +125,15 @@ def run_server(options: ServerOptions) -> None:
             raise UsageError(f"Cannot read {name}")
     check_address_free(host, port)
     workers = options.workers or os.cpu_count() or 2
+    from pdiffcopy.hashing import accepted_methods
+
+    hash_methods = accepted_methods(options.hash_methods)
     from gunicorn.app.base import BaseApplication
 
     from pdiffcopy.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
-                                  write_hard_links=options.write_hard_links))
+                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods))
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "bind": [bind],
