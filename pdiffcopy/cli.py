@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import List, Optional
 
@@ -156,8 +157,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PdiffcopyError as error:
         logger.error("%s", error)
         status = error.exit_code
-    except KeyboardInterrupt:
-        logger.error("Interrupted")
+    except KeyboardInterrupt as interrupt:
+        how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
+        logger.error("Interrupted%s", how)
         status = 130
     except Exception as error:  # a bug: still one line, the details with -v
         logger.debug("Unexpected error", exc_info=True)
@@ -166,6 +168,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:
         sys.exit(status)
     return status
+
+
+#: Signals that end a client run the way Ctrl-C does: SIGTERM (kill, systemd,
+#: a job scheduler) and SIGHUP (the terminal or ssh session went away).
+CLEAN_UP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A clean-up signal arrived: unwind (removing temporaries) as after Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def handle_termination() -> None:
+    """Make :data:`CLEAN_UP_SIGNALS` raise :class:`Terminated` in the main thread (client runs only)."""
+    for signum in CLEAN_UP_SIGNALS:
+        signal.signal(signum, _terminate)
 
 
 #: One format for every log line, coloured or not.
@@ -209,6 +234,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.listen:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    handle_termination()
     if args.remove:
         from pdiffcopy.treecli import run_remove
 
@@ -276,4 +302,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]

@@ -17,12 +17,14 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import (
     copy_range,
+    die_with_parent,
     etag,
     free_space,
     fsync_directory,
     read_chunks,
     resize,
     start_writeback,
+    sweep_stale_temporaries,
     temporary_name,
     write_all,
 )
@@ -36,11 +38,15 @@ def _ready() -> bool:
     return True
 
 
-def _ignore_interrupts() -> None:
+def _start_worker(parent_pid: int) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and stops
     # the pool; a worker printing its own KeyboardInterrupt traceback would
     # only bury the one-line message.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM and SIGHUP too: the parent cleans up and shuts the pool down.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    # A parent killed outright must not leave its hashing processes behind.
+    die_with_parent(parent_pid)
 
 
 def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
@@ -59,7 +65,7 @@ def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
     except ValueError:  # no fork on this platform
         context = multiprocessing.get_context()
     pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context,
-                               initializer=_ignore_interrupts)
+                               initializer=_start_worker, initargs=(os.getpid(),))
     # With fork, the first submit starts every worker at once.
     pool.submit(_ready).result()
     return pool
@@ -221,6 +227,9 @@ class LocalFile(FileEndpoint):
             temporary.remove_temporary()
             raise
         return temporary
+
+    def sweep_temporaries(self) -> int:
+        return sweep_stale_temporaries(os.path.dirname(self.path) or ".")
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, LocalFile)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import stat
 import threading
@@ -23,7 +24,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
-from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE
+from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
 from pdiffcopy.paths import Root
 from pdiffcopy.treeendpoints import (
     DELETE,
@@ -39,6 +40,8 @@ from pdiffcopy.treeendpoints import (
 )
 from pdiffcopy.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
+
+logger = logging.getLogger(__name__)
 
 #: Directory descriptors kept open per thread.
 DIRECTORY_CACHE_SIZE = 64
@@ -71,6 +74,9 @@ class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
     is_remote = False
+
+    #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
+    sweep = False
 
     def __init__(self, directory: str) -> None:
         self.location = directory
@@ -162,14 +168,18 @@ class LocalTree(TreeEndpoint):
             return Listing(root, [], [])
         entries: List[Entry] = []
         failures: List[Failure] = []
+        swept: Optional[List[str]] = [] if self.sweep else None
         top = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory(""))
         pending = [(top, "")]
         while pending:
             fd, relative = pending.pop()
             try:
-                self._scan(fd, relative, entries, failures, pending)
+                self._scan(fd, relative, entries, failures, pending, swept)
             finally:
                 os.close(fd)
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left in %s by interrupted runs, e.g. %s",
+                        len(swept), self.location, swept[0])
         return Listing(root, entries, failures)
 
     def _root_or_none(self) -> Optional[Entry]:
@@ -182,7 +192,8 @@ class LocalTree(TreeEndpoint):
 
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              pending: List[Tuple[int, str]]) -> None:
+              pending: List[Tuple[int, str]], swept: Optional[List[str]] = None) -> None:
+        """List one directory; with ``swept``, remove its stale temporaries and name them there."""
         prefix = relative + "/" if relative else ""
         try:
             scanner = os.scandir(fd)
@@ -194,6 +205,12 @@ class LocalTree(TreeEndpoint):
         with scanner:
             for item in scanner:
                 path = prefix + item.name
+                if item.name[0] == "." and is_temporary_name(item.name):
+                    # A pdiffcopy temporary is never data: a file being written (by
+                    # this run or another), or left by a run that was killed.
+                    if swept is not None:
+                        _sweep(fd, item, path, swept)
+                    continue
                 try:
                     info = item.stat(follow_symlinks=False)
                     mode = info.st_mode
@@ -540,8 +557,17 @@ def _temporary_name(name: str) -> str:
     Process id and a counter, not random bytes: one ``getrandom`` per small
     file showed in profiles, and the exclusive create catches a collision.
     """
-    unique = ((os.getpid() << 24) | (next(_temporary_serial) & 0xFFFFFF)) & 0xFFFFFFFFFFFF
-    return f".{name}.pdiffcopy-{unique:012x}"
+    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serial))}"
+
+
+def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
+    """Remove a temporary file left behind by an earlier run (:func:`~pdiffcopy.fileops.is_stale_temporary`)."""
+    try:
+        if is_stale_temporary(item.name, item.stat(follow_symlinks=False)):
+            os.unlink(item.name, dir_fd=directory)
+            swept.append(path)
+    except OSError:
+        pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync
 
 
 def _unlink_quietly(name: str, directory: int) -> None:
