@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
-from pdiffcopy.paths import Root
+from pdiffcopy.paths import MAX_PATH_LENGTH, Root
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -42,6 +42,10 @@ from pdiffcopy.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
 
 logger = logging.getLogger(__name__)
+
+#: Paths of at most this many characters are at most MAX_PATH_LENGTH bytes
+#: (a character is at most 4 bytes in UTF-8): only longer ones are encoded to check.
+_SURELY_SHORT = MAX_PATH_LENGTH // 4
 
 #: Directory descriptors kept open per thread.
 DIRECTORY_CACHE_SIZE = 64
@@ -169,13 +173,32 @@ class LocalTree(TreeEndpoint):
         entries: List[Entry] = []
         failures: List[Failure] = []
         swept: Optional[List[str]] = [] if self.sweep else None
+        # Depth first without recursion: a frame per directory being listed,
+        # with the names of its subdirectories still to list. One descriptor is
+        # open per level, not per pending directory (a directory of thousands
+        # of subdirectories would exhaust the descriptors).
         top = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory(""))
-        pending = [(top, "")]
-        while pending:
-            fd, relative = pending.pop()
-            try:
-                self._scan(fd, relative, entries, failures, pending, swept)
-            finally:
+        stack = [(top, "", iter(self._scan(top, "", entries, failures, swept)))]
+        try:
+            while stack:
+                fd, relative, subdirectories = stack[-1]
+                name = next(subdirectories, None)
+                if name is None:
+                    os.close(fd)
+                    stack.pop()
+                    continue
+                path = f"{relative}/{name}" if relative else name
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=fd)
+                except FileNotFoundError:
+                    continue  # deleted while listed
+                except OSError as error:
+                    failures.append((path, f"cannot list: {_why(error)}"))
+                    continue
+                stack.append((child, path, iter(self._scan(child, path, entries, failures, swept))))
+        finally:
+            for fd, _, _ in stack:
                 os.close(fd)
         if swept:
             logger.info("Removed %d stale temporary file(s) left in %s by interrupted runs, e.g. %s",
@@ -192,19 +215,30 @@ class LocalTree(TreeEndpoint):
 
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              pending: List[Tuple[int, str]], swept: Optional[List[str]] = None) -> None:
-        """List one directory; with ``swept``, remove its stale temporaries and name them there."""
+              swept: Optional[List[str]] = None) -> List[str]:
+        """List one directory; return the names of its subdirectories.
+
+        With ``swept``, remove its stale temporaries and name them there. An
+        entry whose path is longer than :data:`~pdiffcopy.paths.MAX_PATH_LENGTH`
+        bytes is a failure of its own, not listed: no path-based call (nor
+        the server's protocol) can name it; the rest of the tree goes on.
+        """
         prefix = relative + "/" if relative else ""
+        subdirectories: List[str] = []
         try:
             scanner = os.scandir(fd)
         except OSError as error:
             failures.append((relative, f"cannot list: {_why(error)}"))
-            return
+            return subdirectories
         new = tuple.__new__
         is_file = stat.S_ISREG
         with scanner:
             for item in scanner:
                 path = prefix + item.name
+                if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
+                    failures.append((relative, f"{item.name!r} left out: its path is longer than "
+                                               f"{MAX_PATH_LENGTH} bytes"))
+                    continue
                 if item.name[0] == "." and is_temporary_name(item.name):
                     # A pdiffcopy temporary is never data: a file being written (by
                     # this run or another), or left by a run that was killed.
@@ -225,12 +259,12 @@ class LocalTree(TreeEndpoint):
                         continue
                     entries.append(entry_from_stat(path, info))
                     if stat.S_ISDIR(mode):
-                        pending.append((os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                                dir_fd=fd), path))
+                        subdirectories.append(item.name)
                 except FileNotFoundError:
                     continue  # deleted while listed: it is simply not there
                 except OSError as error:
                     failures.append((path, f"cannot list: {_why(error)}"))
+        return subdirectories
 
     # -- reading -----------------------------------------------------------
 
@@ -711,7 +745,13 @@ def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int
 
 
 def _remove_all(directory: int, name: str) -> None:
-    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed."""
+    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
+
+    Iterative (a frame per level being emptied), so a tree of any depth is
+    removed: recursion stopped at Python's limit of about 1,000 levels. An
+    entry that cannot be removed fails the whole call, after the rest below
+    its directory is gone.
+    """
     try:
         info = os.stat(name, dir_fd=directory, follow_symlinks=False)
     except FileNotFoundError:
@@ -719,13 +759,37 @@ def _remove_all(directory: int, name: str) -> None:
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=directory)
         return
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top = os.open(name, flags, dir_fd=directory)
+    stack = [(directory, name, top, iter(os.listdir(top)))]
+    first_error: Optional[OSError] = None
     try:
-        for child in os.listdir(fd):
-            _remove_all(fd, child)
+        while stack:
+            parent, current, fd, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                os.close(fd)
+                try:
+                    os.rmdir(current, dir_fd=parent)
+                except OSError as error:
+                    first_error = first_error or error
+                continue
+            try:
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    below = os.open(child, flags, dir_fd=fd)
+                    stack.append((fd, child, below, iter(os.listdir(below))))
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            except OSError as error:
+                first_error = first_error or error  # the rest still goes; the parents stay
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=directory)
+        for _, _, fd, _ in stack:
+            os.close(fd)
+    if first_error is not None:
+        raise first_error
 
 
 __all__ = ["LocalTree", "entry_from_stat"]

@@ -487,7 +487,7 @@ class _Runner:
             raise
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
-        directories = [e for e in plan.deletions if e.kind == DIR]
+        directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
         self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()]
@@ -496,7 +496,7 @@ class _Runner:
 
     def delete_everything(self, remove_root: bool) -> None:
         files = [e for e in self.plan.deletions if e.kind != DIR]
-        directories = [e for e in self.plan.deletions if e.kind == DIR]
+        directories = self._deletable([e for e in self.plan.deletions if e.kind == DIR])
         self.progress.files_total = len(files)
         self.progress.phase = "deleting"
         self.units = [Unit(0, "delete", tuple(files[i:i + BATCH_OPERATIONS]))
@@ -506,6 +506,19 @@ class _Runner:
         self.result.deleted += len(directories) - len(failed)
         if remove_root and not self.result.failures:
             self._apply([Operation(DELETE, Entry("", DIR, 0, 0, 0o40755))])
+
+    def _deletable(self, directories: List[Entry]) -> List[Entry]:
+        """The directories to delete, less those holding what the listings could not list.
+
+        Such a directory cannot be emptied: trying would add a "Directory not
+        empty" failure for it and each of its parents to the one that says why.
+        """
+        holding = set()
+        for path, _ in self.result.failures:
+            while path and path not in holding:
+                holding.add(path)
+                path = path.rpartition("/")[0]
+        return [entry for entry in directories if entry.path not in holding]
 
     def _apply(self, operations: List[Operation]) -> set:
         """Apply operations in batches, in order; return the paths that failed."""
