@@ -106,7 +106,18 @@ class LocalFile(FileEndpoint):
                                 self.drop_cache)
 
     def check_readable(self) -> None:
-        self._reader()
+        fd = self._reader()
+        # A /proc or /sys file says it has 0 bytes and makes its content up on
+        # each read: copied by its size it would arrive empty and "verified".
+        # Refused rather than read to the end: the block plan, the verification
+        # and a server all need a size that holds, and such content changes.
+        try:
+            generated = os.fstat(fd).st_size == 0 and os.pread(fd, 1, 0) != b""
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        if generated:
+            raise NotAFile(f"Cannot sync {self.path}: it says it has 0 bytes but has content "
+                           f"(a /proc or /sys file?); copy it with cat")
 
     def _reader(self) -> int:
         if self._read_fd is None:
