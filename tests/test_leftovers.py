@@ -120,6 +120,46 @@ def test_a_killed_client_leaves_no_process(server, big_pair, tmp_path, signum, d
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_killed_tree_sync_leaves_no_worker(server, big_pair, tmp_path, unique):
+    remote, _ = big_pair
+    tree = server.root / unique
+    tree.mkdir()
+    for index in range(4):  # big files: units for forked tree workers
+        os.link(remote, tree / f"{index}.img")
+    log = open(tmp_path / "client.log", "w+")
+    process = subprocess.Popen(pdiffcopy_command("-c", "2", server.url(unique) + "/", str(tmp_path / "t")),
+                               stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    try:
+        if not wait_for(lambda: len(children_of(process.pid)) >= 2, process):
+            pytest.skip("the tree sync ended before its workers were seen")
+        process.kill()
+        process.wait(timeout=30)
+        deadline = time.monotonic() + SURVIVAL_LIMIT
+        while session_processes(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert session_processes(process.pid) == []
+    finally:
+        log.close()
+        for pid in session_processes(process.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_term_during_a_push_removes_the_servers_temporary(server, big_pair, tmp_path, unique):
+    _, local = big_pair
+    with open(tmp_path / "client.log", "w") as log:  # a file: survivors would hold a pipe
+        process = subprocess.Popen(pdiffcopy_command("-c", "2", str(local), server.url(unique)),
+                                   stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+    started = wait_for(lambda: any(is_temporary_name(p.name) and unique in p.name
+                                   for p in server.root.iterdir()), process)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+    stderr = (tmp_path / "client.log").read_text()
+    if not started or process.returncode == 0:
+        pytest.skip("the push ended before its temporary was seen")
+    assert process.returncode == 130, stderr
+    assert not [p for p in server.root.iterdir() if unique in p.name]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_term_and_hup_remove_the_temporary_like_ctrl_c(server, big_pair, tmp_path, signum):
     remote, _ = big_pair
