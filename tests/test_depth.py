@@ -125,3 +125,18 @@ def test_a_wide_directory_is_listed_with_few_descriptors(tmp_path):
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert (tmp_path / "target" / "d299" / "file").read_bytes() == b"x"
     assert len(list((tmp_path / "target").iterdir())) == 300
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+def test_a_path_over_path_max_in_the_target_fails_alone(server, tmp_path, unique, direction):
+    source, target, source_arg, target_arg = locations(direction, server, tmp_path, unique)
+    (source / "ok").mkdir(parents=True)
+    (source / "ok" / "file").write_bytes(b"fine")
+    make_deep(target / "long", LONG_LEVELS, "n" * LONG_NAME)
+    (target / "extra.txt").write_bytes(b"extra")
+    completed = run_cli("--delete", source_arg, target_arg)
+    assert completed.returncode == 23, completed.stderr[-2000:]
+    assert (target / "ok" / "file").read_bytes() == b"fine"
+    assert not (target / "extra.txt").exists()
+    errors = one_line_errors(completed.stderr)
+    assert len(errors) == 2 and "longer than 4096 bytes" in errors[0], errors  # the entry, the summary
