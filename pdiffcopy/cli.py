@@ -235,6 +235,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.listen:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
     handle_termination()
+    from pdiffcopy.fileops import raise_open_file_limit
+
+    raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:
         from pdiffcopy.treecli import run_remove
 

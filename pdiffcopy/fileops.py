@@ -315,6 +315,29 @@ def reserve(fd: int, offset: int, length: int) -> None:
             raise
 
 
+#: Open descriptors a client run may use: tree walks hold one per directory
+#: level (a path of 4,096 bytes can name 2,048 levels) beside connections and
+#: files. The usual soft limit of 1,024 exists for select(2), which nothing here uses.
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> None:
+    """Raise the soft limit of open descriptors towards ``wanted``, within the hard limit.
+
+    Advisory: where the limit cannot be read or raised, it stays, and a walk
+    too deep for it fails per entry ("Too many open files").
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
 #: prctl(2) option (linux/prctl.h): the signal a process gets when its parent dies.
 PR_SET_PDEATHSIG = 1
 
@@ -359,6 +382,6 @@ def etag(stat: os.stat_result) -> str:
 
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "is_stale_temporary",
-    "sweep_stale_temporaries", "die_with_parent", "read_chunks", "write_all",
+    "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
 ]

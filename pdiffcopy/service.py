@@ -155,6 +155,9 @@ def run_server(options: ServerOptions) -> None:
             return app
 
     answer_protocol_errors_in_json()
+    from pdiffcopy.fileops import raise_open_file_limit
+
+    raise_open_file_limit()  # tree walks hold a descriptor per level (inherited by the workers)
     sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)

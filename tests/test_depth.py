@@ -140,3 +140,24 @@ def test_a_path_over_path_max_in_the_target_fails_alone(server, tmp_path, unique
     assert not (target / "extra.txt").exists()
     errors = one_line_errors(completed.stderr)
     assert len(errors) == 2 and "longer than 4096 bytes" in errors[0], errors  # the entry, the summary
+
+
+def test_a_deep_tree_under_the_usual_soft_descriptor_limit(server, tmp_path, unique, direction="local"):
+    # 1,024 is the usual soft limit; a walk of 1,100 levels holds a descriptor per level.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard limit ({hard}) leaves no room to raise the soft one")
+    source, target, source_arg, target_arg = locations(direction, server, tmp_path, unique)
+    (source / "x").parent.mkdir(parents=True, exist_ok=True)
+    (source / "x").write_bytes(b"a file now")
+    make_deep(source / "deep", DEPTH)
+    make_deep(target / "x", DEPTH)
+
+    def usual_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    completed = subprocess.run(pdiffcopy_command(source_arg, target_arg), capture_output=True, text=True,
+                               timeout=120, preexec_fn=usual_limit)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert (target / "x").read_bytes() == b"a file now"
+    assert (target / ("deep" + "/d" * DEPTH) / "leaf.txt").read_bytes() == b"leaf"
