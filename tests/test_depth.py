@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import stat
 import subprocess
 from pathlib import Path
 
@@ -33,6 +34,43 @@ def make_deep(base: Path, levels: int, name: str = "d") -> None:
         os.close(leaf)
     finally:
         os.close(fd)
+
+
+def remove_deep(path: Path) -> None:
+    """Remove a tree of any depth: pytest's own clean-up (shutil.rmtree) recurses and fails on these."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        parent = os.open(path.parent, flags)
+    except FileNotFoundError:
+        return
+    try:
+        top = os.open(path.name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        os.close(parent)
+        return
+    stack = [(parent, path.name, top, iter(os.listdir(top)))]
+    while stack:
+        above, name, fd, children = stack[-1]
+        child = next(children, None)
+        if child is None:
+            stack.pop()
+            os.close(fd)
+            os.rmdir(name, dir_fd=above)
+            continue
+        if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+            below = os.open(child, flags, dir_fd=fd)
+            stack.append((fd, child, below, iter(os.listdir(below))))
+        else:
+            os.unlink(child, dir_fd=fd)
+    os.close(parent)
+
+
+@pytest.fixture(autouse=True)
+def remove_deep_trees(server, tmp_path, unique):
+    """After each test: its deep trees, wherever they are (the shared server root too)."""
+    yield
+    for path in (tmp_path, server.root / unique):
+        remove_deep(path)
 
 
 def locations(direction: str, server, tmp_path: Path, unique: str):
