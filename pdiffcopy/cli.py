@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the private key of --certfile (PEM)")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
+    server.add_argument("--trust-clients", action="store_true",
+                        help="let clients set owners and setuid/setgid bits (tree syncs with -o, "
+                             "-a); without it they are ignored with a warning")
+    server.add_argument("--write-hard-links", action="store_true",
+                        help="let clients change files with several hard links in place (data, "
+                             "size, metadata): every name of such a file changes, also outside "
+                             "--root; without it that is refused and --atomic replaces them")
     common = parser.add_argument_group("common options")
     common.add_argument("--token-file", metavar="FILE", default=None,
                         help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
@@ -229,6 +236,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
                                  insecure=args.insecure, workers=args.concurrency,
+                                 trust_clients=args.trust_clients,
+                                 write_hard_links=args.write_hard_links,
                                  certfile=args.certfile, keyfile=args.keyfile,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0

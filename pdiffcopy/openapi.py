@@ -194,7 +194,13 @@ def _components() -> Dict[str, Any]:
         "Entry": _ENTRY,
         "Failures": {
             "type": "object", "required": ["failures"],
-            "properties": {"failures": _FAILURE_LIST},
+            "properties": {
+                "failures": _FAILURE_LIST,
+                "ignored": {"type": "array", "items": {"type": "string"},
+                            "description": "What the server did not do because it does not trust "
+                                           "its clients with it (owners, setuid/setgid bits); "
+                                           "absent when nothing was ignored."},
+            },
         },
         "Listing": {
             "type": "object", "required": ["root", "entries", "failures"],
@@ -358,7 +364,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     head["description"] = ("The headers of a download, without its body; Range is ignored and "
                            "the status is 200.")
     write = _operation(
-        "write", "Write byte ranges into an existing file, in place",
+        "write", "Write byte ranges into an existing file, in place (403 for a file with several "
+                 "hard links, unless the server runs with --write-hard-links)",
         {"200": _json_answer("The bytes written", "Written")},
         errors=_PATH_ERRORS + (412, 416),
         parameters=[
@@ -375,7 +382,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
               "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
                           _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}})
     resize = _operation(
-        "resize", "Create the file if missing and make it exactly size bytes long",
+        "resize", "Create the file if missing and make it exactly size bytes long (403 for an "
+                  "existing file with several hard links, unless --write-hard-links)",
         {"200": _json_answer("The new description", "FileDescription")},
         errors=_PATH_ERRORS,
         parameters=[path, _query("size", "The new size in bytes",

@@ -47,7 +47,6 @@ from pdiffcopy.exceptions import (
     AuthenticationFailed,
     BadRequest,
     Conflict,
-    NotAFile,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
@@ -125,6 +124,10 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: Clients may set owners and setuid/setgid bits (``--trust-clients``).
+    trust_clients: bool = False
+    #: Clients may change files with several hard links in place (``--write-hard-links``).
+    write_hard_links: bool = False
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -258,6 +261,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
+            refuse_hard_links(info, path, config.write_hard_links)
             written = receive_ranges(fd, info.st_size, path)
         finally:
             os.close(fd)
@@ -273,6 +277,8 @@ def create_app(config: ServerConfig) -> Flask:
         except Conflict:  # it exists already
             fd, created = open_regular(root, path, os.O_WRONLY), False
         try:
+            if not created:
+                refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
             try:
                 resize(fd, size)
             except OSError as error:
@@ -362,7 +368,8 @@ def create_app(config: ServerConfig) -> Flask:
     def index():
         return jsonify(server="pdiffcopy", version=__version__)
 
-    add_tree_routes(app, root)
+    add_tree_routes(app, root, trust_clients=config.trust_clients,
+                    write_hard_links=config.write_hard_links)
     return app
 
 
@@ -464,13 +471,25 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
 
 
 def open_regular(root: Root, path: str, flags: int) -> int:
-    """Open ``path`` beneath the root and insist that it is a regular file."""
-    fd = root.open(path, flags)
-    info = os.fstat(fd)
-    if not stat_module.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise NotAFile(f"Not a regular file: {path}")
-    return fd
+    """Open ``path`` beneath the root and insist that it is a regular file.
+
+    FIFOs and devices are refused (409) without being opened or waited on
+    (see :meth:`pdiffcopy.paths.Root.open_regular`).
+    """
+    return root.open_regular(path, flags)
+
+
+def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
+    """Refuse to change a file with several hard links in place, unless the operator allows it.
+
+    Every name of such a file shows the change, and the other names may be
+    outside the root (a link planted by a local user) or other versions of
+    the data (a hard-linked backup snapshot). Replacing it through a
+    temporary and a rename (``--atomic``) changes only this name.
+    """
+    if info.st_nlink > 1 and not allowed:
+        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
+                           f"and all of them would change (sync with --atomic to replace it instead)")
 
 
 def fsync_parent(root: Root, path: str) -> None:

@@ -95,6 +95,8 @@ class ServerOptions:
     log_level: str = "info"
     certfile: Optional[str] = None
     keyfile: Optional[str] = None
+    trust_clients: bool = False
+    write_hard_links: bool = False
 
 
 def run_server(options: ServerOptions) -> None:
@@ -122,7 +124,8 @@ def run_server(options: ServerOptions) -> None:
 
     from pdiffcopy.server import ServerConfig, create_app
 
-    app = create_app(ServerConfig(root=root, token=options.token))
+    app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
+                                  write_hard_links=options.write_hard_links))
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "bind": [bind],

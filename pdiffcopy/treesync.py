@@ -49,7 +49,7 @@ from pdiffcopy.blocks import (
 from pdiffcopy.endpoints import FileEndpoint, is_url
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 from pdiffcopy.fileops import die_with_parent
-from pdiffcopy.hashing import digest_size, hash_file_ranges, verify_method
+from pdiffcopy.hashing import digest_size, verify_method
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -435,7 +435,7 @@ def _digests(endpoint: FileEndpoint, ranges: List[ByteRange], block_size: int, m
         return b""
     if endpoint.is_remote:
         return endpoint.submit_hashes(ranges, block_size, method).result()
-    return hash_file_ranges(endpoint.location, ranges, block_size, method)
+    return endpoint.hash_ranges(ranges, block_size, method)  # type: ignore[attr-defined]
 
 
 # -- running a plan --------------------------------------------------------
