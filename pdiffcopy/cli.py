@@ -11,6 +11,7 @@ import importlib
 import logging
 import math
 import re
+import signal
 import sys
 from typing import List, Optional
 
@@ -200,8 +201,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PdiffcopyError as error:
         logger.error("%s", error)
         status = error.exit_code
-    except KeyboardInterrupt:
-        logger.error("Interrupted")
+    except KeyboardInterrupt as interrupt:
+        how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
+        logger.error("Interrupted%s", how)
         status = 130
     except Exception as error:  # a bug: still one line, the details with -v
         logger.debug("Unexpected error", exc_info=True)
@@ -210,6 +212,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv is None:
         sys.exit(status)
     return status
+
+
+#: Signals that end a client run the way Ctrl-C does: SIGTERM (kill, systemd,
+#: a job scheduler) and SIGHUP (the terminal or ssh session went away).
+CLEAN_UP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A clean-up signal arrived: unwind (removing temporaries) as after Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def handle_termination() -> None:
+    """Make :data:`CLEAN_UP_SIGNALS` raise :class:`Terminated` in the main thread (client runs only)."""
+    for signum in CLEAN_UP_SIGNALS:
+        signal.signal(signum, _terminate)
 
 
 #: One format for every log line, coloured or not.
@@ -260,6 +285,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
     if args.hash_methods:
         raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
+    handle_termination()
+    from pdiffcopy.fileops import raise_open_file_limit
+
+    raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:
         from pdiffcopy.treecli import run_remove
 
@@ -385,4 +414,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]

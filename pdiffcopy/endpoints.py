@@ -91,6 +91,13 @@ class FileEndpoint(ABC):
         Remote endpoints send ``If-Match``; local ones re-check at the end.
         """
 
+    def sweep_temporaries(self) -> int:
+        """Remove stale temporaries that killed runs left beside this file; return how many.
+
+        Optional: a server sweeps its own root when it starts, so a remote file does nothing.
+        """
+        return 0
+
     def close(self) -> None:
         """Release descriptors, connections and workers."""
 

@@ -10,7 +10,10 @@ import errno
 import os
 import re
 import secrets
-from typing import Callable, Iterable, Iterator, Tuple
+import signal
+import stat
+import time
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from pdiffcopy.blocks import ByteRange
 
@@ -35,17 +38,122 @@ REFUSALS = frozenset({
     errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
 })
 
-_TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-[0-9a-f]{12}$", re.DOTALL)
+_TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
+
+#: A temporary file untouched for this long is left over from a run that
+#: ended without cleaning up (killed, crashed, the host rebooted), whoever
+#: made it: no sync leaves its temporary unwritten for a day. The resume of
+#: partial temporaries (a later feature) would keep them for up to this long.
+STALE_TEMPORARY_SECONDS = 24 * 3600
+
+#: A temporary whose maker (the process id in its name) is no longer alive on
+#: this host is swept once it has been untouched for this long: long enough
+#: that one written from another host (a shared file system, a push whose
+#: client named it) and still in use would have been written to meanwhile.
+ORPHAN_TEMPORARY_SECONDS = 15 * 60
+
+#: Entries the server's start-up sweep looks at, at most: a root of millions
+#: of files must not delay the start by minutes; the rest waits for the next start.
+SWEEP_MAX_ENTRIES = 1_000_000
+
+#: Seconds the server's start-up sweep may take, at most (same reason).
+SWEEP_MAX_SECONDS = 10.0
 
 
 def temporary_name(name: str) -> str:
-    """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``)."""
-    return f".{name}.pdiffcopy-{secrets.token_hex(6)}"
+    """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``).
+
+    The 12 hex digits hold the process id (above 24 random bits), so a later
+    run can tell a temporary of a dead process (:func:`is_stale_temporary`).
+    """
+    return f".{name}.pdiffcopy-{unique_suffix(secrets.randbits(24))}"
+
+
+def unique_suffix(serial: int) -> str:
+    """The 12 hex digits of a temporary name: this process's id, then 24 bits of ``serial``."""
+    return f"{((os.getpid() << 24) | (serial & 0xFFFFFF)) & 0xFFFFFFFFFFFF:012x}"
 
 
 def is_temporary_name(name: str) -> bool:
     """Whether ``name`` (a last path component) is one :func:`temporary_name` makes."""
     return bool(_TEMPORARY_NAME.match(name))
+
+
+def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = None) -> bool:
+    """Whether the temporary file ``name`` (with ``lstat`` result ``info``) is left over.
+
+    Stale means untouched for :data:`STALE_TEMPORARY_SECONDS`, or for
+    :data:`ORPHAN_TEMPORARY_SECONDS` when the process that named it is dead.
+    Directories are never stale temporaries (no pdiffcopy temporary is one).
+    """
+    match = _TEMPORARY_NAME.match(name)
+    if match is None or stat.S_ISDIR(info.st_mode):
+        return False
+    age = (time.time() if now is None else now) - info.st_mtime
+    if age >= STALE_TEMPORARY_SECONDS:
+        return True
+    return age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
+
+
+def _is_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (possibly another user's)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, it is someone else's
+    return True
+
+
+def sweep_stale_temporaries(directory: str, recursive: bool = False,
+                            max_entries: int = SWEEP_MAX_ENTRIES,
+                            max_seconds: float = SWEEP_MAX_SECONDS) -> int:
+    """Remove the stale temporary files (:func:`is_stale_temporary`) in ``directory``.
+
+    Iterative, by directory descriptors, never following a symlink; bounded
+    by ``max_entries`` and ``max_seconds``. Failures are ignored: the sweep
+    is housekeeping and must never stop a sync or the server's start.
+
+    :returns: How many files were removed.
+    """
+    removed = seen = 0
+    deadline = time.monotonic() + max_seconds
+    now = time.time()
+    try:
+        top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    pending = [top]
+    try:
+        while pending:
+            fd = pending.pop()
+            try:
+                with os.scandir(fd) as scanner:
+                    for item in scanner:
+                        seen += 1
+                        if seen > max_entries or (seen % 1024 == 0 and time.monotonic() > deadline):
+                            return removed
+                        try:
+                            if item.name.startswith(".") and is_temporary_name(item.name):
+                                if is_stale_temporary(item.name, item.stat(follow_symlinks=False), now):
+                                    os.unlink(item.name, dir_fd=fd)
+                                    removed += 1
+                            elif recursive and item.is_dir(follow_symlinks=False):
+                                pending.append(os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                                       | os.O_CLOEXEC, dir_fd=fd))
+                        except OSError:
+                            continue  # gone meanwhile, or not ours to remove
+            except OSError:
+                pass  # an unreadable directory: nothing to sweep there
+            finally:
+                os.close(fd)
+    finally:
+        for fd in pending:
+            os.close(fd)
+    return removed
 
 
 def read_chunks(fd: int, ranges: Iterable[ByteRange],
@@ -131,6 +239,7 @@ class _Libc:
     _loaded = False
     sync_file_range: Callable[..., int] | None = None
     fallocate: Callable[..., int] | None = None
+    prctl: Callable[..., int] | None = None
 
     @classmethod
     def load(cls) -> type[_Libc]:
@@ -148,6 +257,12 @@ class _Libc:
                             [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
                         function.restype = ctypes.c_int
                         setattr(cls, name, function)
+                prctl = getattr(libc, "prctl", None)
+                if prctl is not None:
+                    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                                      ctypes.c_ulong]
+                    prctl.restype = ctypes.c_int
+                    cls.prctl = prctl
             except (ImportError, OSError):
                 pass  # no ctypes or no libc: the callers have fallbacks
         return cls
@@ -200,6 +315,51 @@ def reserve(fd: int, offset: int, length: int) -> None:
             raise
 
 
+#: Open descriptors a client run may use: tree walks hold one per directory
+#: level (a path of 4,096 bytes can name 2,048 levels) beside connections and
+#: files. The usual soft limit of 1,024 exists for select(2), which nothing here uses.
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> None:
+    """Raise the soft limit of open descriptors towards ``wanted``, within the hard limit.
+
+    Advisory: where the limit cannot be read or raised, it stays, and a walk
+    too deep for it fails per entry ("Too many open files").
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+#: prctl(2) option (linux/prctl.h): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
+    """In a forked worker: get ``signum`` as soon as the parent process dies.
+
+    A client killed outright (SIGKILL, or a signal it cannot clean up after)
+    would otherwise leave its hashing and tree workers running on, adopted by
+    init. ``prctl(PR_SET_PDEATHSIG)`` makes the kernel send the signal; the
+    check of ``getppid`` afterwards covers a parent that died before the call.
+    Without prctl (not Linux, no ctypes) nothing is set.
+
+    :param parent_pid: The parent's process id, read before the fork.
+    """
+    function = _Libc.load().prctl
+    if function is not None:
+        function(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), signum)
+
+
 def fsync_directory(path: str) -> None:
     """Flush a directory's entries (after a create or rename) to disk."""
     fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
@@ -221,6 +381,7 @@ def etag(stat: os.stat_result) -> str:
 
 
 __all__ = [
-    "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "read_chunks", "write_all",
+    "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "is_stale_temporary",
+    "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
 ]

@@ -13,18 +13,21 @@ from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
     Conflict,
     FileMissing,
+    NotAFile,
     PdiffcopyError,
     StorageError,
     storage_error,
 )
 from pdiffcopy.fileops import (
     copy_range,
+    die_with_parent,
     etag,
     free_space,
     fsync_directory,
     read_chunks,
     resize,
     start_writeback,
+    sweep_stale_temporaries,
     temporary_name,
     write_all,
 )
@@ -39,11 +42,15 @@ def _ready() -> bool:
     return True
 
 
-def _ignore_interrupts() -> None:
+def _start_worker(parent_pid: int) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and stops
     # the pool; a worker printing its own KeyboardInterrupt traceback would
     # only bury the one-line message.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM and SIGHUP too: the parent cleans up and shuts the pool down.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    # A parent killed outright must not leave its hashing processes behind.
+    die_with_parent(parent_pid)
 
 
 def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
@@ -62,7 +69,7 @@ def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
     except ValueError:  # no fork on this platform
         context = multiprocessing.get_context()
     pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context,
-                               initializer=_ignore_interrupts)
+                               initializer=_start_worker, initargs=(os.getpid(),))
     # With fork, the first submit starts every worker at once.
     pool.submit(_ready).result()
     return pool
@@ -163,7 +170,18 @@ class LocalFile(FileEndpoint):
             raise storage_error(error, f"read {self.path}") from None
 
     def check_readable(self) -> None:
-        self._reader()
+        fd = self._reader()
+        # A /proc or /sys file says it has 0 bytes and makes its content up on
+        # each read: copied by its size it would arrive empty and "verified".
+        # Refused rather than read to the end: the block plan, the verification
+        # and a server all need a size that holds, and such content changes.
+        try:
+            generated = os.fstat(fd).st_size == 0 and os.pread(fd, 1, 0) != b""
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        if generated:
+            raise NotAFile(f"Cannot sync {self.path}: it says it has 0 bytes but has content "
+                           f"(a /proc or /sys file?); copy it with cat")
 
     def _reader(self) -> int:
         if self._read_fd is None:
@@ -308,6 +326,9 @@ class LocalFile(FileEndpoint):
             temporary.remove_temporary()
             raise
         return temporary
+
+    def sweep_temporaries(self) -> int:
+        return sweep_stale_temporaries(os.path.dirname(self.path) or ".")
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, LocalFile)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import stat
 import threading
@@ -23,8 +24,8 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
-from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE
-from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind
+from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
+from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -39,6 +40,12 @@ from pdiffcopy.treeendpoints import (
 )
 from pdiffcopy.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
+
+logger = logging.getLogger(__name__)
+
+#: Paths of at most this many characters are at most MAX_PATH_LENGTH bytes
+#: (a character is at most 4 bytes in UTF-8): only longer ones are encoded to check.
+_SURELY_SHORT = MAX_PATH_LENGTH // 4
 
 #: Directory descriptors kept open per thread.
 DIRECTORY_CACHE_SIZE = 64
@@ -72,6 +79,11 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
                  target, info.st_nlink, sparse)
 
 
+#: A directory a walk is in: its descriptor, its path below the tree, and the
+#: names of its subdirectories still to walk (None until it has been scanned).
+_Frame = Tuple[int, str, Optional[List[str]]]
+
+
 class Directories:
     """A walk's batches (:meth:`LocalTree.walk`); :meth:`close` releases its directories.
 
@@ -81,7 +93,7 @@ class Directories:
     """
 
     def __init__(self, batches: Iterator[Tuple[List[Entry], List[Failure]]],
-                 pending: List[Tuple[int, str]]) -> None:
+                 pending: List[_Frame]) -> None:
         self._batches = batches
         self._pending = pending
 
@@ -96,7 +108,7 @@ class Directories:
         _close_pending(self._pending)
 
 
-def _close_pending(pending: List[Tuple[int, str]]) -> None:
+def _close_pending(pending: List[_Frame]) -> None:
     """Close the descriptors of the directories a walk has not read (an abandoned walk leaks none)."""
     while pending:
         os.close(pending.pop()[0])
@@ -106,6 +118,9 @@ class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
     is_remote = False
+
+    #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
+    sweep = False
 
     def __init__(self, directory: str) -> None:
         self.location = directory
@@ -206,7 +221,7 @@ class LocalTree(TreeEndpoint):
         return Listing(root, entries, failures)
 
     def walk(self) -> Tuple[Optional[Entry], "Directories"]:
-        """The tree's root entry, and what :meth:`list` finds, one directory at a time.
+        """The tree's root entry, and what :meth:`list` finds, one batch at a time.
 
         The root is looked at now (its errors are raised here); the
         directories are read as the iterator is consumed, so a listing can be
@@ -215,33 +230,55 @@ class LocalTree(TreeEndpoint):
         that stops early closes the iterator.
         """
         root = self._root_or_none()
-        pending: List[Tuple[int, str]] = []
+        frames: List[_Frame] = []
         if root is not None and root.kind == DIR:
-            pending.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), ""))
-        return root, Directories(self._walk_from(pending), pending)
+            frames.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), "", None))
+        return root, Directories(self._walk_from(frames), frames)
 
-    def _walk_from(self, pending: List[Tuple[int, str]]) -> Iterator[Tuple[List[Entry], List[Failure]]]:
+    def _walk_from(self, frames: List[_Frame]) -> Iterator[Tuple[List[Entry], List[Failure]]]:
         """Yield what the walk found, at most about :data:`WALK_BATCH_ENTRIES` entries at a time.
 
-        The lists yielded are emptied and reused afterwards: a consumer takes
+        Depth first without recursion: a frame per directory on the current
+        path, with the names of its subdirectories still to list, so one
+        descriptor is open per level, not per pending directory (a directory
+        of thousands of subdirectories would exhaust the descriptors). The
+        lists yielded are emptied and reused afterwards: a consumer takes
         what it needs from them before it asks for more.
         """
         entries: List[Entry] = []
         failures: List[Failure] = []
+        swept: Optional[List[str]] = [] if self.sweep else None
         try:
-            while pending:
-                fd, relative = pending.pop()
-                try:
-                    for _ in self._scan(fd, relative, entries, failures, pending):
+            while frames:
+                fd, relative, names = frames[-1]
+                if names is None:  # not scanned yet
+                    names = []
+                    for _ in self._scan(fd, relative, entries, failures, names, swept):
                         yield entries, failures
                         entries.clear()
                         failures.clear()
-                finally:
+                    frames[-1] = (fd, relative, names)
+                if not names:
                     os.close(fd)
+                    frames.pop()
+                    continue
+                name = names.pop()
+                path = f"{relative}/{name}" if relative else name
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except FileNotFoundError:
+                    continue  # deleted while listed
+                except OSError as error:
+                    failures.append((path, f"cannot list: {_why(error)}"))
+                    continue
+                frames.append((child, path, None))
             if entries or failures:
                 yield entries, failures
         finally:
-            _close_pending(pending)
+            _close_pending(frames)
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left in %s by interrupted runs, e.g. %s",
+                        len(swept), self.location, swept[0])
 
     def _root_or_none(self) -> Optional[Entry]:
         try:
@@ -253,8 +290,16 @@ class LocalTree(TreeEndpoint):
 
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              pending: List[Tuple[int, str]]) -> Iterator[None]:
-        """Add a directory's entries to ``entries``; pause (yield) whenever it holds a batch."""
+              subdirectories: List[str], swept: Optional[List[str]] = None) -> Iterator[None]:
+        """Add a directory's entries to ``entries`` and the names of its
+        subdirectories to ``subdirectories``; pause (yield) whenever ``entries``
+        holds a batch.
+
+        With ``swept``, remove its stale temporaries and name them there. An
+        entry whose path is longer than :data:`~pdiffcopy.paths.MAX_PATH_LENGTH`
+        bytes is a failure of its own, not listed: no path-based call (nor
+        the server's protocol) can name it; the rest of the tree goes on.
+        """
         prefix = relative + "/" if relative else ""
         try:
             scanner = os.scandir(fd)
@@ -268,6 +313,16 @@ class LocalTree(TreeEndpoint):
                 if len(entries) >= WALK_BATCH_ENTRIES:
                     yield  # the walk hands them on: a directory of a million files is not held whole
                 path = prefix + item.name
+                if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
+                    failures.append((relative, f"{item.name!r} left out: its path is longer than "
+                                               f"{MAX_PATH_LENGTH} bytes"))
+                    continue
+                if item.name[0] == "." and is_temporary_name(item.name):
+                    # A pdiffcopy temporary is never data: a file being written (by
+                    # this run or another), or left by a run that was killed.
+                    if swept is not None:
+                        _sweep(fd, item, path, swept)
+                    continue
                 try:
                     info = item.stat(follow_symlinks=False)
                     mode = info.st_mode
@@ -282,8 +337,7 @@ class LocalTree(TreeEndpoint):
                         continue
                     entries.append(entry_from_stat(path, info))
                     if stat.S_ISDIR(mode):
-                        pending.append((os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                                dir_fd=fd), path))
+                        subdirectories.append(item.name)
                 except FileNotFoundError:
                     continue  # deleted while listed: it is simply not there
                 except OSError as error:
@@ -642,8 +696,17 @@ def _temporary_name(name: str) -> str:
     Process id and a counter, not random bytes: one ``getrandom`` per small
     file showed in profiles, and the exclusive create catches a collision.
     """
-    unique = ((os.getpid() << 24) | (next(_temporary_serial) & 0xFFFFFF)) & 0xFFFFFFFFFFFF
-    return f".{name}.pdiffcopy-{unique:012x}"
+    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serial))}"
+
+
+def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
+    """Remove a temporary file left behind by an earlier run (:func:`~pdiffcopy.fileops.is_stale_temporary`)."""
+    try:
+        if is_stale_temporary(item.name, item.stat(follow_symlinks=False)):
+            os.unlink(item.name, dir_fd=directory)
+            swept.append(path)
+    except OSError:
+        pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync
 
 
 def _unlink_quietly(name: str, directory: int) -> None:
@@ -789,7 +852,13 @@ def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int
 
 
 def _remove_all(directory: int, name: str) -> None:
-    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed."""
+    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
+
+    Iterative (a frame per level being emptied), so a tree of any depth is
+    removed: recursion stopped at Python's limit of about 1,000 levels. An
+    entry that cannot be removed fails the whole call, after the rest below
+    its directory is gone.
+    """
     try:
         info = os.stat(name, dir_fd=directory, follow_symlinks=False)
     except FileNotFoundError:
@@ -797,13 +866,37 @@ def _remove_all(directory: int, name: str) -> None:
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=directory)
         return
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top = os.open(name, flags, dir_fd=directory)
+    stack = [(directory, name, top, iter(os.listdir(top)))]
+    first_error: Optional[OSError] = None
     try:
-        for child in os.listdir(fd):
-            _remove_all(fd, child)
+        while stack:
+            parent, current, fd, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                os.close(fd)
+                try:
+                    os.rmdir(current, dir_fd=parent)
+                except OSError as error:
+                    first_error = first_error or error
+                continue
+            try:
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    below = os.open(child, flags, dir_fd=fd)
+                    stack.append((fd, child, below, iter(os.listdir(below))))
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            except OSError as error:
+                first_error = first_error or error  # the rest still goes; the parents stay
     finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=directory)
+        for _, _, fd, _ in stack:
+            os.close(fd)
+    if first_error is not None:
+        raise first_error
 
 
 __all__ = ["LocalTree", "entry_from_stat"]

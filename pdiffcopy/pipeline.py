@@ -272,6 +272,10 @@ class _SyncJob:
         # A missing target is always written under a temporary name: nothing
         # half-written ever appears under the target's name.
         atomic = options.atomic or target_info is None
+        swept = self.target.sweep_temporaries()
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
+                        swept, self.target.location)
         work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
             if atomic else self.target
         try:

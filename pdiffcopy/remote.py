@@ -13,6 +13,7 @@ whole 1 GiB no-change sync may take, and the sync needs none of its extras.
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import logging
 import os
@@ -182,7 +183,12 @@ class _Connection:
             if self.tls:
                 import ssl  # only for https: it takes a while to import
 
-                context = ssl.create_default_context(cafile=self.ca_file)
+                try:
+                    context = ssl.create_default_context(cafile=self.ca_file)
+                except (ssl.SSLError, OSError) as error:
+                    reason = _tls_reason(error) if isinstance(error, ssl.SSLError) else \
+                        (error.strerror or _reason(error))
+                    raise UsageError(f"Cannot use the CA file {self.ca_file}: {reason}") from None
                 connection: http.client.HTTPConnection = http.client.HTTPSConnection(
                     self.host, self.port, timeout=CONNECT_TIMEOUT, context=context)
             else:
@@ -232,6 +238,36 @@ class _RangesBody:
             yield closing_delimiter(self.boundary)
 
 
+class _Warned:
+    """Whether this process has warned about a token sent in the clear (once per run is enough)."""
+
+    plain_token = False
+
+
+def warn_about_plain_token(base: str) -> None:
+    """Warn, once per process, when the token is about to cross a network unencrypted.
+
+    Plain ``http://`` to a loopback address never leaves the host; to any
+    other host, anyone on the path can read the token and then read and
+    write the whole server root with it.
+    """
+    parts = urlsplit(base)
+    if _Warned.plain_token or parts.scheme != "http" or _is_loopback(parts.hostname or ""):
+        return
+    _Warned.plain_token = True
+    logger.warning("Sending the token to %s over plain http: anyone on the network can read it "
+                   "(use https://, or a tunnel)", base)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class HttpClient:
     """The connections to one server and the requests sent on them, with every failure one line.
 
@@ -248,6 +284,8 @@ class HttpClient:
         self.token = token
         self.timeout = timeout
         self.ca_file = ca_file
+        if token:
+            warn_about_plain_token(base)
         self._local = threading.local()
         self._forget_connections()
 
@@ -610,6 +648,8 @@ SERVER_CLOSED = "the server closed the connection mid-transfer"
 
 def _reason(error: BaseException) -> str:
     """A short, specific reason for a transport error."""
+    if type(error).__name__.startswith("SSL"):
+        return _tls_reason(error)
     if isinstance(error, http.client.IncompleteRead):
         return SERVER_CLOSED
     if isinstance(error, http.client.RemoteDisconnected):
@@ -621,3 +661,21 @@ def _reason(error: BaseException) -> str:
         if marker in text:
             return marker[0].lower() + marker[1:]
     return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+#: OpenSSL's decoration of its messages: "[SSL: CODE] " before, " (_ssl.c:1006)" after.
+_TLS_DECORATION = re.compile(r"^\[[A-Z0-9_]+: [A-Z0-9_]+\] |\s*\(_ssl\.c:\d+\)$")
+
+
+def _tls_reason(error: BaseException) -> str:
+    """What a TLS error says, whole but undecorated: "certificate verify failed: self-signed certificate".
+
+    The part after the colon is the reason an operator acts on (a self-signed
+    or expired certificate, a host name it is not valid for, a plain-http
+    server on the port); the generic start alone would hide it.
+    """
+    text = _TLS_DECORATION.sub("", str(error).splitlines()[0] if str(error) else "").strip()
+    detail = getattr(error, "verify_message", None)
+    if detail and detail not in text:
+        text = f"{text}: {detail}"
+    return text[:300] or type(error).__name__

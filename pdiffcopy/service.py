@@ -166,9 +166,28 @@ def run_server(options: ServerOptions) -> None:
             return app
 
     answer_protocol_errors_in_json()
+    from pdiffcopy.fileops import raise_open_file_limit
+
+    raise_open_file_limit()  # tree walks hold a descriptor per level (inherited by the workers)
+    sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     Application().run()
+
+
+def sweep_root(root: str) -> int:
+    """Remove the stale temporaries (of pushes whose client was killed, say) below ``root``.
+
+    Before the workers start, so none of this server's writes is in flight;
+    bounded by :data:`~pdiffcopy.fileops.SWEEP_MAX_ENTRIES` and
+    :data:`~pdiffcopy.fileops.SWEEP_MAX_SECONDS`.
+    """
+    from pdiffcopy.fileops import sweep_stale_temporaries
+
+    removed = sweep_stale_temporaries(root, recursive=True)
+    if removed:
+        logger.info("Removed %d stale temporary file(s) below %s left by interrupted runs", removed, root)
+    return removed
 
 
 def check_address_free(host: str, port: int) -> None:

@@ -172,6 +172,8 @@ def _ancestors(path: str) -> List[str]:
 
 def is_under(directory: str, prefixes: Set[str]) -> bool:
     """Whether ``directory`` is one of ``prefixes`` or below one."""
+    if not prefixes:  # the usual case; walking up costs the depth, per entry of a deep tree
+        return False
     while directory:
         if directory in prefixes:
             return True

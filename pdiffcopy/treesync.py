@@ -48,6 +48,7 @@ from pdiffcopy.blocks import (
 )
 from pdiffcopy.endpoints import FileEndpoint, is_url
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
+from pdiffcopy.fileops import die_with_parent
 from pdiffcopy.hashing import digest_size, verify_method
 from pdiffcopy.treeendpoints import (
     DELETE,
@@ -224,6 +225,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
+    if not options.dry_run and not target.is_remote:
+        # Its listing removes what killed runs left (a server sweeps its root at start).
+        target.sweep = True  # type: ignore[attr-defined]
     source_listing, target_listing = _list_both(source, target)
     _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
                len(target_listing.entries))
@@ -356,10 +360,12 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
 def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
     """Start listing ``tree`` in a forked process; return the function that collects it."""
     reader, writer = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
+            die_with_parent(parent)
             os.close(reader)
             try:
                 listing = tree.list()
@@ -481,7 +487,7 @@ class _Runner:
             raise
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
-        directories = [e for e in plan.deletions if e.kind == DIR]
+        directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
         self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()]
@@ -490,7 +496,7 @@ class _Runner:
 
     def delete_everything(self, remove_root: bool) -> None:
         files = [e for e in self.plan.deletions if e.kind != DIR]
-        directories = [e for e in self.plan.deletions if e.kind == DIR]
+        directories = self._deletable([e for e in self.plan.deletions if e.kind == DIR])
         self.progress.files_total = len(files)
         self.progress.phase = "deleting"
         self.units = [Unit(0, "delete", tuple(files[i:i + BATCH_OPERATIONS]))
@@ -500,6 +506,19 @@ class _Runner:
         self.result.deleted += len(directories) - len(failed)
         if remove_root and not self.result.failures:
             self._apply([Operation(DELETE, Entry("", DIR, 0, 0, 0o40755))])
+
+    def _deletable(self, directories: List[Entry]) -> List[Entry]:
+        """The directories to delete, less those holding what the listings could not list.
+
+        Such a directory cannot be emptied: trying would add a "Directory not
+        empty" failure for it and each of its parents to the one that says why.
+        """
+        holding = set()
+        for path, _ in self.result.failures:
+            while path and path not in holding:
+                holding.add(path)
+                path = path.rpartition("/")[0]
+        return [entry for entry in directories if entry.path not in holding]
 
     def _apply(self, operations: List[Operation]) -> set:
         """Apply operations in batches, in order; return the paths that failed."""
@@ -613,16 +632,16 @@ class _Runner:
         workers = min(self.options.concurrency, len(self.units))
         if workers <= 1 or small_job:
             state = _WorkerState(self, 0, *self._part_counters())
-            previous = signal.signal(signal.SIGINT, _request_stop) \
-                if threading.current_thread() is threading.main_thread() else None
+            previous = {signum: signal.signal(signum, _request_stop) for signum in _STOP_SIGNALS} \
+                if threading.current_thread() is threading.main_thread() else {}
             try:
                 for index in range(len(self.units)):
                     if state.full:
                         break
                     state.run(self.units[index])
             finally:
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
                 _Stop.requested = False
             self._collect(state.failures, state.counts)
             return
@@ -639,6 +658,7 @@ class _Runner:
         next_unit = context.Value("q", 0)
         parts_left, parts_failed = self._part_counters()
         processes = []
+        parent = os.getpid()
         for slot in range(workers):
             reader, writer = os.pipe()
             pid = os.fork()
@@ -646,10 +666,13 @@ class _Runner:
                 os.close(reader)
                 code = 0
                 try:
+                    # The parent killed outright: stop at once (SIGKILL). What the
+                    # worker was writing stays as a temporary, which later runs sweep.
+                    die_with_parent(parent)
                     # Ctrl-C or a stop from the parent: unwind, so the file being
                     # written loses its temporary instead of leaving it behind.
-                    signal.signal(signal.SIGINT, _request_stop)
-                    signal.signal(signal.SIGTERM, _request_stop)
+                    for signum in _STOP_SIGNALS:
+                        signal.signal(signum, _request_stop)
                     from pdiffcopy.localtree import exact_permissions
 
                     exact_permissions()
@@ -942,6 +965,11 @@ def _stop_workers(pids: List[int]) -> None:
                 os.kill(pid, signal.SIGKILL)
         if waiting:
             time.sleep(0.01)
+
+
+#: Signals after which the workers stop after the unit in hand: Ctrl-C, and
+#: what the command line treats like it (cli.CLEAN_UP_SIGNALS).
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class _Stop:

@@ -55,3 +55,50 @@ def test_half_a_tls_configuration_is_a_usage_error(tmp_path):
     completed = run_cli("--root", str(tmp_path), "--listen", "127.0.0.1:0", "--certfile", "/nonexistent")
     assert completed.returncode == 2
     assert "--keyfile" in completed.stderr
+
+
+def one_error_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if " ERROR " in line]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+def test_a_self_signed_certificate_is_named_as_the_reason(tls_server, tmp_path):
+    completed = run_cli(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
+    assert completed.returncode == 1
+    assert "certificate verify failed: self-signed certificate" in one_error_line(completed.stderr)
+
+
+def test_a_host_name_the_certificate_is_not_for_is_named_as_the_reason(tls_server, tmp_path):
+    completed = run_cli("--ca-file", tls_server.ca_file, f"https://localhost:{tls_server.port}/c.img",
+                        str(tmp_path / "c.img"))
+    assert completed.returncode == 1
+    assert "Hostname mismatch" in one_error_line(completed.stderr)
+
+
+def test_https_to_a_plain_http_server_says_so(server, tmp_path):
+    completed = run_cli(f"https://127.0.0.1:{server.port}/c.img", str(tmp_path / "c.img"))
+    assert completed.returncode == 1
+    line = one_error_line(completed.stderr)
+    assert "TLS error" in line and "wrong version number" in line.lower(), line
+
+
+def test_an_unusable_ca_file_is_a_usage_error_with_its_reason(tls_server, tmp_path):
+    # The command line checks the file first; the API (next test) fails as it loads it.
+    (tmp_path / "not-a-ca.pem").write_text("hello\n")
+    for ca_file, reason in ((tmp_path / "not-a-ca.pem", "no certificate"),
+                            (tmp_path / "missing.pem", "No such file or directory")):
+        completed = run_cli("--ca-file", str(ca_file), f"https://127.0.0.1:{tls_server.port}/c.img",
+                            str(tmp_path / "c.img"))
+        assert completed.returncode == 2
+        line = one_error_line(completed.stderr)
+        assert str(ca_file) in line and reason.lower() in line.lower().replace("_", " "), line
+
+
+def test_an_unusable_ca_file_given_to_the_api_says_why(tls_server, tmp_path):
+    from pdiffcopy.exceptions import UsageError
+
+    (tmp_path / "not-a-ca.pem").write_text("hello\n")
+    with pytest.raises(UsageError, match="Cannot use the CA file .*: no certificate"):
+        sync(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"),
+             ca_file=str(tmp_path / "not-a-ca.pem"))
