@@ -17,9 +17,12 @@ logger = logging.getLogger(__name__)
 #: exposes nothing; the original pdiffcopy's port.
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
-#: Request threads per worker process. Transfers wait on the network and
-#: hashing releases the GIL, so a few threads per process keep a client's
-#: hashing and transfer connections (and other clients') all served.
+#: Requests per worker process that do work at once: the hash jobs are
+#: bounded by half of it (``server.MAX_CONCURRENT_HASHES``). Transfers wait on
+#: the network and hashing releases the GIL, so a few per process keep a
+#: client's hashing and transfer connections (and other clients') all served.
+#: The request threads themselves are many more (``guard.REQUEST_THREADS``),
+#: so that slow clients holding some cannot starve the others.
 THREADS_PER_WORKER = 8
 
 #: Seconds a worker may take to finish its requests on shutdown; short, so
@@ -120,6 +123,8 @@ def run_server(options: ServerOptions) -> None:
     workers = options.workers or os.cpu_count() or 2
     from gunicorn.app.base import BaseApplication
 
+    from pdiffcopy.guard import MAX_CONNECTIONS, REQUEST_THREADS
+
     from pdiffcopy.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=root, token=options.token))
@@ -127,8 +132,12 @@ def run_server(options: ServerOptions) -> None:
     settings = {
         "bind": [bind],
         "workers": workers,
-        "worker_class": "gthread",
-        "threads": THREADS_PER_WORKER,
+        # gthread with handshakes and headers read in the event loop and paced
+        # body reads and answer writes: see pdiffcopy/guard.py and
+        # docs/service.rst, "Hostile clients and timeouts".
+        "worker_class": "pdiffcopy.guard.GuardedThreadWorker",
+        "threads": REQUEST_THREADS,
+        "worker_connections": MAX_CONNECTIONS,
         "graceful_timeout": GRACEFUL_TIMEOUT,
         "keepalive": KEEPALIVE_SECONDS,
         # A worker busy with a long hash still heartbeats from its main thread.
@@ -155,9 +164,30 @@ def run_server(options: ServerOptions) -> None:
             return app
 
     answer_protocol_errors_in_json()
+    raise_open_file_limit()
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     Application().run()
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit.
+
+    Every connection is a file descriptor, and the usual soft limit of 1,024
+    would let a crowd of idle or hostile connections (or just many clients)
+    exhaust it. The workers inherit the limit. Raising the soft limit needs
+    no privilege; where it fails the server runs with what it has.
+    """
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as error:
+        logger.warning("Could not raise the open file limit: %s", error)
 
 
 def answer_protocol_errors_in_json() -> None:
