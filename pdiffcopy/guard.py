@@ -81,13 +81,15 @@ REQUEST_THREADS = 1024
 #: makes room for them.
 MAX_CONNECTIONS = 4096
 
-#: Bytes of request line and headers collected before a request is handed to
-#: a thread anyway; gunicorn's own limits (4 KiB line, 100 fields of 8 KiB)
-#: then refuse an oversized one with a 4xx.
-MAX_HEADER_BYTES = 1024 * 1024
+#: Bytes of request line and headers collected in the event loop before a
+#: request is handed to a thread anyway (whose reads are then paced), where
+#: gunicorn's own limits (4 KiB line, 100 fields of 8 KiB) refuse an
+#: oversized one with a 4xx. Real requests of pdiffcopy clients have well
+#: under 1 KiB; 64 KiB bounds what a waiting connection costs to 64 KiB.
+MAX_HEADER_BYTES = 64 * 1024
 
 #: Bytes read per non-blocking receive while collecting headers.
-HEADER_CHUNK = 64 * 1024
+HEADER_CHUNK = 16 * 1024
 
 
 def _limit(name: str, default: float) -> float:
@@ -268,7 +270,7 @@ class GuardedThreadWorker(ThreadWorker):
                                    partial(self._on_waiting_event, entry))
             while True:
                 try:
-                    data = conn.sock.recv(HEADER_CHUNK)
+                    data = conn.sock.recv(min(HEADER_CHUNK, MAX_HEADER_BYTES - len(entry.data)))
                 except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                     return
                 if not data:

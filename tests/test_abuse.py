@@ -115,6 +115,19 @@ def test_one_byte_connections_neither_stop_the_server_nor_stay_open(guarded, tmp
     assert_closed(socks, started)
 
 
+def test_one_byte_on_kept_alive_connections_is_cut_off(guarded):
+    started = time.monotonic()
+    socks = [connect(guarded.port) for _ in range(48)]
+    for sock in socks:  # one whole request and answer first (the token check would pass here)
+        sock.sendall(b"GET /.pdiffcopy/version HTTP/1.1\r\nHost: x\r\n\r\n")
+    for sock in socks:
+        sock.settimeout(SERVE_BOUND)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"G")
+    assert_served(guarded)
+    assert_closed(socks, started)
+
+
 def test_silent_connections_neither_stall_the_server_nor_stay_open(guarded):
     started = time.monotonic()
     socks = [connect(guarded.port) for _ in range(128)]
