@@ -39,11 +39,13 @@ The limits can be lowered for tests with the environment variables
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import selectors
 import socket
 import ssl
 import struct
+import termios
 import time
 from collections import deque
 from functools import partial
@@ -81,6 +83,13 @@ REQUEST_THREADS = 1024
 #: makes room for them.
 MAX_CONNECTIONS = 4096
 
+#: Bytes of an answer the kernel may queue for a peer beyond what the peer's
+#: receive window lets it send (TCP_NOTSENT_LOWAT). Without it each slow
+#: reader pinned up to 4 MiB of kernel memory (1,000 of them pushed the
+#: whole machine's TCP into memory pressure, slowing every connection);
+#: data already on its way is not limited, so fast clients keep their speed.
+UNSENT_LIMIT = 256 * 1024
+
 #: Bytes of request line and headers collected in the event loop before a
 #: request is handed to a thread anyway (whose reads are then paced), where
 #: gunicorn's own limits (4 KiB line, 100 fields of 8 KiB) refuse an
@@ -90,6 +99,10 @@ MAX_HEADER_BYTES = 64 * 1024
 
 #: Bytes read per non-blocking receive while collecting headers.
 HEADER_CHUNK = 16 * 1024
+
+
+#: Linux's option number, for Pythons whose socket module lacks the name.
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
 
 def _limit(name: str, default: float) -> float:
@@ -127,15 +140,27 @@ class _Paced:
         """Back to plain (non-blocking) use by the event loop."""
         self._paced = False
 
-    def _allowance(self, extra_bytes: int = 0) -> float:
-        left = self._grace + (self._moved + extra_bytes) / self._rate - self._waited
+    def _allowance(self, held: int = 0) -> float:
+        left = self._grace + (self._moved - held) / self._rate - self._waited
         if left <= 0:
-            raise SlowPeer(f"the peer moved {self._moved} bytes in {self._waited:.1f} s of waiting")
+            raise SlowPeer(f"the peer moved {self._moved - held} bytes in {self._waited:.1f} s of waiting")
         return left
 
-    def _timed(self, call, size_of_result, *args):
+    def _unacknowledged(self) -> int:
+        """Bytes written to this socket that the peer has not acknowledged yet (Linux; else 0).
+
+        They earn a slow reader no time: otherwise the megabytes the kernel
+        buffers at the start would buy it minutes.
+        """
+        try:
+            answer = fcntl.ioctl(self.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")  # type: ignore[attr-defined]
+            return max(0, struct.unpack("i", answer)[0])
+        except (OSError, AttributeError, ValueError):
+            return 0
+
+    def _timed(self, call, size_of_result, *args, held: int = 0):
         started = time.monotonic()
-        self.settimeout(self._allowance())
+        self.settimeout(self._allowance(held))
         try:
             result = call(*args)
         except (socket.timeout, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -163,13 +188,15 @@ class _Paced:
         while sent < len(view):
             # send(), not sendall(): the allowance is checked between pieces,
             # so a reader draining 1 byte a second cannot stretch one call.
-            sent += self._timed(super().send, int, view[sent:], *args)  # type: ignore[misc]
+            sent += self._timed(super().send, int, view[sent:], *args,  # type: ignore[misc]
+                                held=self._unacknowledged())
 
     def sendfile(self, file, offset=0, count=None):
         if not self._paced:
             return super().sendfile(file, offset, count)  # type: ignore[misc]
-        # socket.sendfile applies the socket's timeout to each wait.
-        self.settimeout(self._allowance(count or 0))
+        # socket.sendfile applies the socket's timeout to each wait: a stall
+        # limit (pdiffcopy's own answers use sendall).
+        self.settimeout(self._allowance(self._unacknowledged()))
         return super().sendfile(file, offset, count)  # type: ignore[misc]
 
 
@@ -221,6 +248,10 @@ class GuardedThreadWorker(ThreadWorker):
             return
         self.nr_conns += 1
         paced = PacedSocket(client.family, client.type, client.proto, fileno=client.detach())
+        try:
+            paced.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, UNSENT_LIMIT)
+        except OSError:  # not Linux, or not TCP (a Unix socket): only memory is at stake
+            pass
         conn = TConn(self.cfg, paced, address, listener.getsockname())  # non-blocking
         handshake = False
         if self.ssl_context is not None:
