@@ -160,7 +160,7 @@ class _Paced:
 
     def _timed(self, call, size_of_result, *args, held: int = 0):
         started = time.monotonic()
-        self.settimeout(self._allowance(held))
+        self.settimeout(self._allowance(held))  # type: ignore[attr-defined]
         try:
             result = call(*args)
         except (socket.timeout, ssl.SSLWantReadError, ssl.SSLWantWriteError):
@@ -196,7 +196,7 @@ class _Paced:
             return super().sendfile(file, offset, count)  # type: ignore[misc]
         # socket.sendfile applies the socket's timeout to each wait: a stall
         # limit (pdiffcopy's own answers use sendall).
-        self.settimeout(self._allowance(self._unacknowledged()))
+        self.settimeout(self._allowance(self._unacknowledged()))  # type: ignore[attr-defined]
         return super().sendfile(file, offset, count)  # type: ignore[misc]
 
 
