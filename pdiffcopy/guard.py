@@ -23,12 +23,14 @@ gunicorn's worker:
    :data:`STALL_GRACE` seconds of waiting plus one second per
    :data:`MIN_RATE` bytes moved, counted over the time the thread actually
    waits on this socket (time the server itself spends, hashing or writing to
-   disk, never counts against the client). Past that the connection is
-   closed.
+   disk, never counts against the client); bytes sent count only once the
+   peer acknowledged them, and what the kernel queues beyond the peer's
+   window is capped (:data:`UNSENT_LIMIT`). Past its allowance the
+   connection is reset.
 3. **Plenty of request threads** (:data:`REQUEST_THREADS`): a thread only
-   exists while it has a request with complete headers, and a request whose
-   client turns slow is ended by the pacing, so one per connection costs
-   little memory and no CPU. The number of concurrent hash jobs is limited
+   is busy only with a request whose headers are complete, and a request
+   whose client turns slow is ended by the pacing, so one per connection
+   costs little memory and no CPU. The number of concurrent hash jobs is limited
    elsewhere (``server.MAX_CONCURRENT_HASHES``), not by the thread count.
 
 The limits can be lowered for tests with the environment variables
