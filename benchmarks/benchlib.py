@@ -67,7 +67,8 @@ RSYNC_OPTIONS = ("--inplace", "--no-whole-file", "--ignore-times")
 
 # Tool families that can be chosen with --tools, in the order of the report's columns;
 # cp and curl are whole-file copies, measured as references.
-FAMILIES = ("rsync", "original", "ours", "cp", "curl")
+# "baseline": our pdiffcopy at an earlier revision (--baseline REV), measured in the same run.
+FAMILIES = ("rsync", "original", "baseline", "ours", "cp", "curl")
 DIRECTIONS = ("pull", "push")
 
 
@@ -569,6 +570,25 @@ def find_ours() -> "tuple[Optional[OursInstallation], str]":
     return OursInstallation([sys.executable, "-m", "pdiffcopy"], env, description), description
 
 
+def baseline_installation(revision: str, work_dir: Path) -> OursInstallation:
+    """
+    Our pdiffcopy as it was at `revision`: its package extracted with ``git archive`` into
+    `work_dir`, run as ``python3 -m pdiffcopy`` with that copy first on PYTHONPATH.
+
+    Before/after comparisons then run both in one benchmark, on the same data and load.
+    """
+    tree = work_dir / ("baseline-%s" % revision.replace("/", "_"))
+    tree.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", revision, "pdiffcopy"], capture_output=True)
+    if archive.returncode != 0:
+        raise BenchmarkError("git archive %s failed: %s" % (revision, archive.stderr.decode(errors="replace").strip()))
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    commit = command_output(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", revision])
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    description = "our pdiffcopy at git %s (%s, %s -m pdiffcopy)" % (commit, tree / "pdiffcopy", sys.executable)
+    return OursInstallation([sys.executable, "-m", "pdiffcopy"], env, description)
+
+
 def tool_versions(families: List[str], original: Optional[Path], ours_description: Optional[str]) -> List[str]:
     """Lines naming the versions of the chosen tools, for the report header."""
     lines = []
@@ -682,12 +702,14 @@ def build_setup(
     ours_args: List[str],
     ours_server_args: List[str],
     rsync_args: List[str],
+    baseline: Optional[str] = None,
 ) -> Setup:
     """
     Create (without starting) the servers and the tools for the chosen families and directions.
 
     Every server serves `source` for pulls and accepts pushes into `run_dir`, where the
     targets of all runs live. Families whose program is missing are left out with a note.
+    `baseline` (a git revision) adds our pdiffcopy at that revision as the family "baseline".
     """
     setup = Setup()
     state_root = work_dir / "servers"
@@ -703,6 +725,13 @@ def build_setup(
             log("SKIPPING %s: %s" % (skipped, ours_description))
             ours_description = None
     setup.versions = tool_versions(families, original, ours_description)
+    if baseline and "baseline" in families:
+        before = baseline_installation(baseline, work_dir)
+        setup.versions.append("baseline: %s" % before.description)
+        before_server = OursServer(state_root / "baseline", before, work_dir, ours_server_args)
+        setup.servers.append(before_server)
+        setup.tools += pdiffcopy_tools("baseline", before_server, before.command + ours_args, source, directions,
+                                       before.env)
 
     if "rsync" in families:
         daemon = RsyncDaemon(state_root / "rsyncd", {"data": source.parent, "run": run_dir}, writable={"run"})
@@ -814,6 +843,10 @@ def add_common_arguments(parser, families, default_families) -> None:
         "what is measured (default %(default)s)",
     )
     parser.add_argument("--keep-data", action="store_true", help="keep the data directory at the end")
+    parser.add_argument(
+        "--baseline", metavar="REV", default=None,
+        help="also measure our pdiffcopy at git revision REV (client and server), beside today's",
+    )
     parser.add_argument("--output", type=Path, help="also write the report to this file")
 
 
@@ -839,6 +872,7 @@ def run_script(args, prefix: str, body: Callable[[Setup, WorkDirs, str], str]) -
         setup = build_setup(
             args.tools, args.directions, root, dirs.source, dirs.run,
             args.original_args, args.ours_args, args.ours_server_args, args.rsync_args,
+            getattr(args, "baseline", None),
         )
         if not setup.tools:
             raise BenchmarkError("no tool left to measure")

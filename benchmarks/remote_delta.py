@@ -113,11 +113,12 @@ def direction_table(direction: str, tools: List[Tool], deltas: List[int], sample
         (tool for tool in tools if tool.direction in (direction, "copy")),
         key=lambda tool: benchlib.FAMILIES.index(tool.family),
     )
+    baseline_present = any(tool.family == "baseline" for tool in columns)
     header = ["delta %"]
     for tool in columns:
         label = tool.family if tool.direction != "copy" else "%s (whole file)" % tool.family
         header += ["%s median" % label, "%s best" % label]
-    header += ["ours/original", "ours/rsync"]
+    header += ["ours/original", "ours/rsync"] + (["ours/baseline"] if baseline_present else [])
     rows = []
     for delta in deltas:
         row = [str(delta)]
@@ -128,6 +129,8 @@ def direction_table(direction: str, tools: List[Tool], deltas: List[int], sample
             row += [benchlib.format_seconds(median), benchlib.format_seconds(best)]
         row.append(benchlib.format_ratio(medians.get("ours"), medians.get("original")))
         row.append(benchlib.format_ratio(medians.get("ours"), medians.get("rsync")))
+        if baseline_present:
+            row.append(benchlib.format_ratio(medians.get("ours"), medians.get("baseline")))
         rows.append(row)
     return benchlib.markdown_table(header, rows)
 

@@ -207,10 +207,9 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
     :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except OSError as error:
-        raise storage_error(error, f"open {path}") from None
+    from pdiffcopy.paths import open_regular_path  # (a FIFO is refused, never waited on)
+
+    fd = open_regular_path(path, os.O_RDONLY)
     try:
         digests = []
         for offset, length in ranges:

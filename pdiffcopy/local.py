@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
-    NotAFile,
+    Conflict,
+    FileMissing,
+    PdiffcopyError,
     StorageError,
     storage_error,
 )
@@ -26,7 +28,8 @@ from pdiffcopy.fileops import (
     temporary_name,
     write_all,
 )
-from pdiffcopy.hashing import hash_file_ranges
+from pdiffcopy.hashing import hash_file_ranges, hash_region
+from pdiffcopy.paths import Root, open_regular_path
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -66,7 +69,18 @@ def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
 
 
 class LocalFile(FileEndpoint):
-    """A regular file on a local file system."""
+    """A regular file on a local file system.
+
+    ``LocalFile(path)`` is a file the user named: its path is resolved as
+    given, symlinks included. :meth:`below` makes a file confined beneath a
+    directory (a tree's member): every open goes through
+    :class:`~pdiffcopy.paths.Root` (``openat2`` with ``RESOLVE_BENEATH``,
+    ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
+    removed through a descriptor of its directory, so a directory swapped
+    for a symlink after the tree was listed can never lead a read or a write
+    out of the tree. Either way only regular files are opened for reading or
+    writing (FIFOs and devices are refused, never waited on).
+    """
 
     def __init__(self, path: str, pool: "Optional[Executor]" = None,
                  temporary: bool = False) -> None:
@@ -80,10 +94,47 @@ class LocalFile(FileEndpoint):
         self._closed = False
         #: Drop what hashing reads from the page cache (set for --cache drop copies).
         self.drop_cache = False
+        #: Set by :meth:`below`: the root, and the path relative to it.
+        self._root: Optional[Root] = None
+        self._relative = ""
+
+    @classmethod
+    def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None) -> "LocalFile":
+        """The file at ``relative`` beneath ``root``, opened only beneath it.
+
+        :param root: The directory the file must stay in (a tree's root).
+        :param relative: The file's path relative to ``root``.
+        """
+        file = cls(os.path.join(root.directory, relative), pool)
+        file._root, file._relative = root, relative
+        return file
+
+    # -- opening -----------------------------------------------------------
+
+    def _open(self, flags: int, mode: int = 0o666) -> int:
+        """Open the file, a regular one only; beneath the root when there is one."""
+        if self._root is None:
+            return open_regular_path(self.path, flags, mode)
+        return self._root.open_regular(self._relative, flags, mode, follow=False)
+
+    def _parent(self) -> "tuple[int, str]":
+        """A descriptor of the confined file's directory (``O_RDONLY``: it can be flushed) and its name."""
+        assert self._root is not None
+        parent, _, name = self._relative.rpartition("/")
+        return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
 
     def stat(self) -> Optional[FileInfo]:
         try:
-            info = os.stat(self.path)
+            if self._root is None:
+                info = os.stat(self.path)
+            else:
+                fd = self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW)
+                try:
+                    info = os.fstat(fd)
+                finally:
+                    os.close(fd)
+        except FileMissing:
+            return None
         except OSError as error:
             if error.errno in (errno.ENOENT,):
                 return None
@@ -96,31 +147,42 @@ class LocalFile(FileEndpoint):
                       ) -> "Future[bytes]":
         if self.pool is None:
             raise RuntimeError("LocalFile needs a hash pool to hash")
+        if self._root is not None:
+            return self.pool.submit(_hash_below, self._root.directory, self._relative, list(ranges),
+                                    block_size, method)
         return self.pool.submit(hash_file_ranges, self.path, list(ranges), block_size, method,
                                 self.drop_cache)
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of some ranges, hashed in this thread from the open file."""
+        fd = self._reader()
+        try:
+            return b"".join(hash_region(fd, offset, length, block_size, method)
+                            for offset, length in ranges)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
 
     def check_readable(self) -> None:
         self._reader()
 
     def _reader(self) -> int:
         if self._read_fd is None:
-            try:
-                self._read_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as error:
-                raise storage_error(error, f"open {self.path}") from None
+            self._read_fd = self._open(os.O_RDONLY)
         return self._read_fd
 
     def _writer(self) -> int:
         if self._closed:
             raise StorageError(f"Cannot write {self.path}: the sync was stopped")
         if self._write_fd is None:
-            try:
+            if self._root is None:
                 self._created = not os.path.lexists(self.path)
-                self._write_fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
-            except OSError as error:
-                raise storage_error(error, f"open {self.path} for writing") from None
-            if not stat_module.S_ISREG(os.fstat(self._write_fd).st_mode):
-                raise NotAFile(f"Not a regular file: {self.path}")
+                self._write_fd = self._open(os.O_WRONLY | os.O_CREAT)
+            else:
+                try:
+                    self._write_fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+                    self._created = True
+                except Conflict:  # it exists: update it in place
+                    self._write_fd = self._open(os.O_WRONLY)
         return self._write_fd
 
     def prepare(self, size: int) -> None:
@@ -187,18 +249,43 @@ class LocalFile(FileEndpoint):
             # A temporary file's name needs no flush: replace() renames it and
             # then flushes the directory, which makes the final name durable.
             if self._created and not self.temporary:
-                fsync_directory(os.path.dirname(self.path))
+                if self._root is None:
+                    fsync_directory(os.path.dirname(self.path))
+                else:
+                    directory, _ = self._parent()
+                    try:
+                        os.fsync(directory)
+                    finally:
+                        os.close(directory)
         except OSError as error:
             raise storage_error(error, f"flush {self.path}") from None
 
     def create_temporary(self, clone: bool) -> "LocalFile":
-        directory, name = os.path.split(self.path)
-        path = os.path.join(directory, temporary_name(name))
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            raise storage_error(error, f"create a temporary file in {directory or '.'}") from None
-        temporary = LocalFile(path, self.pool, temporary=True)
+        parent, name = os.path.split(self.path)
+        temporary_file = temporary_name(name)
+        if self._root is None:
+            path = os.path.join(parent, temporary_file)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except OSError as error:
+                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
+            temporary = LocalFile(path, self.pool, temporary=True)
+        else:
+            # Made, renamed and removed by name in its directory, the
+            # directory opened beneath the root each time (not held open: a
+            # tree sync prepares every big file's temporary up front).
+            directory, _ = self._parent()
+            try:
+                fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
+            except OSError as error:
+                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
+            finally:
+                os.close(directory)
+            head = self._relative.rpartition("/")[0]
+            temporary = LocalFile.below(self._root, f"{head}/{temporary_file}" if head else temporary_file,
+                                        self.pool)
+            temporary.temporary = True
         temporary._write_fd = fd
         try:
             source = self._reader() if clone else None
@@ -225,8 +312,20 @@ class LocalFile(FileEndpoint):
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, LocalFile)
         try:
-            os.replace(self.path, other.path)
-            fsync_directory(os.path.dirname(other.path))
+            if self._root is None or other._root is None:
+                os.replace(self.path, other.path)
+                fsync_directory(os.path.dirname(other.path))
+                return
+            source_directory, source_name = self._parent()
+            try:
+                directory, name = other._parent()
+                try:
+                    os.replace(source_name, name, src_dir_fd=source_directory, dst_dir_fd=directory)
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+            finally:
+                os.close(source_directory)
         except OSError as error:
             raise storage_error(error, f"rename {self.path} to {other.path}") from None
 
@@ -234,9 +333,16 @@ class LocalFile(FileEndpoint):
         self.close()
         self._closed = True
         try:
-            os.unlink(self.path)
-        except OSError:
-            pass  # already gone: nothing to clean up
+            if self._root is None:
+                os.unlink(self.path)
+            else:
+                directory, name = self._parent()
+                try:
+                    os.unlink(name, dir_fd=directory)
+                finally:
+                    os.close(directory)
+        except (OSError, PdiffcopyError):
+            pass  # already gone (renamed): nothing to clean up
 
     def close(self) -> None:
         for name in ("_read_fd", "_write_fd"):
@@ -247,6 +353,25 @@ class LocalFile(FileEndpoint):
                     os.close(fd)
                 except OSError:
                     pass
+
+
+#: The roots a hashing process has opened, by directory (one descriptor each, kept).
+_roots: "dict[str, Root]" = {}
+
+
+def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], block_size: int,
+                method: str) -> bytes:
+    """:func:`hash_file_ranges` for a file confined beneath ``directory`` (run in a hashing process)."""
+    root = _roots.get(directory)
+    if root is None:
+        root = _roots[directory] = Root(directory, reserve=False)
+    fd = root.open_regular(relative, os.O_RDONLY, follow=False)
+    try:
+        return b"".join(hash_region(fd, offset, length, block_size, method) for offset, length in ranges)
+    except OSError as error:
+        raise storage_error(error, f"read {relative}") from None
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE
-from pdiffcopy.paths import Root
+from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -78,6 +78,11 @@ class LocalTree(TreeEndpoint):
         self._root: Optional[Root] = None
         self._prefix = ""
         self._local = threading.local()
+        #: Change the metadata of files with several hard links (a server
+        #: refuses unless started with --write-hard-links; see server.refuse_hard_links).
+        self.write_hard_links = True
+        #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
+        self.entries_from_client = False
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -218,9 +223,24 @@ class LocalTree(TreeEndpoint):
     # -- reading -----------------------------------------------------------
 
     def open_file(self, entry: Entry) -> int:
-        """Open a listed regular file for reading, never through a symlink."""
+        """Open a listed regular file for reading, never through a symlink.
+
+        The open cannot block on a FIFO (:data:`PROBING_FLAGS`), and only a
+        regular file is read. For a server's tree, whose client names the
+        entries it wants ("listed" is its claim), the kind is checked first
+        too, with ``fstatat``, which opens nothing: opening some devices has
+        effects. A tree we listed ourselves skips that (3 us a file, measured
+        here, on a 4 us open): only a swap since the listing can put a
+        device there.
+        """
         directory, name = self._parent(entry.path)
-        return os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        if self.entries_from_client:
+            mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotAFile(f"Not a regular file: {entry.path} is {describe_kind(mode)}")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        check_regular(fd, entry.path)
+        return fd
 
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
         for entry in entries:
@@ -389,9 +409,12 @@ class LocalTree(TreeEndpoint):
                 os.utime(name, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=directory,
                          follow_symlinks=False)
             return
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS
         if entry.kind == DIR:
             flags |= os.O_DIRECTORY
+        elif kind_of(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode) != entry.kind:
+            # Checked before opening: a device named as a file is never opened.
+            raise TreeFailure(f"is no longer a {entry.kind}")
         try:
             fd = os.open(name, flags, dir_fd=directory)
         except PermissionError:
@@ -399,7 +422,7 @@ class LocalTree(TreeEndpoint):
             # the name was just listed as this kind, not as a symlink.
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
             try:
-                _check_kind(fd, entry)
+                self._check_links(_check_kind(fd, entry))
                 os.chmod(f"/proc/self/fd/{fd}", entry.permissions)
                 if options.times:
                     os.utime(f"/proc/self/fd/{fd}", ns=(entry.mtime_ns, entry.mtime_ns))
@@ -407,10 +430,19 @@ class LocalTree(TreeEndpoint):
                 os.close(fd)
             return
         try:
-            _check_kind(fd, entry)
+            self._check_links(_check_kind(fd, entry))
             self._set_metadata_fd(fd, entry, options)
         finally:
             os.close(fd)
+
+    def _check_links(self, info: os.stat_result) -> None:
+        """Refuse a metadata change of a file with several hard links, unless allowed.
+
+        Its other names, maybe outside the tree, would change too.
+        """
+        if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode) and not self.write_hard_links:
+            raise TreeFailure(f"has {info.st_nlink} hard links: its metadata is left alone "
+                              f"(the server does not change such files in place)")
 
     # -- operations --------------------------------------------------------
 
@@ -500,7 +532,8 @@ class LocalTree(TreeEndpoint):
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local import LocalFile
 
-        return LocalFile(os.path.join(self.directory, path))
+        # Beneath the root, like every other access of the tree (docs/trees.rst).
+        return LocalFile.below(self.root, self._full(path))
 
     def file_path(self, path: str) -> str:
         return os.path.join(self.directory, path)
@@ -567,9 +600,11 @@ def _message(error: BaseException) -> str:
     return str(error)
 
 
-def _check_kind(fd: int, entry: Entry) -> None:
-    if kind_of(os.fstat(fd).st_mode) != entry.kind:
+def _check_kind(fd: int, entry: Entry) -> os.stat_result:
+    info = os.fstat(fd)
+    if kind_of(info.st_mode) != entry.kind:
         raise TreeFailure(f"is no longer a {entry.kind}")
+    return info
 
 
 def _read_exactly(fd: int, size: int, strict: bool = True) -> bytes:

@@ -140,6 +140,10 @@ def _error_response(status: int) -> Dict[str, Any]:
     if status == 401:
         response["headers"] = {"WWW-Authenticate": {
             "description": 'Always Bearer realm="pdiffcopy"', "schema": {"type": "string"}}}
+    if status == 416:
+        response["headers"] = {"Content-Range": {
+            "description": "bytes */SIZE: the file's current size (RFC 9110, section 15.5.17)",
+            "schema": {"type": "string"}, "example": "bytes */3000000"}}
     if status == 503:
         response["headers"] = {"Retry-After": {
             "description": "Seconds to wait before asking again", "required": True,
@@ -196,7 +200,13 @@ def _components() -> Dict[str, Any]:
         "Entry": _ENTRY,
         "Failures": {
             "type": "object", "required": ["failures"],
-            "properties": {"failures": _FAILURE_LIST},
+            "properties": {
+                "failures": _FAILURE_LIST,
+                "ignored": {"type": "array", "items": {"type": "string"},
+                            "description": "What the server did not do because it does not trust "
+                                           "its clients with it (owners, setuid/setgid bits); "
+                                           "absent when nothing was ignored."},
+            },
         },
         "Listing": {
             "type": "object", "required": ["root", "entries", "failures"],
@@ -342,17 +352,28 @@ def _paths() -> Dict[str, Dict[str, Any]]:
          "206": {"description": "One range (with Content-Range), or several as "
                                 "multipart/byteranges", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
-                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}}},
+                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}},
+         "304": {"description": "Not modified: If-None-Match holds the file's ETag (or *), or, "
+                                "without If-None-Match, If-Modified-Since is not older than "
+                                "Last-Modified; no body", "headers": file_headers}},
         errors=_PATH_ERRORS + (412, 416),
         parameters=[
             path,
             {"name": "Range", "in": "header", "required": False,
-             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096)",
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096); "
+                            "a Range in another unit is ignored (RFC 9110, section 14.2)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575"},
             {"name": "If-Range", "in": "header", "required": False,
              "description": "An ETag: when it is not the file's, Range is ignored",
              "schema": {"type": "string"}},
             if_match,
+            {"name": "If-None-Match", "in": "header", "required": False,
+             "description": "ETags (or *): 304 when one of them is the file's (weak comparison)",
+             "schema": {"type": "string"}},
+            {"name": "If-Modified-Since", "in": "header", "required": False,
+             "description": "An HTTP date: 304 when the file is not newer (ignored with "
+                            "If-None-Match, or when it is not a valid date)",
+             "schema": {"type": "string"}, "example": "Sun, 22 Nov 2026 17:49:20 GMT"},
         ])
     head = _head_of(read, "readHeaders", "The headers of a download")
     head["responses"].pop("206")
@@ -360,7 +381,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     head["description"] = ("The headers of a download, without its body; Range is ignored and "
                            "the status is 200.")
     write = _operation(
-        "write", "Write byte ranges into an existing file, in place",
+        "write", "Write byte ranges into an existing file, in place (403 for a file with several "
+                 "hard links, unless the server runs with --write-hard-links)",
         {"200": _json_answer("The bytes written", "Written")},
         errors=_PATH_ERRORS + (412, 416),
         parameters=[
@@ -377,7 +399,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
               "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
                           _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}})
     resize = _operation(
-        "resize", "Create the file if missing and make it exactly size bytes long",
+        "resize", "Create the file if missing and make it exactly size bytes long (403 for an "
+                  "existing file with several hard links, unless --write-hard-links)",
         {"200": _json_answer("The new description", "FileDescription")},
         errors=_PATH_ERRORS,
         parameters=[path, _query("size", "The new size in bytes",

@@ -17,9 +17,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 from typing import Optional, Tuple
 
-from pdiffcopy.exceptions import AccessDenied, BadRequest, storage_error
+from pdiffcopy.exceptions import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
 
 #: The first path component reserved for the server's API (``/.pdiffcopy/...``);
 #: no file of that name at the top of the root can be read or written.
@@ -27,6 +28,13 @@ RESERVED_NAME = ".pdiffcopy"
 
 #: Longest relative path accepted (Linux's PATH_MAX).
 MAX_PATH_LENGTH = 4096
+
+#: Flags of every open of a file that must turn out to be a regular one. A
+#: FIFO opened for reading without them blocks the thread until a writer
+#: comes (forever, for a planted one), and a terminal could become the
+#: process's controlling terminal; with them the open returns at once and
+#: the type check refuses what is not a regular file before any read.
+PROBING_FLAGS = os.O_NONBLOCK | os.O_NOCTTY
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -67,6 +75,61 @@ def _walk_nofollow(dir_fd: int, path: str, flags: int, mode: int) -> int:
         return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
     finally:
         os.close(current)
+
+
+def describe_kind(mode: int) -> str:
+    """What a file of this mode is, for messages ("a FIFO")."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symlink"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def check_regular(fd: int, what: str, flags: int = 0) -> os.stat_result:
+    """Insist that ``fd`` (opened with :data:`PROBING_FLAGS`) is a regular file, and make it blocking.
+
+    :param flags: The flags the caller asked for: ``O_NONBLOCK`` among them is kept.
+    :returns: The file's ``fstat``.
+    :raises NotAFile: (After closing ``fd``) for FIFOs, devices, sockets, directories.
+    """
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise NotAFile(f"Not a regular file: {what} is {describe_kind(info.st_mode)}")
+    if not flags & os.O_NONBLOCK:
+        os.set_blocking(fd, True)  # no effect on a local file system; a FUSE one may honour it
+    return info
+
+
+def open_regular_path(path: str, flags: int, mode: int = 0o666) -> int:
+    """Open a file the user named (symlinks followed), insisting that it is a regular file.
+
+    Devices are refused before they are opened (a ``stat`` first: opening
+    some has effects), FIFOs without blocking (see :data:`PROBING_FLAGS`).
+
+    :raises PdiffcopyError: :class:`NotAFile` for anything else, or what the file system said.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        if not (error.errno == errno.ENOENT and flags & os.O_CREAT):
+            raise storage_error(error, f"open {path}") from None
+    else:
+        if not stat.S_ISREG(info.st_mode):
+            raise NotAFile(f"Not a regular file: {path} is {describe_kind(info.st_mode)}")
+    try:
+        fd = os.open(path, flags | PROBING_FLAGS | os.O_CLOEXEC, mode)
+    except OSError as error:
+        raise storage_error(error, f"open {path}") from None
+    check_regular(fd, path, flags)
+    return fd
 
 
 def clean_relative_path(path: str, reserve: bool = True) -> str:
@@ -137,6 +200,37 @@ class Root:
             if error.errno == errno.ENAMETOOLONG:
                 raise BadRequest("Invalid path: a name is too long") from None
             raise storage_error(error, f"open {relative}") from None
+
+    def open_regular(self, path: str, flags: int, mode: int = 0o666, follow: bool = True) -> int:
+        """Open ``path`` beneath the root and insist that it is a regular file.
+
+        The kind is looked at first through an ``O_PATH`` descriptor, which
+        opens nothing: a FIFO or a device is refused without being opened.
+        The real open then uses :data:`PROBING_FLAGS` and checks again, so a
+        special file swapped in between is never read and never blocks.
+
+        :param follow: Follow a symlink in the last component (if it stays in
+                       the root). A tree member is opened without: a symlink
+                       there is not the file that was listed.
+        :raises PdiffcopyError: :class:`NotAFile` for anything but a regular
+                file, :class:`AccessDenied` for escapes, else what the file system said.
+        """
+        nofollow = 0 if follow else os.O_NOFOLLOW
+        try:
+            probe = self.open(path, os.O_PATH | nofollow)
+        except FileMissing:
+            if not flags & os.O_CREAT:
+                raise
+        else:
+            try:
+                info = os.fstat(probe)
+            finally:
+                os.close(probe)
+            if not stat.S_ISREG(info.st_mode):
+                raise NotAFile(f"Not a regular file: {path} is {describe_kind(info.st_mode)}")
+        fd = self.open(path, flags | nofollow | PROBING_FLAGS, mode)
+        check_regular(fd, path, flags)
+        return fd
 
     def open_parent(self, path: str) -> Tuple[int, str]:
         """Open the directory that holds ``path``; return its descriptor and the last name.

@@ -33,6 +33,7 @@ from pdiffcopy.byteranges import (
     format_range_header,
     multipart_content_type,
     multipart_length,
+    new_boundary,
     parse_content_range,
     part_header,
     read_parts,
@@ -199,7 +200,9 @@ class _RangesBody:
         self.ranges = ranges
         self.chunks = chunks
         self.multipart = len(ranges) > 1
-        self.length = multipart_length(ranges, None) if self.multipart else ranges[0][1]
+        #: Fresh per request, so that no data can contain it (see new_boundary).
+        self.boundary = new_boundary()
+        self.length = multipart_length(ranges, None, self.boundary) if self.multipart else ranges[0][1]
 
     def __len__(self) -> int:
         return self.length
@@ -207,7 +210,7 @@ class _RangesBody:
     def __iter__(self):
         for offset, length in self.ranges:
             if self.multipart:
-                yield part_header(offset, length, None)
+                yield part_header(offset, length, None, self.boundary)
             remaining = length
             while remaining > 0:
                 try:
@@ -217,7 +220,7 @@ class _RangesBody:
                 remaining -= len(data)
                 yield data
         if self.multipart:
-            yield closing_delimiter()
+            yield closing_delimiter(self.boundary)
 
 
 class HttpClient:
@@ -523,7 +526,7 @@ class RemoteFile(FileEndpoint):
         body = _RangesBody(ranges, chunks)
         headers = {"Content-Length": str(len(body))}
         if body.multipart:
-            headers["Content-Type"] = multipart_content_type()
+            headers["Content-Type"] = multipart_content_type(body.boundary)
         else:
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Range"] = format_content_range(ranges[0][0], ranges[0][1], None)
@@ -568,7 +571,7 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
     while position < end:
         got = stream.readinto(view[: min(len(buffer), end - position)])
         if not got:
-            raise RemoteError(f"The server at {base} closed the connection mid-transfer")
+            raise RemoteError(f"Lost the connection to {base}: {SERVER_CLOSED}")
         yield position, view[:got]
         position += got
 
@@ -585,8 +588,17 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     return min(float(text), MAX_RETRY_AFTER_SECONDS)
 
 
+#: What a user is told when the server went away inside an answer (killed,
+#: restarted, a proxy's timeout): http.client says ``IncompleteRead(...)``.
+SERVER_CLOSED = "the server closed the connection mid-transfer"
+
+
 def _reason(error: BaseException) -> str:
     """A short, specific reason for a transport error."""
+    if isinstance(error, http.client.IncompleteRead):
+        return SERVER_CLOSED
+    if isinstance(error, http.client.RemoteDisconnected):
+        return "the server closed the connection without answering"
     text = str(error)
     for marker in ("Connection refused", "Name or service not known", "No route to host",
                    "Connection reset by peer", "Remote end closed connection", "timed out",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.exceptions import PdiffcopyError
@@ -34,6 +35,8 @@ from pdiffcopy.treewire import (
     encode_files,
     parse_entry,
 )
+
+logger = logging.getLogger(__name__)
 
 #: JSON bytes a read or apply request is kept under: half the server's limit,
 #: which leaves room for the escaping of odd names measured per item.
@@ -56,6 +59,7 @@ class RemoteTree(TreeEndpoint):
         self.timeout = timeout
         self.ca_file = ca_file
         self.client = HttpClient(self.base, token, timeout, ca_file)
+        self._warned: set = set()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -177,9 +181,19 @@ class RemoteTree(TreeEndpoint):
     def _failures_of(self, response) -> List[Failure]:
         document = self.client.json(response)
         try:
-            return _failures(document["failures"])
-        except (KeyError, TypeError, ValueError):
+            failures = _failures(document["failures"])
+            ignored = [str(message) for message in document.get("ignored", ())]
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise self.client.malformed("failures") from None
+        self._warn(ignored)
+        return failures
+
+    def _warn(self, ignored: List[str]) -> None:
+        """Say once (per process) what the server did not do, such as keeping owners."""
+        for message in ignored:
+            if message not in self._warned:
+                self._warned.add(message)
+                logger.warning("%s: %s", self.base, message[:500])
 
 
 class _Pending:

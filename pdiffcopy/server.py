@@ -25,6 +25,7 @@ from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import unquote_etag
 from werkzeug.routing import PathConverter
 
 from pdiffcopy import __version__
@@ -33,8 +34,10 @@ from pdiffcopy.bodyreader import BodyReader, open_body
 from pdiffcopy.byteranges import (
     boundary_of,
     closing_delimiter,
+    is_bytes_range,
     multipart_content_type,
     multipart_length,
+    new_boundary,
     parse_content_range,
     parse_explicit_ranges,
     parse_range_header,
@@ -47,7 +50,6 @@ from pdiffcopy.exceptions import (
     AuthenticationFailed,
     BadRequest,
     Conflict,
-    NotAFile,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
@@ -125,6 +127,10 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: Clients may set owners and setuid/setgid bits (``--trust-clients``).
+    trust_clients: bool = False
+    #: Clients may change files with several hard links in place (``--write-hard-links``).
+    write_hard_links: bool = False
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -142,7 +148,7 @@ def create_app(config: ServerConfig) -> Flask:
     app.url_map.strict_slashes = False
     app.url_map.converters["path"] = AnyPathConverter
     root = Root(config.root)
-    expected = f"Bearer {config.token}".encode() if config.token else None
+    expected = config.token.encode() if config.token else None
     # Per worker process: gunicorn forks after create_app (preload_app), and
     # every child gets its own copy, with all its slots free.
     hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
@@ -153,9 +159,14 @@ def create_app(config: ServerConfig) -> Flask:
         g.started = time.monotonic()
         if expected is None:
             return
-        supplied = request.headers.get("Authorization", "").encode("latin-1", "replace")
-        # Constant-time comparison: the time to refuse says nothing about the token.
-        if not hmac.compare_digest(supplied, expected):
+        # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
+        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+        supplied = credentials.lstrip(" ").encode("latin-1", "replace")
+        # Constant-time comparison: the time to refuse says nothing about the
+        # token. Both checks run always, so neither shortens the other.
+        token_matches = hmac.compare_digest(supplied, expected)
+        scheme_matches = scheme.lower() == "bearer"
+        if not (token_matches and scheme_matches):
             raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
 
     @app.url_value_preprocessor
@@ -191,6 +202,8 @@ def create_app(config: ServerConfig) -> Flask:
             response.headers["WWW-Authenticate"] = 'Bearer realm="pdiffcopy"'
         if isinstance(error, ServerBusy):
             response.headers["Retry-After"] = str(error.retry_after)
+        if isinstance(error, RangeNotSatisfiable) and error.size is not None:
+            response.headers["Content-Range"] = f"bytes */{error.size}"
         return response
 
     @app.get(f"{API_PREFIX}/version")
@@ -260,6 +273,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
+            refuse_hard_links(info, path, config.write_hard_links)
             written = receive_ranges(fd, info.st_size, path)
         finally:
             os.close(fd)
@@ -275,6 +289,8 @@ def create_app(config: ServerConfig) -> Flask:
         except Conflict:  # it exists already
             fd, created = open_regular(root, path, os.O_WRONLY), False
         try:
+            if not created:
+                refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
             try:
                 resize(fd, size)
             except OSError as error:
@@ -364,7 +380,8 @@ def create_app(config: ServerConfig) -> Flask:
     def index():
         return jsonify(server="pdiffcopy", version=__version__)
 
-    add_tree_routes(app, root)
+    add_tree_routes(app, root, trust_clients=config.trust_clients,
+                    write_hard_links=config.write_hard_links)
     return app
 
 
@@ -456,7 +473,7 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
         if offset % block_size:
             raise BadRequest("Every range must start at a multiple of block_size")
         if offset > size:
-            raise RangeNotSatisfiable(f"offset {offset} is past the end of the file")
+            raise RangeNotSatisfiable(f"offset {offset} is past the end of the file", size)
         total += length
     if total > MAX_HASH_REQUEST_BYTES:
         raise BadRequest(f"At most {MAX_HASH_REQUEST_BYTES} bytes per hash request")
@@ -466,13 +483,25 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
 
 
 def open_regular(root: Root, path: str, flags: int) -> int:
-    """Open ``path`` beneath the root and insist that it is a regular file."""
-    fd = root.open(path, flags)
-    info = os.fstat(fd)
-    if not stat_module.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise NotAFile(f"Not a regular file: {path}")
-    return fd
+    """Open ``path`` beneath the root and insist that it is a regular file.
+
+    FIFOs and devices are refused (409) without being opened or waited on
+    (see :meth:`pdiffcopy.paths.Root.open_regular`).
+    """
+    return root.open_regular(path, flags)
+
+
+def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
+    """Refuse to change a file with several hard links in place, unless the operator allows it.
+
+    Every name of such a file shows the change, and the other names may be
+    outside the root (a link planted by a local user) or other versions of
+    the data (a hard-linked backup snapshot). Replacing it through a
+    temporary and a rename (``--atomic``) changes only this name.
+    """
+    if info.st_nlink > 1 and not allowed:
+        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
+                           f"and all of them would change (sync with --atomic to replace it instead)")
 
 
 def fsync_parent(root: Root, path: str) -> None:
@@ -512,13 +541,32 @@ def check_preconditions(info: os.stat_result) -> None:
         raise Conflict("The file changed since the sync started (ETag mismatch)")
 
 
+def not_modified(info: os.stat_result) -> bool:
+    """Whether a GET or HEAD may be answered 304 Not Modified (RFC 9110, section 13.2.2).
+
+    ``If-None-Match`` (a weak comparison, ``*`` matching any file) takes
+    precedence; only without it does ``If-Modified-Since`` count, compared
+    with the whole seconds that ``Last-Modified`` shows. A date that cannot
+    be parsed is ignored, as the RFC says.
+    """
+    if "If-None-Match" in request.headers:
+        return request.if_none_match.contains_weak(unquote_etag(etag(info))[0])
+    since = request.if_modified_since
+    return since is not None and int(info.st_mtime) <= since.timestamp()
+
+
 def ranged_response(fd: int, info: os.stat_result) -> Response:
     """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``."""
     size = info.st_size
     headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
                "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
                                               time.gmtime(info.st_mtime))}
+    if not_modified(info):
+        os.close(fd)
+        return Response(status=304, headers=headers)
     header = request.headers.get("Range")
+    if header and not is_bytes_range(header):
+        header = None  # a unit we do not know is ignored: the whole file (RFC 9110, section 14.2)
     ranges: List[ByteRange] = [(0, size)]
     status = 200
     if header and (not request.headers.get("If-Range")
@@ -538,13 +586,16 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         headers["Content-Length"] = str(length)
         return Response(_file_body(fd, ranges, None), status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
-    headers["Content-Length"] = str(multipart_length(ranges, size))
-    return Response(_file_body(fd, ranges, size), status=206, headers=headers,
-                    content_type=multipart_content_type(), direct_passthrough=True)
+    boundary = new_boundary()
+    headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
+    return Response(_file_body(fd, ranges, size, boundary), status=206, headers=headers,
+                    content_type=multipart_content_type(boundary), direct_passthrough=True)
 
 
-def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) -> Iterator[bytes]:
-    """The body of a GET: the ranges' bytes, as multipart parts when ``multipart_size`` is set.
+def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
+               boundary: str = "") -> Iterator[bytes]:
+    """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
+    when ``multipart_size`` is set.
 
     Plain reads, not sendfile(2): on loopback here a pread-and-send loop ran
     at 2.3 GB/s and sendfile at 1.5 GB/s. Closes ``fd`` when done.
@@ -552,7 +603,7 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) 
     try:
         for offset, length in ranges:
             if multipart_size is not None:
-                yield part_header(offset, length, multipart_size)
+                yield part_header(offset, length, multipart_size, boundary)
             position, end = offset, offset + length
             while position < end:
                 data = os.pread(fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
@@ -561,7 +612,7 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) 
                 position += len(data)
                 yield data
         if multipart_size is not None:
-            yield closing_delimiter()
+            yield closing_delimiter(boundary)
     finally:
         os.close(fd)
 
@@ -596,7 +647,7 @@ def receive_ranges(fd: int, size: int, path: str) -> int:
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
                    size: int, path: str) -> int:
     if offset + length > size:
-        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)")
+        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)", size)
     position, end = offset, offset + length
     while position < end:
         got = body.readinto(buffer[: min(len(buffer), end - position)])

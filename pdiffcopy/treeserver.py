@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable, Iterator, List, Tuple
+import stat
+from typing import AbstractSet, Any, Callable, Iterator, List, Set, Tuple
 
 from flask import Flask, Response, request
 
@@ -38,7 +39,7 @@ from pdiffcopy.exceptions import (
 from pdiffcopy.localtree import LocalTree
 from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
 from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
-from pdiffcopy.treeplan import FILE, Entry
+from pdiffcopy.treeplan import DIR, FILE, Entry
 from pdiffcopy.treewire import (
     MAX_BATCH_BYTES,
     MAX_BATCH_FILES,
@@ -58,15 +59,31 @@ PREFIX = f"/{RESERVED_NAME}"
 _READ_CHUNK = 1024 * 1024
 
 
-def add_tree_routes(app: Flask, root: Root) -> None:
-    """Add the tree endpoints, serving the trees below ``root``, to ``app``."""
+#: Permission bits a client may set only on a server that trusts it
+#: (``--trust-clients``): a set-user-ID or set-group-ID program made by a
+#: client would run with the identity of its owner (root, for a root server)
+#: for anyone on the server who runs it. A directory's set-group-ID bit only
+#: passes its group on to new files and stays.
+SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
+                    write_hard_links: bool = False) -> None:
+    """Add the tree endpoints, serving the trees below ``root``, to ``app``.
+
+    :param trust_clients: Let clients set owners and set-id bits (else they are
+                          ignored, and the answer says so).
+    :param write_hard_links: Let clients change the metadata of files with
+                             several hard links (else refused per file).
+    """
+    policy = _Policy(trust_clients)
 
     @app.get(f"{PREFIX}/tree/")
     @app.get(f"{PREFIX}/tree/<path:path>")
     @storage_failures
     def tree_list(path: str = ""):
         """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
-        tree = open_tree(root, path)
+        tree = open_tree(root, path, write_hard_links)
         try:
             listing = tree.list()
         finally:
@@ -84,7 +101,7 @@ def add_tree_routes(app: Flask, root: Root) -> None:
         """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
         entries = [parse_entry(value) for value in json_list("entries", MAX_BATCH_FILES)]
         check_files_to_read(entries)
-        tree = open_tree(root, path)
+        tree = open_tree(root, path, write_hard_links)
 
         def stream() -> Iterator[bytes]:
             # Runs after the view has returned; closes the tree when the
@@ -101,8 +118,8 @@ def add_tree_routes(app: Flask, root: Root) -> None:
     @storage_failures
     def tree_write(path: str = ""):
         """Write the files of the treewire stream in the body, each whole or not at all."""
-        options = metadata_options()
-        tree = open_tree(root, path)
+        options, ignored = policy.options(metadata_options())
+        tree = open_tree(root, path, write_hard_links)
         body = open_body(request.environ, request.content_length)
         refusal: List[PdiffcopyError] = []
 
@@ -114,7 +131,7 @@ def add_tree_routes(app: Flask, root: Root) -> None:
                                                    MAX_BATCH_BYTES):
                     if data is None:
                         raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
-                    yield entry, data
+                    yield policy.entry(entry, ignored), data
             except PdiffcopyError as problem:
                 refusal.append(problem)  # raised below, even if the tree took it for one failure
                 raise
@@ -129,24 +146,58 @@ def add_tree_routes(app: Flask, root: Root) -> None:
             tree.close()
         if refusal:
             raise refusal[0]
-        return failures_answer(failures)
+        return failures_answer(failures, ignored)
 
     @app.post(f"{PREFIX}/tree-apply/")
     @app.post(f"{PREFIX}/tree-apply/<path:path>")
     @storage_failures
     def tree_apply(path: str = ""):
         """Run the operations of the body in order; report the ones that failed."""
-        options = metadata_options()
-        operations = [parse_operation(value)
-                      for value in json_list("operations", MAX_BATCH_OPERATIONS)]
+        options, ignored = policy.options(metadata_options())
+        operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
+                      for operation in (parse_operation(value)
+                                        for value in json_list("operations", MAX_BATCH_OPERATIONS))]
         if not clean_relative_path(path):
             check_server_root_kept(operations)
-        tree = open_tree(root, path)
+        tree = open_tree(root, path, write_hard_links)
         try:
             failures = tree.apply(operations, options)
         finally:
             tree.close()
-        return failures_answer(failures)
+        return failures_answer(failures, ignored)
+
+
+class _Policy:
+    """What a server that does not trust its clients takes out of their requests (see SET_ID_BITS)."""
+
+    def __init__(self, trust_clients: bool) -> None:
+        self.trust_clients = trust_clients
+
+    def options(self, options: MetadataOptions) -> Tuple[MetadataOptions, Set[str]]:
+        """The options to apply, and a set that collects what was ignored."""
+        ignored: Set[str] = set()
+        if options.owner and not self.trust_clients:
+            ignored.add("owner")
+            options = MetadataOptions(times=options.times, owner=False)
+        return options, ignored
+
+    def entry(self, entry: Entry, ignored: Set[str]) -> Entry:
+        """The entry with the set-id bits the client may not set taken out."""
+        if self.trust_clients or not entry.mode & SET_ID_BITS:
+            return entry
+        bits = stat.S_ISUID if entry.kind == DIR else SET_ID_BITS
+        if not entry.mode & bits:
+            return entry
+        ignored.add("setid")
+        return entry._replace(mode=entry.mode & ~bits)
+
+
+#: The answer's words for what a server ignored, and why (the client shows them once).
+IGNORED_MESSAGES = {
+    "owner": "owners are not kept: the server does not trust clients with them (--trust-clients)",
+    "setid": "setuid/setgid bits are not kept: the server does not trust clients with them "
+             "(--trust-clients)",
+}
 
 
 def storage_failures(view: Callable) -> Callable:
@@ -168,11 +219,14 @@ def storage_failures(view: Callable) -> Callable:
     return wrapper
 
 
-def open_tree(root: Root, path: str) -> LocalTree:
+def open_tree(root: Root, path: str, write_hard_links: bool = False) -> LocalTree:
     """The tree at a request's path, confined beneath the root; the caller closes it."""
     relative = clean_relative_path(path)
     check_confined(root, relative)
-    return LocalTree.below(root, relative)
+    tree = LocalTree.below(root, relative)
+    tree.write_hard_links = write_hard_links
+    tree.entries_from_client = True
+    return tree
 
 
 def check_confined(root: Root, relative: str) -> None:
@@ -263,8 +317,12 @@ def json_answer(document: Any) -> Response:
     return Response(text, mimetype="application/json")
 
 
-def failures_answer(failures: List[Failure]) -> Response:
-    return json_answer({"failures": [list(failure) for failure in failures]})
+def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozenset()) -> Response:
+    """The failures of a batch, and (``ignored``, when not empty) what the server did not do."""
+    document: dict = {"failures": [list(failure) for failure in failures]}
+    if ignored:
+        document["ignored"] = [IGNORED_MESSAGES[name] for name in sorted(ignored)]
+    return json_answer(document)
 
 
 class _ClientBody:

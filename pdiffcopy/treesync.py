@@ -48,7 +48,7 @@ from pdiffcopy.blocks import (
 )
 from pdiffcopy.endpoints import FileEndpoint, is_url
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
-from pdiffcopy.hashing import digest_size, hash_file_ranges, verify_method
+from pdiffcopy.hashing import digest_size, verify_method
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -429,7 +429,7 @@ def _digests(endpoint: FileEndpoint, ranges: List[ByteRange], block_size: int, m
         return b""
     if endpoint.is_remote:
         return endpoint.submit_hashes(ranges, block_size, method).result()
-    return hash_file_ranges(endpoint.location, ranges, block_size, method)
+    return endpoint.hash_ranges(ranges, block_size, method)  # type: ignore[attr-defined]
 
 
 # -- running a plan --------------------------------------------------------
