@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
-from pdiffcopy.exceptions import BadRequest
+from pdiffcopy.exceptions import BadRequest, ClientTooSlow
 
 #: Seconds a client may leave the server waiting for more of a request body;
-#: a stalled client releases its worker thread after this long.
+#: a stalled client releases its worker thread after this long. Under
+#: pdiffcopy's own gunicorn worker the socket's pacing (pdiffcopy/guard.py,
+#: a minimum rate) applies instead, which also ends a trickle.
 BODY_TIMEOUT = 60.0
 
 #: Bytes received per system call.
@@ -106,15 +108,19 @@ class SocketBody(BodyReader):
         try:
             return self._sock.recv(min(size, RECEIVE_CHUNK))
         except OSError as error:
-            self._on_failure()
-            raise BadRequest(f"The request body could not be read: {error}") from None
+            self._failed(error)
 
     def _raw_readinto(self, view: memoryview) -> int:
         try:
             return self._sock.recv_into(view)
         except OSError as error:
-            self._on_failure()
-            raise BadRequest(f"The request body could not be read: {error}") from None
+            self._failed(error)
+
+    def _failed(self, error: OSError) -> NoReturn:
+        self._on_failure()
+        if isinstance(error, TimeoutError):
+            raise ClientTooSlow(f"The request body came too slowly: {error}") from None
+        raise BadRequest(f"The request body could not be read: {error}") from None
 
     def finish(self) -> None:
         self._sock.settimeout(self._timeout)

@@ -31,6 +31,12 @@ class BadRequest(UsageError):
     """A request to the server is malformed or out of bounds."""
 
 
+class ClientTooSlow(BadRequest):
+    """A client sent its request (or read its answer) slower than the server allows."""
+
+    http_status = 408
+
+
 class RangeNotSatisfiable(BadRequest):
     """A byte range lies outside the file."""
 

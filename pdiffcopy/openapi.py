@@ -46,6 +46,7 @@ ERROR_STATUSES: Dict[int, str] = {
     413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
+    408: "The request body came too slowly (ClientTooSlow); the connection is closed",
     431: "The headers are too many or too long (from the HTTP layer)",
     503: "Too many hash requests at once: retry after Retry-After seconds (ServerBusy)",
     507: "Reading or writing failed: no space left, an I/O error (StorageError)",
@@ -101,7 +102,8 @@ def _operation(operation_id: str, summary: str, answers: Dict[str, Any], errors=
         "summary": summary,
         "description": f"{summary}. See docs/protocol.rst for the details.",
         "parameters": parameters or [],
-        "responses": {**answers, **_errors(*errors)},
+        # A request with a body can be cut off for sending it too slowly.
+        "responses": {**answers, **_errors(*errors, *((408,) if body is not None else ()))},
     }
     if body is not None:
         operation["requestBody"] = body

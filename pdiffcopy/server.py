@@ -202,6 +202,8 @@ def create_app(config: ServerConfig) -> Flask:
             status, message = error.http_status, str(error)
         elif isinstance(error, HTTPException):
             status, message = error.code or 500, error.description or error.name
+        elif isinstance(error, TimeoutError):  # the client's socket (guard.SlowPeer), not storage
+            status, message = 408, f"The client was too slow: {error}"
         elif isinstance(error, OSError):
             mapped = storage_error(error, "complete the request")
             status, message = mapped.http_status, str(mapped)

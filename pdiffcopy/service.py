@@ -19,9 +19,12 @@ logger = logging.getLogger(__name__)
 #: exposes nothing; the original pdiffcopy's port.
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
-#: Request threads per worker process. Transfers wait on the network and
-#: hashing releases the GIL, so a few threads per process keep a client's
-#: hashing and transfer connections (and other clients') all served.
+#: Requests per worker process that do work at once: the hash jobs are
+#: bounded by half of it (``server.MAX_CONCURRENT_HASHES``). Transfers wait on
+#: the network and hashing releases the GIL, so a few per process keep a
+#: client's hashing and transfer connections (and other clients') all served.
+#: The request threads themselves are many more (``guard.REQUEST_THREADS``),
+#: so that slow clients holding some cannot starve the others.
 THREADS_PER_WORKER = 8
 
 #: Seconds a worker may take to finish its requests on shutdown; short, so
@@ -130,6 +133,8 @@ def run_server(options: ServerOptions) -> None:
     hash_methods = accepted_methods(options.hash_methods)
     from gunicorn.app.base import BaseApplication
 
+    from pdiffcopy.guard import MAX_CONNECTIONS, REQUEST_THREADS
+
     from pdiffcopy.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
@@ -138,8 +143,12 @@ def run_server(options: ServerOptions) -> None:
     settings = {
         "bind": [bind],
         "workers": workers,
-        "worker_class": "gthread",
-        "threads": THREADS_PER_WORKER,
+        # gthread with handshakes and headers read in the event loop and paced
+        # body reads and answer writes: see pdiffcopy/guard.py and
+        # docs/service.rst, "Hostile clients and timeouts".
+        "worker_class": "pdiffcopy.guard.GuardedThreadWorker",
+        "threads": REQUEST_THREADS,
+        "worker_connections": MAX_CONNECTIONS,
         "graceful_timeout": GRACEFUL_TIMEOUT,
         "keepalive": KEEPALIVE_SECONDS,
         # A worker busy with a long hash still heartbeats from its main thread.
@@ -168,7 +177,9 @@ def run_server(options: ServerOptions) -> None:
     answer_protocol_errors_in_json()
     from pdiffcopy.fileops import raise_open_file_limit
 
-    raise_open_file_limit()  # tree walks hold a descriptor per level (inherited by the workers)
+    # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
+    # walks hold one per level; the workers inherit the limit.
+    raise_open_file_limit()
     sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
