@@ -311,7 +311,7 @@ class GuardedThreadWorker(ThreadWorker):
                     return
                 entry.data += data
                 if b"\r\n\r\n" in entry.data or b"\n\n" in entry.data \
-                        or len(entry.data) >= MAX_HEADER_BYTES:
+                        or len(entry.data) >= MAX_HEADER_BYTES or not _may_start_a_request(entry.data):
                     self._dispatch(entry)
                     return
         except (OSError, ValueError):  # reset, TLS garbage: nothing to answer
@@ -403,6 +403,18 @@ class GuardedThreadWorker(ThreadWorker):
             self.log.info("Closed a slow connection from %s: %s", _address(conn.client), error)
             conn.slow = True
             return False
+
+
+def _may_start_a_request(data: bytes) -> bool:
+    """Whether ``data`` can begin an HTTP/1 request: a method (letters), perhaps after empty lines.
+
+    Anything else (a TLS ClientHello sent to a plain HTTP port starts with
+    0x16) goes to gunicorn's parser at once, whose ``400`` tells the client
+    what it met (its TLS library says "wrong version number"), instead of
+    waiting for the header deadline.
+    """
+    first = data.lstrip(b"\r\n")[:1]
+    return not first or first.isalpha()
 
 
 def _address(client) -> str:
