@@ -478,7 +478,11 @@ class _Runner:
             for big in self.big:  # the ones a worker did not finish (renamed or removed)
                 if big.temporary:
                     big.work.remove_temporary()
+                else:
+                    _end_lease_quietly(big.work)
             raise
+        for big in self.big:
+            big.work.close()  # forked workers ended the leases; our copies of them go too
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
         directories = [e for e in plan.deletions if e.kind == DIR]
@@ -582,12 +586,18 @@ class _Runner:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
             temporary = not delta or self.options.atomic
+            if not temporary:
+                # Updated in place: nobody else may write it until its last part is
+                # checked, or the blocks it leaves alone could change unseen.
+                target.take_lease()
             work = target.create_temporary(clone=delta) if temporary else target
             try:
                 work.prepare(action.source.size)
             except BaseException:
                 if temporary:
                     work.remove_temporary()
+                else:
+                    _end_lease_quietly(work)
                 raise
         except PdiffcopyError as error:
             self.result.failures.append((action.path, str(error)))
@@ -903,6 +913,8 @@ class _WorkerState:
                 raise PdiffcopyError("changed while copying")
             if big.temporary:
                 big.work.replace(big.target)
+            else:
+                big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
             self.failures += self.runner.target.apply([Operation(METADATA, entry)],
                                                       self.runner.meta)
             self._count("files")
@@ -910,10 +922,21 @@ class _WorkerState:
         except _AlreadyReported:
             if big.temporary:
                 big.work.remove_temporary()
+            else:
+                _end_lease_quietly(big.work)
         except PdiffcopyError as error:
             self.failures.append((entry.path, str(error)))
             if big.temporary:
                 big.work.remove_temporary()
+            else:
+                _end_lease_quietly(big.work)
+
+
+def _end_lease_quietly(endpoint: FileEndpoint) -> None:
+    try:
+        endpoint.end_lease()
+    except PdiffcopyError:
+        pass  # already failing; a lease left behind lapses by itself
 
 
 #: Seconds stopped workers get to finish their unit before they are killed.
