@@ -274,6 +274,13 @@ def _components() -> Dict[str, Any]:
                            "root); 0 (the default): do not",
             "schema": {"type": "string", "enum": ["0", "1"]},
         },
+        "Fsync": {
+            "name": "fsync", "in": "query", "required": False,
+            "description": "1: flush every file written and every directory that got a new "
+                           "name to disk before answering; 0 (the default): leave them to the "
+                           "kernel's writeback",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
         "Fresh": {
             "name": "fresh", "in": "query", "required": False,
             "description": "1: the files are new; each is created under its name exclusively "
@@ -457,7 +464,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
 def _tree_paths() -> Dict[str, Dict[str, Any]]:
     """The tree endpoints, each for a directory below the root and for the root itself."""
     tree = _ref("parameters", "TreePath")
-    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner")]
+    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner"), _ref("parameters", "Fsync")]
     binary = {"schema": {"type": "string", "format": "binary"}}
     paths: Dict[str, Dict[str, Any]] = {}
     for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):

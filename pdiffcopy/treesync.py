@@ -112,6 +112,7 @@ class TreeOptions:
     dry_run: bool = False
     whole_file: bool = False
     atomic: bool = False
+    fsync: bool = False
     block_size: int = 1024 * 1024
     hash_method: str = "xxh3_128"
     concurrency: int = 2
@@ -120,7 +121,7 @@ class TreeOptions:
 
     @property
     def metadata(self) -> MetadataOptions:
-        return MetadataOptions(times=self.times, owner=self.owner)
+        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync)
 
 
 @dataclass

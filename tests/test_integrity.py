@@ -235,3 +235,93 @@ def test_local_tree_big_file_in_place_holds_a_lock(tmp_path):
     assert completed.returncode == 23, completed.stderr
     assert "being written by another pdiffcopy" in completed.stderr
     assert Path(target / "big.img").read_bytes() == old
+
+
+# -- durability of tree syncs (--fsync) ---------------------------------------
+
+#: Small files in two directories: each is written whole, by a batch.
+FSYNC_FILES = 12
+
+
+def small_tree(root: Path) -> None:
+    for index in range(FSYNC_FILES):
+        directory = root / ("a" if index % 2 else "b")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"f{index}").write_bytes(random_bytes(1000 + index, index))
+
+
+def count_fsyncs(log: Path) -> int:
+    """The successful fsync and fdatasync calls an ``strace -f`` log shows."""
+    return sum(1 for line in log.read_text().splitlines()
+               if ("fsync(" in line or "fdatasync(" in line) and line.rstrip().endswith("= 0"))
+
+
+def strace(*command: str, log: Path) -> list:
+    import shutil
+
+    import pytest
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    return ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync", "-o", str(log), *command]
+
+
+def test_local_tree_fsync_flushes_every_file_and_directory(tmp_path):
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"
+    small_tree(source)
+    counts = {}
+    for flag in ((), ("--fsync",)):
+        target, log = tmp_path / f"dst{len(flag)}", tmp_path / f"strace{len(flag)}.log"
+        command = strace(sys.executable, "-m", "pdiffcopy", "-c", "1", "-q", *flag, f"{source}/",
+                         f"{target}/", log=log)
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert completed.returncode == 0, completed.stderr
+        counts[flag] = count_fsyncs(log)
+    # Every file, and the directories a, b and the root that got new names.
+    assert counts[("--fsync",)] - counts[()] >= FSYNC_FILES + 2, counts
+
+
+def test_tree_push_fsync_is_honoured_by_the_server(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from conftest import free_port
+
+    root, log = tmp_path / "root", tmp_path / "server-strace.log"
+    root.mkdir()
+    port = free_port()
+    command = strace(sys.executable, "-m", "pdiffcopy", "--root", str(root), "--listen",
+                     f"127.0.0.1:{port}", "-c", "1", log=log)
+    env = {k: v for k, v in os.environ.items() if k != "PDIFFCOPY_TOKEN"}
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "server did not start"
+                time.sleep(0.1)
+        source = tmp_path / "src"
+        small_tree(source)
+        base = f"http://127.0.0.1:{port}"
+        completed = run_cli(f"{source}/", f"{base}/plain/", "-c", "1", timeout=60)
+        assert completed.returncode == 0, completed.stderr
+        plain = count_fsyncs(log)
+        completed = run_cli("--fsync", f"{source}/", f"{base}/flushed/", "-c", "1", timeout=60)
+        assert completed.returncode == 0, completed.stderr
+        time.sleep(0.2)  # strace writes its log as the calls return
+        flushed = count_fsyncs(log) - plain
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=30)
+    assert flushed >= FSYNC_FILES + 2, (plain, flushed)
+    assert (root / "flushed" / "a" / "f1").read_bytes() == (source / "a" / "f1").read_bytes()
+
