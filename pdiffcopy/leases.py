@@ -70,23 +70,50 @@ class Leases:
 
     @contextlib.contextmanager
     def _locked(self, info: os.stat_result, mode: int) -> Iterator[int]:
+        """The lease file of ``info``'s file, open and locked (``LOCK_EX`` or ``LOCK_SH``).
+
+        An empty lease file is removed by whoever holds it exclusively last
+        (:meth:`_tidy`), so that a server running for months does not keep a
+        file per file ever written; a lock taken on a file just removed is
+        therefore taken again on the new one.
+        """
         name = os.path.join(self.directory, f"{info.st_dev}-{info.st_ino}")
-        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            deadline = time.monotonic() + LOCK_WAIT_SECONDS
-            while True:
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while True:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                        break
+                    except OSError as error:
+                        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or \
+                                time.monotonic() >= deadline:
+                            raise Locked("The file is being written by another client; try again "
+                                         "later") from None
+                        time.sleep(LOCK_POLL_SECONDS)
                 try:
-                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                    break
-                except OSError as error:
-                    if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or \
-                            time.monotonic() >= deadline:
-                        raise Locked("The file is being written by another client; try again later") \
-                            from None
-                    time.sleep(LOCK_POLL_SECONDS)
-            yield fd
-        finally:
-            os.close(fd)  # releases the flock
+                    current = os.stat(name).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    current = False
+                if current:
+                    try:
+                        yield fd
+                    finally:
+                        self._tidy(fd, name)
+                    return
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _tidy(self, fd: int, name: str) -> None:
+        """Remove the lease file if it holds no lease and nobody else has it locked."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # from shared: others may hold it
+        except OSError:
+            return  # the last of them tidies
+        if not self._read(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(name)
 
     @staticmethod
     def _read(fd: int) -> dict:

@@ -325,3 +325,30 @@ def test_tree_push_fsync_is_honoured_by_the_server(tmp_path):
     assert flushed >= FSYNC_FILES + 2, (plain, flushed)
     assert (root / "flushed" / "a" / "f1").read_bytes() == (source / "a" / "f1").read_bytes()
 
+
+def test_lease_files_do_not_pile_up(tmp_path):
+    """Every write consults a lease file; an empty one is removed, so months of writes leave none."""
+    from pdiffcopy.server import ServerConfig, create_app
+
+    root, leases = tmp_path / "root", tmp_path / "leases"
+    root.mkdir()
+    leases.mkdir()
+    (root / "a.img").write_bytes(b"\0" * 8192)
+    client = create_app(ServerConfig(root=str(root), lease_directory=str(leases))).test_client()
+    answer = client.patch("/a.img", data=b"x" * 10, headers={"Content-Range": "bytes 0-9/*"})
+    assert answer.status_code == 200 and os.listdir(leases) == []
+    lease = client.post("/.pdiffcopy/lease/a.img").get_json()["lease"]
+    assert len(os.listdir(leases)) == 1
+    refused = client.patch("/a.img", data=b"y" * 10, headers={"Content-Range": "bytes 0-9/*"})
+    assert refused.status_code == 423 and refused.get_json()["status"] == 423
+    assert client.post("/.pdiffcopy/lease/a.img").status_code == 423
+    answer = client.patch("/a.img", data=b"z" * 10, headers={"Content-Range": "bytes 0-9/*",
+                                                             "X-Pdiffcopy-Lease": lease})
+    assert answer.status_code == 200
+    assert client.delete("/.pdiffcopy/lease/a.img", headers={"X-Pdiffcopy-Lease": lease}).status_code == 200
+    assert os.listdir(leases) == []
+    # Ended: the old id no longer writes, and says why.
+    stale = client.patch("/a.img", data=b"w" * 10, headers={"Content-Range": "bytes 0-9/*",
+                                                            "X-Pdiffcopy-Lease": lease})
+    assert stale.status_code == 412 and "Lost the write lease" in stale.get_json()["error"]
+    assert (root / "a.img").read_bytes()[:10] == b"z" * 10
