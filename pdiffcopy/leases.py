@@ -52,13 +52,19 @@ LOCK_WAIT_SECONDS = 2.0
 #: How often a waiting request tries the lock again.
 LOCK_POLL_SECONDS = 0.01
 
+#: Every lease file holds one record of this many bytes (JSON padded with
+#: spaces; all spaces: no lease), rewritten in place. Never truncated: on
+#: ext4 a file truncated to zero is written out when closed (auto_da_alloc),
+#: which made every leased request 5 to 10 ms slower here.
+RECORD_BYTES = 128
+
 
 class Leases:
     """The lease table of one server: a directory of small lock files."""
 
     def __init__(self, directory: Optional[str] = None) -> None:
         if directory is None:
-            directory = tempfile.mkdtemp(prefix="pdiffcopy-leases-")
+            directory = tempfile.mkdtemp(prefix="pdiffcopy-leases-", dir=_memory_directory())
             owner = os.getpid()
 
             def remove() -> None:  # in the server's main process only, not in a worker
@@ -117,8 +123,9 @@ class Leases:
 
     @staticmethod
     def _read(fd: int) -> dict:
+        data = os.pread(fd, RECORD_BYTES, 0).strip()
         try:
-            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            record = json.loads(data) if data else {}
         except ValueError:
             return {}
         return record if isinstance(record, dict) else {}
@@ -126,9 +133,7 @@ class Leases:
     @staticmethod
     def _write(fd: int, record: dict) -> None:
         data = json.dumps(record).encode() if record else b""
-        os.ftruncate(fd, 0)
-        if data:
-            os.pwrite(fd, data, 0)
+        os.pwrite(fd, data.ljust(RECORD_BYTES), 0)
 
     @staticmethod
     def _live(record: dict) -> bool:
@@ -190,6 +195,19 @@ class Leases:
         if record.get("id") != lease:
             raise Conflict(f"Lost the write lease on {path}: it lapsed and another client wrote to "
                            f"the file (or it was replaced); run again")
+
+
+def _memory_directory() -> Optional[str]:
+    """A directory in memory for the lease files, or None for the usual temporary directory.
+
+    Every write request opens (and often creates and removes) a lease file:
+    on tmpfs that takes about 0.1 ms, on this machine's ext4 /tmp 0.3 to
+    1.8 ms. systemd's ``RuntimeDirectory=`` first, then ``/dev/shm``.
+    """
+    for candidate in (os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0], "/dev/shm"):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+            return candidate
+    return None
 
 
 __all__ = ["LEASE_HEADER", "LEASE_SECONDS", "Leases"]
