@@ -26,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -33,6 +34,10 @@ import time
 from typing import Iterator, Optional
 
 from pdiffcopy.exceptions import Conflict, Locked
+
+#: The lease directory's name starts with this and the server's pid, so that
+#: the next server can remove the directory of one that was killed.
+DIRECTORY_PREFIX = "pdiffcopy-leases-"
 
 #: The request header that carries a lease's id.
 LEASE_HEADER = "X-Pdiffcopy-Lease"
@@ -64,8 +69,10 @@ class Leases:
 
     def __init__(self, directory: Optional[str] = None) -> None:
         if directory is None:
-            directory = tempfile.mkdtemp(prefix="pdiffcopy-leases-", dir=_memory_directory())
             owner = os.getpid()
+            parent = _memory_directory() or tempfile.gettempdir()
+            _sweep(parent)
+            directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner}-", dir=parent)
 
             def remove() -> None:  # in the server's main process only, not in a worker
                 if os.getpid() == owner:
@@ -195,6 +202,24 @@ class Leases:
         if record.get("id") != lease:
             raise Conflict(f"Lost the write lease on {path}: it lapsed and another client wrote to "
                            f"the file (or it was replaced); run again")
+
+
+def _sweep(parent: str) -> None:
+    """Remove the lease directories of servers that are gone (killed before they could)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        match = re.fullmatch(re.escape(DIRECTORY_PREFIX) + r"([0-9]+)-[^/]+", name)
+        if not match:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except (OSError, OverflowError):
+            pass  # alive (another user's: EPERM), or not a pid at all
 
 
 def _memory_directory() -> Optional[str]:

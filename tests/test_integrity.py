@@ -352,3 +352,22 @@ def test_lease_files_do_not_pile_up(tmp_path):
                                                             "X-Pdiffcopy-Lease": lease})
     assert stale.status_code == 412 and "Lost the write lease" in stale.get_json()["error"]
     assert (root / "a.img").read_bytes()[:10] == b"z" * 10
+
+
+def test_a_killed_servers_lease_directory_is_swept_at_start(tmp_path, monkeypatch):
+    import subprocess
+
+    from pdiffcopy.leases import Leases
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = tmp_path / f"pdiffcopy-leases-{gone.pid}-abcd1234"
+    stale.mkdir()
+    (stale / "1-2").write_bytes(b" " * 128)
+    alive = tmp_path / f"pdiffcopy-leases-{os.getpid()}-efgh5678"
+    alive.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
+    leases = Leases()
+    assert not stale.exists()
+    assert alive.exists()
+    assert Path(leases.directory).parent == tmp_path
