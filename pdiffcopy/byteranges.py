@@ -8,18 +8,29 @@ them), so both sides speak exactly the same format (RFC 9110, section 14).
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Iterable, Iterator, List, Optional, Protocol, Tuple
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.exceptions import BadRequest, RangeNotSatisfiable
 
-#: The boundary between parts. Fixed, because a part's bytes are announced by
-#: its Content-Range and read by count, never scanned for the boundary.
-BOUNDARY = "pdiffcopy-byteranges-3f9c1b"
+#: Random bytes in each multipart boundary. Our own readers count a part's
+#: bytes by its Content-Range and never scan for the boundary, but standard
+#: MIME readers do (RFC 2046 5.1.1: the boundary must not occur in the data),
+#: so a fixed string broke them on any file that contains it. 16 bytes (32 hex
+#: digits) make a collision with file data as unlikely as guessing a 128-bit key.
+BOUNDARY_RANDOM_BYTES = 16
 
 #: Most ranges the server accepts in one request; bounds the work a single
 #: request can ask for. (Clients send at most blocks.MAX_RANGES_PER_REQUEST.)
 MAX_RANGES_ACCEPTED = 4096
+
+#: Bytes of part headers a multipart answer may add to the data it carries
+#: before the server answers with the whole file instead (200, as RFC 9110,
+#: section 14.2 allows). Our client asks for at most 200 ranges of at least
+#: one 1 KiB block (about 20 KB of part headers); 4,096 ranges of one byte
+#: each would add some 400 KB to a few KB of data.
+MAX_MULTIPART_OVERHEAD = 64 * 1024
 
 #: Longest header line accepted inside a multipart body.
 MAX_PART_HEADER_LINE = 1024
@@ -34,7 +45,12 @@ _CONTENT_RANGE = re.compile(r"^[ \t]*bytes[ \t]+([0-9]{1,20})-([0-9]{1,20})/([0-
 def parse_range_header(header: str, size: int) -> List[ByteRange]:
     """Parse a ``Range: bytes=...`` header against a file of ``size`` bytes.
 
-    :returns: (offset, length) pairs in the order asked, clipped to the file.
+    Ranges that overlap or touch are merged (RFC 9110, section 14.6 allows
+    it), so an answer never carries a byte twice: 2,723 times ``0-`` is the
+    file once, not 2,723 times.
+
+    :returns: (offset, length) pairs in ascending order, clipped to the file,
+              disjoint and not adjacent.
     :raises BadRequest: When the header is malformed.
     :raises RangeNotSatisfiable: When no range overlaps the file.
     """
@@ -54,8 +70,35 @@ def parse_range_header(header: str, size: int) -> List[ByteRange]:
         if start < size:
             ranges.append((start, end - start + 1))
     if not ranges:
-        raise RangeNotSatisfiable(f"Range not satisfiable for a file of {size} bytes")
-    return ranges
+        raise RangeNotSatisfiable(f"Range not satisfiable for a file of {size} bytes", size)
+    return merge_ranges(ranges)
+
+
+def merge_ranges(ranges: Iterable[ByteRange]) -> List[ByteRange]:
+    """``ranges`` sorted, with the ones that overlap or touch merged into one."""
+    merged: List[ByteRange] = []
+    for offset, length in sorted(ranges):
+        if merged and offset <= merged[-1][0] + merged[-1][1]:
+            last_offset, last_length = merged[-1]
+            merged[-1] = (last_offset, max(last_length, offset + length - last_offset))
+        else:
+            merged.append((offset, length))
+    return merged
+
+
+def overlapping(ranges: Iterable[ByteRange]) -> bool:
+    """Whether any two of ``ranges`` share a byte."""
+    end = -1
+    for offset, length in sorted(ranges):
+        if offset < end:
+            return True
+        end = max(end, offset + length)
+    return False
+
+
+def is_bytes_range(header: str) -> bool:
+    """Whether a ``Range`` header asks for bytes: a server ignores other units (RFC 9110, section 14.2)."""
+    return header.partition("=")[0].strip().lower() == "bytes"
 
 
 def parse_explicit_ranges(header: str) -> List[ByteRange]:
@@ -119,31 +162,36 @@ def parse_content_range(value: str) -> Tuple[int, int, Optional[int]]:
     return first, last - first + 1, size
 
 
-def multipart_content_type() -> str:
-    """The Content-Type of a multipart/byteranges body."""
-    return f"multipart/byteranges; boundary={BOUNDARY}"
+def new_boundary() -> str:
+    """A fresh random boundary for one multipart body (a request's or a response's)."""
+    return f"pdiffcopy-{secrets.token_hex(BOUNDARY_RANDOM_BYTES)}"
 
 
-def part_header(offset: int, length: int, size: Optional[int],
+def multipart_content_type(boundary: str) -> str:
+    """The Content-Type of a multipart/byteranges body delimited by ``boundary``."""
+    return f"multipart/byteranges; boundary={boundary}"
+
+
+def part_header(offset: int, length: int, size: Optional[int], boundary: str,
                 content_type: str = "application/octet-stream") -> bytes:
     """The delimiter and headers that open one part of a multipart body."""
     return (
-        f"\r\n--{BOUNDARY}\r\n"
+        f"\r\n--{boundary}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Range: {format_content_range(offset, length, size)}\r\n\r\n"
     ).encode("ascii")
 
 
-def closing_delimiter() -> bytes:
+def closing_delimiter(boundary: str) -> bytes:
     """The delimiter that ends a multipart body."""
-    return f"\r\n--{BOUNDARY}--\r\n".encode("ascii")
+    return f"\r\n--{boundary}--\r\n".encode("ascii")
 
 
-def multipart_length(ranges: Iterable[ByteRange], size: Optional[int]) -> int:
+def multipart_length(ranges: Iterable[ByteRange], size: Optional[int], boundary: str) -> int:
     """Exact byte length of a multipart body for ``ranges`` (for Content-Length)."""
-    total = len(closing_delimiter())
+    total = len(closing_delimiter(boundary))
     for offset, length in ranges:
-        total += len(part_header(offset, length, size)) + length
+        total += len(part_header(offset, length, size, boundary)) + length
     return total
 
 

@@ -7,7 +7,10 @@ line on stderr and a non-zero exit status; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import math
+import re
 import sys
 from typing import List, Optional
 
@@ -26,7 +29,9 @@ differ, over HTTP.
 One of SOURCE and TARGET is a local path and the other a URL of a file on a
 pdiffcopy server (http://HOST:PORT/path): a URL SOURCE pulls, a URL TARGET
 pushes. Both may be local paths. TARGET ends up with exactly SOURCE's bytes
-and size, verified with a whole-file digest on both sides.
+and size, verified with a whole-file digest on both sides. rsync's HOST:PATH
+form is refused: a server is named by its URL, and a local name with a colon
+is written ./NAME.
 
 When SOURCE is a directory, the whole tree is copied or updated, as rsync
 does: SOURCE/ (with a trailing slash) syncs the contents of SOURCE into
@@ -37,7 +42,8 @@ new and small ones are copied whole, by -c worker processes at once. When
 SOURCE is a file and TARGET an existing directory, the file goes into it.
 
 Without SOURCE and TARGET, the server starts: it serves the files below
---root (default: the current directory) on --listen (default 127.0.0.1:8080).
+--root (default: the current directory) on --listen (default 127.0.0.1:8080);
+the sync and tree options are then refused, since a server ignores them.
 When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
 require and send it."""
 
@@ -52,7 +58,19 @@ examples:
   pdiffcopy --remove /srv/scratch/old-run"""
 
 
+#: The longest --timeout accepted: a week. Longer is a hang, not a timeout,
+#: and a socket timeout must fit the C types below settimeout().
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+#: rsync's remote forms, HOST:PATH, USER@HOST:PATH and HOST::MODULE: a colon
+#: with no slash before it (rsync's own rule: ``./a:b`` and ``/x/a:b`` are local).
+_RSYNC_REMOTE = re.compile(r"^[^/:]+:")
+
+
 class _Parser(argparse.ArgumentParser):
+    #: The options that only mean something to a sync (set by build_parser).
+    sync_only: List[argparse.Action] = []
+
     def error(self, message: str):  # one line, like every other error
         sys.stderr.write(f"pdiffcopy: {message} (see pdiffcopy --help)\n")
         sys.exit(2)
@@ -87,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
                       help="mutate the local TARGET and resync it COUNT times at varying "
                            "similarity, then print an overview (next to rsync if installed)")
-    sync.add_argument("--timeout", metavar="SECONDS", type=float, default=None,
-                      help="how long any network call may wait (default 60)")
+    sync.add_argument("--timeout", metavar="SECONDS", type=_timeout, default=None,
+                      help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
                       help="CA bundle to verify an https:// server with")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
@@ -125,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve https with this certificate (PEM); needs --keyfile")
     server.add_argument("--keyfile", metavar="FILE", default=None,
                         help="the private key of --certfile (PEM)")
+    server.add_argument("--hash-methods", metavar="LIST", default=None,
+                        help="hash methods the server accepts, comma-separated, or 'all' "
+                             "(default: the fast ones: xxh*, blake3, sha256, sha1)")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
@@ -134,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let clients change files with several hard links in place (data, "
                              "size, metadata): every name of such a file changes, also outside "
                              "--root; without it that is refused and --atomic replaces them")
+    # Without SOURCE and TARGET pdiffcopy starts a server, which would ignore
+    # these: refused instead (-c is also the server's worker count).
+    parser.sync_only = [action for group in (sync, tree) for action in group._group_actions
+                        if action.dest != "concurrency"]
     common = parser.add_argument_group("common options")
     common.add_argument("--token-file", metavar="FILE", default=None,
                         help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
@@ -154,6 +179,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    return value
+
+
+def _timeout(text: str) -> float:
+    """A --timeout value: a finite number of seconds above 0 (``nan``, ``-1``, ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and at most {MAX_TIMEOUT_SECONDS}, "
+                                         f"not {text!r}")
     return value
 
 
@@ -209,8 +246,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     token = read_token(args.token_file)
     if not args.paths:
-        if args.benchmark:
-            raise UsageError("--benchmark needs SOURCE and TARGET")
+        if args.remove:
+            raise UsageError("--remove needs the PATHs to remove")
+        refuse_sync_options(parser, args)
+        require_extra(("flask", "gunicorn"), "server", "The server")
         from pdiffcopy.service import DEFAULT_LISTEN, ServerOptions, run_server
 
         run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
@@ -218,10 +257,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
                                  certfile=args.certfile, keyfile=args.keyfile,
+                                 hash_methods=args.hash_methods,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.hash_methods:
+        raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
     if args.remove:
         from pdiffcopy.treecli import run_remove
 
@@ -230,6 +272,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
                          f"see pdiffcopy --help")
     source, target = args.paths
+    for location in (source, target):
+        refuse_rsync_remote(location)
+    if args.ca_file:
+        check_ca_file(args.ca_file)
+    if args.benchmark:
+        require_extra(("executor",), "client", "The benchmark (-B)")
     from pdiffcopy.treecli import resolve
 
     source, target, is_tree = resolve(source, target, args, token)
@@ -254,6 +302,58 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                       **options)
     report(result)
     return 0
+
+
+def refuse_sync_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse options that only mean something to a sync when there is none (the server starts).
+
+    A user who typed ``pdiffcopy -a --delete`` and forgot the paths would
+    otherwise get a read-write server on the current directory.
+    """
+    given = ["/".join(action.option_strings) for action in getattr(parser, "sync_only", [])
+             if getattr(args, action.dest) != action.default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only for a sync, with SOURCE and TARGET; without them "
+                         f"pdiffcopy starts a server (see pdiffcopy --help)")
+
+
+def refuse_rsync_remote(location: str) -> None:
+    """Refuse rsync's ``HOST:PATH`` form, which would otherwise be taken for a local name.
+
+    :raises UsageError: For ``host:path``, ``user@host:path`` or ``host::module``.
+    """
+    from pdiffcopy.endpoints import is_url
+
+    if _RSYNC_REMOTE.match(location) and not is_url(location):
+        raise UsageError(f"{location} looks like rsync's HOST:PATH (ssh) form: pdiffcopy talks to a "
+                         f"pdiffcopy server by URL, http(s)://HOST:PORT/PATH (for a local name with a "
+                         f"colon, write ./{location})")
+
+
+def check_ca_file(name: str) -> None:
+    """Refuse a --ca-file that cannot be read or holds no certificate, naming it."""
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=name)
+    except ssl.SSLError as error:  # before OSError: it is one
+        raise UsageError(f"--ca-file {name} holds no usable CA certificate: "
+                         f"{error.reason or error}") from None
+    except OSError as error:
+        raise UsageError(f"Cannot read the --ca-file {name}: {error.strerror or error}") from None
+
+
+def require_extra(modules, extra: str, what: str) -> None:
+    """Say which extra to install when a module of an optional feature is missing.
+
+    :raises PdiffcopyError: Naming the missing module and the ``pip install`` that brings it.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
+                                 f"pip install 'pdiffcopy[{extra}]'") from None
 
 
 def run_sync(source: str, target: str, show_progress: bool, **options):

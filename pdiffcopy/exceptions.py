@@ -8,6 +8,8 @@ the server answers with :attr:`~PdiffcopyError.http_status` and a JSON body.
 
 from __future__ import annotations
 
+from typing import Optional
+
 
 class PdiffcopyError(Exception):
     """Base class of every error pdiffcopy reports to a user."""
@@ -33,6 +35,18 @@ class RangeNotSatisfiable(BadRequest):
     """A byte range lies outside the file."""
 
     http_status = 416
+
+    def __init__(self, message: str, size: Optional[int] = None) -> None:
+        super().__init__(message)
+        #: The file's current size, when known: the server's 416 says it in
+        #: ``Content-Range: bytes */SIZE`` (RFC 9110, section 15.5.17).
+        self.size = size
+
+
+class PayloadTooLarge(BadRequest):
+    """A request body is larger than the operation allows."""
+
+    http_status = 413
 
 
 class AccessDenied(PdiffcopyError):

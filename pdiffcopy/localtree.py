@@ -43,6 +43,11 @@ from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
 #: Directory descriptors kept open per thread.
 DIRECTORY_CACHE_SIZE = 64
 
+#: Entries a walk gathers before it hands them on (:meth:`LocalTree.walk`):
+#: the server sends a listing in pieces of this many, so that it holds a few
+#: hundred KB of it rather than the whole (200,000 entries took 128 MiB).
+WALK_BATCH_ENTRIES = 2048
+
 #: Errors after which a kernel copy falls back to reading and writing.
 _COPY_REFUSALS = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM,
                   errno.EBADF, errno.ETXTBSY)
@@ -65,6 +70,36 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
     sparse = kind == FILE and info.st_blocks * 512 < size
     return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
                  target, info.st_nlink, sparse)
+
+
+class Directories:
+    """A walk's batches (:meth:`LocalTree.walk`); :meth:`close` releases its directories.
+
+    Closing works even before the first batch was asked for (a HEAD request,
+    a client gone at once), which closing a generator that never started
+    would not: the directories still to read are closed either way.
+    """
+
+    def __init__(self, batches: Iterator[Tuple[List[Entry], List[Failure]]],
+                 pending: List[Tuple[int, str]]) -> None:
+        self._batches = batches
+        self._pending = pending
+
+    def __iter__(self) -> "Directories":
+        return self
+
+    def __next__(self) -> Tuple[List[Entry], List[Failure]]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._batches.close()  # type: ignore[attr-defined]
+        _close_pending(self._pending)
+
+
+def _close_pending(pending: List[Tuple[int, str]]) -> None:
+    """Close the descriptors of the directories a walk has not read (an abandoned walk leaks none)."""
+    while pending:
+        os.close(pending.pop()[0])
 
 
 class LocalTree(TreeEndpoint):
@@ -162,20 +197,51 @@ class LocalTree(TreeEndpoint):
         return entry_from_stat("", info)
 
     def list(self) -> Listing:
-        root = self._root_or_none()
-        if root is None or root.kind != DIR:
-            return Listing(root, [], [])
+        root, directories = self.walk()
         entries: List[Entry] = []
         failures: List[Failure] = []
-        top = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory(""))
-        pending = [(top, "")]
-        while pending:
-            fd, relative = pending.pop()
-            try:
-                self._scan(fd, relative, entries, failures, pending)
-            finally:
-                os.close(fd)
+        for found, failed in directories:
+            entries.extend(found)
+            failures.extend(failed)
         return Listing(root, entries, failures)
+
+    def walk(self) -> Tuple[Optional[Entry], "Directories"]:
+        """The tree's root entry, and what :meth:`list` finds, one directory at a time.
+
+        The root is looked at now (its errors are raised here); the
+        directories are read as the iterator is consumed, so a listing can be
+        sent while it is made (the server's tree endpoint) instead of held
+        whole. The tree must stay open until the iterator is done; a consumer
+        that stops early closes the iterator.
+        """
+        root = self._root_or_none()
+        pending: List[Tuple[int, str]] = []
+        if root is not None and root.kind == DIR:
+            pending.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), ""))
+        return root, Directories(self._walk_from(pending), pending)
+
+    def _walk_from(self, pending: List[Tuple[int, str]]) -> Iterator[Tuple[List[Entry], List[Failure]]]:
+        """Yield what the walk found, at most about :data:`WALK_BATCH_ENTRIES` entries at a time.
+
+        The lists yielded are emptied and reused afterwards: a consumer takes
+        what it needs from them before it asks for more.
+        """
+        entries: List[Entry] = []
+        failures: List[Failure] = []
+        try:
+            while pending:
+                fd, relative = pending.pop()
+                try:
+                    for _ in self._scan(fd, relative, entries, failures, pending):
+                        yield entries, failures
+                        entries.clear()
+                        failures.clear()
+                finally:
+                    os.close(fd)
+            if entries or failures:
+                yield entries, failures
+        finally:
+            _close_pending(pending)
 
     def _root_or_none(self) -> Optional[Entry]:
         try:
@@ -187,7 +253,8 @@ class LocalTree(TreeEndpoint):
 
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              pending: List[Tuple[int, str]]) -> None:
+              pending: List[Tuple[int, str]]) -> Iterator[None]:
+        """Add a directory's entries to ``entries``; pause (yield) whenever it holds a batch."""
         prefix = relative + "/" if relative else ""
         try:
             scanner = os.scandir(fd)
@@ -198,6 +265,8 @@ class LocalTree(TreeEndpoint):
         is_file = stat.S_ISREG
         with scanner:
             for item in scanner:
+                if len(entries) >= WALK_BATCH_ENTRIES:
+                    yield  # the walk hands them on: a directory of a million files is not held whole
                 path = prefix + item.name
                 try:
                     info = item.stat(follow_symlinks=False)

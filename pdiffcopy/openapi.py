@@ -43,6 +43,7 @@ ERROR_STATUSES: Dict[int, str] = {
     405: "The endpoint does not support this method",
     409: "Not a regular file, or a non-directory on the path (NotAFile)",
     412: "If-Match failed, or the file exists already (Conflict)",
+    413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
     423: "Another client holds the file's write lease (Locked)",
@@ -139,6 +140,10 @@ def _error_response(status: int) -> Dict[str, Any]:
     if status == 401:
         response["headers"] = {"WWW-Authenticate": {
             "description": 'Always Bearer realm="pdiffcopy"', "schema": {"type": "string"}}}
+    if status == 416:
+        response["headers"] = {"Content-Range": {
+            "description": "bytes */SIZE: the file's current size (RFC 9110, section 15.5.17)",
+            "schema": {"type": "string"}, "example": "bytes */3000000"}}
     if status == 503:
         response["headers"] = {"Retry-After": {
             "description": "Seconds to wait before asking again", "required": True,
@@ -164,7 +169,8 @@ def _components() -> Dict[str, Any]:
             "type": "object", "required": ["version", "methods"],
             "properties": {"version": string,
                            "methods": {"type": "array", "items": string,
-                                       "description": "Hash methods, sorted by name"}},
+                                       "description": "Hash methods the server accepts "
+                                                      "(--hash-methods), sorted by name"}},
         },
         "FileDescription": {
             "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
@@ -212,13 +218,17 @@ def _components() -> Dict[str, Any]:
             },
         },
         "Listing": {
-            "type": "object", "required": ["root", "entries", "failures"],
+            "type": "object", "required": ["root", "entries", "failures", "complete"],
+            "description": "Streamed in this key order while the tree is walked; a walk that "
+                           "fails midway ends the text with \"error\" and no closing brace",
             "properties": {
                 "root": {**_ENTRY, "nullable": True,
                          "description": "The tree's directory itself (path \"\"), null when missing"},
                 "entries": {"type": "array", "items": _ref("schemas", "Entry"),
                             "description": "Everything below it, recursively"},
                 "failures": _FAILURE_LIST,
+                "complete": {"type": "boolean", "enum": [True],
+                             "description": "Last: the listing is whole"},
             },
         },
         "ReadRequest": {
@@ -327,7 +337,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     }
     index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
                        {"200": _json_answer("Who we are", "ServerInfo")})
-    version = _operation("version", "The server's version and the hash methods it offers",
+    version = _operation("version", "The server's version and the hash methods it accepts",
                          {"200": _json_answer("Version and methods", "Version")})
     document = _operation("openapi", "This OpenAPI document",
                           {"200": _json_answer("The document", "OpenAPI")})
@@ -360,28 +370,42 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                    example=3000000),
             {"name": "Range", "in": "header", "required": False,
              "description": "Several ranges instead of offset and length: "
-                            "bytes=FIRST-LAST,... (both ends given, at most 4,096)",
+                            "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
             if_match, lease,
         ])
     read = _operation(
         "read", "The file's bytes: all of them, one range or several",
-        {"200": {"description": "The whole file", "headers": file_headers,
+        {"200": {"description": "The whole file (also for many tiny ranges whose part headers "
+                                "would outweigh it)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}},
          "206": {"description": "One range (with Content-Range), or several as "
-                                "multipart/byteranges", "headers": file_headers,
+                                "multipart/byteranges (overlapping or touching ranges merged, "
+                                "ascending)", "headers": file_headers,
                  "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
-                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}}},
+                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}},
+         "304": {"description": "Not modified: If-None-Match holds the file's ETag (or *), or, "
+                                "without If-None-Match, If-Modified-Since is not older than "
+                                "Last-Modified; no body", "headers": file_headers}},
         errors=_PATH_ERRORS + (412, 416),
         parameters=[
             path,
             {"name": "Range", "in": "header", "required": False,
-             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096)",
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096; "
+                            "overlapping or touching ones are merged); a Range in another unit "
+                            "is ignored (RFC 9110, section 14.2)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575"},
             {"name": "If-Range", "in": "header", "required": False,
              "description": "An ETag: when it is not the file's, Range is ignored",
              "schema": {"type": "string"}},
             if_match,
+            {"name": "If-None-Match", "in": "header", "required": False,
+             "description": "ETags (or *): 304 when one of them is the file's (weak comparison)",
+             "schema": {"type": "string"}},
+            {"name": "If-Modified-Since", "in": "header", "required": False,
+             "description": "An HTTP date: 304 when the file is not newer (ignored with "
+                            "If-None-Match, or when it is not a valid date)",
+             "schema": {"type": "string"}, "example": "Sun, 22 Nov 2026 17:49:20 GMT"},
         ])
     head = _head_of(read, "readHeaders", "The headers of a download")
     head["responses"].pop("206")
@@ -477,8 +501,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
             {"200": {"description": "The files in the order asked, as a batch stream (records "
                                     "of a JSON header, the data and its xxh3_64 digest)",
                      "content": {_BYTES: binary}}},
-            errors=_PATH_ERRORS, parameters=list(parameters),
-            body={"required": True, "description": "The files to read",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters),
+            body={"required": True, "description": "The files to read (at most 64 MiB of JSON, "
+                                                   "read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
@@ -490,8 +515,9 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         apply = _operation(
             f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
             {"200": _json_answer("The operations that failed", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags,
-            body={"required": True, "description": "The operations, run in order",
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
+            body={"required": True, "description": "The operations, run in order (at most 64 MiB "
+                                                   "of JSON, read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
         paths[f"/.pdiffcopy/tree{suffix}"] = {
             "get": listing,

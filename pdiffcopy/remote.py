@@ -31,8 +31,11 @@ from pdiffcopy.byteranges import (
     closing_delimiter,
     format_content_range,
     format_range_header,
+    merge_ranges,
     multipart_content_type,
     multipart_length,
+    new_boundary,
+    overlapping,
     parse_content_range,
     part_header,
     read_parts,
@@ -65,10 +68,17 @@ DEFAULT_TIMEOUT = 60.0
 CONNECT_TIMEOUT = 10.0
 
 #: Times a request refused with 503 (a busy server) is sent again before the
-#: sync gives up. With the server's Retry-After of a second, that is about
-#: half a minute of waiting: a busy server slows a sync down, a server that
-#: stays overloaded still ends it with a clear error.
+#: sync gives up. Each wait is the server's Retry-After stretched by
+#: :data:`BUSY_BACKOFF` per retry (up to :data:`MAX_RETRY_AFTER_SECONDS`):
+#: with the server's Retry-After of a second, the first retries come within
+#: a second or two, and all of them span about three minutes. A burst of
+#: another client's hash requests (which once failed a sync after 55 s of
+#: 503s) slows a sync down; a server that stays overloaded still ends it
+#: with a clear error.
 MAX_BUSY_RETRIES = 25
+
+#: How much longer each wait for a busy server is than the one before.
+BUSY_BACKOFF = 1.25
 
 #: Longest Retry-After honoured, in seconds, so a bogus header cannot stall
 #: a sync for hours.
@@ -201,7 +211,9 @@ class _RangesBody:
         self.ranges = ranges
         self.chunks = chunks
         self.multipart = len(ranges) > 1
-        self.length = multipart_length(ranges, None) if self.multipart else ranges[0][1]
+        #: Fresh per request, so that no data can contain it (see new_boundary).
+        self.boundary = new_boundary()
+        self.length = multipart_length(ranges, None, self.boundary) if self.multipart else ranges[0][1]
 
     def __len__(self) -> int:
         return self.length
@@ -209,7 +221,7 @@ class _RangesBody:
     def __iter__(self):
         for offset, length in self.ranges:
             if self.multipart:
-                yield part_header(offset, length, None)
+                yield part_header(offset, length, None, self.boundary)
             remaining = length
             while remaining > 0:
                 try:
@@ -219,7 +231,7 @@ class _RangesBody:
                 remaining -= len(data)
                 yield data
         if self.multipart:
-            yield closing_delimiter()
+            yield closing_delimiter(self.boundary)
 
 
 class HttpClient:
@@ -307,8 +319,9 @@ class HttpClient:
                 response.read()  # the small JSON body: the connection stays usable
             except (OSError, http.client.HTTPException):
                 pass
-            # Up to half again as long: clients refused together do not all come back together.
-            delay *= random.uniform(1.0, 1.5)
+            # Longer each time, up to the cap, and up to half again as long:
+            # clients refused together do not all come back together.
+            delay = min(delay * BUSY_BACKOFF ** retry, MAX_RETRY_AFTER_SECONDS) * random.uniform(1.0, 1.5)
             logger.debug("Server %s is busy; retrying %s %s in %.1f s", self.base, method,
                          target, delay)
             time.sleep(delay)
@@ -501,20 +514,25 @@ class RemoteFile(FileEndpoint):
         response = self.request("GET", self._target(), expected=(206,), headers=headers)
         try:
             stream = response.raw
+            # The server merges ranges that touch (byteranges.parse_range_header);
+            # an older one sends them as asked. Either is fine, as long as
+            # every byte asked for comes once.
+            merged = merge_ranges(ranges)
+            allowed = set(ranges) | set(merged)
             boundary = boundary_of(response.headers.get("Content-Type", ""))
             if boundary is None:
                 offset, length, _ = parse_content_range(response.headers.get("Content-Range", ""))
-                if (offset, length) != ranges[0] or len(ranges) != 1:
+                if [(offset, length)] != merged:
                     raise RemoteError(f"Server {self.base} sent other ranges than asked")
                 yield from _read_exactly(stream, offset, length, self.base)
                 return
-            wanted = set(ranges)
+            received: List[ByteRange] = []
             for offset, length, _ in read_parts(stream, boundary, max_parts=len(ranges)):
-                if (offset, length) not in wanted:
+                if (offset, length) not in allowed:
                     raise RemoteError(f"Server {self.base} sent a range that was not asked for")
-                wanted.discard((offset, length))
+                received.append((offset, length))
                 yield from _read_exactly(stream, offset, length, self.base)
-            if wanted:
+            if merge_ranges(received) != merged or overlapping(received):
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
             stream.read()  # the closing delimiter, so the connection can be reused
         except BadRequest as error:
@@ -529,7 +547,7 @@ class RemoteFile(FileEndpoint):
         body = _RangesBody(ranges, chunks)
         headers = {"Content-Length": str(len(body))}
         if body.multipart:
-            headers["Content-Type"] = multipart_content_type()
+            headers["Content-Type"] = multipart_content_type(body.boundary)
         else:
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Range"] = format_content_range(ranges[0][0], ranges[0][1], None)
@@ -591,7 +609,7 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
     while position < end:
         got = stream.readinto(view[: min(len(buffer), end - position)])
         if not got:
-            raise RemoteError(f"The server at {base} closed the connection mid-transfer")
+            raise RemoteError(f"Lost the connection to {base}: {SERVER_CLOSED}")
         yield position, view[:got]
         position += got
 
@@ -608,8 +626,17 @@ def _retry_after(value: Optional[str]) -> Optional[float]:
     return min(float(text), MAX_RETRY_AFTER_SECONDS)
 
 
+#: What a user is told when the server went away inside an answer (killed,
+#: restarted, a proxy's timeout): http.client says ``IncompleteRead(...)``.
+SERVER_CLOSED = "the server closed the connection mid-transfer"
+
+
 def _reason(error: BaseException) -> str:
     """A short, specific reason for a transport error."""
+    if isinstance(error, http.client.IncompleteRead):
+        return SERVER_CLOSED
+    if isinstance(error, http.client.RemoteDisconnected):
+        return "the server closed the connection without answering"
     text = str(error)
     for marker in ("Connection refused", "Name or service not known", "No route to host",
                    "Connection reset by peer", "Remote end closed connection", "timed out",

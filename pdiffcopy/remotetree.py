@@ -19,7 +19,8 @@ import json
 import logging
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.exceptions import PdiffcopyError
+from pdiffcopy.exceptions import PdiffcopyError, RemoteError
+from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.remote import DEFAULT_TIMEOUT, HttpClient, RemoteFile, quote_path, split_server_url
 from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.treeplan import FILE, Entry
@@ -29,6 +30,7 @@ from pdiffcopy.treewire import (
     MAX_BATCH_OPERATIONS,
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
+    MAX_JSON_ITEM_CHARS,
     Record,
     TreeWireError,
     decode_files,
@@ -70,15 +72,50 @@ class RemoteTree(TreeEndpoint):
     # -- TreeEndpoint ----------------------------------------------------
 
     def list(self) -> Listing:
-        document = self.client.json(self.client.request("GET", self._target("tree")))
+        """The listing, read and checked entry by entry as the server sends it.
+
+        The server streams it (docs/protocol.rst): the answer ends with
+        ``"complete": true``, or with ``"error"`` when the walk failed midway.
+        """
+        response = self.client.request("GET", self._target("tree"))
         try:
-            root = document["root"]
-            return Listing(
-                None if root is None else parse_entry(root, allow_root=True),
-                [parse_entry(value) for value in document["entries"]],
-                _failures(document["failures"]))
-        except (PdiffcopyError, KeyError, TypeError, ValueError) as error:
+            reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
+            reader.begin_object()
+            root: Optional[Entry] = None
+            entries: List[Entry] = []
+            failures: List[Failure] = []
+            complete = False
+            while True:
+                key = reader.next_key()
+                if key is None:
+                    break
+                if key == "root":
+                    value = reader.value()
+                    root = None if value is None else parse_entry(value, allow_root=True)
+                elif key == "entries":
+                    entries.extend(parse_entry(value) for value in reader.items())
+                elif key == "failures":
+                    failures.extend(_failures(list(reader.items())))
+                elif key == "complete":
+                    complete = reader.value() is True
+                elif key == "error":
+                    message = " ".join(str(reader.value()).splitlines())[:1000]
+                    raise RemoteError(f"Server {self.client.base} could not list "
+                                      f"{self.location}: {message}")
+                else:
+                    reader.value()  # a key of a later version: ignored
+            reader.end()
+            if not complete:
+                raise _MalformedListing("it ended early")
+            return Listing(root, entries, failures)
+        except (_MalformedListing, PdiffcopyError, KeyError, TypeError, ValueError) as error:
+            if isinstance(error, RemoteError):
+                raise
             raise self.client.malformed(f"listing: {error}" if str(error) else "listing") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise self.client.lost(error) from None
+        finally:
+            response.close()
 
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
         """Yield each file as the server sends it, one request per batch the server accepts.
@@ -194,6 +231,10 @@ class RemoteTree(TreeEndpoint):
             if message not in self._warned:
                 self._warned.add(message)
                 logger.warning("%s: %s", self.base, message[:500])
+
+
+class _MalformedListing(ValueError):
+    """A listing's JSON text is malformed (reported as the server's fault)."""
 
 
 class _Pending:

@@ -18,14 +18,14 @@ import logging
 import os
 import re
 import stat as stat_module
-import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.http import unquote_etag
 from werkzeug.routing import PathConverter
 
 from pdiffcopy import __version__
@@ -34,8 +34,12 @@ from pdiffcopy.bodyreader import BodyReader, open_body
 from pdiffcopy.byteranges import (
     boundary_of,
     closing_delimiter,
+    is_bytes_range,
     multipart_content_type,
+    MAX_MULTIPART_OVERHEAD,
     multipart_length,
+    new_boundary,
+    overlapping,
     parse_content_range,
     parse_explicit_ranges,
     parse_range_header,
@@ -64,11 +68,12 @@ from pdiffcopy.fileops import (
     write_all,
 )
 from pdiffcopy.fastcopy import copy_into
-from pdiffcopy.hashing import available_methods, digest_size, hash_region, validate_method
+from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
+from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
 
 logger = logging.getLogger(__name__)
@@ -105,6 +110,17 @@ HASH_SLOT_WAIT_SECONDS = 0.5
 #: be hashed, short enough that a refused client loses little time.
 HASH_RETRY_AFTER_SECONDS = 1
 
+#: Hash slots of a worker process one client address may hold while other
+#: clients want some too: half, so a client keeping many hash requests in
+#: flight (slow methods, 1 KiB blocks) leaves the other half to everybody else.
+#: Per process: with W worker processes a client holds at most W times this.
+MAX_HASHES_PER_CLIENT = max(1, MAX_CONCURRENT_HASHES // 2)
+
+#: Seconds a client counts as wanting hash slots after its last hash request:
+#: a few times the Retry-After, so a refused client waiting to ask again
+#: still holds the others to their share.
+HASH_CONTENTION_SECONDS = 5 * HASH_RETRY_AFTER_SECONDS
+
 
 class AnyPathConverter(PathConverter):
     """Werkzeug's ``path`` converter, but matching any first character and newlines.
@@ -126,6 +142,8 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: The hash methods accepted (:func:`~pdiffcopy.hashing.accepted_methods`).
+    hash_methods: Tuple[str, ...] = field(default_factory=accepted_methods)
     #: Clients may set owners and setuid/setgid bits (``--trust-clients``).
     trust_clients: bool = False
     #: Clients may change files with several hard links in place (``--write-hard-links``).
@@ -150,10 +168,10 @@ def create_app(config: ServerConfig) -> Flask:
     app.url_map.strict_slashes = False
     app.url_map.converters["path"] = AnyPathConverter
     root = Root(config.root)
-    expected = f"Bearer {config.token}".encode() if config.token else None
+    expected = config.token.encode() if config.token else None
     # Per worker process: gunicorn forks after create_app (preload_app), and
     # every child gets its own copy, with all its slots free.
-    hash_slots = threading.BoundedSemaphore(MAX_CONCURRENT_HASHES)
+    hash_slots = FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS)
     # Shared by every worker process: made here, before gunicorn forks them.
     leases = Leases(config.lease_directory)
 
@@ -173,9 +191,14 @@ def create_app(config: ServerConfig) -> Flask:
         g.started = time.monotonic()
         if expected is None:
             return
-        supplied = request.headers.get("Authorization", "").encode("latin-1", "replace")
-        # Constant-time comparison: the time to refuse says nothing about the token.
-        if not hmac.compare_digest(supplied, expected):
+        # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
+        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+        supplied = credentials.lstrip(" ").encode("latin-1", "replace")
+        # Constant-time comparison: the time to refuse says nothing about the
+        # token. Both checks run always, so neither shortens the other.
+        token_matches = hmac.compare_digest(supplied, expected)
+        scheme_matches = scheme.lower() == "bearer"
+        if not (token_matches and scheme_matches):
             raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
 
     @app.url_value_preprocessor
@@ -209,12 +232,14 @@ def create_app(config: ServerConfig) -> Flask:
             response.headers["WWW-Authenticate"] = 'Bearer realm="pdiffcopy"'
         if isinstance(error, ServerBusy):
             response.headers["Retry-After"] = str(error.retry_after)
+        if isinstance(error, RangeNotSatisfiable) and error.size is not None:
+            response.headers["Content-Range"] = f"bytes */{error.size}"
         return response
 
     @app.get(f"{API_PREFIX}/version")
     def version():
         """Who we are and which hash methods we offer."""
-        return jsonify(version=__version__, methods=available_methods())
+        return jsonify(version=__version__, methods=list(config.hash_methods))
 
     @app.get(DOCUMENT_PATH)
     def openapi():
@@ -234,6 +259,9 @@ def create_app(config: ServerConfig) -> Flask:
     def hashes(path: str):
         """The digests of the blocks of one range (offset, length) or of several (Range header)."""
         method = validate_method(request.args.get("method", ""))
+        if method not in config.hash_methods:
+            raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
+                             f"{', '.join(config.hash_methods)}); choose one with -m")
         block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
         fd = open_regular(root, path, os.O_RDONLY)
         try:
@@ -242,17 +270,18 @@ def create_app(config: ServerConfig) -> Flask:
             renew(info, path)
             ranges = hash_ranges(block_size, info.st_size)
             # Checked before taking a slot: a bad request is refused at once.
-            if not hash_slots.acquire(timeout=HASH_SLOT_WAIT_SECONDS):
-                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running; "
-                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s",
-                                 HASH_RETRY_AFTER_SECONDS)
+            client = request.remote_addr or ""
+            if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
+                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running "
+                                 f"(at most {MAX_HASHES_PER_CLIENT} per client while others wait); "
+                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
             try:
                 digests = b"".join(hash_region(fd, offset, length, block_size, method)
                                    for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
             finally:
-                hash_slots.release()
+                hash_slots.release(client)
         finally:
             os.close(fd)
         response = Response(digests, mimetype="application/octet-stream")
@@ -508,12 +537,16 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
                   parse_explicit_ranges(header)]
     else:
         ranges = [(int_arg("offset", 0, MAX_FILE_SIZE), int_arg("length", 0, MAX_HASH_REQUEST_BYTES))]
+    if overlapping(ranges):
+        # Each range's blocks are hashed and answered, so overlapping ranges
+        # would hash the same bytes again and again (a client never asks that).
+        raise BadRequest("Hash ranges must not overlap")
     total = 0
     for offset, length in ranges:
         if offset % block_size:
             raise BadRequest("Every range must start at a multiple of block_size")
         if offset > size:
-            raise RangeNotSatisfiable(f"offset {offset} is past the end of the file")
+            raise RangeNotSatisfiable(f"offset {offset} is past the end of the file", size)
         total += length
     if total > MAX_HASH_REQUEST_BYTES:
         raise BadRequest(f"At most {MAX_HASH_REQUEST_BYTES} bytes per hash request")
@@ -581,19 +614,51 @@ def check_preconditions(info: os.stat_result) -> None:
         raise Conflict("The file changed since the sync started (ETag mismatch)")
 
 
+def not_modified(info: os.stat_result) -> bool:
+    """Whether a GET or HEAD may be answered 304 Not Modified (RFC 9110, section 13.2.2).
+
+    ``If-None-Match`` (a weak comparison, ``*`` matching any file) takes
+    precedence; only without it does ``If-Modified-Since`` count, compared
+    with the whole seconds that ``Last-Modified`` shows. A date that cannot
+    be parsed is ignored, as the RFC says.
+    """
+    if "If-None-Match" in request.headers:
+        return request.if_none_match.contains_weak(unquote_etag(etag(info))[0])
+    since = request.if_modified_since
+    return since is not None and int(info.st_mtime) <= since.timestamp()
+
+
 def ranged_response(fd: int, info: os.stat_result) -> Response:
     """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``."""
     size = info.st_size
     headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
                "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
                                               time.gmtime(info.st_mtime))}
+    if not_modified(info):
+        os.close(fd)
+        return Response(status=304, headers=headers)
     header = request.headers.get("Range")
+    if header and not is_bytes_range(header):
+        header = None  # a unit we do not know is ignored: the whole file (RFC 9110, section 14.2)
     ranges: List[ByteRange] = [(0, size)]
     status = 200
+    boundary = new_boundary()
     if header and (not request.headers.get("If-Range")
                    or request.headers.get("If-Range") == headers["ETag"]):
         ranges = parse_range_header(header, size)
         status = 206
+        if len(ranges) > 1:
+            answer = multipart_length(ranges, size, boundary)
+            if answer > sum(length for _, length in ranges) + MAX_MULTIPART_OVERHEAD:
+                # Many tiny ranges, whose part headers would outweigh their
+                # data: a broken client or an attack (RFC 9110, 14.2 lets a
+                # server ignore or refuse them). The whole file when it is no
+                # larger than that answer, a refusal otherwise.
+                if size > answer:
+                    raise RangeNotSatisfiable(
+                        f"Too many small ranges: their part headers would exceed "
+                        f"{MAX_MULTIPART_OVERHEAD} bytes; ask for fewer, larger ranges", size)
+                ranges, status = [(0, size)], 200
     if request.method == "HEAD":
         os.close(fd)
         response = Response(b"", status=200, headers=headers, mimetype="application/octet-stream")
@@ -607,13 +672,15 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         headers["Content-Length"] = str(length)
         return Response(_file_body(fd, ranges, None), status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
-    headers["Content-Length"] = str(multipart_length(ranges, size))
-    return Response(_file_body(fd, ranges, size), status=206, headers=headers,
-                    content_type=multipart_content_type(), direct_passthrough=True)
+    headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
+    return Response(_file_body(fd, ranges, size, boundary), status=206, headers=headers,
+                    content_type=multipart_content_type(boundary), direct_passthrough=True)
 
 
-def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) -> Iterator[bytes]:
-    """The body of a GET: the ranges' bytes, as multipart parts when ``multipart_size`` is set.
+def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
+               boundary: str = "") -> Iterator[bytes]:
+    """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
+    when ``multipart_size`` is set.
 
     Plain reads, not sendfile(2): on loopback here a pread-and-send loop ran
     at 2.3 GB/s and sendfile at 1.5 GB/s. Closes ``fd`` when done.
@@ -621,7 +688,7 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) 
     try:
         for offset, length in ranges:
             if multipart_size is not None:
-                yield part_header(offset, length, multipart_size)
+                yield part_header(offset, length, multipart_size, boundary)
             position, end = offset, offset + length
             while position < end:
                 data = os.pread(fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
@@ -630,7 +697,7 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int]) 
                 position += len(data)
                 yield data
         if multipart_size is not None:
-            yield closing_delimiter()
+            yield closing_delimiter(boundary)
     finally:
         os.close(fd)
 
@@ -665,7 +732,7 @@ def receive_ranges(fd: int, size: int, path: str) -> int:
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
                    size: int, path: str) -> int:
     if offset + length > size:
-        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)")
+        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)", size)
     position, end = offset, offset + length
     while position < end:
         got = body.readinto(buffer[: min(len(buffer), end - position)])

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from pdiffcopy.exceptions import UsageError
+from pdiffcopy.exceptions import PdiffcopyError, UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ class ServerOptions:
     log_level: str = "info"
     certfile: Optional[str] = None
     keyfile: Optional[str] = None
+    #: ``--hash-methods``: a comma-separated list or ``all``; None for the default.
+    hash_methods: Optional[str] = None
     trust_clients: bool = False
     write_hard_links: bool = False
 
@@ -119,13 +123,17 @@ def run_server(options: ServerOptions) -> None:
     for name in (options.certfile, options.keyfile):
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
+    check_address_free(host, port)
     workers = options.workers or os.cpu_count() or 2
+    from pdiffcopy.hashing import accepted_methods
+
+    hash_methods = accepted_methods(options.hash_methods)
     from gunicorn.app.base import BaseApplication
 
     from pdiffcopy.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
-                                  write_hard_links=options.write_hard_links))
+                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods))
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     settings = {
         "bind": [bind],
@@ -161,6 +169,26 @@ def run_server(options: ServerOptions) -> None:
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     Application().run()
+
+
+def check_address_free(host: str, port: int) -> None:
+    """Fail at once, in one line, when the address cannot be listened on (a busy port).
+
+    gunicorn would log an error and retry for five seconds before giving up.
+    The probe binds as gunicorn does, with SO_REUSEADDR, so a port whose old
+    connections linger in TIME_WAIT still counts as free.
+
+    :raises PdiffcopyError: Naming the address and the reason.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        hint = " (is another server running there?)" if error.errno == errno.EADDRINUSE else ""
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise PdiffcopyError(f"Cannot listen on {shown}: {error.strerror or error}{hint}") from None
 
 
 def answer_protocol_errors_in_json() -> None:

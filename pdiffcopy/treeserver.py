@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import stat
-from typing import AbstractSet, Any, Callable, Iterator, List, Set, Tuple
+from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Set, Tuple
 
 from flask import Flask, Response, request
 
@@ -33,10 +34,13 @@ from pdiffcopy.exceptions import (
     BadRequest,
     FileMissing,
     NotAFile,
+    PayloadTooLarge,
     PdiffcopyError,
     StorageError,
+    storage_error,
 )
-from pdiffcopy.localtree import LocalTree
+from pdiffcopy.jsonstream import JsonStream
+from pdiffcopy.localtree import Directories, LocalTree
 from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
 from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.treeplan import DIR, FILE, Entry
@@ -46,6 +50,7 @@ from pdiffcopy.treewire import (
     MAX_BATCH_OPERATIONS,
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
+    MAX_JSON_ITEM_CHARS,
     TreeWireError,
     decode_files,
     encode_files,
@@ -56,7 +61,15 @@ from pdiffcopy.treewire import (
 #: The prefix of the server's own endpoints (server.API_PREFIX).
 PREFIX = f"/{RESERVED_NAME}"
 
-_READ_CHUNK = 1024 * 1024
+#: Bytes of listing text gathered before they are sent: large enough that a
+#: listing of 200,000 entries goes out in a few hundred writes, small enough
+#: that a worker holds little of it (the whole text of such a listing is
+#: about 30 MB, and its objects took 128 MiB).
+LISTING_PIECE_BYTES = 256 * 1024
+
+_COMPACT = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+logger = logging.getLogger(__name__)
 
 
 #: Permission bits a client may set only on a server that trusts it
@@ -85,21 +98,25 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
         """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
         tree = open_tree(root, path, write_hard_links)
         try:
-            listing = tree.list()
-        finally:
+            # The root now: a missing or unreadable tree is an error status.
+            top, directories = tree.walk()
+        except BaseException:
             tree.close()
-        return json_answer({
-            "root": None if listing.root is None else listing.root.to_wire(),
-            "entries": [entry.to_wire() for entry in listing.entries],
-            "failures": [list(failure) for failure in listing.failures],
-        })
+            raise
+
+        def release() -> None:
+            directories.close()
+            tree.close()
+
+        return Response(_ClosingBody(listing_stream(tree, top, directories), release),
+                        mimetype="application/json")
 
     @app.post(f"{PREFIX}/tree-read/")
     @app.post(f"{PREFIX}/tree-read/<path:path>")
     @storage_failures
     def tree_read(path: str = ""):
         """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
-        entries = [parse_entry(value) for value in json_list("entries", MAX_BATCH_FILES)]
+        entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
         check_files_to_read(entries)
         tree = open_tree(root, path, write_hard_links)
 
@@ -155,8 +172,7 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
         """Run the operations of the body in order; report the ones that failed."""
         options, ignored = policy.options(metadata_options())
         operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
-                      for operation in (parse_operation(value)
-                                        for value in json_list("operations", MAX_BATCH_OPERATIONS))]
+                      for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
         if not clean_relative_path(path):
             check_server_root_kept(operations)
         tree = open_tree(root, path, write_hard_links)
@@ -276,39 +292,82 @@ def flag_arg(name: str) -> bool:
     return value == "1"
 
 
-def json_list(key: str, limit: int) -> List[Any]:
-    """The list under ``key`` in the JSON object of the request body, at most ``limit`` long."""
-    document = json_body()
-    if not isinstance(document, dict) or not isinstance(document.get(key), list):
-        raise BadRequest(f"The request body must be a JSON object with a list {key!r}")
-    values = document[key]
-    if len(values) > limit:
-        raise BadRequest(f"At most {limit} {key} per request")
+def json_list(key: str, limit: int, parse: Callable[[Any], Any]) -> List[Any]:
+    """The list under ``key`` of the request body's JSON object, each item checked by ``parse``.
+
+    Read and checked one item at a time (:class:`~pdiffcopy.jsonstream.JsonStream`):
+    only the parsed items are kept, never the whole text or its raw objects,
+    and the first bad item ends the request, with the rest left unread.
+
+    :raises PayloadTooLarge: For a body over :data:`MAX_JSON_BODY_BYTES` (by
+                             its Content-Length before reading, or as it is read).
+    :raises BadRequest: For anything but ``{key: [item, ...]}`` with at most
+                        ``limit`` items that ``parse`` accepts.
+    """
+    length = request.content_length
+    if length is not None and length > MAX_JSON_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body has {length} bytes; at most {MAX_JSON_BODY_BYTES} "
+                              f"are accepted")
+    reader = JsonStream(request.stream, MAX_JSON_ITEM_CHARS, MAX_JSON_BODY_BYTES)
+    shape = f"The request body must be a JSON object with a list {key!r}"
+    try:
+        reader.begin_object()
+        if reader.next_key() != key:
+            raise BadRequest(shape)
+        values = [parse(value) for value in reader.items(limit, key)]
+        if reader.next_key() is not None:
+            raise BadRequest(shape)
+        reader.end()
+    except PayloadTooLarge:
+        raise
+    except BadRequest as error:
+        if str(error).startswith("Malformed JSON"):
+            raise BadRequest(f"The request body is not valid JSON ({error})") from None
+        raise
     return values
 
 
-def json_body() -> Any:
-    """The request body parsed as JSON, read up to :data:`MAX_JSON_BODY_BYTES`."""
-    length = request.content_length
-    if length is not None and length > MAX_JSON_BODY_BYTES:
-        raise BadRequest(f"The request body is larger than {MAX_JSON_BODY_BYTES} bytes")
-    chunks = []
-    size = 0
+def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories) -> Iterator[bytes]:
+    """A listing as JSON text, sent while the tree is walked; closes the tree.
+
+    The document is the one a client once received whole,
+    ``{"root": ..., "entries": [...], "failures": [...]}``, and ends with
+    ``"complete": true``: a listing cut short is never taken for a whole one.
+    Should the walk fail midway, after the status was sent, the text ends
+    with ``"error": MESSAGE`` and no closing brace, so that no client can
+    read it as a complete listing (ours reports the message). Text is sent in
+    pieces of about :data:`LISTING_PIECE_BYTES`; the failures, usually few,
+    are kept until the end.
+    """
+    encode = _COMPACT.encode
+    failures: List[Failure] = []
     try:
-        while size <= MAX_JSON_BODY_BYTES:
-            chunk = request.stream.read(min(_READ_CHUNK, MAX_JSON_BODY_BYTES + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as error:
-        raise BadRequest(f"The request body could not be read: {error}") from None
-    if size > MAX_JSON_BODY_BYTES:
-        raise BadRequest(f"The request body is larger than {MAX_JSON_BODY_BYTES} bytes")
-    try:
-        return json.loads(b"".join(chunks).decode("utf-8"))
-    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deep
-        raise BadRequest("The request body is not valid JSON") from None
+        pieces = [b'{"root":', encode(None if top is None else top.to_wire()).encode("ascii"),
+                  b',"entries":[']
+        size, first = 0, True
+        for entries, failed in directories:
+            failures.extend(failed)
+            if not entries:
+                continue
+            text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
+            if not first:
+                pieces.append(b",")
+            first = False
+            pieces.append(text)
+            size += len(text)
+            if size >= LISTING_PIECE_BYTES:
+                yield b"".join(pieces)
+                pieces, size = [], 0
+        pieces.append(b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+                      + b',"complete":true}')
+        yield b"".join(pieces)
+    except (OSError, PdiffcopyError) as error:
+        message = storage_error(error, "list the tree") if isinstance(error, OSError) else error
+        logger.warning("Listing of %s failed midway: %s", tree.location, message)
+        yield (b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+               + b',"error":' + encode(str(message)).encode("ascii"))
+    finally:
+        tree.close()
 
 
 def json_answer(document: Any) -> Response:
@@ -323,6 +382,26 @@ def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozens
     if ignored:
         document["ignored"] = [IGNORED_MESSAGES[name] for name in sorted(ignored)]
     return json_answer(document)
+
+
+class _ClosingBody:
+    """An answer's body that calls ``release`` when the server closes it (PEP 3333), even
+    unstarted: a HEAD request's body is never read, and a generator that never
+    started runs no ``finally``.
+    """
+
+    def __init__(self, body: Iterator[bytes], release: Callable[[], None]) -> None:
+        self._body = body
+        self._release = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._body
+
+    def close(self) -> None:
+        try:
+            self._body.close()  # type: ignore[attr-defined]
+        finally:
+            self._release()
 
 
 class _ClientBody:

@@ -55,8 +55,16 @@ MAX_BATCH_OPERATIONS = 10_000
 
 #: Largest JSON request body (a read's entries, an apply's operations):
 #: 10,000 entries with long paths fit, and it bounds what one request can
-#: make the server parse.
+#: make the server hold. The body is read and checked one item at a time
+#: (:mod:`~pdiffcopy.jsonstream`), so a worker holds the parsed items, not the
+#: whole text and its raw objects (json.loads on 64 MiB of ``[[],[],...]``
+#: took 1.7 GiB).
 MAX_JSON_BODY_BYTES = 64 * 1024 * 1024
+
+#: Longest JSON text of one item of such a body, or of a listing: an entry
+#: with a path and a symlink target of 4,096 bytes each, escaped as six
+#: characters per byte (``\udcff``), and its numbers, fits.
+MAX_JSON_ITEM_CHARS = 64 * 1024
 
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
@@ -398,7 +406,7 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 
 __all__ = [
     "DIGEST_SIZE", "END_MARKER", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
-    "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES",
+    "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS",
     "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_relative_path", "decode_files",
     "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
 ]

@@ -87,10 +87,14 @@ def start_server(root: Path, log: Path, token: Optional[str] = None, extra=()) -
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Server:
-    """One server for the session, serving a temporary root."""
+    """One server for the session, serving a temporary root, accepting every hash method.
+
+    Every method, so that the tests of the client's methods (md5, shake_128...)
+    run against it; tests/test_bounds.py checks the default set on servers of its own.
+    """
     root = tmp_path_factory.mktemp("server-root")
     log = tmp_path_factory.mktemp("server-log") / "server.log"
-    running = start_server(root, log)
+    running = start_server(root, log, extra=("--hash-methods", "all"))
     yield running
     running.stop()
 

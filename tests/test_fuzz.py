@@ -241,7 +241,7 @@ def test_a_name_with_a_newline_is_a_file_like_any_other(fuzz_server, fuzz_tree):
     ("POST", "/.pdiffcopy/resize/%2F?size=0"),
     ("POST", "/.pdiffcopy/resize//etc/passwd?size=0"),
     ("GET", "/.pdiffcopy/stat//etc/passwd"),
-    ("GET", "/.pdiffcopy/hashes//etc/passwd?method=md5&block_size=4096&offset=0&length=1"),
+    ("GET", "/.pdiffcopy/hashes//etc/passwd?method=sha256&block_size=4096&offset=0&length=1"),
     ("DELETE", "/.pdiffcopy/temporary//tmp/.x.pdiffcopy-000000000000"),
 ])
 def test_an_absolute_path_reaches_its_endpoint_and_is_refused_there(fuzz_server, method, target):

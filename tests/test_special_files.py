@@ -52,7 +52,7 @@ def get(url: str):
 
 
 @pytest.mark.parametrize("name", ["pipe", "null"])
-@pytest.mark.parametrize("query", ["", ".pdiffcopy/hashes/{}?method=md5&block_size=4096&offset=0&length=4096"])
+@pytest.mark.parametrize("query", ["", ".pdiffcopy/hashes/{}?method=sha256&block_size=4096&offset=0&length=4096"])
 def test_get_and_hashes_of_a_special_file_are_refused_at_once(special_server, name, query):
     if name == "null" and not IS_ROOT:
         pytest.skip("making a device node needs root")
