@@ -116,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("--fsync", action="store_true",
+                      help="flush every file written, and its directory, to disk before reporting "
+                           "success (as rsync --fsync; a server does it per request). Single "
+                           "files and big files in a tree are always flushed")
     tree.add_argument("--checksum", action="store_true",
                       help="compare files of the same size by content, not by modification time")
     tree.add_argument("--delete", action="store_true",

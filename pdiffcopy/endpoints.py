@@ -98,6 +98,21 @@ class FileEndpoint(ABC):
         """
         return 0
 
+    def take_lease(self) -> None:
+        """Keep every other writer out of this file until :meth:`end_lease` (for in-place updates).
+
+        A sync that updates a file in place trusts its first digests of the
+        blocks it does not write; a second writer would make that a lie.
+
+        :raises Locked: When another client is writing the file.
+        """
+
+    def end_lease(self) -> None:
+        """Let other writers in again.
+
+        :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
+        """
+
     def close(self) -> None:
         """Release descriptors, connections and workers."""
 

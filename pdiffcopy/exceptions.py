@@ -85,6 +85,12 @@ class Conflict(PdiffcopyError):
     http_status = 412
 
 
+class Locked(PdiffcopyError):
+    """Another client is writing the file (it holds the write lease, or a lock on a local file)."""
+
+    http_status = 423
+
+
 class PartialTransfer(PdiffcopyError):
     """Some paths of a tree failed; the others were synced (rsync's exit status 23)."""
 

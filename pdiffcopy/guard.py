@@ -405,7 +405,7 @@ class GuardedThreadWorker(ThreadWorker):
             return False
 
 
-def _may_start_a_request(data: bytes) -> bool:
+def _may_start_a_request(data: "bytes | bytearray") -> bool:
     """Whether ``data`` can begin an HTTP/1 request: a method (letters), perhaps after empty lines.
 
     Anything else (a TLS ClientHello sent to a plain HTTP port starts with

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import signal
 import stat as stat_module
@@ -14,6 +15,7 @@ from pdiffcopy.exceptions import (
     Conflict,
     FileMissing,
     NotAFile,
+    Locked,
     PdiffcopyError,
     StorageError,
     storage_error,
@@ -99,6 +101,8 @@ class LocalFile(FileEndpoint):
         self._write_fd: Optional[int] = None
         self._created = False
         self._closed = False
+        #: A descriptor holding an flock on the file while we update it in place.
+        self._lease_fd: Optional[int] = None
         #: Drop what hashing reads from the page cache (set for --cache drop copies).
         self.drop_cache = False
         #: Set by :meth:`below`: the root, and the path relative to it.
@@ -278,6 +282,22 @@ class LocalFile(FileEndpoint):
         except OSError as error:
             raise storage_error(error, f"flush {self.path}") from None
 
+    def take_lease(self) -> None:
+        # An flock: other pdiffcopy runs (and anything else that asks for
+        # one) are kept out; writers that do not ask are not, as ever locally.
+        fd = self._open(os.O_RDONLY)
+        try:
+            _lock_or_refuse(fd, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lease_fd = fd
+
+    def end_lease(self) -> None:
+        fd, self._lease_fd = self._lease_fd, None
+        if fd is not None:
+            os.close(fd)
+
     def create_temporary(self, clone: bool) -> "LocalFile":
         parent, name = os.path.split(self.path)
         temporary_file = temporary_name(name)
@@ -333,6 +353,13 @@ class LocalFile(FileEndpoint):
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, LocalFile)
         try:
+            # Not over a file another pdiffcopy is updating in place.
+            held: Optional[int] = other._open(os.O_RDONLY)
+        except (OSError, PdiffcopyError):
+            held = None  # missing, not a regular file, unreadable: there is no lock to respect
+        try:
+            if held is not None:
+                _lock_or_refuse(held, other.path)
             if self._root is None or other._root is None:
                 os.replace(self.path, other.path)
                 fsync_directory(os.path.dirname(other.path))
@@ -349,6 +376,9 @@ class LocalFile(FileEndpoint):
                 os.close(source_directory)
         except OSError as error:
             raise storage_error(error, f"rename {self.path} to {other.path}") from None
+        finally:
+            if held is not None:
+                os.close(held)
 
     def remove_temporary(self) -> None:
         self.close()
@@ -366,7 +396,7 @@ class LocalFile(FileEndpoint):
             pass  # already gone (renamed): nothing to clean up
 
     def close(self) -> None:
-        for name in ("_read_fd", "_write_fd"):
+        for name in ("_read_fd", "_write_fd", "_lease_fd"):
             fd = getattr(self, name)
             if fd is not None:
                 setattr(self, name, None)
@@ -393,6 +423,19 @@ def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], bloc
         raise storage_error(error, f"read {relative}") from None
     finally:
         os.close(fd)
+
+
+def _lock_or_refuse(fd: int, path: str) -> None:
+    """Take an exclusive flock on ``fd`` at once, or say who is in the way."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise Locked(f"{path} is being written by another pdiffcopy; try again when it is done") \
+                from None
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            raise storage_error(error, f"lock {path}") from None
+        # A file system without locks (some network mounts): nothing to respect.
 
 
 def _umask() -> int:

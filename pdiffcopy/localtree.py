@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
@@ -386,14 +386,18 @@ class LocalTree(TreeEndpoint):
     def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
                     fresh: bool = False) -> List[Failure]:
         failures: List[Failure] = []
+        written: List[str] = []
         for entry, data in files:
             try:
                 self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
                                  fresh)
+                written.append(entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
                 if is_full(error):
                     break  # the rest would fail the same way
+        if options.fsync:
+            failures += self._flush_directories(written)
         return failures
 
     def copy_files_from(self, source: "LocalTree", entries: Iterable[Entry],
@@ -408,6 +412,7 @@ class LocalTree(TreeEndpoint):
         """
         failures: List[Failure] = []
         written = files = 0
+        sizes: Dict[str, int] = {}
         for entry in entries:
             try:
                 source_fd = source.open_file(entry)
@@ -422,13 +427,43 @@ class LocalTree(TreeEndpoint):
                                  lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e), fresh)
                 written += entry.size
                 files += 1
+                sizes[entry.path] = entry.size
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
                 if is_full(error):
                     break  # the rest would fail the same way
             finally:
                 os.close(source_fd)
+        if options.fsync:
+            unflushed = self._flush_directories(list(sizes))
+            failures += unflushed
+            files -= len(unflushed)
+            written -= sum(sizes[path] for path, _ in unflushed)
         return failures, written, files
+
+    def _flush_directories(self, paths: List[str]) -> List[Failure]:
+        """Flush the directories holding ``paths`` (once each); the paths whose directory failed.
+
+        After a create or a rename, only this makes the name itself durable.
+        """
+        members: Dict[str, List[str]] = {}
+        for path in paths:
+            members.setdefault(path.rpartition("/")[0], []).append(path)
+        failures: List[Failure] = []
+        for parent, names in members.items():
+            try:
+                # The cached descriptors are O_PATH, which cannot be flushed.
+                fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                             dir_fd=self._directory(parent))
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except (FileNotFoundError, FileMissing):
+                continue  # removed later in the same batch: its parent's flush records that
+            except (OSError, PdiffcopyError) as error:
+                failures += [(path, f"cannot flush its directory: {_message(error)}") for path in names]
+        return failures
 
     def same_content(self, entry: Entry, data: bytes) -> bool:
         """Whether the tree's file at ``entry.path`` holds exactly ``data``."""
@@ -469,6 +504,8 @@ class LocalTree(TreeEndpoint):
                 try:
                     fill(fd)
                     self._set_metadata_fd(fd, entry, options, created=True)
+                    if options.fsync:
+                        os.fsync(fd)
                 finally:
                     os.close(fd)
                 return
@@ -489,6 +526,8 @@ class LocalTree(TreeEndpoint):
             try:
                 fill(fd)
                 self._set_metadata_fd(fd, entry, options, created=True)
+                if options.fsync:  # before the rename: the name never points at unflushed data
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
@@ -571,11 +610,16 @@ class LocalTree(TreeEndpoint):
 
     def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
         failures: List[Failure] = []
+        named: List[str] = []  # entries made, replaced or removed: their directories change
         for operation in operations:
             try:
                 self._apply(operation, options)
+                if operation.name != METADATA and operation.entry.path:
+                    named.append(operation.entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((operation.entry.path, _message(error)))
+        if options.fsync and named:
+            failures += self._flush_directories(named)
         return failures
 
     def _apply(self, operation: Operation, options: MetadataOptions) -> None:

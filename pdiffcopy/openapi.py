@@ -47,6 +47,7 @@ ERROR_STATUSES: Dict[int, str] = {
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
     408: "The request body came too slowly (ClientTooSlow); the connection is closed",
+    423: "Another client holds the file's write lease (Locked)",
     431: "The headers are too many or too long (from the HTTP layer)",
     503: "Too many hash requests at once: retry after Retry-After seconds (ServerBusy)",
     507: "Reading or writing failed: no space left, an I/O error (StorageError)",
@@ -195,6 +196,14 @@ def _components() -> Dict[str, Any]:
                                                       "sendfile", "readwrite"]}}},
         "Renamed": {"type": "object", "required": ["renamed"],
                     "properties": {"renamed": {"type": "boolean", "enum": [True]}}},
+        "Leased": {"type": "object", "required": ["lease", "seconds"],
+                   "properties": {"lease": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                                            "description": "The id to send as X-Pdiffcopy-Lease"},
+                                  "seconds": {"type": "integer", "minimum": 1,
+                                              "description": "How long it lives after each "
+                                                             "request that sends it"}}},
+        "Released": {"type": "object", "required": ["released"],
+                     "properties": {"released": {"type": "boolean", "enum": [True]}}},
         "Removed": {"type": "object", "required": ["removed"],
                     "properties": {"removed": {"type": "boolean", "enum": [True]}}},
         "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
@@ -277,6 +286,13 @@ def _components() -> Dict[str, Any]:
                            "root); 0 (the default): do not",
             "schema": {"type": "string", "enum": ["0", "1"]},
         },
+        "Fsync": {
+            "name": "fsync", "in": "query", "required": False,
+            "description": "1: flush every file written and every directory that got a new "
+                           "name to disk before answering; 0 (the default): leave them to the "
+                           "kernel's writeback",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
         "Fresh": {
             "name": "fresh", "in": "query", "required": False,
             "description": "1: the files are new; each is created under its name exclusively "
@@ -284,6 +300,14 @@ def _components() -> Dict[str, Any]:
                            "that exists gets the temporary and rename after all. 0 (the "
                            "default): every file goes through a temporary",
             "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Lease": {
+            "name": "X-Pdiffcopy-Lease", "in": "header", "required": False,
+            "description": "The id of the client's write lease on the file (POST "
+                           "/.pdiffcopy/lease): renews it; 412 when it lapsed and somebody else "
+                           "wrote. Without it, writes are refused with 423 while another client "
+                           "holds a lease.",
+            "schema": string,
         },
         "IfMatch": {
             "name": "If-Match", "in": "header", "required": False,
@@ -308,6 +332,7 @@ def _components() -> Dict[str, Any]:
 def _paths() -> Dict[str, Dict[str, Any]]:
     path, temporary, if_match = (_ref("parameters", "Path"), _ref("parameters", "TemporaryPath"),
                                  _ref("parameters", "IfMatch"))
+    lease = _ref("parameters", "Lease")
     file_headers = {
         "ETag": {"description": "The file's ETag", "schema": {"type": "string"}},
         "Accept-Ranges": {"description": "Always bytes", "schema": {"type": "string"}},
@@ -349,7 +374,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
              "description": "Several ranges instead of offset and length: "
                             "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
-            if_match,
+            if_match, lease,
         ])
     read = _operation(
         "read", "The file's bytes: all of them, one range or several",
@@ -393,14 +418,14 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "write", "Write byte ranges into an existing file, in place (403 for a file with several "
                  "hard links, unless the server runs with --write-hard-links)",
         {"200": _json_answer("The bytes written", "Written")},
-        errors=_PATH_ERRORS + (412, 416),
+        errors=_PATH_ERRORS + (412, 416, 423),
         parameters=[
             path,
             {"name": "Content-Range", "in": "header", "required": False,
              "description": "bytes FIRST-LAST/SIZE (SIZE may be *): where a one-range body "
                             "goes; required unless the body is multipart/byteranges",
              "schema": {"type": "string"}, "example": "bytes 0-4/*"},
-            if_match,
+            if_match, lease,
         ],
         body={"required": True,
               "description": "One range's bytes (Content-Length must match Content-Range), or "
@@ -411,13 +436,21 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "resize", "Create the file if missing and make it exactly size bytes long (403 for an "
                   "existing file with several hard links, unless --write-hard-links)",
         {"200": _json_answer("The new description", "FileDescription")},
-        errors=_PATH_ERRORS,
+        errors=_PATH_ERRORS + (412, 423),
         parameters=[path, _query("size", "The new size in bytes",
                                  {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
-                                 example=4096)])
+                                 example=4096), lease])
     fsync = _operation("fsync", "Flush the file's data and its directory entry to disk",
                        {"200": _json_answer("Flushed", "Flushed")},
-                       errors=_PATH_ERRORS, parameters=[path])
+                       errors=_PATH_ERRORS + (412,), parameters=[path, lease])
+    take_lease = _operation(
+        "takeLease", "Take the write lease on a file: nobody else may write it until it ends",
+        {"200": _json_answer("The lease", "Leased")},
+        errors=_PATH_ERRORS + (423,), parameters=[path])
+    end_lease = _operation(
+        "endLease", "End a write lease (412 when it lapsed and somebody else wrote meanwhile)",
+        {"200": _json_answer("Ended", "Released")},
+        errors=_PATH_ERRORS + (412, 423), parameters=[path, lease])
     clone = _operation(
         "clone", "Create a temporary file as a copy of another (reflink where possible)",
         {"200": _json_answer("How it was copied", "Cloned")},
@@ -427,9 +460,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     rename = _operation(
         "rename", "Atomically replace another file with a temporary file",
         {"200": _json_answer("Renamed", "Renamed")},
-        errors=_PATH_ERRORS,
+        errors=_PATH_ERRORS + (412, 423),
         parameters=[temporary, _query("to", "The path the file gets", {"type": "string"},
-                                      example="db/big.ibd")])
+                                      example="db/big.ibd"), lease])
     remove = _operation("removeTemporary", "Remove a temporary file left by an aborted sync",
                         {"200": _json_answer("Removed", "Removed")},
                         errors=_PATH_ERRORS, parameters=[temporary])
@@ -448,6 +481,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "/.pdiffcopy/fsync/{path}": {"post": fsync},
         "/.pdiffcopy/clone/{path}": {"post": clone},
         "/.pdiffcopy/rename/{path}": {"post": rename},
+        "/.pdiffcopy/lease/{path}": {"post": take_lease, "delete": end_lease},
         "/.pdiffcopy/temporary/{path}": {"delete": remove},
         **_tree_paths(),
     }
@@ -456,7 +490,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
 def _tree_paths() -> Dict[str, Dict[str, Any]]:
     """The tree endpoints, each for a directory below the root and for the root itself."""
     tree = _ref("parameters", "TreePath")
-    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner")]
+    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner"), _ref("parameters", "Fsync")]
     binary = {"schema": {"type": "string", "format": "binary"}}
     paths: Dict[str, Dict[str, Any]] = {}
     for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):

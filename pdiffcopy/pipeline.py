@@ -37,6 +37,7 @@ from pdiffcopy.exceptions import (
     Conflict,
     FileMissing,
     NotAFile,
+    PdiffcopyError,
     StorageError,
     UsageError,
     VerificationFailed,
@@ -276,6 +277,11 @@ class _SyncJob:
         if swept:
             logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
                         swept, self.target.location)
+        if not atomic:
+            # Before the target is hashed: from here to the end nobody else
+            # writes it, so the digests of the blocks we leave alone stay true
+            # and the read-back of the ones we write completes the check.
+            self.target.take_lease()
         work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
             if atomic else self.target
         try:
@@ -304,17 +310,27 @@ class _SyncJob:
             self._check_source_unchanged(source_info)
             if work is not self.target:
                 work.replace(self.target)
+            else:
+                self.target.end_lease()  # fails if the lease lapsed and somebody else wrote
         except BaseException:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
             self._stop_transfers()
             if work is not self.target:
                 work.remove_temporary()
-            elif self.prepared:
+            else:
+                self._end_lease_quietly()
+            if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish (or use --atomic)", self.target.location)
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _end_lease_quietly(self) -> None:
+        try:
+            self.target.end_lease()
+        except PdiffcopyError:
+            pass  # already failing; an unended lease lapses by itself
 
     def _log_phase(self, message: str, *args) -> None:
         logger.debug("%.3f s: " + message, time.monotonic() - self.started, *args)

@@ -48,6 +48,7 @@ from pdiffcopy.exceptions import (
     BadRequest,
     Conflict,
     FileMissing,
+    Locked,
     NotAFile,
     PdiffcopyError,
     RemoteError,
@@ -57,6 +58,7 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.hashing import digest_count, digest_size
+from pdiffcopy.leases import LEASE_HEADER
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
 #: 64 MiB segment takes well under a second even with slow hashes on slow
@@ -90,7 +92,7 @@ MAX_IDLE_SECONDS = 20.0
 
 _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
     400: BadRequest, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
-    409: NotAFile, 412: Conflict, 416: BadRequest, 503: ServerBusy, 507: StorageError,
+    409: NotAFile, 412: Conflict, 416: BadRequest, 423: Locked, 503: ServerBusy, 507: StorageError,
 }
 
 logger = logging.getLogger(__name__)
@@ -472,6 +474,8 @@ class RemoteFile(FileEndpoint):
         self.client = HttpClient(self.base, token, timeout, ca_file)
         self._hash_pool: Optional[ThreadPoolExecutor] = None
         self._etag: Optional[str] = None
+        #: The id of our write lease on the file, sent with every request while held.
+        self._lease: Optional[str] = None
 
     # -- transport -------------------------------------------------------
 
@@ -484,6 +488,8 @@ class RemoteFile(FileEndpoint):
     def request(self, method: str, target: str, expected=(200,), headers=None, body=None,
                 replayable: bool = True) -> _Response:
         """Send one request (see :meth:`HttpClient.request`)."""
+        if self._lease:
+            headers = {**(headers or {}), LEASE_HEADER: self._lease}
         return self.client.request(method, target, expected, headers, body, replayable)
 
     def _body(self, response: _Response) -> bytes:
@@ -590,6 +596,23 @@ class RemoteFile(FileEndpoint):
 
     def flush(self) -> None:
         self._call("POST", "fsync")
+
+    def take_lease(self) -> None:
+        response = self.request("POST", self._target("lease"))
+        try:
+            lease = self.client.json(response)["lease"]
+        except (KeyError, TypeError):
+            raise self.client.malformed() from None
+        if not isinstance(lease, str) or not lease.isalnum():
+            raise self.client.malformed()
+        self._lease = lease
+
+    def end_lease(self) -> None:
+        if self._lease:
+            try:
+                self._call("DELETE", "lease")
+            finally:
+                self._lease = None
 
     def create_temporary(self, clone: bool) -> "RemoteFile":
         directory, _, name = self.path.rpartition("/")

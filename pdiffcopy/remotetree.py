@@ -66,7 +66,7 @@ class RemoteTree(TreeEndpoint):
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
         if options is not None:
-            target += f"?times={int(options.times)}&owner={int(options.owner)}"
+            target += f"?times={int(options.times)}&owner={int(options.owner)}&fsync={int(options.fsync)}"
         return target
 
     # -- TreeEndpoint ----------------------------------------------------

@@ -12,6 +12,7 @@ prefix ``/.pdiffcopy/``.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import os
@@ -68,6 +69,7 @@ from pdiffcopy.fileops import (
 )
 from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
+from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
@@ -146,6 +148,9 @@ class ServerConfig:
     trust_clients: bool = False
     #: Clients may change files with several hard links in place (``--write-hard-links``).
     write_hard_links: bool = False
+    #: Where the write leases live (default: a new temporary directory, made
+    #: before gunicorn forks its workers, so that they all share it).
+    lease_directory: Optional[str] = None
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -167,6 +172,18 @@ def create_app(config: ServerConfig) -> Flask:
     # Per worker process: gunicorn forks after create_app (preload_app), and
     # every child gets its own copy, with all its slots free.
     hash_slots = FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS)
+    # Shared by every worker process: made here, before gunicorn forks them.
+    leases = Leases(config.lease_directory)
+
+    def lease_of_request() -> Optional[str]:
+        return request.headers.get(LEASE_HEADER) or None
+
+    def renew(info: os.stat_result, path: str) -> None:
+        """A leased read or flush: the lease must still be the client's; it is renewed."""
+        lease = lease_of_request()
+        if lease:
+            with leases.writing(info, lease, path):
+                pass
     document = render_document()
 
     @app.before_request
@@ -252,6 +269,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
+            renew(info, path)
             ranges = hash_ranges(block_size, info.st_size)
             # Checked before taking a slot: a bad request is refused at once.
             client = request.remote_addr or ""
@@ -293,7 +311,8 @@ def create_app(config: ServerConfig) -> Flask:
             info = os.fstat(fd)
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
-            written = receive_ranges(fd, info.st_size, path)
+            with leases.writing(info, lease_of_request(), path):
+                written = receive_ranges(fd, info.st_size, path)
         finally:
             os.close(fd)
         return jsonify(written=written)
@@ -310,10 +329,11 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             if not created:
                 refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
-            try:
-                resize(fd, size)
-            except OSError as error:
-                raise storage_error(error, f"resize {path}") from None
+            with leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
+                try:
+                    resize(fd, size)
+                except OSError as error:
+                    raise storage_error(error, f"resize {path}") from None
             return jsonify(describe(os.fstat(fd)))
         except BaseException:
             if created:  # a refused resize leaves no new empty file behind
@@ -327,6 +347,7 @@ def create_app(config: ServerConfig) -> Flask:
         """Flush the file's data and its directory entry to disk."""
         fd = open_regular(root, path, os.O_RDONLY)
         try:
+            renew(os.fstat(fd), path)
             try:
                 os.fsync(fd)
             except OSError as error:
@@ -372,7 +393,15 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             target_dir, target_name = root.open_parent(destination)
             try:
-                os.replace(source_name, target_name, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+                try:
+                    replaced: Optional[os.stat_result] = os.stat(target_name, dir_fd=target_dir,
+                                                                 follow_symlinks=False)
+                except FileNotFoundError:
+                    replaced = None
+                # Replacing a file counts as writing it: not while another client holds its lease.
+                with leases.writing(replaced, lease_of_request(), destination) if replaced \
+                        else contextlib.nullcontext():
+                    os.replace(source_name, target_name, src_dir_fd=source_dir, dst_dir_fd=target_dir)
             except OSError as error:
                 raise storage_error(error, f"rename {path} to {destination}") from None
             finally:
@@ -381,6 +410,29 @@ def create_app(config: ServerConfig) -> Flask:
             os.close(source_dir)
         fsync_parent(root, destination)
         return jsonify(renamed=True)
+
+    @app.post(f"{API_PREFIX}/lease/<path:path>")
+    def take_lease(path: str):
+        """Take the write lease on a file: until it ends, nobody else may write it."""
+        fd = open_regular(root, path, os.O_RDONLY)
+        try:
+            lease = leases.acquire(os.fstat(fd), path)
+        finally:
+            os.close(fd)
+        return jsonify(lease=lease, seconds=LEASE_SECONDS)
+
+    @app.delete(f"{API_PREFIX}/lease/<path:path>")
+    def end_lease(path: str):
+        """End a write lease; 412 when it lapsed and somebody else wrote meanwhile."""
+        lease = lease_of_request()
+        if not lease:
+            raise BadRequest(f"Missing header: {LEASE_HEADER}")
+        fd = open_regular(root, path, os.O_RDONLY)
+        try:
+            leases.release(os.fstat(fd), lease, path)
+        finally:
+            os.close(fd)
+        return jsonify(released=True)
 
     @app.delete(f"{API_PREFIX}/temporary/<path:path>")
     def delete_temporary(path: str):

@@ -103,7 +103,7 @@ def tree_options(args: argparse.Namespace):
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
-        whole_file=args.whole_file, atomic=args.atomic,
+        whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
         block_size=parse_block_size(args.block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),

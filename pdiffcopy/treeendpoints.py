@@ -58,6 +58,9 @@ class MetadataOptions:
 
     times: bool = False
     owner: bool = False
+    #: Flush each file written, and the directory holding it, before reporting
+    #: success (rsync's --fsync): what was reported copied survives a crash.
+    fsync: bool = False
 
 
 @dataclass

@@ -281,8 +281,8 @@ def check_server_root_kept(operations: List[Operation]) -> None:
 
 
 def metadata_options() -> MetadataOptions:
-    """The ``times`` and ``owner`` query flags (0 or 1, 0 when missing)."""
-    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"))
+    """The ``times``, ``owner`` and ``fsync`` query flags (0 or 1, 0 when missing)."""
+    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"), fsync=flag_arg("fsync"))
 
 
 def flag_arg(name: str) -> bool:

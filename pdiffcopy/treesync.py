@@ -113,6 +113,7 @@ class TreeOptions:
     dry_run: bool = False
     whole_file: bool = False
     atomic: bool = False
+    fsync: bool = False
     block_size: int = 1024 * 1024
     hash_method: str = "xxh3_128"
     concurrency: int = 2
@@ -121,7 +122,7 @@ class TreeOptions:
 
     @property
     def metadata(self) -> MetadataOptions:
-        return MetadataOptions(times=self.times, owner=self.owner)
+        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync)
 
 
 @dataclass
@@ -484,7 +485,11 @@ class _Runner:
             for big in self.big:  # the ones a worker did not finish (renamed or removed)
                 if big.temporary:
                     big.work.remove_temporary()
+                else:
+                    _end_lease_quietly(big.work)
             raise
+        for big in self.big:
+            big.work.close()  # forked workers ended the leases; our copies of them go too
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
         directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
@@ -601,12 +606,18 @@ class _Runner:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
             temporary = not delta or self.options.atomic
+            if not temporary:
+                # Updated in place: nobody else may write it until its last part is
+                # checked, or the blocks it leaves alone could change unseen.
+                target.take_lease()
             work = target.create_temporary(clone=delta) if temporary else target
             try:
                 work.prepare(action.source.size)
             except BaseException:
                 if temporary:
                     work.remove_temporary()
+                else:
+                    _end_lease_quietly(work)
                 raise
         except PdiffcopyError as error:
             self.result.failures.append((action.path, str(error)))
@@ -926,6 +937,8 @@ class _WorkerState:
                 raise PdiffcopyError("changed while copying")
             if big.temporary:
                 big.work.replace(big.target)
+            else:
+                big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
             self.failures += self.runner.target.apply([Operation(METADATA, entry)],
                                                       self.runner.meta)
             self._count("files")
@@ -933,10 +946,21 @@ class _WorkerState:
         except _AlreadyReported:
             if big.temporary:
                 big.work.remove_temporary()
+            else:
+                _end_lease_quietly(big.work)
         except PdiffcopyError as error:
             self.failures.append((entry.path, str(error)))
             if big.temporary:
                 big.work.remove_temporary()
+            else:
+                _end_lease_quietly(big.work)
+
+
+def _end_lease_quietly(endpoint: FileEndpoint) -> None:
+    try:
+        endpoint.end_lease()
+    except PdiffcopyError:
+        pass  # already failing; a lease left behind lapses by itself
 
 
 #: Seconds stopped workers get to finish their unit before they are killed.
