@@ -121,9 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
                       help="delete what TARGET has and SOURCE does not (never excluded paths)")
     tree.add_argument("--force", action="store_true",
                       help="let --delete empty TARGET when SOURCE has nothing to sync")
-    tree.add_argument("-i", "--include", metavar="REGEX", action="append", default=[],
+    tree.add_argument("--include", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: take paths matching GLOB even if a later rule excludes "
+                           "them (repeatable; rules apply in order, the first match wins)")
+    tree.add_argument("--exclude", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: leave out paths matching GLOB (a leading / anchors it to "
+                           "the tree, a trailing / matches directories, ** crosses /; repeatable)")
+    tree.add_argument("--exclude-from", metavar="FILE", action=_Rule, dest="rules", default=[],
+                      help="read --exclude globs from FILE, one a line ('+ GLOB' includes; "
+                           "'#' and ';' comments; - reads stdin)")
+    tree.add_argument("--files-from", metavar="FILE", action=_FilesFrom, default=None,
+                      help="sync only the paths listed in FILE (relative to SOURCE, one a line, "
+                           "with what is below them; - reads stdin)")
+    tree.add_argument("-i", "--include-regex", metavar="REGEX", dest="include", action="append", default=[],
                       help="only sync paths (relative to the tree) matching REGEX (repeatable)")
-    tree.add_argument("-e", "--exclude", metavar="REGEX", action="append", default=[],
+    tree.add_argument("-e", "--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
                       help="leave out paths matching REGEX, and directories' contents (repeatable)")
     tree.add_argument("--diff", action="store_true",
                       help="list the differences between the trees, item by item; change nothing")
@@ -163,6 +175,50 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--version", action="version", version=f"pdiffcopy {__version__}")
     common.add_argument("-h", "--help", action="help", help="show this message and exit")
     return parser
+
+
+def _read_list(name: str) -> List[str]:
+    """The lines of a --exclude-from or --files-from FILE (``-`` is stdin), without blanks and comments.
+
+    :raises argparse.ArgumentError: (through the caller) when FILE cannot be read.
+    """
+    if name == "-":
+        text = sys.stdin.read()
+    else:
+        with open(name, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+    return [line.rstrip("\r") for line in text.split("\n")
+            if line.strip() and not line.startswith(("#", ";"))]
+
+
+class _Rule(argparse.Action):
+    """--include/--exclude/--exclude-from: one ordered list of (action, glob), as rsync keeps it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        rules = list(getattr(namespace, self.dest) or [])
+        if option_string == "--exclude-from":
+            try:
+                lines = _read_list(value)
+            except OSError as error:
+                raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
+            for line in lines:  # rsync's "+ GLOB" / "- GLOB" prefixes; a bare line excludes
+                if line[:2] in ("+ ", "- "):
+                    rules.append((line[0], line[2:]))
+                else:
+                    rules.append(("-", line))
+        else:
+            rules.append(("+" if option_string == "--include" else "-", value))
+        setattr(namespace, self.dest, rules)
+
+
+class _FilesFrom(argparse.Action):
+    """--files-from FILE: the list of relative paths to sync."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        try:
+            setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + _read_list(value))
+        except OSError as error:
+            raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
 
 
 def _positive_int(text: str) -> int:

@@ -107,7 +107,8 @@ def tree_options(args: argparse.Namespace):
         block_size=parse_block_size(args.block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),
-        excludes=tuple(args.exclude))
+        excludes=tuple(args.exclude), rules=tuple(args.rules),
+        files_from=None if args.files_from is None else tuple(args.files_from))
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:

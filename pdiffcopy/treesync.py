@@ -117,6 +117,8 @@ class TreeOptions:
     concurrency: int = 2
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
+    rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
+    files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
 
     @property
     def metadata(self) -> MetadataOptions:
@@ -307,7 +309,7 @@ def _log_phase(started: float, message: str, *args) -> None:
 
 def _filter(options: TreeOptions) -> PathFilter:
     try:
-        return PathFilter(options.includes, options.excludes)
+        return PathFilter(options.includes, options.excludes, options.rules, options.files_from)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
