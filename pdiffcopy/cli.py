@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = parser.add_argument_group("common options")
     common.add_argument("--token-file", metavar="FILE", default=None,
                         help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
+    common.add_argument("--progress", "-P", action="store_true",
+                        help="show the progress line even when stderr is not a terminal, and keep its "
+                             "last state (rsync's -P also resumes partial files: not yet here)")
     common.add_argument("--no-progress", action="store_true", help="no progress display")
     common.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (repeatable)")
@@ -343,9 +346,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.diff:
         args.dry_run = True
-    result = run_sync(source, target, dry_run=args.dry_run,
-                      show_progress=not (args.quiet or args.no_progress) and sys.stderr.isatty(),
-                      **options)
+    result = run_sync(source, target, dry_run=args.dry_run, show_progress=show_progress(args),
+                      keep_last=args.progress, **options)
     report(result)
     return 0
 
@@ -402,8 +404,15 @@ def require_extra(modules, extra: str, what: str) -> None:
                                  f"pip install 'pdiffcopy[{extra}]'") from None
 
 
-def run_sync(source: str, target: str, show_progress: bool, **options):
-    """Sync with an optional progress display."""
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw the progress line: on a terminal unless -q or --no-progress; always with -P."""
+    if args.no_progress:
+        return False
+    return args.progress or (not args.quiet and sys.stderr.isatty())
+
+
+def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
+    """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
     from pdiffcopy.pipeline import Progress, sync
 
     progress = Progress()
@@ -411,7 +420,7 @@ def run_sync(source: str, target: str, show_progress: bool, **options):
         return sync(source, target, progress=progress, **options)
     from pdiffcopy.progress import ProgressDisplay
 
-    with ProgressDisplay(progress):
+    with ProgressDisplay(progress, keep_last=keep_last):
         return sync(source, target, progress=progress, **options)
 
 

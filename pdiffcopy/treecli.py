@@ -210,14 +210,16 @@ def _finish(result) -> int:
 
 
 class _display:
-    """The tree progress line on a terminal (not with -q, --no-progress, -n or --diff)."""
+    """The tree progress line (see :func:`pdiffcopy.cli.show_progress`; never with -n or --diff)."""
 
     def __init__(self, progress, args: argparse.Namespace) -> None:
         self.display = None
-        if not (args.quiet or args.no_progress or args.dry_run or args.diff) and sys.stderr.isatty():
+        from pdiffcopy.cli import show_progress
+
+        if show_progress(args) and not (args.dry_run or args.diff):
             from pdiffcopy.progress import TreeProgressDisplay
 
-            self.display = TreeProgressDisplay(progress)
+            self.display = TreeProgressDisplay(progress, keep_last=args.progress)
 
     def __enter__(self):
         if self.display is not None:
