@@ -12,9 +12,11 @@ import logging
 import math
 import re
 import sys
-from typing import List, Optional
+import time
+from typing import List, Optional, Tuple
 
-from pdiffcopy import __version__
+from pdiffcopy import __version__, wire
+from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 
 logger = logging.getLogger("pdiffcopy")
@@ -105,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
                       help="mutate the local TARGET and resync it COUNT times at varying "
                            "similarity, then print an overview (next to rsync if installed)")
+    sync.add_argument("--stats", action="store_true",
+                      help="end with a line of figures: bytes moved, bytes on the wire (remote "
+                           "syncs), elapsed time and rate (also with -v)")
     sync.add_argument("--timeout", metavar="SECONDS", type=_timeout, default=None,
                       help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
@@ -346,9 +351,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.diff:
         args.dry_run = True
+    started, wire_before = time.monotonic(), wire.totals()
     result = run_sync(source, target, dry_run=args.dry_run, show_progress=show_progress(args),
                       keep_last=args.progress, **options)
     report(result)
+    if wants_stats(args) and not result.dry_run:
+        print_stats(result.bytes_moved, None, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
     return 0
 
 
@@ -402,6 +411,34 @@ def require_extra(modules, extra: str, what: str) -> None:
         except ImportError:
             raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
                                  f"pip install 'pdiffcopy[{extra}]'") from None
+
+
+def wants_stats(args: argparse.Namespace) -> bool:
+    """Whether to end with the stats line: --stats or -v (as rsync's -v prints its summary)."""
+    return bool(args.stats or args.verbose)
+
+
+def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
+                wire_before: Tuple[int, int] = (0, 0)) -> None:
+    """Print rsync's --stats figures on one line of stdout.
+
+    :param moved: Bytes moved (sent, received or written) to bring the target up to date.
+    :param files: Files copied or updated (tree syncs), or None (a single file).
+    :param seconds: Elapsed time of the whole sync.
+    :param remote: Whether a server took part: then the bytes on the wire are shown, counted
+                   by :mod:`pdiffcopy.wire` since ``wire_before``.
+    """
+    from humanfriendly import format_size
+
+    parts = [f"stats: moved {moved} bytes" + ("" if files is None else
+                                                 f" in {files} file{'' if files == 1 else 's'}")]
+    sent, received = (now - before for now, before in zip(wire.totals(), wire_before))
+    if remote and (sent or received):
+        parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
+    seconds = max(seconds, 1e-6)
+    parts += [f"{seconds:.2f} s", f"{format_size(moved / seconds, binary=True)}/s"]
+    sys.stdout.write(", ".join(parts) + "\n")
+    sys.stdout.flush()
 
 
 def show_progress(args: argparse.Namespace) -> bool:

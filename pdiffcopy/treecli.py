@@ -10,8 +10,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 from typing import Optional, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.treeendpoints import TreeEndpoint
@@ -121,6 +123,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     source_tree = tree_endpoint(source, args, token)
     target_tree = tree_endpoint(target, args, token)
     progress = TreeProgress(options.concurrency)
+    started, wire_before = time.monotonic(), wire.totals()
     try:
         with _display(progress, args):
             result = sync_tree(source_tree, target_tree, options, progress, report_line=_print)
@@ -138,6 +141,11 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
                 format_size(result.bytes_moved, binary=True), result.directories_made,
                 "y" if result.directories_made == 1 else "ies", result.deleted, result.unchanged,
                 format_timespan(result.seconds))
+    from pdiffcopy.cli import print_stats, wants_stats
+
+    if wants_stats(args):
+        print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
     return _finish(result)
 
 

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.blocks import (
     DEFAULT_SEGMENT_SIZE,
     BlockPlan,
@@ -366,7 +367,7 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
             try:
                 listing = tree.list()
                 answer: tuple = ("ok", listing.root and tuple(listing.root),
-                                 [tuple(e) for e in listing.entries], listing.failures)
+                                 [tuple(e) for e in listing.entries], listing.failures, wire.totals())
             except BaseException as error:
                 answer = ("error", error)
             with os.fdopen(writer, "wb") as stream:
@@ -388,7 +389,8 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
         answer = pickle.loads(data)
         if answer[0] == "error":
             raise answer[1]
-        _, root, entries, failures = answer
+        _, root, entries, failures, child_wire = answer
+        wire.add(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
         return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
 
@@ -666,6 +668,7 @@ class _Runner:
                         if state.full:  # no worker takes another unit
                             with next_unit.get_lock():
                                 next_unit.value = len(self.units)
+                    state.counts["wire_sent"], state.counts["wire_received"] = wire.totals()
                     with os.fdopen(writer, "wb") as stream:
                         pickle.dump((state.failures, state.counts), stream)
                 except BaseException:  # never run the parent's code in a child
@@ -698,6 +701,7 @@ class _Runner:
         self.result.deleted += counts.get("deleted", 0)
         self.result.metadata_fixed += counts.get("metadata", 0)
         self.result.unchanged += counts.get("unchanged", 0)
+        wire.add(counts.get("wire_sent", 0), counts.get("wire_received", 0))  # a worker's, counted here
 
 
 class _WorkerState:
