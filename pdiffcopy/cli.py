@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="list the differences between the trees, item by item; change nothing")
     tree.add_argument("--remove", action="store_true",
                       help="delete the trees (or files) given as arguments, in parallel: files "
-                           "first, then directories deepest first; -i/-e/-n apply")
+                           "first, then directories deepest first; the filters and -n apply")
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")

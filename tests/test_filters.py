@@ -143,3 +143,9 @@ def test_glob_filters_through_the_server_pull_and_push(tmp_path, server, unique)
     sync("--files-from", listing, url, tmp_path / "back")
     assert names(tmp_path / "back") == {"sub", "sub/d.txt"}
     os.remove(server.root / name / "a.txt")
+
+
+def test_remove_takes_glob_filters(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    sync("--remove", "--exclude", "*.txt", tree)
+    assert names(tree) == {"a.txt", "sub", "sub/d.txt", "x", "x/sub", "x/sub/g.txt"}
