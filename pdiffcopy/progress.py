@@ -52,7 +52,7 @@ class ProgressDisplay:
         self.clock = clock
         self.keep_last = keep_last
         self.started = clock()
-        self._samples: Deque[Tuple[float, int]] = deque([(self.started, 0)])
+        self._moved_rate = _Rate(clock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._width = 0
@@ -88,21 +88,10 @@ class ProgressDisplay:
         """The terminal's width now (it may have been resized), or $COLUMNS, or 80."""
         return shutil.get_terminal_size((FALLBACK_COLUMNS, 24)).columns
 
-    def rate(self, moved: int) -> Optional[float]:
-        """Bytes moved per second over the last :data:`RATE_WINDOW_SECONDS`, None before any moved."""
-        now = self.clock()
-        self._samples.append((now, moved))
-        while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW_SECONDS:
-            self._samples.popleft()
-        then, before = self._samples[0]
-        if moved <= 0 or now <= then:
-            return None
-        return (moved - before) / (now - then)
-
     def parts(self) -> List[str]:
         """The pieces of the line, most important first."""
         p: Progress = self.progress
-        rate = self.rate(p.moved)
+        rate = self._moved_rate.update(p.moved)
         parts = [f"{p.phase}:", f"moved {_size(p.moved)} of {_size(p.move_total)},",
                  f"{_size(rate)}/s" if rate is not None else "-/s"]
         if rate and p.move_total > p.moved:
@@ -118,20 +107,46 @@ class ProgressDisplay:
 class TreeProgressDisplay(ProgressDisplay):
     """The status line of a tree sync: bytes and files done of the totals, rate, ETA.
 
-    The bytes of a tree's progress are those of the files done (copied, or
-    checked by the block delta), which is what its total counts.
+    The bytes done are those of the files done (copied, or checked by the
+    block delta), which is what the total counts, and the ETA follows them;
+    the rate is that of the bytes moved, as for a file: a big file whose
+    blocks are mostly equal is done at hashing speed but moves little.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._done_rate = _Rate(self.clock)
 
     def parts(self) -> List[str]:
         p: Any = self.progress  # a TreeProgress
         done = p.bytes_done
-        rate = self.rate(done)
+        rate = self._moved_rate.update(p.bytes_moved)
+        done_rate = self._done_rate.update(done)
         parts = [f"{p.phase}:", f"{_size(done)} of {_size(p.bytes_total)},",
                  f"{_size(rate)}/s" if rate is not None else "-/s"]
-        if rate and p.bytes_total > done:
-            parts.append(f"ETA {_eta(int((p.bytes_total - done) / rate))}")
+        if done_rate and p.bytes_total > done:
+            parts.append(f"ETA {_eta(int((p.bytes_total - done) / done_rate))}")
         parts.append(f"({p.files_done} of {p.files_total} files)")
         return parts
+
+
+class _Rate:
+    """A counter's growth per second over the last :data:`RATE_WINDOW_SECONDS`."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.samples: Deque[Tuple[float, int]] = deque([(clock(), 0)])
+
+    def update(self, value: int) -> Optional[float]:
+        """Record ``value`` now; its rate, or None while it is still 0."""
+        now = self.clock()
+        self.samples.append((now, value))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_SECONDS:
+            self.samples.popleft()
+        then, before = self.samples[0]
+        if value <= 0 or now <= then:
+            return None
+        return (value - before) / (now - then)
 
 
 def _eta(seconds: int) -> str:

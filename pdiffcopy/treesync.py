@@ -150,13 +150,21 @@ class TreeProgress:
 
     def __init__(self, workers: int) -> None:
         self.slots = multiprocessing.RawArray("q", 2 * max(1, workers) + 2)
+        self.moved_slots = multiprocessing.RawArray("q", max(1, workers) + 1)
         self.files_total = 0
         self.bytes_total = 0
         self.phase = "listing"
 
-    def add(self, slot: int, files: int, size: int) -> None:
+    def add(self, slot: int, files: int, size: int, moved: Optional[int] = None) -> None:
+        """Count ``files`` and ``size`` bytes done, of which ``moved`` (default: all) were moved."""
         self.slots[2 * slot] += files
         self.slots[2 * slot + 1] += size
+        self.moved_slots[slot] += size if moved is None else moved
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes written to the target so far: a changed big file's unchanged blocks are not."""
+        return sum(self.moved_slots)
 
     @property
     def files_done(self) -> int:
@@ -830,6 +838,7 @@ class _WorkerState:
         method = options.hash_method
         size = digest_size(method)
         length = unit.weight
+        moved = 0
         try:
             plan = BlockPlan(big.action.source.size, options.block_size)
             if not plan.size:
@@ -850,7 +859,7 @@ class _WorkerState:
             pass
         except PdiffcopyError as error:
             self._part_failed(index, str(error))
-        self.runner.progress.add(self.slot, 0, length)
+        self.runner.progress.add(self.slot, 0, length, moved)
         self._part_done(index)
 
     def _copy_ranges(self, big: _BigFile, ranges: List[ByteRange]) -> None:

@@ -97,6 +97,19 @@ def test_tree_rate_and_eta_from_bytes_done(monkeypatch):
     assert "10 MiB/s" in line and "ETA 0:08" in line and "3 of 10 files" in line
 
 
+def test_tree_rate_counts_what_a_big_changed_file_moved_not_what_was_checked(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    clock = FakeClock()
+    progress = TreeProgress(2)
+    progress.phase, progress.files_total, progress.bytes_total = "copying", 1, 1000 * MiB
+    shown = display(progress, clock, TreeProgressDisplay)
+    clock.now += 1
+    progress.add(1, 0, 800 * MiB, 19 * MiB)  # 800 MiB of segments checked, 19 MiB of them moved
+    line = shown.render()
+    assert "19 MiB/s" in line and "800 MiB/s" not in line
+    assert "ETA 0:00" in line  # the 200 MiB left are checked at the pace the 800 were
+
+
 @pytest.mark.parametrize("option", ["--progress", "-P"])
 def test_progress_and_P_are_accepted_and_keep_the_last_line(tmp_path, option):
     (tmp_path / "a").write_bytes(random_bytes(300_000))
