@@ -13,9 +13,11 @@ import math
 import re
 import signal
 import sys
-from typing import List, Optional
+import time
+from typing import List, Optional, Tuple
 
-from pdiffcopy import __version__
+from pdiffcopy import __version__, wire
+from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 
 logger = logging.getLogger("pdiffcopy")
@@ -106,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
                       help="mutate the local TARGET and resync it COUNT times at varying "
                            "similarity, then print an overview (next to rsync if installed)")
+    sync.add_argument("--stats", action="store_true",
+                      help="end with a line of figures: bytes moved, bytes on the wire (remote "
+                           "syncs), elapsed time and rate (also with -v)")
     sync.add_argument("--timeout", metavar="SECONDS", type=_timeout, default=None,
                       help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
@@ -126,15 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="delete what TARGET has and SOURCE does not (never excluded paths)")
     tree.add_argument("--force", action="store_true",
                       help="let --delete empty TARGET when SOURCE has nothing to sync")
-    tree.add_argument("-i", "--include", metavar="REGEX", action="append", default=[],
+    tree.add_argument("--include", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: take paths matching GLOB even if a later rule excludes "
+                           "them (repeatable; rules apply in order, the first match wins)")
+    tree.add_argument("--exclude", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: leave out paths matching GLOB (a leading / anchors it to "
+                           "the tree, a trailing / matches directories, ** crosses /; repeatable)")
+    tree.add_argument("--exclude-from", metavar="FILE", action=_Rule, dest="rules", default=[],
+                      help="read --exclude globs from FILE, one a line ('+ GLOB' includes; "
+                           "'#' and ';' comments; - reads stdin)")
+    tree.add_argument("--files-from", metavar="FILE", action=_FilesFrom, default=None,
+                      help="sync only the paths listed in FILE (relative to SOURCE, one a line, "
+                           "with what is below them; - reads stdin)")
+    tree.add_argument("-i", "--include-regex", metavar="REGEX", dest="include", action="append", default=[],
                       help="only sync paths (relative to the tree) matching REGEX (repeatable)")
-    tree.add_argument("-e", "--exclude", metavar="REGEX", action="append", default=[],
+    tree.add_argument("-e", "--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
                       help="leave out paths matching REGEX, and directories' contents (repeatable)")
     tree.add_argument("--diff", action="store_true",
                       help="list the differences between the trees, item by item; change nothing")
     tree.add_argument("--remove", action="store_true",
                       help="delete the trees (or files) given as arguments, in parallel: files "
-                           "first, then directories deepest first; -i/-e/-n apply")
+                           "first, then directories deepest first; the filters and -n apply")
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
@@ -163,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = parser.add_argument_group("common options")
     common.add_argument("--token-file", metavar="FILE", default=None,
                         help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
+    common.add_argument("--progress", "-P", action="store_true",
+                        help="show the progress line even when stderr is not a terminal, and keep its "
+                             "last state (rsync's -P also resumes partial files: not yet here)")
     common.add_argument("--no-progress", action="store_true", help="no progress display")
     common.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (repeatable)")
@@ -171,6 +191,50 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--version", action="version", version=f"pdiffcopy {__version__}")
     common.add_argument("-h", "--help", action="help", help="show this message and exit")
     return parser
+
+
+def _read_list(name: str) -> List[str]:
+    """The lines of a --exclude-from or --files-from FILE (``-`` is stdin), without blanks and comments.
+
+    :raises argparse.ArgumentError: (through the caller) when FILE cannot be read.
+    """
+    if name == "-":
+        text = sys.stdin.read()
+    else:
+        with open(name, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+    return [line.rstrip("\r") for line in text.split("\n")
+            if line.strip() and not line.startswith(("#", ";"))]
+
+
+class _Rule(argparse.Action):
+    """--include/--exclude/--exclude-from: one ordered list of (action, glob), as rsync keeps it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        rules = list(getattr(namespace, self.dest) or [])
+        if option_string == "--exclude-from":
+            try:
+                lines = _read_list(value)
+            except OSError as error:
+                raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
+            for line in lines:  # rsync's "+ GLOB" / "- GLOB" prefixes; a bare line excludes
+                if line[:2] in ("+ ", "- "):
+                    rules.append((line[0], line[2:]))
+                else:
+                    rules.append(("-", line))
+        else:
+            rules.append(("+" if option_string == "--include" else "-", value))
+        setattr(namespace, self.dest, rules)
+
+
+class _FilesFrom(argparse.Action):
+    """--files-from FILE: the list of relative paths to sync."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        try:
+            setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + _read_list(value))
+        except OSError as error:
+            raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -326,10 +390,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     if args.diff:
         args.dry_run = True
-    result = run_sync(source, target, dry_run=args.dry_run,
-                      show_progress=not (args.quiet or args.no_progress) and sys.stderr.isatty(),
-                      **options)
+    started, wire_before = time.monotonic(), wire.totals()
+    result = run_sync(source, target, dry_run=args.dry_run, show_progress=show_progress(args),
+                      keep_last=args.progress, **options)
     report(result)
+    if wants_stats(args) and not result.dry_run:
+        print_stats(result.bytes_moved, None, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
     return 0
 
 
@@ -385,8 +452,43 @@ def require_extra(modules, extra: str, what: str) -> None:
                                  f"pip install 'pdiffcopy[{extra}]'") from None
 
 
-def run_sync(source: str, target: str, show_progress: bool, **options):
-    """Sync with an optional progress display."""
+def wants_stats(args: argparse.Namespace) -> bool:
+    """Whether to end with the stats line: --stats or -v (as rsync's -v prints its summary)."""
+    return bool(args.stats or args.verbose)
+
+
+def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
+                wire_before: Tuple[int, int] = (0, 0)) -> None:
+    """Print rsync's --stats figures on one line of stdout.
+
+    :param moved: Bytes moved (sent, received or written) to bring the target up to date.
+    :param files: Files copied or updated (tree syncs), or None (a single file).
+    :param seconds: Elapsed time of the whole sync.
+    :param remote: Whether a server took part: then the bytes on the wire are shown, counted
+                   by :mod:`pdiffcopy.wire` since ``wire_before``.
+    """
+    from humanfriendly import format_size
+
+    parts = [f"stats: moved {moved} bytes" + ("" if files is None else
+                                                 f" in {files} file{'' if files == 1 else 's'}")]
+    sent, received = (now - before for now, before in zip(wire.totals(), wire_before))
+    if remote and (sent or received):
+        parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
+    seconds = max(seconds, 1e-6)
+    parts += [f"{seconds:.2f} s", f"{format_size(moved / seconds, binary=True)}/s"]
+    sys.stdout.write(", ".join(parts) + "\n")
+    sys.stdout.flush()
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw the progress line: on a terminal unless -q or --no-progress; always with -P."""
+    if args.no_progress:
+        return False
+    return args.progress or (not args.quiet and sys.stderr.isatty())
+
+
+def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
+    """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
     from pdiffcopy.pipeline import Progress, sync
 
     progress = Progress()
@@ -394,7 +496,7 @@ def run_sync(source: str, target: str, show_progress: bool, **options):
         return sync(source, target, progress=progress, **options)
     from pdiffcopy.progress import ProgressDisplay
 
-    with ProgressDisplay(progress):
+    with ProgressDisplay(progress, keep_last=keep_last):
         return sync(source, target, progress=progress, **options)
 
 

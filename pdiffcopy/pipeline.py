@@ -251,8 +251,8 @@ class _SyncJob:
 
     def _shutdown(self) -> None:
         self._stop_transfers()
-        for endpoint in (self.source, self.target):
-            endpoint.close()
+        for endpoint in (self.source, self.target, getattr(self, "work", self.target)):
+            endpoint.close()  # the temporary too: its connections would wait for the GC
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
@@ -284,6 +284,7 @@ class _SyncJob:
             self.target.take_lease()
         work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
             if atomic else self.target
+        self.work = work
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or target_info is None:

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
+from pdiffcopy import wire
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.byteranges import (
     boundary_of,
@@ -198,11 +199,19 @@ class _Connection:
             connection.connect()
             connection.sock.settimeout(self.timeout)
             connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.track(connection.sock)
             self.http = connection
         return self.http
 
+    def __del__(self) -> None:  # never closed: its bytes on the wire still count
+        http_connection = getattr(self, "http", None)
+        if http_connection is not None and http_connection.sock is not None:
+            wire.untrack(http_connection.sock)
+
     def close(self) -> None:
         if self.http is not None:
+            if self.http.sock is not None:
+                wire.untrack(self.http.sock)  # its figures, before the kernel forgets them
             self.http.close()
             self.http = None
 

@@ -10,8 +10,10 @@ import argparse
 import logging
 import os
 import sys
+import time
 from typing import Optional, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.treeendpoints import TreeEndpoint
@@ -107,7 +109,8 @@ def tree_options(args: argparse.Namespace):
         block_size=parse_block_size(args.block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),
-        excludes=tuple(args.exclude))
+        excludes=tuple(args.exclude), rules=tuple(args.rules),
+        files_from=None if args.files_from is None else tuple(args.files_from))
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:
@@ -120,6 +123,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     source_tree = tree_endpoint(source, args, token)
     target_tree = tree_endpoint(target, args, token)
     progress = TreeProgress(options.concurrency)
+    started, wire_before = time.monotonic(), wire.totals()
     try:
         with _display(progress, args):
             result = sync_tree(source_tree, target_tree, options, progress, report_line=_print)
@@ -137,6 +141,11 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
                 format_size(result.bytes_moved, binary=True), result.directories_made,
                 "y" if result.directories_made == 1 else "ies", result.deleted, result.unchanged,
                 format_timespan(result.seconds))
+    from pdiffcopy.cli import print_stats, wants_stats
+
+    if wants_stats(args):
+        print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
     return _finish(result)
 
 
@@ -209,14 +218,16 @@ def _finish(result) -> int:
 
 
 class _display:
-    """The tree progress line on a terminal (not with -q, --no-progress, -n or --diff)."""
+    """The tree progress line (see :func:`pdiffcopy.cli.show_progress`; never with -n or --diff)."""
 
     def __init__(self, progress, args: argparse.Namespace) -> None:
         self.display = None
-        if not (args.quiet or args.no_progress or args.dry_run or args.diff) and sys.stderr.isatty():
+        from pdiffcopy.cli import show_progress
+
+        if show_progress(args) and not (args.dry_run or args.diff):
             from pdiffcopy.progress import TreeProgressDisplay
 
-            self.display = TreeProgressDisplay(progress)
+            self.display = TreeProgressDisplay(progress, keep_last=args.progress)
 
     def __enter__(self):
         if self.display is not None:

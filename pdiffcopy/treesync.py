@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.blocks import (
     DEFAULT_SEGMENT_SIZE,
     BlockPlan,
@@ -119,6 +120,8 @@ class TreeOptions:
     concurrency: int = 2
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
+    rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
+    files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
 
     @property
     def metadata(self) -> MetadataOptions:
@@ -149,13 +152,21 @@ class TreeProgress:
 
     def __init__(self, workers: int) -> None:
         self.slots = multiprocessing.RawArray("q", 2 * max(1, workers) + 2)
+        self.moved_slots = multiprocessing.RawArray("q", max(1, workers) + 1)
         self.files_total = 0
         self.bytes_total = 0
         self.phase = "listing"
 
-    def add(self, slot: int, files: int, size: int) -> None:
+    def add(self, slot: int, files: int, size: int, moved: Optional[int] = None) -> None:
+        """Count ``files`` and ``size`` bytes done, of which ``moved`` (default: all) were moved."""
         self.slots[2 * slot] += files
         self.slots[2 * slot + 1] += size
+        self.moved_slots[slot] += size if moved is None else moved
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes written to the target so far: a changed big file's unchanged blocks are not."""
+        return sum(self.moved_slots)
 
     @property
     def files_done(self) -> int:
@@ -312,7 +323,7 @@ def _log_phase(started: float, message: str, *args) -> None:
 
 def _filter(options: TreeOptions) -> PathFilter:
     try:
-        return PathFilter(options.includes, options.excludes)
+        return PathFilter(options.includes, options.excludes, options.rules, options.files_from)
     except ValueError as error:
         raise UsageError(str(error)) from None
 
@@ -371,7 +382,7 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
             try:
                 listing = tree.list()
                 answer: tuple = ("ok", listing.root and tuple(listing.root),
-                                 [tuple(e) for e in listing.entries], listing.failures)
+                                 [tuple(e) for e in listing.entries], listing.failures, wire.totals())
             except BaseException as error:
                 answer = ("error", error)
             with os.fdopen(writer, "wb") as stream:
@@ -393,7 +404,8 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
         answer = pickle.loads(data)
         if answer[0] == "error":
             raise answer[1]
-        _, root, entries, failures = answer
+        _, root, entries, failures, child_wire = answer
+        wire.add(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
         return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
 
@@ -698,6 +710,7 @@ class _Runner:
                         if state.full:  # no worker takes another unit
                             with next_unit.get_lock():
                                 next_unit.value = len(self.units)
+                    state.counts["wire_sent"], state.counts["wire_received"] = wire.totals()
                     with os.fdopen(writer, "wb") as stream:
                         pickle.dump((state.failures, state.counts), stream)
                 except BaseException:  # never run the parent's code in a child
@@ -730,6 +743,7 @@ class _Runner:
         self.result.deleted += counts.get("deleted", 0)
         self.result.metadata_fixed += counts.get("metadata", 0)
         self.result.unchanged += counts.get("unchanged", 0)
+        wire.add(counts.get("wire_sent", 0), counts.get("wire_received", 0))  # a worker's, counted here
 
 
 class _WorkerState:
@@ -858,6 +872,7 @@ class _WorkerState:
         method = options.hash_method
         size = digest_size(method)
         length = unit.weight
+        moved = 0
         try:
             plan = BlockPlan(big.action.source.size, options.block_size)
             if not plan.size:
@@ -878,7 +893,7 @@ class _WorkerState:
             pass
         except PdiffcopyError as error:
             self._part_failed(index, str(error))
-        self.runner.progress.add(self.slot, 0, length)
+        self.runner.progress.add(self.slot, 0, length, moved)
         self._part_done(index)
 
     def _copy_ranges(self, big: _BigFile, ranges: List[ByteRange]) -> None:

@@ -102,3 +102,14 @@ def test_an_unusable_ca_file_given_to_the_api_says_why(tls_server, tmp_path):
     with pytest.raises(UsageError, match="Cannot use the CA file .*: no certificate"):
         sync(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"),
              ca_file=str(tmp_path / "not-a-ca.pem"))
+
+
+def test_stats_count_the_tls_bytes_on_the_wire(tls_server, tmp_path):
+    """The kernel's counters see TLS records: a little more than the data, never less."""
+    data = random_bytes(1024 * 1024, seed=9)
+    (tls_server.root / "s.img").write_bytes(data)
+    done = run_cli("--no-progress", "--stats", "--ca-file", tls_server.ca_file,
+                   f"https://127.0.0.1:{tls_server.port}/s.img", str(tmp_path / "s.img"))
+    assert done.returncode == 0, done.stderr
+    received = int(done.stdout.split(" bytes received on the wire")[0].rsplit(" ", 1)[1])
+    assert len(data) < received < len(data) + 256 * 1024

@@ -1,0 +1,151 @@
+"""rsync's filter habits: --include/--exclude globs, --exclude-from, --files-from, and -i/-e regexes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from test_tree import snapshot
+
+
+def sync(*args, ok: bool = True, input_text=None):
+    if input_text is None:
+        done = run_cli("--no-progress", *map(str, args))
+    else:
+        from conftest import pdiffcopy_command
+
+        done = subprocess.run(pdiffcopy_command("--no-progress", *map(str, args)), input=input_text,
+                              capture_output=True, text=True, timeout=60)
+    if ok:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+def small_tree(root: Path) -> Path:
+    """Names that tell rsync's anchoring rules apart: sub/ at the top and deeper down."""
+    for name in ("a.txt", "b.bin", "core.tmp", "sub/c.bin", "sub/d.txt", "sub/deeper/e.bin",
+                 "x/sub/f.bin", "x/sub/g.txt", "x/y/z/h.bin", "build/out.o", "x/build/keep.o"):
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(name.encode())
+    (root / "empty").mkdir()
+    return root
+
+
+def names(root: Path) -> set:
+    return set(snapshot(root))
+
+
+RSYNC_CASES = [
+    ["--exclude", "*.bin"],
+    ["--exclude", "sub/"],
+    ["--exclude", "/sub/"],
+    ["--exclude", "sub/*.bin"],
+    ["--exclude", "/sub/*.bin"],
+    ["--exclude", "x/**/*.bin"],
+    ["--exclude", "s?b"],
+    ["--exclude", "[a-c].*"],
+    ["--exclude", "/build/"],
+    ["--exclude", "sub/***"],
+    ["--include", "*.bin", "--include", "*/", "--exclude", "*"],
+    ["--include", "/sub/", "--include", "/sub/**", "--exclude", "*"],
+    ["--include", "d.txt", "--exclude", "*.txt", "--exclude", "/x/"],
+]
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="needs rsync to compare with")
+@pytest.mark.parametrize("rules", RSYNC_CASES, ids=[" ".join(r) for r in RSYNC_CASES])
+def test_globs_select_what_rsync_selects(tmp_path, rules):
+    """Anchoring, trailing slashes, * and **, first match wins: the same files as rsync -r."""
+    tree = small_tree(tmp_path / "src")
+    subprocess.run(["rsync", "-r", *rules, f"{tree}/", f"{tmp_path / 'by-rsync'}/"], check=True,
+                   capture_output=True, timeout=30)
+    sync(*rules, f"{tree}/", tmp_path / "by-pdiffcopy")
+    assert names(tmp_path / "by-pdiffcopy") == names(tmp_path / "by-rsync")
+
+
+def test_regex_options_keep_their_meaning_and_get_long_names(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    sync("-e", r"\.bin$", "--exclude-regex", "^x/", f"{tree}/", tmp_path / "dst")
+    assert names(tmp_path / "dst") == {"a.txt", "core.tmp", "sub", "sub/d.txt", "sub/deeper", "build",
+                                       "build/out.o", "empty"}
+    sync("--include-regex", r"\.o$", f"{tree}/", tmp_path / "dst2")
+    assert names(tmp_path / "dst2") == {"build", "build/out.o", "x", "x/build", "x/build/keep.o"}
+
+
+def test_glob_rules_come_before_regexes(tmp_path):
+    """A glob include rescues what a regex excludes; an unmatched path falls to the regexes."""
+    tree = small_tree(tmp_path / "src")
+    sync("--include", "c.bin", "-e", r"\.bin$", f"{tree}/", tmp_path / "dst")
+    got = names(tmp_path / "dst")
+    assert "sub/c.bin" in got and "b.bin" not in got and "sub/deeper/e.bin" not in got
+
+
+@pytest.mark.parametrize("option,glob,hint", [("-e", "*.tmp", "--exclude"), ("-i", "?x", "--include"),
+                                              ("--exclude-regex", "**", "--exclude")])
+def test_glob_given_to_a_regex_option_gets_a_hint(tmp_path, option, glob, hint):
+    tree = small_tree(tmp_path / "src")
+    done = sync(option, glob, f"{tree}/", tmp_path / "dst", ok=False)
+    assert done.returncode == 2
+    assert f"looks like a glob: use {hint}" in done.stderr
+    assert "nothing to repeat" not in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_exclude_from_reads_patterns_and_ignores_comments(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    rules = tmp_path / "rules"
+    rules.write_text("# build products\n*.o\n\n; scratch\ncore.tmp\n+ /x/y/\n- /x/\n")
+    sync("--exclude-from", rules, f"{tree}/", tmp_path / "dst")
+    assert names(tmp_path / "dst") == {"a.txt", "b.bin", "sub", "sub/c.bin", "sub/d.txt", "sub/deeper",
+                                       "sub/deeper/e.bin", "build", "empty"}
+
+
+def test_missing_exclude_from_is_one_line(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    done = sync("--exclude-from", tmp_path / "nope", f"{tree}/", tmp_path / "dst", ok=False)
+    assert done.returncode == 2
+    assert str(tmp_path / "nope") in done.stderr and "Traceback" not in done.stderr
+
+
+def test_files_from_transfers_only_the_listed_paths_and_their_parents(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    listing = tmp_path / "list"
+    listing.write_text("# wanted\nsub/deeper/e.bin\n\n./a.txt\n; the whole of x/y\nx/y/\n")
+    target = tmp_path / "dst"
+    target.mkdir()
+    (target / "mine").write_bytes(b"not listed: never deleted")
+    sync("--delete", "--files-from", listing, f"{tree}/", target)
+    assert names(target) == {"a.txt", "sub", "sub/deeper", "sub/deeper/e.bin", "x", "x/y", "x/y/z",
+                             "x/y/z/h.bin", "mine"}
+
+
+def test_files_from_stdin(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    sync("--files-from", "-", f"{tree}/", tmp_path / "dst", input_text="b.bin\nsub/d.txt\n")
+    assert names(tmp_path / "dst") == {"b.bin", "sub", "sub/d.txt"}
+
+
+def test_glob_filters_through_the_server_pull_and_push(tmp_path, server, unique):
+    tree = small_tree(tmp_path / "src")
+    name = unique.replace(".img", "")
+    url = server.url(name) + "/"
+    sync("--exclude", "*.bin", "--exclude", "/x/", f"{tree}/", url)
+    assert names(server.root / name) == {"a.txt", "core.tmp", "sub", "sub/d.txt", "sub/deeper", "build",
+                                         "build/out.o", "empty"}
+    listing = tmp_path / "list"
+    listing.write_text("sub/d.txt\n")
+    sync("--files-from", listing, url, tmp_path / "back")
+    assert names(tmp_path / "back") == {"sub", "sub/d.txt"}
+    os.remove(server.root / name / "a.txt")
+
+
+def test_remove_takes_glob_filters(tmp_path):
+    tree = small_tree(tmp_path / "src")
+    sync("--remove", "--exclude", "*.txt", tree)
+    assert names(tree) == {"a.txt", "sub", "sub/d.txt", "x", "x/sub", "x/sub/g.txt"}
