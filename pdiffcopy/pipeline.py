@@ -250,11 +250,14 @@ class _SyncJob:
             self.transfers.shutdown(wait=True, cancel_futures=True)
 
     def _shutdown(self) -> None:
-        self._stop_transfers()
-        for endpoint in (self.source, self.target, getattr(self, "work", self.target)):
-            endpoint.close()  # the temporary too: its connections would wait for the GC
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self._stop_transfers()
+            for endpoint in (self.source, self.target, getattr(self, "work", self.target)):
+                endpoint.close()  # the temporary too: its connections would wait for the GC
+        finally:
+            # Even when a close fails: no hashing thread may outlive the sync.
+            if self.pool is not None:
+                self.pool.shutdown(wait=True, cancel_futures=True)
 
     # -- the steps ---------------------------------------------------------
 

@@ -152,12 +152,12 @@ class TreeHook:
         original = self.progress.add
         self.outcome = None
 
-        def add(slot: int, files: int, size: int) -> None:
+        def add(slot: int, *counts: int) -> None:
             nonlocal action
             if action is not None:
                 todo, action = action, None
                 self.outcome = todo()
-            original(slot, files, size)
+            original(slot, *counts)
 
         self.progress.add = add  # type: ignore[method-assign]
 
