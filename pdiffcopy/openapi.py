@@ -163,6 +163,10 @@ def _components() -> Dict[str, Any]:
             "properties": {"error": {"type": "string", "minLength": 1},
                            "status": {"type": "integer", "minimum": 400, "maximum": 599}},
         },
+        "Health": {
+            "type": "object", "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["ok"]}},
+        },
         "ServerInfo": {
             "type": "object", "required": ["server", "version"],
             "properties": {"server": {"type": "string", "enum": ["pdiffcopy"]}, "version": string},
@@ -339,6 +343,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     }
     index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
                        {"200": _json_answer("Who we are", "ServerInfo")})
+    health = _operation("health", "Liveness, answered without the token and saying nothing about files",
+                        {"200": _json_answer("The server answers", "Health")}, errors=(400, 414, 431))
+    health["security"] = []  # the one operation a probe without the token may call
     version = _operation("version", "The server's version and the hash methods it accepts",
                          {"200": _json_answer("Version and methods", "Version")})
     document = _operation("openapi", "This OpenAPI document",
@@ -468,6 +475,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                         errors=_PATH_ERRORS, parameters=[temporary])
     return {
         "/": {"get": index, "head": _head_of(index, "serverInfoHeaders", "Server headers")},
+        "/.pdiffcopy/health": {
+            "get": health, "head": _head_of(health, "healthHeaders", "Health headers")},
         "/.pdiffcopy/version": {
             "get": version, "head": _head_of(version, "versionHeaders", "Version headers")},
         DOCUMENT_PATH: {

@@ -93,6 +93,10 @@ MAX_FILE_SIZE = 1 << 50
 #: The prefix of the server's own endpoints.
 API_PREFIX = "/.pdiffcopy"
 
+#: Liveness: the one request answered without the token (a probe has none),
+#: and it says nothing but that the server answers.
+HEALTH_PATH = f"{API_PREFIX}/health"
+
 #: Hash requests one worker process runs at once. Half its request threads:
 #: hashing is CPU and disk bound, so more of it at once would not finish
 #: sooner, and the other half stays free for the reads, writes and control
@@ -189,7 +193,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.before_request
     def authenticate() -> None:
         g.started = time.monotonic()
-        if expected is None:
+        if expected is None or request.path == HEALTH_PATH:
             return
         # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
@@ -237,6 +241,11 @@ def create_app(config: ServerConfig) -> Flask:
         if isinstance(error, RangeNotSatisfiable) and error.size is not None:
             response.headers["Content-Range"] = f"bytes */{error.size}"
         return response
+
+    @app.get(HEALTH_PATH)
+    def health():
+        """Liveness for probes and load balancers: without the token, and nothing about files."""
+        return jsonify(status="ok")
 
     @app.get(f"{API_PREFIX}/version")
     def version():

@@ -10,6 +10,7 @@ import email
 import email.policy
 import email.utils
 import http.client
+import json
 import os
 import time
 
@@ -141,3 +142,15 @@ def test_auth_scheme_is_case_insensitive(token_server, unique):
         assert (status, body) == (200, b"secret data"), scheme
     for header in ("bearer wrong-token", "Basic s3cret-token", "bearer", "s3cret-token", "bearers3cret-token"):
         assert http_get(token_server.url(unique), {"Authorization": header})[0] == 401, header
+
+
+def test_health_answers_without_the_token_and_tells_nothing_about_files(token_server):
+    """A load balancer or systemd probe asks GET /.pdiffcopy/health with no token (liveness only)."""
+    (token_server.root / "secret.img").write_bytes(b"x" * 10)
+    status, headers, body = http_get(f"{token_server.base}/.pdiffcopy/health")
+    assert status == 200, body
+    assert json.loads(body) == {"status": "ok"}
+    # Everything else still wants the token, and the health check names no file.
+    assert http_get(f"{token_server.base}/.pdiffcopy/version")[0] == 401
+    assert http_get(f"{token_server.base}/secret.img")[0] == 401
+    assert b"secret" not in body
