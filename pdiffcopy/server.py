@@ -212,6 +212,8 @@ def create_app(config: ServerConfig) -> Flask:
 
     @app.after_request
     def log_request(response: Response) -> Response:
+        if request.path == HEALTH_PATH and response.status_code == 200:
+            return response  # a probe every few seconds would bury the requests that matter
         elapsed = time.monotonic() - g.get("started", time.monotonic())
         logger.info("%s %s %s %s (%.1f ms)", request.remote_addr, request.method,
                     one_line(request.full_path.rstrip("?")), response.status_code, elapsed * 1000)
