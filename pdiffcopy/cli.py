@@ -270,16 +270,40 @@ def main(argv: Optional[List[str]] = None) -> int:
         logger.error("%s", error)
         status = error.exit_code
     except KeyboardInterrupt as interrupt:
-        how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
-        logger.error("Interrupted%s", how)
-        status = 130
-    except Exception as error:  # a bug: still one line, the details with -v
-        logger.debug("Unexpected error", exc_info=True)
-        logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
-        status = 1
+        status = _report_interrupt(interrupt)
+    except Exception as error:
+        behind = _interrupt_behind(error)
+        if behind is not None:
+            # The interrupt landed inside a lock's bookkeeping (a signal
+            # handler raises between any two bytecodes), and the unwinding
+            # tripped over the half-released lock: still an interruption.
+            logger.debug("Interrupted, then %s while unwinding", type(error).__name__, exc_info=True)
+            status = _report_interrupt(behind)
+        else:  # a bug: still one line, the details with -v
+            logger.debug("Unexpected error", exc_info=True)
+            logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
+            status = 1
     if argv is None:
         sys.exit(status)
     return status
+
+
+def _report_interrupt(interrupt: KeyboardInterrupt) -> int:
+    how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
+    logger.error("Interrupted%s", how)
+    return 130
+
+
+def _interrupt_behind(error: BaseException) -> Optional[KeyboardInterrupt]:
+    """The Ctrl-C or clean-up signal during whose handling ``error`` was raised, if any."""
+    seen = set()
+    cause: Optional[BaseException] = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
 
 
 #: Signals that end a client run the way Ctrl-C does: SIGTERM (kill, systemd,
