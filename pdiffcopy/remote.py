@@ -13,7 +13,6 @@ whole 1 GiB no-change sync may take, and the sync needs none of its extras.
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
 from pdiffcopy import wire
+from pdiffcopy.addresses import is_loopback
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.byteranges import (
     boundary_of,
@@ -263,20 +263,13 @@ def warn_about_plain_token(base: str) -> None:
     write the whole server root with it.
     """
     parts = urlsplit(base)
-    if _Warned.plain_token or parts.scheme != "http" or _is_loopback(parts.hostname or ""):
+    if _Warned.plain_token or parts.scheme != "http" or is_loopback(parts.hostname or ""):
         return
     _Warned.plain_token = True
     logger.warning("Sending the token to %s over plain http: anyone on the network can read it "
                    "(use https://, or a tunnel)", base)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class HttpClient:

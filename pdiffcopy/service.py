@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import ipaddress
 import json
 import logging
 import os
@@ -11,6 +10,7 @@ import socket
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from pdiffcopy.addresses import is_loopback
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -61,14 +61,6 @@ def parse_listen_address(value: str) -> Tuple[str, int]:
     return host, int(port_text)
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_token(token_file: Optional[str] = None) -> Optional[str]:

@@ -20,6 +20,17 @@ import pytest
 START_TIMEOUT = 20.0
 
 
+def process_stats():
+    """(pid, fields of /proc/PID/stat after the command name) of every live process."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    yield int(entry), handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as probe:

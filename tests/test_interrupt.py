@@ -7,24 +7,14 @@ import signal
 import subprocess
 import time
 
-from conftest import pdiffcopy_command, random_bytes
+from conftest import pdiffcopy_command, process_stats, random_bytes
 from pdiffcopy.pipeline import Progress
 from pdiffcopy.progress import ProgressDisplay
 
 
 def session_processes(session_id: int):
     """PIDs of live processes in a session (the client and any hashing processes it forked)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == session_id and fields[0] != "Z":
-                pids.append(int(entry))
-    return pids
+    return [pid for pid, fields in process_stats() if int(fields[3]) == session_id and fields[0] != "Z"]
 
 
 def test_ctrl_c_stops_a_pull_promptly_and_leaves_nothing(server, tmp_path, unique):

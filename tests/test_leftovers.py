@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import pdiffcopy_command, random_bytes, run_cli, start_server
+from conftest import pdiffcopy_command, process_stats, random_bytes, run_cli, start_server
 from pdiffcopy import fileops
 from pdiffcopy.fileops import is_temporary_name
 from test_interrupt import session_processes
@@ -51,17 +51,7 @@ def write_big(path: Path, seed: int) -> None:
 
 
 def children_of(pid: int):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
+    return [child for child, fields in process_stats() if int(fields[1]) == pid]
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 60.0) -> bool:
