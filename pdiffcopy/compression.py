@@ -1,0 +1,123 @@
+"""Compression on the wire: zstd frames that check themselves, and when to use them.
+
+zstd through the well-kept ``zstandard`` binding (it releases the GIL, so chunks compress in
+parallel threads). Every frame carries its content size and a checksum, so a corrupted,
+truncated or wrongly sized frame is an error here, never wrong bytes in a target.
+
+Whether to compress is decided per stream (:class:`AdaptivePolicy`): only when the data
+shrinks and the link, not the CPU, is the bottleneck. On loopback or a fast LAN, and for
+random data, compressing would only cost time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+#: The HTTP content coding (RFC 8878 registers "zstd").
+ENCODING = "zstd"
+#: zstd level 1: text-like data shrank 3.9:1 at level 1 and 4.2:1 at level 3 here, and level 1
+#: compresses about twice as fast; on a link where compression pays, the CPU must keep up.
+LEVEL = 1
+#: Compress only when it saves at least this share of the bytes: below it the CPU time and
+#: the latency of compressing buy almost nothing.
+MIN_SAVING = 0.1
+#: ...and only when the compressors (on all cores) outrun the link by this margin, so that
+#: compressing never becomes the bottleneck instead of the link.
+CPU_MARGIN = 1.5
+#: Bytes sampled to estimate how well a stream compresses and how fast.
+SAMPLE_BYTES = 256 * 1024
+
+
+class CompressionError(ValueError):
+    """A compressed frame that does not decode to exactly the bytes announced."""
+
+
+def _zstd():
+    import zstandard  # imported when first used: plain transfers never pay for it
+
+    return zstandard
+
+
+_local = threading.local()
+
+
+def _compressor():
+    # A ZstdCompressor must not be shared between threads; one per thread is reused.
+    compressor = getattr(_local, "compressor", None)
+    if compressor is None:
+        compressor = _local.compressor = _zstd().ZstdCompressor(
+            level=LEVEL, write_checksum=True, write_content_size=True)
+    return compressor
+
+
+def compress(data: "bytes | memoryview") -> bytes:
+    """One zstd frame holding `data`, with its size and a checksum."""
+    return _compressor().compress(data)
+
+
+def decompress(frame: bytes, expected_length: int) -> bytes:
+    """The bytes of one frame, which must be exactly `expected_length` long.
+
+    :raises CompressionError: For a corrupted or truncated frame or a wrong length.
+    """
+    zstd = _zstd()
+    try:
+        size = zstd.frame_content_size(frame)
+    except zstd.ZstdError as error:
+        raise CompressionError(f"Damaged compressed data: {error}") from None
+    if size != expected_length:
+        raise CompressionError(f"Compressed data announces {size} bytes where {expected_length} were expected")
+    try:
+        data = zstd.ZstdDecompressor().decompress(frame, max_output_size=expected_length)
+    except zstd.ZstdError as error:
+        raise CompressionError(f"Damaged compressed data: {error}") from None
+    if len(data) != expected_length:
+        raise CompressionError(f"Compressed data held {len(data)} bytes where {expected_length} were expected")
+    return data
+
+
+class AdaptivePolicy:
+    """Decide per stream whether compressing pays, from what the stream itself shows.
+
+    The transport reports how fast bytes cross the link (:meth:`link_observed`) and hands over
+    a sample of the data (:meth:`sample`); :meth:`compress` is the answer. Until both are
+    known it answers no: a transfer starts plain, as on loopback it should stay.
+    """
+
+    def __init__(self, cores: int, clock=time.perf_counter) -> None:
+        self.cores = max(1, cores)
+        self._clock = clock
+        self.ratio: Optional[float] = None
+        self.compress_rate: Optional[float] = None
+        self.link_rate: Optional[float] = None
+        self._lock = threading.Lock()
+
+    def sample(self, data: "bytes | memoryview") -> None:
+        """Compress a sample once, to learn the ratio and the speed of one core."""
+        if self.ratio is not None or not data:
+            return
+        data = memoryview(data)[:SAMPLE_BYTES]
+        started = self._clock()
+        compressed = len(compress(data))
+        seconds = max(self._clock() - started, 1e-6)
+        with self._lock:
+            self.ratio = len(data) / max(compressed, 1)
+            self.compress_rate = len(data) / seconds
+
+    def link_observed(self, count: int, seconds: float) -> None:
+        """Plain bytes took `seconds` to cross the link (keeps a moving average)."""
+        if seconds <= 0 or count <= 0:
+            return
+        rate = count / seconds
+        with self._lock:
+            self.link_rate = rate if self.link_rate is None else 0.7 * self.link_rate + 0.3 * rate
+
+    def compress(self) -> bool:
+        """Whether the rest of the stream should be compressed."""
+        if self.ratio is None or self.link_rate is None:
+            return False
+        if 1 - 1 / self.ratio < MIN_SAVING:
+            return False
+        return self.cores * self.compress_rate >= CPU_MARGIN * self.link_rate
