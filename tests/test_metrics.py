@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import pytest
-from conftest import free_port, http_get, random_bytes, start_server
+from conftest import free_port, http_get, random_bytes, run_cli, start_server
 
 from pdiffcopy.metrics import DIRECTORY_PREFIX, METRICS_PATH
 
@@ -234,3 +234,15 @@ def test_the_metrics_directory_of_a_killed_server_is_removed_by_the_next(tmp_pat
         assert not os.path.exists(directory)
     finally:
         successor.stop()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--metrics-listen", "9100", "a", "b"), "--metrics-listen is a server option"),
+    (("--metrics-listen", "127.0.0.1:0"), "--metrics-listen needs a port of its own"),
+    (("--metrics-listen", "nonsense:port"), "Invalid listen address"),
+])
+def test_a_wrong_metrics_listen_is_one_line_and_exit_2(tmp_path, args, message):
+    server = () if "a" in args else ("--root", str(tmp_path), "--listen", f"127.0.0.1:{free_port()}")
+    result = run_cli(*server, *args, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
