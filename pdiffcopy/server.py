@@ -213,7 +213,7 @@ def create_app(config: ServerConfig) -> Flask:
                 raise NotFound(f"This address answers only GET {SCRAPE_PATH} (the metrics)")
             return metrics_answer()
         if expected is None or request.path == HEALTH_PATH:
-            return
+            return None
         # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
         supplied = credentials.lstrip(" ").encode("latin-1", "replace")
