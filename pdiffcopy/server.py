@@ -281,7 +281,7 @@ def create_app(config: ServerConfig) -> Flask:
         """Who we are and which hash methods we offer."""
         return jsonify(version=__version__, methods=list(config.hash_methods))
 
-    @app.get(METRICS_PATH)
+    @app.get(METRICS_PATH, endpoint="metrics")  # the label of scrapes on either address
     def metrics_text():
         """Prometheus metrics of all worker processes (behind the token, like every request)."""
         return metrics_answer()

@@ -126,6 +126,8 @@ def test_metrics_need_the_token(metrics_server):
     status, headers, body = http_get(metrics_server.base + METRICS_PATH, AUTH)
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
     assert b"# TYPE pdiffcopy_requests_total counter" in body
+    counts = scrape(metrics_server.base)
+    assert counts['pdiffcopy_requests_total{endpoint="metrics",status="401"}'] >= 2
 
 
 def test_metrics_listen_answers_without_the_token_and_only_metrics(metrics_server):
