@@ -41,6 +41,11 @@ def deltas(rounds: int) -> List[int]:
     return [round(100 * index / rounds) for index in range(1, rounds + 1)]
 
 
+def measured_delta(moved: int, size: int) -> int:
+    """The share of a file (in %, rounded) that a sync moved; 0 for an empty file."""
+    return round(100 * moved / size) if size else 0
+
+
 def mutate(path: str, block_size: int, percentage: float, seed: int) -> int:
     """Overwrite ``percentage`` % of the blocks of ``path`` with random bytes.
 
@@ -135,7 +140,8 @@ def run_benchmark(source: str, target: str, rounds: int, **options) -> List[dict
     :param target: Local path of the target (created by a first sync if missing).
     :param rounds: How many rounds, at evenly spaced similarity.
     :param options: Options for :func:`~pdiffcopy.pipeline.sync`.
-    :returns: One dict per round (delta, bytes moved, seconds, rsync seconds or None).
+    :returns: One dict per round: delta (the % of the file that moved), mutated (the %
+              of blocks mutated), bytes moved, seconds, rsync seconds or None.
     :raises UsageError: When ``target`` is a URL.
     """
     from humanfriendly import format_size, format_timespan
@@ -170,10 +176,13 @@ def run_benchmark(source: str, target: str, rounds: int, **options) -> List[dict
                 rsync_seconds = time_rsync(daemon, os.path.basename(source), scratch)
                 if not filecmp.cmp(source, scratch, shallow=False):
                     raise StorageError("rsync left a target that differs from the source")
-            results.append(dict(delta=delta, moved=result.bytes_moved, seconds=result.seconds,
-                                rsync=rsync_seconds))
-            logger.info("Round %d of %d: %d%% mutated, %s moved in %s", index + 1, rounds, delta,
-                        format_size(result.bytes_moved, binary=True),
+            # The delta is what moved, not what was mutated: a target that
+            # differed from the source before round 1 moves whole in it.
+            measured = measured_delta(result.bytes_moved, result.size)
+            results.append(dict(delta=measured, mutated=delta, moved=result.bytes_moved,
+                                seconds=result.seconds, rsync=rsync_seconds))
+            logger.info("Round %d of %d: %d%% mutated, %s moved (%d%%) in %s", index + 1, rounds, delta,
+                        format_size(result.bytes_moved, binary=True), measured,
                         format_timespan(result.seconds))
     finally:
         if daemon is not None:

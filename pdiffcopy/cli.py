@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--hash-methods", metavar="LIST", default=None,
                         help="hash methods the server accepts, comma-separated, or 'all' "
                              "(default: the fast ones: xxh*, blake3, sha256, sha1)")
+    server.add_argument("--metrics-listen", metavar="ADDRESS", default=None,
+                        help="also answer GET /metrics (Prometheus) on this PORT or HOST:PORT, without "
+                             "the token: keep it on loopback or a private network")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
@@ -362,7 +365,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.remove:
             raise UsageError("--remove needs the PATHs to remove")
         refuse_sync_options(parser, args)
-        require_extra(("flask", "gunicorn"), "server", "The server")
+        require_extra(("flask", "gunicorn", "prometheus_client"), "server", "The server")
         from pdiffcopy.service import DEFAULT_LISTEN, ServerOptions, run_server
 
         run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
@@ -370,13 +373,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
                                  certfile=args.certfile, keyfile=args.keyfile,
-                                 hash_methods=args.hash_methods,
+                                 hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
     if args.hash_methods:
         raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
+    if args.metrics_listen:
+        raise UsageError("--metrics-listen is a server option; it makes no sense with SOURCE and TARGET")
     handle_termination()
     from pdiffcopy.fileops import raise_open_file_limit
 

@@ -204,14 +204,14 @@ class Leases:
                            f"the file (or it was replaced); run again")
 
 
-def _sweep(parent: str) -> None:
-    """Remove the lease directories of servers that are gone (killed before they could)."""
+def _sweep(parent: str, prefix: str = DIRECTORY_PREFIX) -> None:
+    """Remove the lease (or other ``prefix``) directories of servers that are gone (killed before they could)."""
     try:
         names = os.listdir(parent)
     except OSError:
         return
     for name in names:
-        match = re.fullmatch(re.escape(DIRECTORY_PREFIX) + r"([0-9]+)-[^/]+", name)
+        match = re.fullmatch(re.escape(prefix) + r"([0-9]+)-[^/]+", name)
         if not match:
             continue
         try:

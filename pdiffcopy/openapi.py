@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from pdiffcopy.metrics import METRICS_PATH
 from pdiffcopy.treeendpoints import OPERATIONS
 from pdiffcopy.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS
 
@@ -350,6 +351,12 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                          {"200": _json_answer("Version and methods", "Version")})
     document = _operation("openapi", "This OpenAPI document",
                           {"200": _json_answer("The document", "OpenAPI")})
+    metrics = _operation(
+        "metrics", "Prometheus metrics, added up over the worker processes",
+        {"200": {"description": "The text exposition format: requests by endpoint and status, file "
+                                "bytes served and received, hash jobs running, 503 refusals",
+                 "content": {"text/plain": {"schema": {"type": "string"},
+                                            "example": "pdiffcopy_served_bytes_total 1.048576e+06\n"}}}})
     stat = _operation("stat", "Describe a file: type, size, mtime, mode and ETag",
                       {"200": _json_answer("The description", "FileDescription")},
                       errors=_PATH_ERRORS, parameters=[path])
@@ -481,6 +488,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
             "get": version, "head": _head_of(version, "versionHeaders", "Version headers")},
         DOCUMENT_PATH: {
             "get": document, "head": _head_of(document, "openapiHeaders", "Document headers")},
+        METRICS_PATH: {
+            "get": metrics, "head": _head_of(metrics, "metricsHeaders", "Metrics headers")},
         "/.pdiffcopy/stat/{path}": {
             "get": stat, "head": _head_of(stat, "statHeaders", "Stat headers")},
         "/.pdiffcopy/hashes/{path}": {

@@ -24,7 +24,7 @@ from typing import Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, NotFound
 from werkzeug.http import unquote_etag
 from werkzeug.routing import PathConverter
 
@@ -70,6 +70,7 @@ from pdiffcopy.fileops import (
 from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
+from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.service import THREADS_PER_WORKER
@@ -155,6 +156,12 @@ class ServerConfig:
     #: Where the write leases live (default: a new temporary directory, made
     #: before gunicorn forks its workers, so that they all share it).
     lease_directory: Optional[str] = None
+    #: The directory of the metrics of all worker processes
+    #: (:func:`pdiffcopy.metrics.make_directory`); None: this process's only.
+    metrics_directory: Optional[str] = None
+    #: The port of ``--metrics-listen``: requests arriving there get the
+    #: metrics without the token, and nothing else.
+    metrics_port: Optional[int] = None
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -178,6 +185,8 @@ def create_app(config: ServerConfig) -> Flask:
     hash_slots = FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS)
     # Shared by every worker process: made here, before gunicorn forks them.
     leases = Leases(config.lease_directory)
+    metrics = ServerMetrics(config.metrics_directory)
+    app.extensions["pdiffcopy.metrics"] = metrics  # for gunicorn's child_exit hook (service.py)
 
     def lease_of_request() -> Optional[str]:
         return request.headers.get(LEASE_HEADER) or None
@@ -190,11 +199,21 @@ def create_app(config: ServerConfig) -> Flask:
                 pass
     document = render_document()
 
+    def metrics_answer() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, content_type=content_type)
+
     @app.before_request
-    def authenticate() -> None:
+    def authenticate() -> Optional[Response]:
         g.started = time.monotonic()
+        if config.metrics_port is not None and request.environ.get("SERVER_PORT") == str(config.metrics_port):
+            # The --metrics-listen address: the metrics without the token, nothing else.
+            g.endpoint_label = "metrics"
+            if request.path not in (SCRAPE_PATH, METRICS_PATH) or request.method not in ("GET", "HEAD"):
+                raise NotFound(f"This address answers only GET {SCRAPE_PATH} (the metrics)")
+            return metrics_answer()
         if expected is None or request.path == HEALTH_PATH:
-            return
+            return None
         # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
         supplied = credentials.lstrip(" ").encode("latin-1", "replace")
@@ -204,11 +223,19 @@ def create_app(config: ServerConfig) -> Flask:
         scheme_matches = scheme.lower() == "bearer"
         if not (token_matches and scheme_matches):
             raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
+        return None
 
     @app.url_value_preprocessor
     def keep_path_bytes(endpoint: Optional[str], values: Optional[dict]) -> None:
         if values and "\ufffd" in values.get("path", ""):
             values["path"] = undecoded_path(values["path"])
+
+    @app.after_request
+    def count_request(response: Response) -> Response:
+        # The view's name, never the path: a label's values must stay few.
+        endpoint = g.get("endpoint_label") or (request.url_rule.endpoint if request.url_rule else UNMATCHED)
+        metrics.count_request(endpoint, response.status_code)
+        return response
 
     @app.after_request
     def log_request(response: Response) -> Response:
@@ -254,6 +281,11 @@ def create_app(config: ServerConfig) -> Flask:
         """Who we are and which hash methods we offer."""
         return jsonify(version=__version__, methods=list(config.hash_methods))
 
+    @app.get(METRICS_PATH, endpoint="metrics")  # the label of scrapes on either address
+    def metrics_text():
+        """Prometheus metrics of all worker processes (behind the token, like every request)."""
+        return metrics_answer()
+
     @app.get(DOCUMENT_PATH)
     def openapi():
         """The OpenAPI document of this API (behind the token, like every request)."""
@@ -288,12 +320,14 @@ def create_app(config: ServerConfig) -> Flask:
                 raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running "
                                  f"(at most {MAX_HASHES_PER_CLIENT} per client while others wait); "
                                  f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
+            metrics.hash_jobs.inc()
             try:
                 digests = b"".join(hash_region(fd, offset, length, block_size, method)
                                    for offset, length in ranges)
             except OSError as error:
                 raise storage_error(error, f"read {path}") from None
             finally:
+                metrics.hash_jobs.dec()
                 hash_slots.release(client)
         finally:
             os.close(fd)
@@ -309,7 +343,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
-            return ranged_response(fd, info)
+            return ranged_response(fd, info, metrics)
         except BaseException:
             os.close(fd)
             raise
@@ -323,7 +357,7 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
             with leases.writing(info, lease_of_request(), path):
-                written = receive_ranges(fd, info.st_size, path)
+                written = receive_ranges(fd, info.st_size, path, metrics)
         finally:
             os.close(fd)
         return jsonify(written=written)
@@ -463,7 +497,7 @@ def create_app(config: ServerConfig) -> Flask:
         return jsonify(server="pdiffcopy", version=__version__)
 
     add_tree_routes(app, root, trust_clients=config.trust_clients,
-                    write_hard_links=config.write_hard_links)
+                    write_hard_links=config.write_hard_links, metrics=metrics)
     return app
 
 
@@ -641,8 +675,11 @@ def not_modified(info: os.stat_result) -> bool:
     return since is not None and int(info.st_mtime) <= since.timestamp()
 
 
-def ranged_response(fd: int, info: os.stat_result) -> Response:
-    """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``."""
+def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetrics] = None) -> Response:
+    """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``.
+
+    The file bytes sent are counted in ``metrics``.
+    """
     size = info.st_size
     headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
                "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
@@ -683,15 +720,15 @@ def ranged_response(fd: int, info: os.stat_result) -> Response:
         if status == 206:
             headers["Content-Range"] = format_content_range(offset, length, size)
         headers["Content-Length"] = str(length)
-        return Response(_file_body(fd, ranges, None), status=status, headers=headers,
+        return Response(_file_body(fd, ranges, None, metrics=metrics), status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
     headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
-    return Response(_file_body(fd, ranges, size, boundary), status=206, headers=headers,
+    return Response(_file_body(fd, ranges, size, boundary, metrics), status=206, headers=headers,
                     content_type=multipart_content_type(boundary), direct_passthrough=True)
 
 
 def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
-               boundary: str = "") -> Iterator[bytes]:
+               boundary: str = "", metrics: Optional[ServerMetrics] = None) -> Iterator[bytes]:
     """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
     when ``multipart_size`` is set.
 
@@ -708,6 +745,8 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
                 if not data:
                     return  # the file shrank: the client sees a short body and fails
                 position += len(data)
+                if metrics is not None:
+                    metrics.bytes_served.inc(len(data))
                 yield data
         if multipart_size is not None:
             yield closing_delimiter(boundary)
@@ -715,7 +754,7 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
         os.close(fd)
 
 
-def receive_ranges(fd: int, size: int, path: str) -> int:
+def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
@@ -733,17 +772,17 @@ def receive_ranges(fd: int, size: int, path: str) -> int:
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, buffer, fd, single[0], single[1], size, path)
+            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, buffer, fd, offset, length, size, path)
+            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics)
         return written
     finally:
         body.finish()
 
 
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
-                   size: int, path: str) -> int:
+                   size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
     if offset + length > size:
         raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)", size)
     position, end = offset, offset + length
@@ -756,6 +795,8 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         except OSError as error:
             raise storage_error(error, f"write {path}") from None
         position += got
+        if metrics is not None:
+            metrics.bytes_received.inc(got)
     # Start writing the range to disk now: the client's fsync request at the
     # end then finds little left to write.
     start_writeback(fd, offset, length)

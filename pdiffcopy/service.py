@@ -96,6 +96,8 @@ class ServerOptions:
     hash_methods: Optional[str] = None
     trust_clients: bool = False
     write_hard_links: bool = False
+    #: ``--metrics-listen``: a second address answering only the metrics, without the token.
+    metrics_listen: Optional[str] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -119,6 +121,17 @@ def run_server(options: ServerOptions) -> None:
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
     check_address_free(host, port)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    binds = [bind]
+    metrics_port = None
+    if options.metrics_listen:
+        metrics_host, metrics_port = parse_listen_address(options.metrics_listen)
+        # The application tells the metrics address by the port a request came in on.
+        if metrics_port in (0, port):
+            raise UsageError(f"--metrics-listen needs a port of its own (not 0, not {port} of --listen)")
+        check_address_free(metrics_host, metrics_port)
+        binds.append(f"[{metrics_host}]:{metrics_port}" if ":" in metrics_host else
+                     f"{metrics_host}:{metrics_port}")
     workers = options.workers or os.cpu_count() or 2
     from pdiffcopy.hashing import accepted_methods
 
@@ -127,13 +140,18 @@ def run_server(options: ServerOptions) -> None:
 
     from pdiffcopy.guard import MAX_CONNECTIONS, REQUEST_THREADS
 
+    from pdiffcopy.metrics import SCRAPE_PATH, make_directory
+
+    # Before the application (and prometheus-client) is loaded, and before gunicorn forks.
+    metrics_directory = make_directory()
     from pdiffcopy.server import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
-                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods))
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods,
+                                  metrics_directory=metrics_directory, metrics_port=metrics_port))
+    metrics = app.extensions["pdiffcopy.metrics"]
     settings = {
-        "bind": [bind],
+        "bind": binds,
         "workers": workers,
         # gthread with handshakes and headers read in the event loop and paced
         # body reads and answer writes: see pdiffcopy/guard.py and
@@ -153,6 +171,8 @@ def run_server(options: ServerOptions) -> None:
         # gunicorn >= 25.1 opens a control socket at one fixed path per user,
         # which several pdiffcopy servers on one host would fight over.
         "control_socket_disable": True,
+        # A worker that died runs no hash jobs any more: drop its live gauge.
+        "child_exit": lambda _arbiter, worker: metrics.worker_exited(worker.pid),
     }
     if options.certfile:
         settings.update(certfile=options.certfile, keyfile=options.keyfile)
@@ -175,6 +195,8 @@ def run_server(options: ServerOptions) -> None:
     sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
+    if metrics_port is not None:
+        logger.info("Metrics without the token on %s://%s%s", scheme, binds[1], SCRAPE_PATH)
     Application().run()
 
 

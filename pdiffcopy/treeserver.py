@@ -41,6 +41,7 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.localtree import Directories, LocalTree
+from pdiffcopy.metrics import ServerMetrics
 from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
 from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.treeplan import DIR, FILE, Entry
@@ -81,13 +82,14 @@ SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
-                    write_hard_links: bool = False) -> None:
+                    write_hard_links: bool = False, metrics: Optional[ServerMetrics] = None) -> None:
     """Add the tree endpoints, serving the trees below ``root``, to ``app``.
 
     :param trust_clients: Let clients set owners and set-id bits (else they are
                           ignored, and the answer says so).
     :param write_hard_links: Let clients change the metadata of files with
                              several hard links (else refused per file).
+    :param metrics: Where the file bytes read and written are counted.
     """
     policy = _Policy(trust_clients)
 
@@ -124,7 +126,10 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
             # Runs after the view has returned; closes the tree when the
             # answer is done or abandoned (a client gone mid-stream).
             try:
-                yield from encode_files(tree.read_files(entries))
+                records = tree.read_files(entries)
+                if metrics is not None:
+                    records = metrics.served(records, size=lambda record: len(record[1] or b""))
+                yield from encode_files(records)
             finally:
                 tree.close()
 
@@ -148,6 +153,8 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
                                                    MAX_BATCH_BYTES):
                     if data is None:
                         raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
+                    if metrics is not None:
+                        metrics.bytes_received.inc(len(data))
                     yield policy.entry(entry, ignored), data
             except PdiffcopyError as problem:
                 refusal.append(problem)  # raised below, even if the tree took it for one failure
