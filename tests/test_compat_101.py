@@ -105,3 +105,190 @@ def test_tree_sync_with_a_101_server_names_the_version(original_server, tmp_path
     for url in (f"{original_server}{tmp_path}/tree/", f"{original_server}/"):
         completed = run_cli("-a", url, str(tmp_path / "copy"), timeout=60)
         _one_line_naming_101(completed, original_server)
+
+
+# -- Part two: what 1.0.1's own test suite checks, in this version's terms -------------------
+
+#: Block size of these tests (4 KiB, the smallest --block-size takes but one):
+#: files of a few hundred KiB then have enough blocks for a delta to show.
+BLOCK = 4096
+
+#: Size of the test files: 64 blocks and a short last one, so the short last
+#: block (which 1.0.1 counted with care) is part of every case.
+SIZE = 64 * BLOCK + 1000
+
+#: Blocks a delta case changes (of 65): few enough that moving only them is
+#: clearly not a whole copy.
+CHANGED_BLOCKS = (3, 17, 64)
+
+
+def _changed(data: bytes, blocks=CHANGED_BLOCKS) -> bytes:
+    """``data`` with one byte changed in each of ``blocks``."""
+    buffer = bytearray(data)
+    for block in blocks:
+        buffer[block * BLOCK] ^= 0xFF
+    return bytes(buffer)
+
+
+def _moved(completed: subprocess.CompletedProcess) -> int:
+    """The bytes moved, from the --stats line."""
+    assert completed.returncode == 0, completed.stderr
+    line = [line for line in completed.stdout.splitlines() if line.startswith("stats: moved ")][-1]
+    return int(line.split()[2])
+
+
+def _sides(server, unique: str, direction: str, tmp_path: Path):
+    """(source path, target path, SOURCE argument, TARGET argument) of a pull or a push."""
+    remote, local = server.root / unique, tmp_path / "local.bin"
+    if direction == "pull":
+        return remote, local, server.url(unique), str(local)
+    return local, remote, str(local), server.url(unique)
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_full_transfer_creates_the_target(server, unique, tmp_path, direction):
+    """1.0.1's *_full_transfer: a missing target gets the whole file."""
+    source, target, source_arg, target_arg = _sides(server, unique, direction, tmp_path)
+    source.write_bytes(random_bytes(SIZE, seed=11))
+    completed = run_cli("-b", str(BLOCK), "--stats", source_arg, target_arg)
+    assert _moved(completed) == SIZE
+    assert target.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_delta_transfer_moves_only_changed_blocks(server, unique, tmp_path, direction):
+    """1.0.1's *_delta_transfer: an existing target that differs ends equal, moving only what differs."""
+    source, target, source_arg, target_arg = _sides(server, unique, direction, tmp_path)
+    data = random_bytes(SIZE, seed=12)
+    source.write_bytes(data)
+    target.write_bytes(_changed(data))
+    completed = run_cli("-b", str(BLOCK), "--stats", source_arg, target_arg)
+    # Two full blocks and the short last one.
+    assert _moved(completed) == 2 * BLOCK + (SIZE - 64 * BLOCK)
+    assert target.read_bytes() == data
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_different_files_end_equal(server, unique, tmp_path, direction):
+    """1.0.1's delta tests used two unrelated random files of different sizes: they end equal too."""
+    source, target, source_arg, target_arg = _sides(server, unique, direction, tmp_path)
+    source.write_bytes(random_bytes(SIZE, seed=13))
+    target.write_bytes(random_bytes(SIZE // 2 + 77, seed=14))
+    completed = run_cli("-b", str(BLOCK), source_arg, target_arg)
+    assert completed.returncode == 0, completed.stderr
+    assert target.read_bytes() == source.read_bytes()
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_no_transfer_when_equal(server, unique, tmp_path, direction):
+    """1.0.1's *_no_transfer: equal files move nothing and stay equal, untouched."""
+    source, target, source_arg, target_arg = _sides(server, unique, direction, tmp_path)
+    data = random_bytes(SIZE, seed=15)
+    source.write_bytes(data)
+    target.write_bytes(data)
+    os.utime(target, ns=(1_000_000_000, 1_000_000_000))
+    completed = run_cli("-b", str(BLOCK), "--stats", source_arg, target_arg)
+    assert _moved(completed) == 0
+    assert target.read_bytes() == data
+    assert target.stat().st_mtime_ns == 1_000_000_000  # not rewritten
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_dry_run_changes_nothing(server, unique, tmp_path, direction):
+    """1.0.1's *_dry_run (-n): the similarity is reported, the target still differs."""
+    source, target, source_arg, target_arg = _sides(server, unique, direction, tmp_path)
+    data = random_bytes(SIZE, seed=16)
+    source.write_bytes(data)
+    before = _changed(data)
+    target.write_bytes(before)
+    completed = run_cli("-n", "-b", str(BLOCK), source_arg, target_arg)
+    assert completed.returncode == 0, completed.stderr
+    assert "Similarity index: " in completed.stdout and "(3 of 65 blocks differ" in completed.stdout
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("direction", ["pull", "local"])
+def test_benchmark_mode(server, unique, tmp_path, direction):
+    """1.0.1's test_benchmark (-B): rounds of mutate-and-resync, a table, and the target equal at the end.
+
+    1.0.1 compared with an rsync daemon when told where one was; ours starts
+    one by itself for a local SOURCE when rsync is installed (the local case).
+    """
+    source = server.root / unique if direction == "pull" else tmp_path / "source.bin"
+    source.write_bytes(random_bytes(SIZE, seed=17))
+    target = tmp_path / "target.bin"
+    source_arg = server.url(unique) if direction == "pull" else str(source)
+    completed = run_cli("-B", "2", "-b", str(BLOCK), source_arg, str(target), timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "Data moved" in completed.stdout and "50%" in completed.stdout and "100%" in completed.stdout
+    assert target.read_bytes() == source.read_bytes()
+
+
+def test_location_parsing():
+    """1.0.1's test_location_parsing: a path is local, an http URL names host, port and file, udp:// is refused.
+
+    1.0.1 took the URL's path as an absolute file name; ours is a path below the
+    server's --root (the leading slash only separates it from the host).
+    """
+    from pdiffcopy.endpoints import is_url
+    from pdiffcopy.exceptions import UsageError
+    from pdiffcopy.remote import parse_url
+
+    assert not is_url("/foo/bar")
+    assert is_url("http://server:12345/foo/bar")
+    assert parse_url("http://server:12345/foo/bar") == ("http://server:12345", "foo/bar")
+    assert parse_url("http://server/foo/bar") == ("http://server", "foo/bar")
+    with pytest.raises(UsageError, match="Unsupported URL"):
+        parse_url("udp://server/filename")
+
+
+def test_unsupported_scheme_is_one_line(tmp_path):
+    """The command line refuses udp:// with one line and the usage exit status."""
+    completed = run_cli("udp://server/filename", str(tmp_path / "x"))
+    assert completed.returncode == 2, completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1
+    assert "Unsupported URL" in completed.stderr
+
+
+def test_hashes_serial_parallel_and_http_agree(server, unique):
+    """1.0.1's test_compute_hashes: hashing serially, in parallel, and through the HTTP API gives the same digests."""
+    import hashlib
+
+    from conftest import http_get
+
+    from pdiffcopy.local import LocalFile, start_hash_pool
+
+    data = random_bytes(SIZE, seed=18)
+    path = server.root / unique
+    path.write_bytes(data)
+    expected = b"".join(hashlib.sha1(data[offset:offset + BLOCK]).digest() for offset in range(0, SIZE, BLOCK))
+    segments = [(offset, min(16 * BLOCK, SIZE - offset)) for offset in range(0, SIZE, 16 * BLOCK)]
+    for processes in (1, 4):
+        pool = start_hash_pool(processes)
+        file = LocalFile(str(path), pool=pool)
+        try:
+            futures = [file.submit_hashes([segment], BLOCK, "sha1") for segment in segments]
+            assert b"".join(future.result() for future in futures) == expected, processes
+        finally:
+            file.close()
+            pool.shutdown()
+    status, headers, body = http_get(f"{server.base}/.pdiffcopy/hashes/{unique}?method=sha1"
+                                     f"&block_size={BLOCK}&offset=0&length={SIZE}")
+    assert status == 200 and headers["X-Digest-Size"] == "20"
+    assert body == expected
+
+
+def test_main_module_help():
+    """1.0.1's test_main_module: ``python -m pdiffcopy --help`` prints the usage."""
+    completed = run_cli("--help")
+    assert completed.returncode == 0
+    assert completed.stdout.startswith("Usage: pdiffcopy ")
+
+
+@pytest.mark.parametrize("option", ["-h", "--help"])
+def test_usage_message_starts_with_usage(option):
+    """1.0.1's test_usage_message: -h and --help exit 0 with a help that starts with 'Usage:'."""
+    completed = run_cli(option)
+    assert completed.returncode == 0
+    assert completed.stdout.startswith("Usage:")
+    assert completed.stderr == ""
