@@ -292,3 +292,39 @@ def test_usage_message_starts_with_usage(option):
     assert completed.returncode == 0
     assert completed.stdout.startswith("Usage:")
     assert completed.stderr == ""
+
+
+# -- Parent directories on push (docs/migration.rst) -----------------------------------------
+
+def test_file_push_does_not_create_parent_directories(server, unique, tmp_path):
+    """1.0.1 created missing parents of a pushed file; ours refuses in one line and creates nothing.
+
+    A typo in a URL must not grow a directory tree below --root: the parent
+    has to exist (a tree push, below, makes what it needs).
+    """
+    source = tmp_path / "source.bin"
+    source.write_bytes(random_bytes(SIZE, seed=19))
+    completed = run_cli(str(source), server.url(f"{unique}.d/sub/file.bin"))
+    assert completed.returncode == 1, completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert "No such file or directory" in completed.stderr
+    assert not (server.root / f"{unique}.d").exists()
+
+
+def test_file_pull_does_not_create_parent_directories(server, unique, tmp_path):
+    """Pulling into a missing local directory likewise fails in one line and creates nothing."""
+    (server.root / unique).write_bytes(random_bytes(SIZE, seed=20))
+    completed = run_cli(server.url(unique), str(tmp_path / "missing" / "file.bin"))
+    assert completed.returncode == 1, completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert not (tmp_path / "missing").exists()
+
+
+def test_tree_push_creates_the_target_directories(server, unique, tmp_path):
+    """A directory push (-a SRC/ URL/) makes the target directory and its missing parents."""
+    (tmp_path / "tree" / "x").mkdir(parents=True)
+    data = random_bytes(SIZE, seed=21)
+    (tmp_path / "tree" / "x" / "file.bin").write_bytes(data)
+    completed = run_cli("-a", f"{tmp_path}/tree/", server.url(f"{unique}.d/deep/"))
+    assert completed.returncode == 0, completed.stderr
+    assert (server.root / f"{unique}.d" / "deep" / "x" / "file.bin").read_bytes() == data
