@@ -100,8 +100,8 @@ MAX_IDLE_SECONDS = 20.0
 LEGACY_PROBE = "/info?filename=%2F"
 
 #: What a user told of a 1.0.1 server can do (docs/migration.rst says more).
-LEGACY_ADVICE = ("its query-string API is not this client's; upgrade pdiffcopy on that host "
-                 "(or sync with a 1.0.1 client), see docs/migration.rst")
+LEGACY_ADVICE = ("it speaks an older API, with which only single files sync (without a token); "
+                 "upgrade pdiffcopy on that host, see docs/migration.rst")
 
 _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
     400: BadRequest, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
@@ -541,9 +541,10 @@ class RemoteFile(FileEndpoint):
         if response.status == 404:
             response.close()
             if not _is_json(response):  # our server's 404 is JSON; 1.0.1's is an HTML page
-                legacy = self.client.legacy_server()
-                if legacy is not None:
-                    raise legacy
+                if self.client.legacy_server() is not None:
+                    from pdiffcopy.legacyremote import become_legacy
+
+                    return become_legacy(self)  # this object now speaks 1.0.1's API
             return None
         try:
             data = response.json()

@@ -70,41 +70,76 @@ def original_server(tmp_path_factory):
                 process.wait()
 
 
-def _one_line_naming_101(completed: subprocess.CompletedProcess, base: str) -> None:
+def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
     assert completed.returncode == 1, completed.stderr
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1, completed.stderr
     assert "Traceback" not in completed.stderr
-    assert f"{base}: this is a pdiffcopy 1.0.1 server" in lines[0]
+    assert expected in lines[0]
 
 
-def test_pull_from_a_101_server_names_the_version(original_server, tmp_path):
-    """Pulling an existing file from 1.0.1 says which server it is (not 'Source does not exist')."""
+def _named_once(completed: subprocess.CompletedProcess, base: str) -> None:
+    """The sync succeeded and warned once that the server is 1.0.1."""
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.count(f"{base}: this is a pdiffcopy 1.0.1 server; syncing through its old API") == 1
+
+
+@pytest.mark.parametrize("method", ["sha1", "xxh3_128"])
+def test_pull_from_a_101_server(original_server, tmp_path, method):
+    """A pull from 1.0.1 works through its old API and is verified (it said 'Source does not exist').
+
+    sha1 is hashed by the 1.0.1 server; xxh3_128 (our default), which it
+    lacks, is hashed here from the data read through its API.
+    """
+    data = random_bytes(SIZE, seed=31)
     source = tmp_path / "source.bin"
-    source.write_bytes(random_bytes(300_000))
+    source.write_bytes(data)
     target = tmp_path / "target.bin"
-    completed = run_cli(f"{original_server}{source}", str(target), timeout=60)
-    _one_line_naming_101(completed, original_server)
-    assert not target.exists()
+    completed = run_cli("-m", method, "-b", str(BLOCK), f"{original_server}{source}", str(target), timeout=60)
+    _named_once(completed, original_server)
+    assert target.read_bytes() == data
 
 
-def test_push_to_a_101_server_names_the_version(original_server, tmp_path):
-    """Pushing to 1.0.1 stops before writing anything, naming the version."""
+def test_push_to_a_101_server_whole_then_delta(original_server, tmp_path):
+    """A push to 1.0.1 creates the file, then moves only the changed blocks of it."""
+    data = random_bytes(SIZE, seed=32)
     source = tmp_path / "source.bin"
-    source.write_bytes(random_bytes(300_000))
+    source.write_bytes(data)
     target = tmp_path / "pushed.bin"
-    completed = run_cli(str(source), f"{original_server}{target}", timeout=60)
-    _one_line_naming_101(completed, original_server)
-    assert not target.exists()
+    url = f"{original_server}{target}"
+    completed = run_cli("-m", "sha1", "-b", str(BLOCK), "--stats", str(source), url, timeout=60)
+    _named_once(completed, original_server)
+    assert _moved(completed) == SIZE
+    assert target.read_bytes() == data
+    target.write_bytes(_changed(data))
+    dry = run_cli("-n", "-m", "sha1", "-b", str(BLOCK), str(source), url, timeout=60)
+    assert dry.returncode == 0 and "(3 of 65 blocks differ" in dry.stdout, dry.stderr
+    assert target.read_bytes() == _changed(data)
+    completed = run_cli("-m", "sha1", "-b", str(BLOCK), "--stats", str(source), url, timeout=60)
+    assert _moved(completed) == 2 * BLOCK + (SIZE - 64 * BLOCK)
+    assert target.read_bytes() == data
 
 
-def test_tree_sync_with_a_101_server_names_the_version(original_server, tmp_path):
-    """A directory URL, and the server's root, on 1.0.1 get the same line."""
+def test_101_server_with_a_token_stops_in_one_line(original_server, tmp_path):
+    """With a token set, the client refuses a server that cannot check it, and writes nothing."""
+    source = tmp_path / "source.bin"
+    source.write_bytes(random_bytes(SIZE, seed=33))
+    for source_arg, target in ((f"{original_server}{source}", tmp_path / "target.bin"),
+                               (str(source), tmp_path / "pushed.bin")):
+        target_arg = str(target) if source_arg.startswith("http") else f"{original_server}{target}"
+        completed = run_cli(source_arg, target_arg, env_extra={"PDIFFCOPY_TOKEN": "s3cret"}, timeout=60)
+        _one_line(completed, f"{original_server}: this is a pdiffcopy 1.0.1 server, which cannot check a token")
+        assert not target.exists()
+
+
+def test_tree_sync_with_a_101_server_stops_in_one_line(original_server, tmp_path):
+    """A directory URL, and the server's root, on 1.0.1 stop with one line naming it."""
     (tmp_path / "tree").mkdir()
     (tmp_path / "tree" / "a").write_bytes(b"a")
     for url in (f"{original_server}{tmp_path}/tree/", f"{original_server}/"):
         completed = run_cli("-a", url, str(tmp_path / "copy"), timeout=60)
-        _one_line_naming_101(completed, original_server)
+        _one_line(completed, f"{original_server}: this is a pdiffcopy 1.0.1 server")
+    assert not (tmp_path / "copy").exists()
 
 
 # -- Part two: what 1.0.1's own test suite checks, in this version's terms -------------------
