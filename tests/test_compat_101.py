@@ -2,8 +2,9 @@
 
 Part one starts the real 1.0.1 server (``benchmarks/setup_original.sh``
 installs it into ``benchmarks/.venv-original``; ``$PDIFFCOPY_ORIGINAL`` names
-another copy of its program) and checks that this client recognises it and
-stops with one line, instead of calling an existing file missing.
+another copy of its program) and checks that this client recognises it
+(instead of calling an existing file missing) and syncs single files through
+its old API, or stops with one line where it cannot (a token, a tree).
 
 Part two checks, through the command line and the HTTP API of this version and
 with its URL form (paths below ``--root``), each behaviour that 1.0.1's
