@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
@@ -76,9 +77,12 @@ class LegacyRemoteFile(RemoteFile):
 
     def _start_legacy(self) -> None:
         self.client.token = None
-        self._digest_cache: Dict[Tuple[int, str], Dict[int, bytes]] = {}
-        self._generation = 0
+        #: By (block size, method): how many writes preceded the fetch, and the digests by offset.
+        self._digest_cache: Dict[Tuple[int, str], Tuple[int, Dict[int, bytes]]] = {}
+        #: Byte ranges (offset, end) written, in order: what makes cached digests stale.
+        self._writes: List[Tuple[int, int]] = []
         self._cache_lock = threading.Lock()
+        self._fetch_lock = threading.Lock()  # one whole-file hash on the server at a time
 
     def _legacy(self, endpoint: str, **params) -> str:
         # 1.0.1 takes the path of the URL as an absolute file name.
@@ -115,32 +119,53 @@ class LegacyRemoteFile(RemoteFile):
     def _legacy_hashes(self, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
         if method not in LEGACY_METHODS:
             return self._hash_here(ranges, block_size, method)
-        digests = self._all_digests(block_size, method)
+        digests = self._all_digests(ranges, block_size, method)
         empty = digest_bytes(method, b"")  # a block past the end, as our hashing does
         return b"".join(digests.get(block * block_size, empty)
                         for offset, length in ranges
                         for block in range(offset // block_size, -(-(offset + length) // block_size)))
 
-    def _all_digests(self, block_size: int, method: str) -> Dict[int, bytes]:
-        """Every block digest of the file, by offset: 1.0.1 hashes only whole files, so once per write."""
+    def _cached(self, ranges: List[ByteRange], key: Tuple[int, str]) -> Optional[Dict[int, bytes]]:
+        """The cached digests of ``key``, unless a write since their fetch touched ``ranges``."""
         with self._cache_lock:
-            key = (block_size, method)
-            if key in self._digest_cache:
-                return self._digest_cache[key]
-            generation = self._generation
-        response = self.request("GET", self._legacy("hashes", block_size=block_size, method=method,
-                                                    concurrency=self.concurrency))
-        digests = {}
-        try:
-            for line in self._body(response).decode("ascii").splitlines():
-                offset, _, digest = line.partition("\t")
-                digests[int(offset)] = bytes.fromhex(digest)
-        except ValueError:
-            raise self.client.malformed() from None
-        with self._cache_lock:
-            if generation == self._generation:  # no write meanwhile
-                self._digest_cache[key] = digests
-        return digests
+            if key not in self._digest_cache:
+                return None
+            since, digests = self._digest_cache[key]
+            for start, end in self._writes[since:]:
+                if any(start < offset + length and offset < end for offset, length in ranges):
+                    return None
+            return digests
+
+    def _all_digests(self, ranges: List[ByteRange], block_size: int, method: str) -> Dict[int, bytes]:
+        """Every block digest of the file, by offset, fresh for ``ranges``.
+
+        1.0.1 hashes only whole files, so the digests are fetched once and
+        kept: the comparison asks for blocks not written yet, and only the
+        read-back of written blocks needs a second fetch (one, not one per
+        write, which would hash a big file over and over).
+        """
+        key = (block_size, method)
+        digests = self._cached(ranges, key)
+        if digests is not None:
+            return digests
+        with self._fetch_lock:
+            digests = self._cached(ranges, key)  # another thread may have fetched meanwhile
+            if digests is not None:
+                return digests
+            with self._cache_lock:
+                since = len(self._writes)
+            response = self.request("GET", self._legacy("hashes", block_size=block_size, method=method,
+                                                        concurrency=self.concurrency))
+            digests = {}
+            try:
+                for line in self._body(response).decode("ascii").splitlines():
+                    offset, _, digest = line.partition("\t")
+                    digests[int(offset)] = bytes.fromhex(digest)
+            except ValueError:
+                raise self.client.malformed() from None
+            with self._cache_lock:
+                self._digest_cache[key] = (since, digests)
+            return digests
 
     def _hash_here(self, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
         """Hash blocks here, from their data read through ``/blocks`` (a method 1.0.1 lacks)."""
@@ -153,13 +178,12 @@ class LegacyRemoteFile(RemoteFile):
                 out.append(finish(hasher, method))
         return b"".join(out)
 
-    def _changed(self) -> None:
+    def _changed(self, start: int, end: int) -> None:
         with self._cache_lock:
-            self._generation += 1
-            self._digest_cache.clear()
+            self._writes.append((start, end))
 
     def prepare(self, size: int) -> None:
-        self._changed()
+        self._changed(0, sys.maxsize)  # a new size changes the blocks at the end: refetch all
         self._body(self.request("POST", self._legacy("resize", size=size)))
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
@@ -176,13 +200,14 @@ class LegacyRemoteFile(RemoteFile):
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
         written = 0
         for offset, data in chunks:
-            self._changed()
             body = bytes(data)
+            self._changed(offset, offset + len(body))
             response = self.request("POST", self._legacy("blocks", offset=offset), body=body,
                                     headers={"Content-Type": "application/octet-stream"})
             self._body(response)
+            # Again: digests fetched while the write was on its way may predate it.
+            self._changed(offset, offset + len(body))
             written += len(body)
-        self._changed()
         return written
 
     def flush(self) -> None:
