@@ -102,11 +102,11 @@ def test_pull_from_a_101_server(original_server, tmp_path, method):
 
 
 def test_push_to_a_101_server_whole_then_delta(original_server, tmp_path):
-    """A push to 1.0.1 creates the file, then moves only the changed blocks of it."""
+    """A push to 1.0.1 creates the file (and, as 1.0.1 did, its parents), then moves only the changed blocks."""
     data = random_bytes(SIZE, seed=32)
     source = tmp_path / "source.bin"
     source.write_bytes(data)
-    target = tmp_path / "pushed.bin"
+    target = tmp_path / "new" / "pushed.bin"
     url = f"{original_server}{target}"
     completed = run_cli("-m", "sha1", "-b", str(BLOCK), "--stats", str(source), url, timeout=60)
     _named_once(completed, original_server)
