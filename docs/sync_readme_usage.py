@@ -17,7 +17,7 @@ def main() -> None:
                                capture_output=True, text=True).stdout.rstrip("\n")
     block = "\n".join(("   " + line) if line.strip() else "" for line in help_text.splitlines())
     text = README.read_text()
-    pattern = re.compile(r"(\.\. code-block:: text\n\n)(   usage: pdiffcopy.*?)(\n\n\S)", re.DOTALL)
+    pattern = re.compile(r"(\.\. code-block:: text\n\n)(   [Uu]sage: pdiffcopy.*?)(\n\n\S)", re.DOTALL)
     new, count = pattern.subn(lambda m: m.group(1) + block + m.group(3), text)
     if count != 1:
         sys.exit("README.rst has no usage block to replace")

@@ -70,6 +70,13 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 _RSYNC_REMOTE = re.compile(r"^[^/:]+:")
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout, with the help starting ``Usage:`` as 1.0.1's did (scripts and its tests look for it)."""
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+
 class _Parser(argparse.ArgumentParser):
     #: The options that only mean something to a sync (set by build_parser).
     sync_only: List[argparse.Action] = []
@@ -83,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser; its help text is the usage documented in README.rst."""
     parser = _Parser(
         prog="pdiffcopy", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+        formatter_class=_Formatter, add_help=False)
     parser.add_argument("paths", nargs="*", metavar="SOURCE TARGET", help=argparse.SUPPRESS)
     sync = parser.add_argument_group("sync options")
     sync.add_argument("-b", "--block-size", metavar="BYTES", default="1MiB",

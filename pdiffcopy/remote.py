@@ -91,6 +91,18 @@ MAX_RETRY_AFTER_SECONDS = 10.0
 #: body cannot be sent a second time.
 MAX_IDLE_SECONDS = 20.0
 
+#: The request that tells a pdiffcopy 1.0.1 server from anything else. 1.0.1
+#: has no ``/.pdiffcopy/`` API (it answers every request of ours with Flask's
+#: HTML 404 page, also ``GET /``, so a file that exists looked missing), but it
+#: answers ``GET /info?filename=PATH`` with ``{"size": N}`` for any existing
+#: absolute path, and ``/`` always exists. Sent only after an error answer
+#: that is not our JSON, so syncs with a current server never pay for it.
+LEGACY_PROBE = "/info?filename=%2F"
+
+#: What a user told of a 1.0.1 server can do (docs/migration.rst says more).
+LEGACY_ADVICE = ("it speaks an older API, with which only single files sync (without a token); "
+                 "upgrade pdiffcopy on that host, see docs/migration.rst")
+
 _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
     400: BadRequest, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
     409: NotAFile, 412: Conflict, 416: BadRequest, 423: Locked, 503: ServerBusy, 507: StorageError,
@@ -433,12 +445,31 @@ class HttpClient:
         except ValueError:
             raise self.malformed() from None
 
+    def legacy_server(self) -> Optional[RemoteError]:
+        """The error naming a pdiffcopy 1.0.1 server when the server is one (see :data:`LEGACY_PROBE`).
+
+        Called after an error answer that is not ours; returns ``None`` when
+        the probe shows anything else (a proxy's page, another web server).
+        """
+        try:
+            response = self._send("GET", LEGACY_PROBE, {}, None, True, self.connection())
+            data = response.json() if response.status == 200 else None
+        except (PdiffcopyError, ValueError, OSError, http.client.HTTPException):
+            return None
+        if isinstance(data, dict) and set(data) == {"size"} and isinstance(data["size"], int):
+            return RemoteError(f"{self.base}: this is a pdiffcopy 1.0.1 server; {LEGACY_ADVICE}")
+        return None
+
     def error(self, response: _Response) -> PdiffcopyError:
         """The exception for an error answer: its class from the status, the server's message."""
         try:
             message = response.json()["error"]
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
             message = f"HTTP {response.status} {response.reason}"
+            # Not our JSON: 1.0.1 knows none of our requests (404) or methods (405).
+            legacy = self.legacy_server() if response.status in (404, 405) else None
+            if legacy is not None:
+                return legacy
         finally:
             response.close()
         kind = _STATUS_ERRORS.get(response.status, RemoteError)
@@ -509,6 +540,11 @@ class RemoteFile(FileEndpoint):
         response = self.request("GET", self._target("stat"), expected=(200, 404))
         if response.status == 404:
             response.close()
+            if not _is_json(response):  # our server's 404 is JSON; 1.0.1's is an HTML page
+                if self.client.legacy_server() is not None:
+                    from pdiffcopy.legacyremote import become_legacy
+
+                    return become_legacy(self)  # this object now speaks 1.0.1's API
             return None
         try:
             data = response.json()
@@ -652,6 +688,11 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
             raise RemoteError(f"Lost the connection to {base}: {SERVER_CLOSED}")
         yield position, view[:got]
         position += got
+
+
+def _is_json(response: _Response) -> bool:
+    """Whether an answer says its body is JSON (every answer of our server, errors included)."""
+    return (response.headers.get("Content-Type") or "").split(";")[0].strip().lower() == "application/json"
 
 
 def _retry_after(value: Optional[str]) -> Optional[float]:
