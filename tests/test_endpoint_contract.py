@@ -77,27 +77,31 @@ def _subdirectory(server, request) -> Path:
     return directory
 
 
+def _kinds(request, tmp_path, local: Callable[[str], object], remote: Callable[[str], object]):
+    """The directory a kind works in and a factory of its endpoints (closed at the end)."""
+    opened: list = []
+    if request.param == "local":
+        directory, make = tmp_path, local
+        prefix = str(tmp_path)
+    else:
+        server = request.getfixturevalue("server")
+        directory, make = _subdirectory(server, request), remote
+        prefix = server.url(directory.relative_to(server.root).as_posix())
+
+    def open_one(name: str):
+        endpoint = make(f"{prefix}/{name}")
+        opened.append(endpoint)
+        return endpoint
+
+    return directory, open_one, opened
+
+
 @pytest.fixture(params=FILE_KINDS)
 def files(request, tmp_path) -> Iterator[FileKind]:
     """A factory of file endpoints of each kind, and the directory it works in."""
-    opened = []
     pool = ThreadPoolExecutor(2)
-    if request.param == "local":
-        directory = tmp_path
-
-        def make(name: str) -> FileEndpoint:
-            endpoint = LocalFile(str(directory / name), pool)
-            opened.append(endpoint)
-            return endpoint
-    else:
-        server = request.getfixturevalue("server")
-        directory = _subdirectory(server, request)
-        prefix = directory.relative_to(server.root).as_posix()
-
-        def make(name: str) -> FileEndpoint:
-            endpoint = RemoteFile(server.url(f"{prefix}/{name}"), concurrency=2)
-            opened.append(endpoint)
-            return endpoint
+    directory, make, opened = _kinds(request, tmp_path, lambda path: LocalFile(path, pool),
+                                     lambda url: RemoteFile(url, concurrency=2))
     yield FileKind(request.param, directory, make)
     for endpoint in opened:
         endpoint.close()
@@ -107,23 +111,8 @@ def files(request, tmp_path) -> Iterator[FileKind]:
 @pytest.fixture(params=TREE_KINDS)
 def trees(request, tmp_path) -> Iterator[TreeKind]:
     """A factory of tree endpoints of each kind, and the directory it works in."""
-    opened = []
-    if request.param == "local":
-        directory = tmp_path
-
-        def make(name: str) -> TreeEndpoint:
-            tree = LocalTree(str(directory / name))
-            opened.append(tree)
-            return tree
-    else:
-        server = request.getfixturevalue("server")
-        directory = _subdirectory(server, request)
-        prefix = directory.relative_to(server.root).as_posix()
-
-        def make(name: str) -> TreeEndpoint:
-            tree = RemoteTree(server.url(f"{prefix}/{name}"), concurrency=2)
-            opened.append(tree)
-            return tree
+    directory, make, opened = _kinds(request, tmp_path, LocalTree,
+                                     lambda url: RemoteTree(url, concurrency=2))
     yield TreeKind(request.param, directory, make)
     for tree in opened:
         tree.close()

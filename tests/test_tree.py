@@ -75,8 +75,9 @@ def tree(tmp_path) -> Path:
     return make_tree(tmp_path / "src")
 
 
-def sync(*args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    done = run_cli("--no-progress", *map(str, args))
+def sync(*args: str, ok: bool = True, env_extra=None) -> subprocess.CompletedProcess:
+    """Run ``pdiffcopy --no-progress ARGS``; with ``ok``, assert that it succeeded."""
+    done = run_cli("--no-progress", *map(str, args), env_extra=env_extra)
     if ok:
         assert done.returncode == 0, done.stderr
     return done

@@ -9,15 +9,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
-from test_tree import make_tree, snapshot
-
-
-def sync(*args, ok: bool = True, env_extra=None):
-    done = run_cli("--no-progress", *map(str, args), env_extra=env_extra)
-    if ok:
-        assert done.returncode == 0, done.stderr
-    return done
+from test_tree import make_tree, snapshot, sync
 
 
 @pytest.fixture
