@@ -585,7 +585,7 @@ def precompile(package: Path) -> None:
 def baseline_installation(revision: str, work_dir: Path) -> OursInstallation:
     """
     Our pdiffcopy as it was at `revision`: its package extracted with ``git archive`` into
-    `work_dir`, run as ``python3 -m pdiffcopy`` with that copy first on PYTHONPATH.
+    `work_dir`, run as ``python3 -P -m pdiffcopy`` with that copy first on PYTHONPATH.
 
     Before/after comparisons then run both in one benchmark, on the same data and load.
     """
@@ -598,8 +598,21 @@ def baseline_installation(revision: str, work_dir: Path) -> OursInstallation:
     precompile(tree / "pdiffcopy")
     commit = command_output(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", revision])
     env = dict(os.environ, PYTHONPATH=str(tree))
-    description = "our pdiffcopy at git %s (%s, %s -m pdiffcopy)" % (commit, tree / "pdiffcopy", sys.executable)
-    return OursInstallation([sys.executable, "-m", "pdiffcopy"], env, description)
+    # ``python -m`` puts the working directory first on the module path: run from the
+    # repository, it would import today's package, not the baseline's, and compare a
+    # revision with itself. -P (Python 3.11+) leaves it out; older ones drop it by hand.
+    if sys.version_info >= (3, 11):
+        command = [sys.executable, "-P", "-m", "pdiffcopy"]
+    else:
+        command = [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
+                   "runpy.run_module('pdiffcopy', run_name='__main__', alter_sys=True)"]
+    probe = "import sys; del sys.path[0]; import pdiffcopy; print(pdiffcopy.__file__)"
+    found = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+    if tree.resolve() not in Path(found.stdout.strip() or "/").resolve().parents:
+        raise BenchmarkError("the baseline at %s imports %s, not its own package"
+                             % (revision, found.stdout.strip() or found.stderr.strip()))
+    description = "our pdiffcopy at git %s (%s, %s)" % (commit, tree / "pdiffcopy", " ".join(command[1:3]))
+    return OursInstallation(command, env, description)
 
 
 def tool_versions(families: List[str], original: Optional[Path], ours_description: Optional[str]) -> List[str]:

@@ -42,8 +42,8 @@ Five parts, chosen with ``--parts`` (default: warm,cold):
     (copy, fsync, verification by hashing both files, rename), for each size of
     ``--cli-sizes`` (default 256 MiB and 1 GiB), warm source, side by side with ``cp SRC
     DST`` (no flush, no check) and ``cp SRC DST && sync DST`` (durable, no check), and
-    with ``--cli-baseline REV`` also the command line of an earlier revision (``git
-    archive``) under the same load. Every command is a new process, as a user runs it;
+    with ``--baseline REV`` (or its older name ``--cli-baseline``) also the command line
+    of an earlier revision (``git archive``) under the same load. Every command is a new process, as a user runs it;
     pdiffcopy's byte code is compiled once into the work directory
     (``PYTHONPYCACHEPREFIX``), as an installed package's would be. Each timed run follows
     an untimed warm-up run of the same tool, the tools rotate, and before every run the
@@ -749,9 +749,10 @@ def parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cli-repeats", type=int, default=DEFAULT_CLI_REPEATS,
                         help=f"timed runs per tool and size in the command line part (default "
                              f"{DEFAULT_CLI_REPEATS})")
-    parser.add_argument("--cli-baseline", metavar="REV", default=None,
+    # --baseline as in remote_delta.py and tree_bench.py; --cli-baseline, its first name, still works.
+    parser.add_argument("--baseline", "--cli-baseline", dest="cli_baseline", metavar="REV", default=None,
                         help="also time the command line of this git revision, for a before/after "
-                             "comparison under the same load")
+                             "comparison under the same load (cli part)")
     parser.add_argument("--workdir", type=Path, default=default_workdir(),
                         help="where the data goes (default /work/bench-tmp or the temp dir)")
     parser.add_argument("--output", type=Path, help="also write the report to this file")

@@ -50,7 +50,10 @@ result is wrong gets no time for that run and is reported as failed.
 psync and parsync are built from source by setup_tree_tools.sh (run automatically when
 missing); when one cannot be built the report quotes the issue's figures for it instead.
 Our pdiffcopy is ``python3 -m pdiffcopy`` of this repository; if it cannot copy a small
-tree yet, its rows say "not available" and everything else is still measured.
+tree yet, its rows say "not available" and everything else is still measured. With
+``--baseline REV`` our pdiffcopy as it was at git revision REV (client and server, from
+``git archive``) is measured too, in the same rounds, and an "/ baseline" column gives
+each of today's rows (local, pull, push) over the same row at REV.
 """
 
 import argparse
@@ -576,12 +579,12 @@ def describe(command: Optional[List[str]], ws: Workspace) -> str:
     text = shlex.join(command)
     for path, name in ((ws.run / "DST", "DST"), (ws.src, "SRC"), (ws.run, "RUN"), (ws.root, "ROOT")):
         text = text.replace(str(path), name)
-    for prefix in (sys.executable + " -m pdiffcopy", str(PSYNC), str(PARSYNC)):
+    for prefix in (sys.executable + " -m pdiffcopy", sys.executable + " -P -m pdiffcopy", str(PSYNC), str(PARSYNC)):
         text = text.replace(prefix, Path(prefix.split()[-1]).name)
     return text
 
 
-def make_tools(args, ws: Workspace, daemon, our_server, ours) -> List[TreeTool]:
+def make_tools(args, ws: Workspace, daemon, our_server, ours, baseline_server=None, baseline=None) -> List[TreeTool]:
     """The tools of the chosen families for workspace `ws` (servers not started yet)."""
     src = str(ws.src)
     tools: List[TreeTool] = []
@@ -616,31 +619,44 @@ def make_tools(args, ws: Workspace, daemon, our_server, ours) -> List[TreeTool]:
             tool.available, tool.reason = False, "not built (see setup_tree_tools.sh)"
         tools.append(tool)
     if "ours" in families:
-        prefix = (ours.command if ours else ["pdiffcopy"]) + ["-a"] + args.ours_args
-        env = ours.env if ours else None
-        url = "http://127.0.0.1:%i/" % (our_server.port if our_server else 0)
-        local = lambda t: prefix + [src + "/", str(t) + "/"]  # noqa: E731
-        pull = lambda t: prefix + [url + "src/", str(t) + "/"]  # noqa: E731
-        push = lambda t: prefix + [src + "/", url + "run/" + t.name + "/"]  # noqa: E731
-        for key, label, command in (("ours-local", "pdiffcopy -a, local", local),
-                                    ("ours-pull", "pdiffcopy -a, pull", pull),
-                                    ("ours-push", "pdiffcopy -a, push", push)):
-            tool = TreeTool(key, "ours", label, command, command, FULL, env=env)
-            if not args.ours_ready:
-                tool.available, tool.reason = False, "not available: " + args.ours_reason
-            tools.append(tool)
+        tools += our_tools(args, ws, "ours", our_server, ours, args.ours_ready, args.ours_reason)
+        if args.baseline:
+            tools += our_tools(args, ws, "baseline", baseline_server, baseline, args.baseline_ready,
+                               args.baseline_reason, "@" + args.baseline)
     return tools
 
 
-def probe_ours(args) -> Tuple[Optional[benchlib.OursInstallation], bool, str]:
+def our_tools(args, ws: Workspace, family: str, server, installation, ready: bool, reason: str,
+              suffix: str = "") -> List[TreeTool]:
+    """pdiffcopy -a local, pull and push, keyed FAMILY-local etc. (family "ours" or "baseline")."""
+    src = str(ws.src)
+    prefix = (installation.command if installation else ["pdiffcopy"]) + ["-a"] + args.ours_args
+    env = installation.env if installation else None
+    url = "http://127.0.0.1:%i/" % (server.port if server else 0)
+    local = lambda t: prefix + [src + "/", str(t) + "/"]  # noqa: E731
+    pull = lambda t: prefix + [url + "src/", str(t) + "/"]  # noqa: E731
+    push = lambda t: prefix + [src + "/", url + "run/" + t.name + "/"]  # noqa: E731
+    tools = []
+    for mode, command in (("local", local), ("pull", pull), ("push", push)):
+        tool = TreeTool("%s-%s" % (family, mode), family, "pdiffcopy%s -a, %s" % (suffix, mode), command, command,
+                        FULL, env=env)
+        if not ready:
+            tool.available, tool.reason = False, "not available: " + reason
+        tools.append(tool)
+    return tools
+
+
+def probe_ours(args, ours: Optional[benchlib.OursInstallation] = None
+               ) -> Tuple[Optional[benchlib.OursInstallation], bool, str]:
     """
-    Find our pdiffcopy and check that ``-a`` copies a small tree correctly.
+    Find our pdiffcopy (or take `ours`, the baseline) and check that ``-a`` copies a small tree correctly.
 
     Returns (installation or None, ready, reason when not ready).
     """
-    ours, description = benchlib.find_ours()
     if ours is None:
-        return None, False, description
+        ours, description = benchlib.find_ours()
+        if ours is None:
+            return None, False, description
     probe = args.workdir / "probe"
     remove_tree(probe)
     source = probe / "src"
@@ -958,11 +974,21 @@ def workload_report(runner: Runner) -> Tuple[str, Dict]:
     def med(key, op):
         return medians.get((key, op))
 
+    def versus_baseline(tool: TreeTool, op: str, m: Optional[float]) -> List[str]:
+        """The "/ baseline" cell of today's pdiffcopy rows (when --baseline is given)."""
+        if not runner.args.baseline:
+            return []
+        if tool.family != "ours":
+            return ["-"]
+        return [ratio(m, med(tool.key.replace("ours-", "baseline-", 1), op))]
+
+    baseline_column = ["/ baseline"] if runner.args.baseline else []
+
     # Copy table.
     refs = [("cp -r", med("cp-r", "copy")), ("rsync -a", med("rsync", "copy")),
             ("psync", med("psync", "copy")), ("parsync", med("parsync", "copy"))]
     header = (["copy into a new target", "median", "best", "CPU"] + ["/ " + name for name, _ in refs]
-              + ["quoted", "check"])
+              + baseline_column + ["quoted", "check"])
     rows = []
     for tool in runner.tools:
         if tool.copy is None:
@@ -970,13 +996,14 @@ def workload_report(runner: Runner) -> Tuple[str, Dict]:
         cell = runner.cells.get((tool.key, "copy"))
         m = cell.median() if cell else None
         rows.append([tool.label, fmt(m), fmt(cell.best() if cell else None), fmt(cell.cpu_median() if cell else None)]
-                    + [ratio(m, value) for _, value in refs]
+                    + [ratio(m, value) for _, value in refs] + versus_baseline(tool, "copy", m)
                     + [QUOTED.get((spec.name, tool.key, "copy"), "-"), status_of(tool, cell)])
     lines.append(text_table(header, rows, left=1))
     lines.append("")
     # No-change sync table.
     refs = [("cp -au", med("cp-a", "sync")), ("rsync -a", med("rsync", "sync")), ("parsync", med("parsync", "sync"))]
-    header = ["no-change sync", "median", "best", "CPU"] + ["/ " + name for name, _ in refs] + ["quoted", "check"]
+    header = (["no-change sync", "median", "best", "CPU"] + ["/ " + name for name, _ in refs]
+              + baseline_column + ["quoted", "check"])
     rows = []
     for tool in runner.tools:
         if tool.sync is None:
@@ -984,7 +1011,7 @@ def workload_report(runner: Runner) -> Tuple[str, Dict]:
         cell = runner.cells.get((tool.key, "sync"))
         m = cell.median() if cell else None
         rows.append([tool.label, fmt(m), fmt(cell.best() if cell else None), fmt(cell.cpu_median() if cell else None)]
-                    + [ratio(m, value) for _, value in refs]
+                    + [ratio(m, value) for _, value in refs] + versus_baseline(tool, "sync", m)
                     + [QUOTED.get((spec.name, tool.key, "sync"), "-"), status_of(tool, cell)])
     lines.append(text_table(header, rows, left=1))
     lines.append("")
@@ -993,15 +1020,15 @@ def workload_report(runner: Runner) -> Tuple[str, Dict]:
     for tool in runner.tools:
         copy = describe(tool.copy(probe_target) if tool.copy else None, ws)
         sync = describe(tool.sync(probe_target) if tool.sync else None, ws)
-        lines.append("  %-24s copy: %s" % (tool.label, copy))
+        lines.append("  %-28s copy: %s" % (tool.label, copy))
         if tool.sync is not None and sync != copy:
-            lines.append("  %-24s sync: %s" % ("", sync))
+            lines.append("  %-28s sync: %s" % ("", sync))
     lines.append("Samples (s):")
     for tool in runner.tools:
         for op in ("copy", "sync"):
             cell = runner.cells.get((tool.key, op))
             if cell and cell.seconds:
-                lines.append("  %-12s %-5s %s" % (tool.key, op, " ".join("%.3f" % s for s in cell.seconds)))
+                lines.append("  %-16s %-5s %s" % (tool.key, op, " ".join("%.3f" % s for s in cell.seconds)))
     return "\n".join(lines) + "\n", medians
 
 
@@ -1043,7 +1070,7 @@ def targets_report(all_medians: Dict[str, Dict], ours_ready: bool, ours_reason: 
     return "\n".join(lines) + "\n"
 
 
-def versions(args, ours) -> List[str]:
+def versions(args, ours, baseline=None) -> List[str]:
     lines = ["cp: %s" % benchlib.command_output(["cp", "--version"]).split("\n")[0],
              "rsync: %s" % " ".join(benchlib.command_output(["rsync", "--version"]).split("\n")[0].split())]
     if PSYNC.exists():
@@ -1060,6 +1087,8 @@ def versions(args, ours) -> List[str]:
     if ours is not None:
         revision = benchlib.command_output(["git", "-C", str(benchlib.REPO_ROOT), "describe", "--always", "--dirty"])
         lines.append("pdiffcopy: %s -m pdiffcopy from %s, git %s" % (sys.executable, benchlib.REPO_ROOT, revision))
+    if baseline is not None:
+        lines.append("baseline (--baseline %s): %s" % (args.baseline, baseline.description))
     return lines
 
 
@@ -1084,6 +1113,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", default=benchlib.DEFAULT_SEED, type=int, help="seed of the generated trees")
     parser.add_argument("--psync-threads", default=16, type=int, help="psync -threads (default 16, as quoted)")
     parser.add_argument("--parsync-threads", default=4, type=int, help="parsync -t (default 4, as in its benchmark)")
+    parser.add_argument("--baseline", metavar="REV", default=None,
+                        help="also measure our pdiffcopy at git revision REV (client and server), beside today's, "
+                        "with an ours/baseline column")
     parser.add_argument("--ours-args", default="--no-progress -q", type=shlex.split,
                         help="options of our client besides -a (default: %(default)s)")
     parser.add_argument("--ours-server-args", default="-c 2", type=shlex.split,
@@ -1143,21 +1175,30 @@ def main(argv=None) -> int:
     # A deletion still running from an earlier run would compete with every timing.
     DeletionClock(args.workdir).wait_for_deleter()
 
-    ours = None
+    ours = baseline = None
     args.ours_ready, args.ours_reason = False, "not selected"
+    args.baseline_ready, args.baseline_reason = False, "not selected"
     if "ours" in args.tools:
         ours, args.ours_ready, args.ours_reason = probe_ours(args)
         log("our pdiffcopy -a: %s" % ("ready" if args.ours_ready else "NOT AVAILABLE: " + args.ours_reason))
+        if args.baseline:
+            try:
+                baseline = benchlib.baseline_installation(args.baseline, args.workdir / "baseline")
+                baseline, args.baseline_ready, args.baseline_reason = probe_ours(args, baseline)
+            except BenchmarkError as error:
+                args.baseline_reason = str(error)
+            log("pdiffcopy -a at %s: %s" % (args.baseline, "ready" if args.baseline_ready
+                                             else "NOT AVAILABLE: " + args.baseline_reason))
 
     clock = DeletionClock(args.workdir)
     try:
-        return measure_and_report(args, clock, ours, machine, command_line, started, start_load)
+        return measure_and_report(args, clock, ours, machine, command_line, started, start_load, baseline)
     finally:
         clock.start_deleter(args.delete_now)
 
 
 def measure_and_report(args, clock: DeletionClock, ours, machine: str, command_line: str, started: datetime,
-                       start_load: str) -> int:
+                       start_load: str, baseline=None) -> int:
     """Measure the chosen workloads, then print and write the report; returns the exit status."""
     specs = [workload_spec(name, args.quick) for name in args.workloads]
     sections: List[str] = []
@@ -1172,7 +1213,11 @@ def measure_and_report(args, clock: DeletionClock, ours, machine: str, command_l
                 if args.ours_ready:
                     our_server = benchlib.OursServer(args.workdir / "state" / spec.name / "ours", ours, ws.root,
                                                      args.ours_server_args)
-                tools = make_tools(args, ws, daemon, our_server, ours)
+                baseline_server = None
+                if args.baseline_ready:
+                    baseline_server = benchlib.OursServer(args.workdir / "state" / spec.name / "baseline", baseline,
+                                                          ws.root, args.ours_server_args)
+                tools = make_tools(args, ws, daemon, our_server, ours, baseline_server, baseline)
                 check_space(args, [spec], sum(1 for t in tools if t.available and t.copy))
                 log("scanning and hashing the source sample")
                 expected = expected_of(ws.src)
@@ -1180,8 +1225,9 @@ def measure_and_report(args, clock: DeletionClock, ours, machine: str, command_l
                 with contextlib.ExitStack() as stack:
                     if any(t.available and t.family == "rsyncd" for t in tools):
                         stack.enter_context(daemon)
-                    if our_server is not None:
-                        stack.enter_context(our_server)
+                    for server in (our_server, baseline_server):
+                        if server is not None:
+                            stack.enter_context(server)
                     if not spec.tmpfs:
                         clock.wait()
                     runner.rounds()
@@ -1201,11 +1247,14 @@ def measure_and_report(args, clock: DeletionClock, ours, machine: str, command_l
     header = ["Tree copy and no-change sync benchmark, %s" % started.strftime("%Y-%m-%d %H:%M %Z"),
               "Command: %s" % command_line, machine,
               "Load average (1, 5, 15 min): %s at the start, %s at the end." % (start_load, benchlib.load_averages())]
-    header += versions(args, ours)
+    header += versions(args, ours, baseline)
     if "ours" in args.tools and not args.ours_ready:
         header.append("pdiffcopy -a: not available: %s" % args.ours_reason)
+    if args.baseline and not args.baseline_ready:
+        header.append("pdiffcopy -a at %s: not available: %s" % (args.baseline, args.baseline_reason))
     header.append("Quoted = the issue's figures from another 2-core machine (warm cache), for comparison; "
-                  "'/ X' = this row's median over X's median.")
+                  "'/ X' = this row's median over X's median"
+                  + ("; '/ baseline' = today's row over the same row at %s." % args.baseline if args.baseline else "."))
     report = "\n".join(header) + "\n" + "".join(sections) + targets_report(all_medians, args.ours_ready,
                                                                          args.ours_reason, args.tools)
     print(report, end="")

@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.exceptions import PdiffcopyError, RemoteError
+from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.remote import DEFAULT_TIMEOUT, HttpClient, RemoteFile, quote_path, split_server_url
 from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
@@ -208,6 +208,10 @@ class RemoteTree(TreeEndpoint):
         return failures
 
     def file_endpoint(self, path: str) -> RemoteFile:
+        # A member's path is relative; an absolute one is refused as a local
+        # tree refuses it (the URL would quietly make it relative again).
+        if path.startswith("/"):
+            raise AccessDenied(f"Path outside the root: {path[:200]!r}")
         full = f"{self.path}/{path}" if self.path else path
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
                           self.timeout, self.ca_file)

@@ -160,3 +160,56 @@ def http_get(url: str, headers=None):
             return response.status, response.headers, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.headers, error.read()
+
+
+#: The three ways a tree sync runs: between local directories, from a server, to a server.
+TREE_MODES = ("local", "pull", "push")
+
+
+@dataclass
+class TreeEnds:
+    """Where a tree sync's source and target are: on disk (a server's side in its root) and as arguments."""
+
+    mode: str
+    #: The source directory and the target directory, as this machine's disk sees them.
+    source: Path
+    target: Path
+    #: The server's URL of the source or target directory (no trailing slash); None for a local one.
+    source_url: Optional[str] = None
+    target_url: Optional[str] = None
+
+    def source_arg(self, contents: bool = True) -> str:
+        """SOURCE on the command line: its contents (a trailing slash) or the directory itself."""
+        base = self.source_url or str(self.source)
+        return f"{base}/" if contents else base
+
+    @property
+    def target_arg(self) -> str:
+        return f"{self.target_url}/" if self.target_url else str(self.target)
+
+    def trees(self):
+        """(source, target) as tree endpoints, for the tests that call the library's engine."""
+        from pdiffcopy.localtree import LocalTree
+        from pdiffcopy.remotetree import RemoteTree
+
+        source = RemoteTree(f"{self.source_url}/", concurrency=2, timeout=30) if self.source_url \
+            else LocalTree(f"{self.source}/")
+        target = RemoteTree(f"{self.target_url}/", concurrency=2, timeout=30) if self.target_url \
+            else LocalTree(str(self.target))
+        return source, target
+
+
+@pytest.fixture(params=TREE_MODES)
+def ends(request, tmp_path, unique) -> TreeEnds:
+    """A tree sync's two ends, once per mode: local -> local, server -> local (pull), local -> server (push).
+
+    The server's side is a fresh directory in the session server's root; tests
+    make and check its files on disk there.
+    """
+    if request.param == "local":
+        return TreeEnds("local", tmp_path / "src", tmp_path / "dst")
+    server = request.getfixturevalue("server")
+    name = unique.replace(".img", "")
+    if request.param == "pull":
+        return TreeEnds("pull", server.root / name, tmp_path / "dst", source_url=server.url(name))
+    return TreeEnds("push", tmp_path / "src", server.root / name, target_url=server.url(name))

@@ -141,6 +141,18 @@ def test_busy_port_fails_at_once_with_one_line(tmp_path):
     assert elapsed < 4, f"took {elapsed:.1f} s (gunicorn retries for 5 s)"
 
 
+def kill_while_streaming(server, rest, expected=PdiffcopyError) -> None:
+    """Kill ``server`` outright while it streams an answer, then read ``rest`` of it: the error is plain words."""
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    with pytest.raises(expected) as caught:
+        for _ in rest:
+            pass
+    message = str(caught.value)
+    assert "the server closed the connection" in message, message
+    assert "IncompleteRead" not in message
+
+
 @pytest.mark.parametrize("parts", [1, 2])
 def test_interrupted_pull_says_the_server_closed_the_connection(tmp_path, parts):
     """The server killed while an answer streams: the client's error is plain words."""
@@ -155,17 +167,10 @@ def test_interrupted_pull_says_the_server_closed_the_connection(tmp_path, parts)
     try:
         chunks = remote.read_ranges([(0, size)] if parts == 1 else [(0, half), (half, half)])
         next(chunks)  # the answer is streaming, at our pace
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait()
-        with pytest.raises(RemoteError) as caught:
-            for _ in chunks:
-                pass
+        kill_while_streaming(server, chunks, RemoteError)
     finally:
         remote.close()
         server.stop()
-    message = str(caught.value)
-    assert "the server closed the connection" in message, message
-    assert "IncompleteRead" not in message
 
 
 def test_interrupted_tree_pull_says_the_server_closed_the_connection(tmp_path):
@@ -186,13 +191,6 @@ def test_interrupted_tree_pull_says_the_server_closed_the_connection(tmp_path):
         files = tree.read_files(entries)
         first = next(files)
         assert first[0].path == "a" and first[1] == b"small"
-        os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait()
-        with pytest.raises(PdiffcopyError) as caught:
-            for _ in files:
-                pass
+        kill_while_streaming(server, files)
     finally:
         server.stop()
-    message = str(caught.value)
-    assert "the server closed the connection" in message, message
-    assert "IncompleteRead" not in message

@@ -61,12 +61,24 @@ class Hook(Progress):
             self.outcome = action()
 
 
-def two_versions(seed: int):
+def two_versions(seed: int, size: int = SIZE):
     """A target and a source that differs from it in its first block only."""
-    old = random_bytes(SIZE, seed)
+    old = random_bytes(size, seed)
     new = bytearray(old)
     new[:4096] = random_bytes(4096, seed + 1)
     return old, bytes(new)
+
+
+def big_file_trees(target: Path, source: Path, seed: int):
+    """Trees with one big file, ``big.img``: the old version in ``target``, the new in ``source``.
+
+    Both directories are made; returns (old, new).
+    """
+    old, new = two_versions(seed, TREE_BIG)
+    for directory, data in ((target, old), (source, new)):
+        directory.mkdir()
+        (directory / "big.img").write_bytes(data)
+    return old, new
 
 
 def test_push_refuses_a_plain_write_in_the_middle(server, unique, tmp_path):
@@ -168,15 +180,8 @@ def test_tree_push_of_a_big_changed_file_refuses_a_plain_write(server, tmp_path)
     from pdiffcopy.treesync import TreeOptions, sync_tree
 
     name = f"tree-{os.getpid()}"
-    remote = server.root / name
-    remote.mkdir()
-    old = random_bytes(TREE_BIG, 51)
-    new = bytearray(old)
-    new[:4096] = random_bytes(4096, 52)
-    (remote / "big.img").write_bytes(old)
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "big.img").write_bytes(bytes(new))
+    remote, source = server.root / name, tmp_path / "src"
+    _, new = big_file_trees(remote, source, 51)
     os.utime(source / "big.img", ns=(1, 1))  # another time: compared, then synced by the delta
     # Between the big file's checked segment and its end, a plain client
     # rewrites a block the segment left alone.
@@ -190,22 +195,15 @@ def test_tree_push_of_a_big_changed_file_refuses_a_plain_write(server, tmp_path)
         source_tree.close()
         target_tree.close()
     status, answer = hook.outcome
-    assert (remote / "big.img").read_bytes() == bytes(new), "the tree sync reported success over a mix"
+    assert (remote / "big.img").read_bytes() == new, "the tree sync reported success over a mix"
     assert not result.failures and result.files_copied == 1
     assert status == 423, answer
 
 
 def test_tree_push_of_a_big_file_under_lease_fails_that_file(server, tmp_path):
     name = f"tree-leased-{os.getpid()}"
-    remote = server.root / name
-    remote.mkdir()
-    old = random_bytes(TREE_BIG, 61)
-    new = bytearray(old)
-    new[:4096] = random_bytes(4096, 62)
-    (remote / "big.img").write_bytes(old)
-    source = tmp_path / "src"
-    source.mkdir()
-    (source / "big.img").write_bytes(bytes(new))
+    remote, source = server.root / name, tmp_path / "src"
+    old, _ = big_file_trees(remote, source, 61)
     (source / "small.txt").write_bytes(b"small")
     request = urllib.request.Request(f"{server.base}/.pdiffcopy/lease/{name}/big.img", method="POST",
                                      data=b"")
@@ -222,13 +220,7 @@ def test_tree_push_of_a_big_file_under_lease_fails_that_file(server, tmp_path):
 def test_local_tree_big_file_in_place_holds_a_lock(tmp_path):
     """A local tree sync updating a big file in place refuses when another holds its lock."""
     source, target = tmp_path / "src", tmp_path / "dst"
-    source.mkdir()
-    target.mkdir()
-    old = random_bytes(TREE_BIG, 71)
-    new = bytearray(old)
-    new[:4096] = random_bytes(4096, 72)
-    (target / "big.img").write_bytes(old)
-    (source / "big.img").write_bytes(bytes(new))
+    old, _ = big_file_trees(target, source, 71)
     with open(target / "big.img", "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         completed = run_cli(f"{source}/", f"{target}/", "-b", str(BLOCK), timeout=60)

@@ -27,6 +27,15 @@ def display(progress, clock, cls=ProgressDisplay):
     return cls(progress, stream=io.StringIO(), clock=clock)
 
 
+def copying_tree(monkeypatch, files: int, total: int):
+    """A tree sync copying ``files`` files of ``total`` bytes, shown on a wide terminal: (progress, clock, display)."""
+    monkeypatch.setenv("COLUMNS", "200")
+    clock = FakeClock()
+    progress = TreeProgress(2)
+    progress.phase, progress.files_total, progress.bytes_total = "copying", files, total
+    return progress, clock, display(progress, clock, TreeProgressDisplay)
+
+
 @pytest.mark.parametrize("columns", [40, 60, 80, 120])
 def test_line_never_reaches_the_last_column(monkeypatch, columns):
     """80 columns wrapped on every redraw with lines of 81-90 characters."""
@@ -86,11 +95,7 @@ def test_rate_counts_bytes_moved_not_hashed_and_eta_follows(monkeypatch):
 
 
 def test_tree_rate_and_eta_from_bytes_done(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    clock = FakeClock()
-    progress = TreeProgress(2)
-    progress.phase, progress.files_total, progress.bytes_total = "copying", 10, 100 * MiB
-    shown = display(progress, clock, TreeProgressDisplay)
+    progress, clock, shown = copying_tree(monkeypatch, 10, 100 * MiB)
     clock.now += 2
     progress.add(0, 3, 20 * MiB)
     line = shown.render()
@@ -98,11 +103,7 @@ def test_tree_rate_and_eta_from_bytes_done(monkeypatch):
 
 
 def test_tree_rate_counts_what_a_big_changed_file_moved_not_what_was_checked(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    clock = FakeClock()
-    progress = TreeProgress(2)
-    progress.phase, progress.files_total, progress.bytes_total = "copying", 1, 1000 * MiB
-    shown = display(progress, clock, TreeProgressDisplay)
+    progress, clock, shown = copying_tree(monkeypatch, 1, 1000 * MiB)
     clock.now += 1
     progress.add(1, 0, 800 * MiB, 19 * MiB)  # 800 MiB of segments checked, 19 MiB of them moved
     line = shown.render()

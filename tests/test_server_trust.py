@@ -51,13 +51,18 @@ def push(*args):
     return run_cli("--no-progress", *args, timeout=60)
 
 
-@needs_root
-def test_a_push_with_archive_plants_no_setid_files_and_no_owners(server, unique, tmp_path):
+def push_setid_tree(server, unique, tmp_path):
+    """Push :func:`setid_tree` with ``-a`` to a new directory of ``server``: (source, target, result)."""
     source = tmp_path / "src"
     setid_tree(source)
-    target = server.root / unique
     result = push("-a", f"{source}/", server.url(unique) + "/")
     assert result.returncode == 0, result.stderr
+    return source, server.root / unique, result
+
+
+@needs_root
+def test_a_push_with_archive_plants_no_setid_files_and_no_owners(server, unique, tmp_path):
+    source, target, result = push_setid_tree(server, unique, tmp_path)
     for name in ("tool", "rootshell", "plain"):
         info = os.lstat(target / name)
         assert not info.st_mode & (stat.S_ISUID | stat.S_ISGID), name
@@ -76,11 +81,7 @@ def test_a_push_with_archive_plants_no_setid_files_and_no_owners(server, unique,
 
 @needs_root
 def test_a_server_that_trusts_its_clients_keeps_setid_bits_and_owners(trusting_server, unique, tmp_path):
-    source = tmp_path / "src"
-    setid_tree(source)
-    target = trusting_server.root / unique
-    result = push("-a", f"{source}/", trusting_server.url(unique) + "/")
-    assert result.returncode == 0, result.stderr
+    _, target, result = push_setid_tree(trusting_server, unique, tmp_path)
     tool = os.lstat(target / "tool")
     assert stat.S_IMODE(tool.st_mode) == 0o6755 and tool.st_uid == OTHER_UID
     assert os.lstat(target / "rootshell").st_mode & stat.S_ISUID
