@@ -19,5 +19,6 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     --constraint "$here/original-constraints.txt" 'pdiffcopy[client,server]==1.0.1'
 # Import both halves once so that a broken dependency fails here, not in the middle of a run.
-"$venv/bin/python" -c 'import pdiffcopy.client, pdiffcopy.server'
+# (From /, so that a pdiffcopy in the working directory, such as this repository's, is not the one imported.)
+(cd / && "$venv/bin/python" -c 'import pdiffcopy.client, pdiffcopy.server')
 echo "$venv/bin/pdiffcopy"
