@@ -25,12 +25,33 @@ from pdiffcopy.exceptions import AuthenticationFailed, RemoteError, RemoteProtoc
 #: names, so that they follow the modules into their layers (import-linter's
 #: contracts then say the rest).
 FORBIDDEN = {
-    "pdiffcopy.pipeline": {"pdiffcopy.service", "pdiffcopy.server", "pdiffcopy.cli", "pdiffcopy.treecli"},
-    "pdiffcopy.treesync": {"pdiffcopy.service", "pdiffcopy.server", "pdiffcopy.cli", "pdiffcopy.treecli",
-                           "pdiffcopy.remote"},
-    "pdiffcopy.server": {"pdiffcopy.service", "pdiffcopy.cli", "pdiffcopy.remote"},
-    "pdiffcopy.remote": {"pdiffcopy.leases", "pdiffcopy.server", "pdiffcopy.service", "pdiffcopy.cli"},
-    "pdiffcopy.treewire": {"pdiffcopy.paths"},
+    "pdiffcopy.pipeline": {
+        "pdiffcopy.service",
+        "pdiffcopy.server",
+        "pdiffcopy.cli",
+        "pdiffcopy.treecli",
+    },
+    "pdiffcopy.treesync": {
+        "pdiffcopy.service",
+        "pdiffcopy.server",
+        "pdiffcopy.cli",
+        "pdiffcopy.treecli",
+        "pdiffcopy.remote",
+    },
+    "pdiffcopy.server": {
+        "pdiffcopy.service",
+        "pdiffcopy.cli",
+        "pdiffcopy.remote",
+    },
+    "pdiffcopy.remote": {
+        "pdiffcopy.leases",
+        "pdiffcopy.server",
+        "pdiffcopy.service",
+        "pdiffcopy.cli",
+    },
+    "pdiffcopy.treewire": {
+        "pdiffcopy.paths",
+    },
 }
 
 
