@@ -5,7 +5,9 @@ The pipeline, one step after another::
     block plan -> block digests of both sides (in parallel) -> changed ranges
       -> transfer (ranged reads and writes) -> flush -> verify -> (atomic rename)
 
-:func:`sync` is the documented entry point; the command line calls it too.
+:func:`run_sync` runs it on two endpoints it is given; :func:`pdiffcopy.api.sync`
+(the documented entry point, which the command line calls too) builds them
+from paths and URLs.
 """
 
 from __future__ import annotations
@@ -172,7 +174,7 @@ def check_concurrency(value: Optional[int]) -> int:
 
 
 class _SyncJob:
-    """One run of :func:`sync`: owns the endpoints, the pools and the counters."""
+    """One run of :func:`run_sync`: owns the pools and the counters, and closes the endpoints."""
 
     def __init__(self, source: FileEndpoint, target: FileEndpoint, options: _Options,
                  progress: Progress) -> None:
