@@ -12,13 +12,17 @@ pdiffcopy`` (and the command line's start-up) stays cheap.
 
 __version__ = "2.0.0"
 
-__all__ = ["__version__", "sync", "SyncResult", "Progress", "PdiffcopyError", "copyfile",
+__all__ = ["__version__", "sync", "sync_tree", "SyncResult", "Progress", "PdiffcopyError", "copyfile",
            "patch_copyfile", "unpatch_copyfile"]
 
 
 def __getattr__(name: str):
     # Lazy exports: the client, server and their dependencies load on first use.
-    if name in ("sync", "SyncResult", "Progress"):
+    if name in ("sync", "sync_tree"):
+        from pdiffcopy import api
+
+        return getattr(api, name)
+    if name in ("SyncResult", "Progress"):
         from pdiffcopy import pipeline
 
         return getattr(pipeline, name)

@@ -25,7 +25,7 @@ from property_manager import PropertyManager, lazy_property, required_property
 from pdiffcopy.blocks import parse_block_size
 from pdiffcopy.endpoints import is_url
 from pdiffcopy.exceptions import StorageError, UsageError
-from pdiffcopy.pipeline import sync
+from pdiffcopy.api import sync
 
 logger = logging.getLogger(__name__)
 

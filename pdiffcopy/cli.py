@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import math
+import os
 import re
 import signal
 import sys
@@ -363,10 +364,30 @@ def setup_logging(verbosity: int) -> None:
     logging.getLogger("urllib3").setLevel(max(level, logging.WARNING))
 
 
+def read_token(token_file: Optional[str] = None) -> Optional[str]:
+    """The shared secret from ``token_file`` or ``$PDIFFCOPY_TOKEN`` (None if neither).
+
+    Only the command line reads them: the library and the server take the
+    token they are given.
+
+    :raises UsageError: When the file cannot be read or is empty.
+    """
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as error:
+            raise UsageError(f"Cannot read token file {token_file}: {error.strerror}") from None
+        if not token:
+            raise UsageError(f"Token file {token_file} is empty")
+        return token
+    from pdiffcopy.protocol import TOKEN_VARIABLE
+
+    return os.environ.get(TOKEN_VARIABLE) or None
+
+
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Dispatch to the server, the benchmark or a sync."""
-    from pdiffcopy.service import read_token
-
     token = read_token(args.token_file)
     if not args.paths:
         if args.remove:
@@ -525,7 +546,8 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
     """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
-    from pdiffcopy.pipeline import Progress, sync
+    from pdiffcopy.api import sync
+    from pdiffcopy.pipeline import Progress
 
     progress = Progress()
     if not show_progress:

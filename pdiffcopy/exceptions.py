@@ -124,6 +124,16 @@ class ServerBusy(RemoteError):
         self.retry_after = retry_after
 
 
+class RemoteProtocolError(RemoteError):
+    """The server refused a request as malformed (400, 416): the two ends disagree on the protocol.
+
+    The user asked for nothing wrong (that would be a :class:`UsageError`,
+    found before any request); this client and that server do not agree on
+    what a request may say (an older or stricter server, a hash method it
+    does not accept), so it exits as a failure, not as bad usage.
+    """
+
+
 class VerificationFailed(PdiffcopyError):
     """After a sync, the target's digest differs from the source's."""
 

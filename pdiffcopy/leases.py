@@ -39,8 +39,6 @@ from pdiffcopy.exceptions import Conflict, Locked
 #: the next server can remove the directory of one that was killed.
 DIRECTORY_PREFIX = "pdiffcopy-leases-"
 
-#: The request header that carries a lease's id.
-LEASE_HEADER = "X-Pdiffcopy-Lease"
 
 #: Seconds a lease lives after the holder's last request. A sync talks to
 #: its target all the time (hashes per 64 MiB segment, then writes, then
@@ -235,4 +233,4 @@ def _memory_directory() -> Optional[str]:
     return None
 
 
-__all__ = ["LEASE_HEADER", "LEASE_SECONDS", "Leases"]
+__all__ = ["LEASE_SECONDS", "Leases"]

@@ -25,7 +25,8 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
-from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
+from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind
+from pdiffcopy.protocol import MAX_PATH_LENGTH
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -296,7 +297,7 @@ class LocalTree(TreeEndpoint):
         holds a batch.
 
         With ``swept``, remove its stale temporaries and name them there. An
-        entry whose path is longer than :data:`~pdiffcopy.paths.MAX_PATH_LENGTH`
+        entry whose path is longer than :data:`~pdiffcopy.protocol.MAX_PATH_LENGTH`
         bytes is a failure of its own, not listed: no path-based call (nor
         the server's protocol) can name it; the rest of the tree goes on.
         """

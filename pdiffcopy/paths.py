@@ -21,13 +21,8 @@ import stat
 from typing import Optional, Tuple
 
 from pdiffcopy.exceptions import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
+from pdiffcopy.protocol import MAX_PATH_LENGTH, RESERVED_NAME
 
-#: The first path component reserved for the server's API (``/.pdiffcopy/...``);
-#: no file of that name at the top of the root can be read or written.
-RESERVED_NAME = ".pdiffcopy"
-
-#: Longest relative path accepted (Linux's PATH_MAX).
-MAX_PATH_LENGTH = 4096
 
 #: Flags of every open of a file that must turn out to be a regular one. A
 #: FIFO opened for reading without them blocks the thread until a writer

@@ -5,7 +5,9 @@ The pipeline, one step after another::
     block plan -> block digests of both sides (in parallel) -> changed ranges
       -> transfer (ranged reads and writes) -> flush -> verify -> (atomic rename)
 
-:func:`sync` is the documented entry point; the command line calls it too.
+:func:`run_sync` runs it on two endpoints it is given; :func:`pdiffcopy.api.sync`
+(the documented entry point, which the command line calls too) builds them
+from paths and URLs.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pdiffcopy.blocks import (
     split_ranges,
     tree_digest_input,
 )
-from pdiffcopy.endpoints import FileEndpoint, FileInfo, is_url
+from pdiffcopy.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
     Conflict,
     FileMissing,
@@ -101,38 +103,14 @@ class SyncResult:
     seconds: float
 
 
-def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
-         hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
-         concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
-         token: Optional[str] = None, timeout: Optional[float] = None,
-         ca_file: Optional[str] = None, cache: str = "auto",
-         progress: Optional[Progress] = None) -> SyncResult:
-    """Bring ``target`` to exactly the bytes and size of ``source``.
+def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
+                 whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
+                 atomic: bool = False, cache: str = "auto") -> "_Options":
+    """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
-    One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
-    a file on a pdiffcopy server: a URL source pulls, a URL target pushes.
-
-    :param source: Path or URL of the file with the wanted bytes.
-    :param target: Path or URL of the file to update (created if missing).
-    :param block_size: Block size in bytes, or an expression like ``"1MiB"``.
-    :param hash_method: Block hash (any :mod:`hashlib` name, ``xxh3_128``, ``blake3``...).
-    :param whole_file: Skip the comparison and copy every block.
-    :param concurrency: Hashing processes and connections (default: CPU count).
-                        A whole-file copy between local files hashes in one
-                        thread beside the copy, which is faster than more.
-    :param dry_run: Only compare and report the similarity; change nothing.
-    :param atomic: Write a temporary sibling and rename it over the target at the end.
-    :param token: Shared secret for the server (default: ``$PDIFFCOPY_TOKEN``).
-    :param timeout: Seconds any network call may wait (default 60).
-    :param ca_file: CA bundle to verify an ``https://`` server with.
-    :param cache: For whole-file copies between local files: ``"drop"`` keeps
-                  both files out of the page cache (fastest for big files),
-                  ``"keep"`` leaves the cache alone, ``"auto"`` chooses by size.
-    :param progress: Counters to update, for a progress display.
-    :returns: A :class:`SyncResult`.
-    :raises PdiffcopyError: On any failure; the target is then not reported as synced.
+    :raises UsageError: For a value that makes no sense.
     """
-    options = _Options(
+    return _Options(
         block_size=parse_block_size(block_size),
         hash_method=validate_method(hash_method),
         whole_file=whole_file,
@@ -141,14 +119,25 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
         atomic=atomic,
         cache=_check_cache(cache),
     )
-    if is_url(source) and is_url(target):
-        raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
-    if token is None:
-        from pdiffcopy.service import read_token
 
-        token = read_token()
-    job = _SyncJob(source, target, options, token, timeout, ca_file, progress or Progress())
-    return job.run()
+
+def run_sync(source: FileEndpoint, target: FileEndpoint, options: "_Options",
+             progress: Optional[Progress] = None) -> SyncResult:
+    """Bring the endpoint ``target`` to exactly the bytes of the endpoint ``source``.
+
+    The engine gets its endpoints ready made (:mod:`pdiffcopy.api` turns paths
+    and URLs into them); it never builds one, reads a token or starts a server.
+
+    :raises PdiffcopyError: On any failure; the target is then not reported as synced.
+    """
+    return _SyncJob(source, target, options, progress or Progress()).run()
+
+
+def sync(source: str, target: str, **options) -> SyncResult:
+    """The same as :func:`pdiffcopy.api.sync` (the name 2.0 documented, kept for its callers)."""
+    from pdiffcopy.api import sync as api_sync  # the one import upwards: see the import contracts
+
+    return api_sync(source, target, **options)
 
 
 @dataclass(frozen=True)
@@ -185,19 +174,18 @@ def check_concurrency(value: Optional[int]) -> int:
 
 
 class _SyncJob:
-    """One run of :func:`sync`: owns the endpoints, the pools and the counters."""
+    """One run of :func:`run_sync`: owns the pools and the counters, and closes the endpoints."""
 
-    def __init__(self, source: str, target: str, options: _Options, token: Optional[str],
-                 timeout: Optional[float], ca_file: Optional[str], progress: Progress) -> None:
+    def __init__(self, source: FileEndpoint, target: FileEndpoint, options: _Options,
+                 progress: Progress) -> None:
         self.options = options
         self.progress = progress
         self.started = time.monotonic()
-        # Endpoints first: a bad path or URL fails before any process starts.
-        self.source = self._endpoint(source, token, timeout, ca_file)
-        self.target = self._endpoint(target, token, timeout, ca_file)
+        self.source = source
+        self.target = target
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if not e.is_remote]
-        if len(local) == 2 and (options.whole_file or not os.path.lexists(target)):
+        if len(local) == 2 and (options.whole_file or not os.path.lexists(target.location)):
             # A whole-file copy between local files hashes in a thread beside
             # the copy: the hash functions release the GIL, forking processes
             # (and importing multiprocessing) costs more than it saves, and
@@ -224,18 +212,6 @@ class _SyncJob:
         self.cloned = False
         self.lock = threading.Lock()
         self.prepared = False
-
-    def _endpoint(self, location: str, token, timeout, ca_file) -> FileEndpoint:
-        if is_url(location):
-            from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
-
-            return RemoteFile(location, token=token, concurrency=self.options.concurrency,
-                              timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
-        from pdiffcopy.local import LocalFile
-
-        if not location or location.endswith("/"):
-            raise UsageError(f"Not a file name: {location!r}")
-        return LocalFile(location)
 
     def run(self) -> SyncResult:
         try:

@@ -53,13 +53,14 @@ from pdiffcopy.exceptions import (
     NotAFile,
     PdiffcopyError,
     RemoteError,
+    RemoteProtocolError,
     ServerBusy,
     StorageError,
     UsageError,
 )
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.hashing import digest_count, digest_size
-from pdiffcopy.leases import LEASE_HEADER
+from pdiffcopy.protocol import LEASE_HEADER
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
 #: 64 MiB segment takes well under a second even with slow hashes on slow
@@ -104,8 +105,8 @@ LEGACY_ADVICE = ("it speaks an older API, with which only single files sync (wit
                  "upgrade pdiffcopy on that host, see docs/migration.rst")
 
 _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
-    400: BadRequest, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
-    409: NotAFile, 412: Conflict, 416: BadRequest, 423: Locked, 503: ServerBusy, 507: StorageError,
+    400: RemoteProtocolError, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
+    409: NotAFile, 412: Conflict, 416: RemoteProtocolError, 423: Locked, 503: ServerBusy, 507: StorageError,
 }
 
 logger = logging.getLogger(__name__)

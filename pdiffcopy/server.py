@@ -69,11 +69,11 @@ from pdiffcopy.fileops import (
 )
 from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
-from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
+from pdiffcopy.leases import LEASE_SECONDS, Leases
 from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
-from pdiffcopy.service import THREADS_PER_WORKER
+from pdiffcopy.protocol import LEASE_HEADER
 from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
 
@@ -97,6 +97,14 @@ API_PREFIX = "/.pdiffcopy"
 #: Liveness: the one request answered without the token (a probe has none),
 #: and it says nothing but that the server answers.
 HEALTH_PATH = f"{API_PREFIX}/health"
+
+#: Requests per worker process that do work at once: the hash jobs are
+#: bounded by half of it (:data:`MAX_CONCURRENT_HASHES`). Transfers wait on
+#: the network and hashing releases the GIL, so a few per process keep a
+#: client's hashing and transfer connections (and other clients') all served.
+#: The request threads themselves are many more (``guard.REQUEST_THREADS``),
+#: so that slow clients holding some cannot starve the others.
+THREADS_PER_WORKER = 8
 
 #: Hash requests one worker process runs at once. Half its request threads:
 #: hashing is CPU and disk bound, so more of it at once would not finish

@@ -12,20 +12,13 @@ from typing import Optional, Tuple
 
 from pdiffcopy.addresses import is_loopback
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
+from pdiffcopy.protocol import TOKEN_VARIABLE
 
 logger = logging.getLogger(__name__)
 
 #: Default listen address: loopback only, so a server started by accident
 #: exposes nothing; the original pdiffcopy's port.
 DEFAULT_LISTEN = "127.0.0.1:8080"
-
-#: Requests per worker process that do work at once: the hash jobs are
-#: bounded by half of it (``server.MAX_CONCURRENT_HASHES``). Transfers wait on
-#: the network and hashing releases the GIL, so a few per process keep a
-#: client's hashing and transfer connections (and other clients') all served.
-#: The request threads themselves are many more (``guard.REQUEST_THREADS``),
-#: so that slow clients holding some cannot starve the others.
-THREADS_PER_WORKER = 8
 
 #: Seconds a worker may take to finish its requests on shutdown; short, so
 #: Ctrl-C stops the server promptly.
@@ -34,9 +27,6 @@ GRACEFUL_TIMEOUT = 5
 #: Seconds an idle keep-alive connection stays open; the client reuses its
 #: connections between the hashing and transfer phases.
 KEEPALIVE_SECONDS = 30
-
-#: The environment variable holding the shared secret (server and client).
-TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
 
 
 def parse_listen_address(value: str) -> Tuple[str, int]:
@@ -59,25 +49,6 @@ def parse_listen_address(value: str) -> Tuple[str, int]:
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535 or not host:
         raise UsageError(f"Invalid listen address: {value!r} (expected PORT, HOST:PORT or [IPv6]:PORT)")
     return host, int(port_text)
-
-
-
-
-def read_token(token_file: Optional[str] = None) -> Optional[str]:
-    """The shared secret from ``token_file`` or ``$PDIFFCOPY_TOKEN`` (None if neither).
-
-    :raises UsageError: When the file cannot be read or is empty.
-    """
-    if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as error:
-            raise UsageError(f"Cannot read token file {token_file}: {error.strerror}") from None
-        if not token:
-            raise UsageError(f"Token file {token_file} is empty")
-        return token
-    return os.environ.get(TOKEN_VARIABLE) or None
 
 
 @dataclass

@@ -58,8 +58,6 @@ def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[
         return source, target, False  # the single-file sync says why not
     source_kind = _kind(source, token, args)
     if source_kind == "directory":
-        from pdiffcopy.treesync import check_not_nested, tree_locations
-
         target_kind = _kind(target, token, args)
         if target_kind is not None and target_kind != "directory":
             raise UsageError(f"Cannot sync the directory {source} onto {target}: it is not a directory")
@@ -69,22 +67,58 @@ def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[
     if source_kind is None and (source.endswith("/") or args.delete):
         raise FileMissing(f"Source does not exist: {source}")
     if source_kind is not None and (_kind(target, token, args) == "directory" or target.endswith("/")):
-        from pdiffcopy.treesync import join_location, last_name
-
         return source, join_location(target, last_name(source)), False
     return source, target, False
 
 
-def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:
+# -- what SOURCE and TARGET mean -------------------------------------------
+
+
+def tree_locations(source: str, target: str) -> Tuple[str, str]:
+    """rsync's convention: ``SRC/`` syncs the contents of SRC into TARGET,
+    ``SRC`` syncs the directory itself into TARGET (as TARGET/SRC).
+
+    :returns: The source and target tree locations to sync.
+    """
+    name = last_name(source)
+    if source.endswith("/") or name in ("", ".", ".."):  # "." has no name to go by
+        return source.rstrip("/") + "/", target
+    return source + "/", join_location(target, name)
+
+
+def last_name(location: str) -> str:
+    """The last component of a path or URL (percent-decoded, bytes kept as file names keep them)."""
     if is_url(location):
-        from pdiffcopy.remote import DEFAULT_TIMEOUT
-        from pdiffcopy.remotetree import RemoteTree
+        from urllib.parse import unquote_to_bytes, urlsplit
 
-        return RemoteTree(location, token=token, concurrency=_concurrency(args),
-                          timeout=args.timeout or DEFAULT_TIMEOUT, ca_file=args.ca_file)
-    from pdiffcopy.localtree import LocalTree
+        return os.fsdecode(unquote_to_bytes(urlsplit(location).path.rstrip("/").rpartition("/")[2]))
+    return os.path.basename(location.rstrip("/"))
 
-    return LocalTree(location)
+
+def join_location(directory: str, name: str) -> str:
+    """``directory/name`` for a path or a URL (the name percent-encoded)."""
+    if is_url(directory):
+        from pdiffcopy.remote import quote_path
+
+        return directory.rstrip("/") + "/" + quote_path(name)
+    return os.path.join(directory, name)
+
+
+def check_not_nested(source: str, target: str) -> None:
+    """Refuse a local target inside its local source (it would copy itself forever)."""
+    if is_url(source) or is_url(target):
+        return
+    source_real = os.path.realpath(source)
+    target_real = os.path.realpath(target)
+    if target_real == source_real or target_real.startswith(source_real.rstrip("/") + "/"):
+        raise UsageError(f"The target {target} is inside the source {source}")
+
+
+def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:
+    from pdiffcopy.api import tree_endpoint as endpoint
+
+    return endpoint(location, token=token, concurrency=_concurrency(args), timeout=args.timeout,
+                    ca_file=args.ca_file)
 
 
 def _concurrency(args: argparse.Namespace) -> int:

@@ -42,7 +42,8 @@ from pdiffcopy.exceptions import (
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.localtree import Directories, LocalTree
 from pdiffcopy.metrics import ServerMetrics
-from pdiffcopy.paths import RESERVED_NAME, Root, clean_relative_path
+from pdiffcopy.paths import Root, clean_relative_path
+from pdiffcopy.protocol import RESERVED_NAME
 from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.treeplan import DIR, FILE, Entry
 from pdiffcopy.treewire import (

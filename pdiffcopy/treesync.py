@@ -47,7 +47,7 @@ from pdiffcopy.blocks import (
     split_digests,
     split_ranges,
 )
-from pdiffcopy.endpoints import FileEndpoint, is_url
+from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 from pdiffcopy.fileops import die_with_parent
 from pdiffcopy.hashing import digest_size, verify_method
@@ -1037,48 +1037,4 @@ class _Empty(Exception):
     pass
 
 
-# -- what SOURCE and TARGET mean -------------------------------------------
-
-
-def tree_locations(source: str, target: str) -> Tuple[str, str]:
-    """rsync's convention: ``SRC/`` syncs the contents of SRC into TARGET,
-    ``SRC`` syncs the directory itself into TARGET (as TARGET/SRC).
-
-    :returns: The source and target tree locations to sync.
-    """
-    name = last_name(source)
-    if source.endswith("/") or name in ("", ".", ".."):  # "." has no name to go by
-        return source.rstrip("/") + "/", target
-    return source + "/", join_location(target, name)
-
-
-def last_name(location: str) -> str:
-    """The last component of a path or URL (percent-decoded, bytes kept as file names keep them)."""
-    if is_url(location):
-        from urllib.parse import unquote_to_bytes, urlsplit
-
-        return os.fsdecode(unquote_to_bytes(urlsplit(location).path.rstrip("/").rpartition("/")[2]))
-    return os.path.basename(location.rstrip("/"))
-
-
-def join_location(directory: str, name: str) -> str:
-    """``directory/name`` for a path or a URL (the name percent-encoded)."""
-    if is_url(directory):
-        from pdiffcopy.remote import quote_path
-
-        return directory.rstrip("/") + "/" + quote_path(name)
-    return os.path.join(directory, name)
-
-
-def check_not_nested(source: str, target: str) -> None:
-    """Refuse a local target inside its local source (it would copy itself forever)."""
-    if is_url(source) or is_url(target):
-        return
-    source_real = os.path.realpath(source)
-    target_real = os.path.realpath(target)
-    if target_real == source_real or target_real.startswith(source_real.rstrip("/") + "/"):
-        raise UsageError(f"The target {target} is inside the source {source}")
-
-
-__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "check_not_nested", "join_location",
-           "last_name", "remove_tree", "sync_tree", "tree_locations"]
+__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "remove_tree", "sync_tree"]

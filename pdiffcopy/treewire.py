@@ -33,7 +33,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 import xxhash
 
 from pdiffcopy.exceptions import AccessDenied, BadRequest
-from pdiffcopy.paths import MAX_PATH_LENGTH
+from pdiffcopy.protocol import MAX_PATH_LENGTH
 from pdiffcopy.treeendpoints import OPERATIONS, Operation
 from pdiffcopy.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
 

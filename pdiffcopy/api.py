@@ -1,0 +1,155 @@
+"""The library's face: paths and URLs in, endpoints built, the engine run.
+
+The engine (:mod:`pdiffcopy.pipeline`, :mod:`pdiffcopy.treesync`) works on
+endpoints and never builds one: this module turns a path into a local
+endpoint and an ``http(s)://`` URL into a remote one, and hands both over
+(dependency inversion, see docs/design.rst). It is also where the rule that
+holds for every caller lives: at most one side may be a URL.
+
+A token is what the caller passes: the library never reads ``$PDIFFCOPY_TOKEN``
+or a token file (the command line does, see :mod:`pdiffcopy.cli`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional
+
+from pdiffcopy.blocks import DEFAULT_BLOCK_SIZE
+from pdiffcopy.endpoints import FileEndpoint, is_url
+from pdiffcopy.exceptions import UsageError
+from pdiffcopy.hashing import DEFAULT_HASH_METHOD
+from pdiffcopy.pipeline import Progress, SyncResult, file_options, run_sync
+
+if TYPE_CHECKING:
+    from pdiffcopy.treeendpoints import TreeEndpoint
+    from pdiffcopy.treesync import TreeOptions, TreeProgress, TreeResult
+
+
+def check_locations(source: str, target: str) -> None:
+    """Refuse two URLs: this process moves the bytes, so one side must be on this machine.
+
+    :raises UsageError: When both are URLs.
+    """
+    if is_url(source) and is_url(target):
+        raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
+
+
+def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
+    """The endpoint of one file: a :class:`~pdiffcopy.remote.RemoteFile` for a URL, else a local file.
+
+    :param token: The server's shared secret (None: send none).
+    :param concurrency: Connections the remote file may open at once.
+    :raises UsageError: For a path that names no file or a URL that names no server.
+    """
+    if is_url(location):
+        from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
+
+        return RemoteFile(location, token=token, concurrency=concurrency,
+                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+    from pdiffcopy.local import LocalFile
+
+    if not location or location.endswith("/"):
+        raise UsageError(f"Not a file name: {location!r}")
+    return LocalFile(location)
+
+
+def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
+    """The endpoint of a directory tree: a :class:`~pdiffcopy.remotetree.RemoteTree` for a URL, else local."""
+    if is_url(location):
+        from pdiffcopy.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.remotetree import RemoteTree
+
+        return RemoteTree(location, token=token, concurrency=concurrency,
+                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+    from pdiffcopy.localtree import LocalTree
+
+    return LocalTree(location)
+
+
+def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
+         hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
+         concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
+         token: Optional[str] = None, timeout: Optional[float] = None,
+         ca_file: Optional[str] = None, cache: str = "auto",
+         progress: Optional[Progress] = None) -> SyncResult:
+    """Bring ``target`` to exactly the bytes and size of ``source``.
+
+    One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
+    a file on a pdiffcopy server: a URL source pulls, a URL target pushes.
+
+    :param source: Path or URL of the file with the wanted bytes.
+    :param target: Path or URL of the file to update (created if missing).
+    :param block_size: Block size in bytes, or an expression like ``"1MiB"``.
+    :param hash_method: Block hash (any :mod:`hashlib` name, ``xxh3_128``, ``blake3``...).
+    :param whole_file: Skip the comparison and copy every block.
+    :param concurrency: Hashing processes and connections (default: CPU count).
+                        A whole-file copy between local files hashes in one
+                        thread beside the copy, which is faster than more.
+    :param dry_run: Only compare and report the similarity; change nothing.
+    :param atomic: Write a temporary sibling and rename it over the target at the end.
+    :param token: Shared secret for the server (None: send none; the library
+                  does not read ``$PDIFFCOPY_TOKEN``, the command line does).
+    :param timeout: Seconds any network call may wait (default 60).
+    :param ca_file: CA bundle to verify an ``https://`` server with.
+    :param cache: For whole-file copies between local files: ``"drop"`` keeps
+                  both files out of the page cache (fastest for big files),
+                  ``"keep"`` leaves the cache alone, ``"auto"`` chooses by size.
+    :param progress: Counters to update, for a progress display.
+    :returns: A :class:`~pdiffcopy.pipeline.SyncResult`.
+    :raises PdiffcopyError: On any failure; the target is then not reported as synced.
+    """
+    options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
+                           concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache)
+    check_locations(source, target)
+    # Endpoints before the engine: a bad path or URL fails before any process starts.
+    source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,
+                                    timeout=timeout, ca_file=ca_file)
+    try:
+        target_endpoint = file_endpoint(target, token=token, concurrency=options.concurrency,
+                                        timeout=timeout, ca_file=ca_file)
+    except BaseException:
+        source_endpoint.close()
+        raise
+    return run_sync(source_endpoint, target_endpoint, options, progress)
+
+
+def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None, *,
+              token: Optional[str] = None, timeout: Optional[float] = None, ca_file: Optional[str] = None,
+              progress: "Optional[TreeProgress]" = None,
+              report_line: Optional[Callable[[str], None]] = None, **fields) -> "TreeResult":
+    """Make the directory tree ``target`` hold what the tree ``source`` holds.
+
+    The locations are taken as given: ``source`` is the directory whose
+    contents are synced into ``target`` (the command line's rsync rule for a
+    trailing slash is the command line's, see :mod:`pdiffcopy.treecli`).
+
+    :param options: A :class:`~pdiffcopy.treesync.TreeOptions`; ``fields``
+                    (``delete=True``, ``concurrency=4``...) replace some of its values.
+    :param token: The server's shared secret, as for :func:`sync`.
+    :param report_line: Called with each line of a dry run's listing.
+    :returns: A :class:`~pdiffcopy.treesync.TreeResult`; failures of single
+              files are in its ``failures``.
+    :raises PdiffcopyError: When the sync cannot start.
+    """
+    import dataclasses
+
+    from pdiffcopy.pipeline import check_concurrency
+    from pdiffcopy.treesync import TreeOptions, sync_tree as run_tree
+
+    options = dataclasses.replace(options or TreeOptions(), **fields)
+    check_concurrency(options.concurrency)
+    check_locations(source, target)
+    trees = []
+    try:
+        for location in (source, target):
+            trees.append(tree_endpoint(location, token=token, concurrency=options.concurrency,
+                                       timeout=timeout, ca_file=ca_file))
+        return run_tree(trees[0], trees[1], options, progress, report_line=report_line)
+    finally:
+        for tree in trees:
+            tree.close()
+
+
+__all__ = ["check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]

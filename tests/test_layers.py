@@ -1,0 +1,122 @@
+"""The layers of issue 11 on today's flat layout: who may import whom, who reads the token, who failed.
+
+docs/design.rst and ARCHITECTURE.md name the layers; until the modules move into
+subpackages (and import-linter checks them), this file checks the rules that the
+flat layout can already keep, by reading every import statement (lazy ones too).
+"""
+
+import ast
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pdiffcopy
+from conftest import random_bytes, run_cli, start_server
+from pdiffcopy.exceptions import AuthenticationFailed, RemoteError, RemoteProtocolError, UsageError
+
+#: Module -> modules it must never import, at the top or inside a function.
+#: The engine (pipeline, treesync) never starts a server nor reads a token; the
+#: server never imports its launcher back (the old cycle); the HTTP client
+#: takes its protocol constants from the core, not from the server's leases;
+#: the batch codec (core) does not import the file system helpers. Full
+#: names, so that they follow the modules into their layers (import-linter's
+#: contracts then say the rest).
+FORBIDDEN = {
+    "pdiffcopy.pipeline": {
+        "pdiffcopy.service",
+        "pdiffcopy.server",
+        "pdiffcopy.cli",
+        "pdiffcopy.treecli",
+    },
+    "pdiffcopy.treesync": {
+        "pdiffcopy.service",
+        "pdiffcopy.server",
+        "pdiffcopy.cli",
+        "pdiffcopy.treecli",
+        "pdiffcopy.remote",
+    },
+    "pdiffcopy.server": {
+        "pdiffcopy.service",
+        "pdiffcopy.cli",
+        "pdiffcopy.remote",
+    },
+    "pdiffcopy.remote": {
+        "pdiffcopy.leases",
+        "pdiffcopy.server",
+        "pdiffcopy.service",
+        "pdiffcopy.cli",
+    },
+    "pdiffcopy.treewire": {
+        "pdiffcopy.paths",
+    },
+}
+
+
+def imported_modules(name: str):
+    """Every ``pdiffcopy`` module (full name) that module ``name`` imports, anywhere in its file."""
+    tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pdiffcopy"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)  # (from PACKAGE import MODULE)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("pdiffcopy."))
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(FORBIDDEN))
+def test_a_layer_does_not_import_what_it_must_not(module):
+    assert not imported_modules(module) & FORBIDDEN[module]
+
+
+def test_the_server_imports_without_its_launcher():
+    code = "import sys, pdiffcopy.server; assert 'pdiffcopy.service' not in sys.modules, sorted(sys.modules)"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_a_servers_400_is_a_remote_protocol_error_not_bad_usage(tmp_path):
+    """A server that refuses a request as malformed: the client is not misused (exit 2), the peers disagree."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "a.img").write_bytes(random_bytes(64 * 1024))
+    running = start_server(root, tmp_path / "server.log")  # the default methods: sm3 is refused with a 400
+    try:
+        completed = run_cli("-m", "sm3", "--no-progress", running.url("a.img"), str(tmp_path / "copy.img"))
+        assert completed.returncode == RemoteProtocolError.exit_code == 1, completed.stderr
+        lines = completed.stderr.strip().splitlines()
+        assert len(lines) == 1 and "does not accept the hash method 'sm3'" in lines[0], completed.stderr
+        with pytest.raises(RemoteProtocolError) as raised:
+            pdiffcopy.sync(running.url("a.img"), str(tmp_path / "copy.img"), hash_method="sm3")
+        assert isinstance(raised.value, RemoteError) and not isinstance(raised.value, UsageError)
+    finally:
+        running.stop()
+    assert not (tmp_path / "copy.img").exists()
+
+
+def test_the_library_takes_the_token_and_never_reads_the_environment(token_server, tmp_path, monkeypatch):
+    (tmp_path / "source.img").write_bytes(random_bytes(4096))
+    monkeypatch.setenv("PDIFFCOPY_TOKEN", token_server.token)
+    with pytest.raises(AuthenticationFailed):
+        pdiffcopy.sync(str(tmp_path / "source.img"), token_server.url("layers-token.img"))
+    result = pdiffcopy.sync(str(tmp_path / "source.img"), token_server.url("layers-token.img"),
+                            token=token_server.token)
+    assert result.size == 4096
+
+
+def test_sync_tree_takes_paths_and_urls_from_the_top_level(server, tmp_path):
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "a.bin").write_bytes(random_bytes(10_000))
+    (source / "b.txt").write_text("hello\n")
+    result = pdiffcopy.sync_tree(f"{source}/", str(tmp_path / "dst"), concurrency=2)
+    assert (tmp_path / "dst" / "sub" / "a.bin").read_bytes() == (source / "sub" / "a.bin").read_bytes()
+    assert result.files_copied == 2 and not result.failures
+    pushed = pdiffcopy.sync_tree(f"{source}/", server.url("layers-tree"), concurrency=2)
+    assert pushed.files_copied == 2 and (server.root / "layers-tree" / "b.txt").read_text() == "hello\n"
+    with pytest.raises(UsageError, match="both"):
+        pdiffcopy.sync_tree(server.url("layers-tree") + "/", server.url("layers-tree2"))
