@@ -199,6 +199,10 @@ def test_legacy_resize_and_write(legacy_server):
     assert status == 416 and path.stat().st_size == 3000
     status, _, _, _ = old_request(legacy_server, "POST", "resize", filename=str(path), size=10)
     assert status == 200 and path.read_bytes() == bytes(10)
+    # Unlike 1.0.1, a resize does not create missing parent directories (as the new API's).
+    status, _, _, _ = old_request(legacy_server, "POST", "resize", size=10,
+                                  filename=str(legacy_server.root / "no-such-dir" / "x.bin"))
+    assert status == 404 and not (legacy_server.root / "no-such-dir").exists()
 
 
 @pytest.mark.parametrize("name, status", [
@@ -275,6 +279,7 @@ def test_the_legacy_api_is_behind_the_token(legacy_token_server):
     status, _, _, answer = old_request(legacy_token_server, "GET", "blocks", filename=str(path), offset=0,
                                        size=6, headers={"Authorization": "Bearer legacy-s3cret"})
     assert (status, answer) == (200, b"secret")
+    assert "1.0.1 clients cannot send it" in legacy_token_server.log.read_text()  # warned at start
 
 
 def test_legacy_api_is_a_server_option(tmp_path):
