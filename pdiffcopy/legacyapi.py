@@ -66,8 +66,9 @@ REFUSAL = (f"This is a pdiffcopy {__version__} server, which pdiffcopy 1.0.1 cli
 #: so its reason phrase carries the message too, cut to this many characters.
 MAX_REASON_CHARS = 200
 
-#: The reason phrase of a 401 to a 1.0.1 request: that client has no way to send a token.
-TOKEN_REASON = "This server requires a token, which pdiffcopy 1.0.1 clients cannot send"
+#: The reason phrase of a 401 to a 1.0.1 request when the legacy API is on: that
+#: client has no way to send a token. (When it is off, the 401 says :data:`REFUSAL`.)
+TOKEN_REASON = "This server requires a token, which pdiffcopy 1.0.1 clients cannot send: upgrade the client"
 
 #: The hash method 1.0.1 used when none was given (its client always sends one).
 LEGACY_DEFAULT_METHOD = "sha1"
@@ -239,8 +240,8 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         """Put an error's message in the status line, the one part of it 1.0.1's client shows."""
         if response.status_code < 400 or not is_legacy_request():
             return response
-        if response.status_code == 401:
-            message = TOKEN_REASON
+        if response.status_code == 401:  # the token is checked first: say what helps
+            message = TOKEN_REASON if enabled else REFUSAL
         else:
             body = response.get_json(silent=True) if response.is_json else None
             message = body.get("error", "") if isinstance(body, dict) else ""

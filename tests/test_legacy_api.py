@@ -282,6 +282,15 @@ def test_the_legacy_api_is_behind_the_token(legacy_token_server):
     assert "1.0.1 clients cannot send it" in legacy_token_server.log.read_text()  # warned at start
 
 
+def test_an_old_request_to_a_token_server_without_legacy_api_says_to_upgrade(token_server):
+    (token_server.root / "t.bin").write_bytes(b"secret")
+    status, reason, _, answer = old_request(token_server, "GET", "blocks", offset=0, size=6,
+                                            filename=str(token_server.root / "t.bin"))
+    # The token is checked first (401), and the status line says what the 1.0.1 user can do.
+    assert status == 401 and b"secret" not in answer
+    assert "upgrade the client" in reason and "--legacy-api" in reason
+
+
 def test_legacy_api_is_a_server_option(tmp_path):
     (tmp_path / "a").write_bytes(b"a")
     done = run_cli("--legacy-api", str(tmp_path / "a"), str(tmp_path / "b"))
