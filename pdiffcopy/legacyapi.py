@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, cast
 
 from flask import Flask, Response, jsonify, request
 from werkzeug.wsgi import ClosingIterator
@@ -131,7 +131,8 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         refuse_hard_links,
     )
 
-    resize_view = app.view_functions["resize_file"]  # the new API's resize, parameters and all
+    # The new API's resize, parameters and all (it answers with jsonify).
+    resize_view = cast(Callable[..., Response], app.view_functions["resize_file"])
 
     def info(path: str) -> Response:
         fd = root.open_regular(path, os.O_RDONLY)
@@ -166,7 +167,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
                 yield "".join(f"{offset + index * block_size}\t{digests[start:start + width].hex()}\n"
                               for index, start in enumerate(range(0, len(digests), width))).encode("ascii")
 
-        released = []
+        released: List[bool] = []
 
         def release() -> None:  # called once the answer is sent, or abandoned
             if not released:
