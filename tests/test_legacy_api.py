@@ -253,6 +253,22 @@ def test_legacy_api_keeps_the_servers_refusals(legacy_server):
             os.unlink(root / name)
 
 
+def test_legacy_hash_requests_give_their_hash_slot_back(legacy_server):
+    """Each holds a hash slot while its answer streams: sent, abandoned or HEAD, the slot comes back."""
+    path = legacy_server.root / "slots.bin"
+    path.write_bytes(random_bytes(3 * MiB, seed=4))
+    params = urlencode({"filename": str(path), "block_size": 1024, "method": "sha1", "concurrency": 2})
+    for _ in range(6):  # more than a worker process's slots (server.MAX_CONCURRENT_HASHES)
+        for verb, read in (("GET", True), ("HEAD", True), ("GET", False)):
+            connection = http.client.HTTPConnection("127.0.0.1", legacy_server.port, timeout=30)
+            connection.request(verb, f"/hashes?{params}")
+            response = connection.getresponse()
+            assert response.status == 200
+            if read:
+                assert len(response.read().splitlines()) == (3 * MiB // 1024 if verb == "GET" else 0)
+            connection.close()  # unread: the server's write fails and the answer is closed
+
+
 def test_legacy_writes_respect_the_write_lease(legacy_server):
     path = legacy_server.root / "leased.bin"
     path.write_bytes(b"a" * 100)
