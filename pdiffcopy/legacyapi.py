@@ -32,7 +32,7 @@ import logging
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, cast
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.wsgi import ClosingIterator
 
 from pdiffcopy import __version__
@@ -131,6 +131,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         refuse_hard_links,
     )
 
+    metrics = app.extensions["pdiffcopy.metrics"]  # the server's counters (pdiffcopy.metrics)
     # The new API's resize, parameters and all (it answers with jsonify).
     resize_view = cast(Callable[..., Response], app.view_functions["resize_file"])
 
@@ -154,6 +155,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
             os.close(fd)
             raise ServerBusy("Busy: too many hash requests are running; retry later", HASH_RETRY_AFTER_SECONDS)
+        metrics.hash_jobs.inc()
         size = os.fstat(fd).st_size
         region = max(block_size, LEGACY_HASH_REGION_BYTES // block_size * block_size)
         width = digest_size(method)
@@ -172,6 +174,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         def release() -> None:  # called once the answer is sent, or abandoned
             if not released:
                 released.append(True)
+                metrics.hash_jobs.dec()
                 hash_slots.release(client)
                 os.close(fd)
 
@@ -192,7 +195,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
                 position += len(data)
                 yield data
 
-        response = Response(ClosingIterator(chunks(), [lambda: os.close(fd)]),
+        response = Response(ClosingIterator(metrics.served(chunks()), [lambda: os.close(fd)]),
                             mimetype="application/octet-stream", direct_passthrough=True)
         response.headers["Content-Length"] = str(length)
         return response
@@ -214,6 +217,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
                     raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)",
                                               size)
                 _receive(fd, offset, length, path)
+                metrics.bytes_received.inc(length)
         finally:
             os.close(fd)
         return jsonify(written=length)
@@ -237,9 +241,17 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         return views[f"{method} {request.path}"](path)
 
     @app.after_request
-    def legacy_reason(response: Response) -> Response:
-        """Put an error's message in the status line, the one part of it 1.0.1's client shows."""
-        if response.status_code < 400 or not is_legacy_request():
+    def legacy_answer(response: Response) -> Response:
+        """Label the request for the metrics, and put an error's message in the status line,
+        the one part of an error 1.0.1's client shows.
+
+        Registered after the server's own hooks, so it runs before them (Flask runs them in
+        reverse), for refusals and 401s too: the metrics show whether 1.0.1 clients still come.
+        """
+        if not is_legacy_request():
+            return response
+        g.endpoint_label = "legacy" + request.path.replace("/", "_")  # legacy_blocks, legacy_info...
+        if response.status_code < 400:
             return response
         if response.status_code == 401:  # the token is checked first: say what helps
             message = TOKEN_REASON if enabled else REFUSAL

@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 import pytest
 
 from conftest import mutate, random_bytes, run_cli, start_server
+from test_metrics import scrape
 
 REPO = Path(__file__).resolve().parent.parent
 ORIGINAL = Path(os.environ.get("PDIFFCOPY_ORIGINAL")
@@ -124,6 +125,9 @@ def test_an_old_request_is_refused_with_a_hint_not_answered_with_a_file(plain_se
     # 1.0.1's client shows only the status line (requests' raise_for_status): the hint is there too.
     assert "--legacy-api" in reason and "1.0.1" in reason
     assert (plain_server.root / "data.bin").read_bytes() == b"x" * 10
+    # The metrics show that 1.0.1 clients still come (and are refused).
+    assert scrape(plain_server.base, headers={})[
+        f'pdiffcopy_requests_total{{endpoint="legacy_{endpoint}",status="400"}}'] >= 1
     assert (plain_server.root / endpoint).read_bytes() == DECOYS[endpoint]
 
 
@@ -267,6 +271,22 @@ def test_legacy_hash_requests_give_their_hash_slot_back(legacy_server):
             if read:
                 assert len(response.read().splitlines()) == (3 * MiB // 1024 if verb == "GET" else 0)
             connection.close()  # unread: the server's write fails and the answer is closed
+
+
+def test_legacy_requests_are_counted_in_the_metrics(legacy_server):
+    path = legacy_server.root / "counted.bin"
+    path.write_bytes(random_bytes(5000, seed=6))
+    before = scrape(legacy_server.base, headers={})
+    assert old_request(legacy_server, "GET", "blocks", filename=str(path), offset=0, size=5000)[0] == 200
+    assert old_request(legacy_server, "POST", "blocks", body=b"c" * 100, filename=str(path), offset=0)[0] == 200
+    assert old_request(legacy_server, "GET", "hashes", filename=str(path), block_size=1024, method="sha1")[0] == 200
+    after = scrape(legacy_server.base, headers={})
+    assert after["pdiffcopy_served_bytes_total"] - before["pdiffcopy_served_bytes_total"] == 5000
+    assert after["pdiffcopy_received_bytes_total"] - before["pdiffcopy_received_bytes_total"] == 100
+    # Labelled by the legacy endpoint, not as reads of a file called "blocks".
+    for endpoint in ("legacy_blocks", "legacy_hashes"):
+        key = f'pdiffcopy_requests_total{{endpoint="{endpoint}",status="200"}}'
+        assert after[key] - before.get(key, 0) >= 1, sorted(after)
 
 
 def test_legacy_writes_respect_the_write_lease(legacy_server):
