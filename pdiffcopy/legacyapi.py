@@ -28,7 +28,6 @@ is below the root.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Callable, Dict, Iterator, List, Optional, Tuple, cast
 
@@ -44,8 +43,6 @@ from pdiffcopy.hashing import digest_size, hash_region, validate_method
 from pdiffcopy.leases import Leases
 from pdiffcopy.paths import Root
 from pdiffcopy.slots import FairSlots
-
-logger = logging.getLogger(__name__)
 
 #: The paths and methods of 1.0.1's requests (HEAD as GET: Flask answers both).
 LEGACY_ENDPOINTS = {
