@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let clients change files with several hard links in place (data, "
                              "size, metadata): every name of such a file changes, also outside "
                              "--root; without it that is refused and --atomic replaces them")
+    server.add_argument("--legacy-api", action="store_true",
+                        help="also serve the API of pdiffcopy 1.0.1 clients (below --root, and only "
+                             "without a token: they cannot send one); without it they get an error "
+                             "saying so")
     # Without SOURCE and TARGET pdiffcopy starts a server, which would ignore
     # these: refused instead (-c is also the server's worker count).
     parser.sync_only = [action for group in (sync, tree) for action in group._group_actions
@@ -400,6 +404,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  insecure=args.insecure, workers=args.concurrency,
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
+                                 legacy_api=args.legacy_api,
                                  certfile=args.certfile, keyfile=args.keyfile,
                                  hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
@@ -410,6 +415,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
     if args.metrics_listen:
         raise UsageError("--metrics-listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.legacy_api:
+        raise UsageError("--legacy-api is a server option; it makes no sense with SOURCE and TARGET")
     handle_termination()
     from pdiffcopy.fileops import raise_open_file_limit
 

@@ -70,6 +70,7 @@ from pdiffcopy.fileops import (
 from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.leases import LEASE_SECONDS, Leases
+from pdiffcopy.legacyapi import add_legacy_api
 from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
@@ -170,6 +171,8 @@ class ServerConfig:
     #: The port of ``--metrics-listen``: requests arriving there get the
     #: metrics without the token, and nothing else.
     metrics_port: Optional[int] = None
+    #: Serve the API of pdiffcopy 1.0.1's clients (``--legacy-api``); else refuse it with a hint.
+    legacy_api: bool = False
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -506,6 +509,8 @@ def create_app(config: ServerConfig) -> Flask:
 
     add_tree_routes(app, root, trust_clients=config.trust_clients,
                     write_hard_links=config.write_hard_links, metrics=metrics)
+    add_legacy_api(app, root, leases, hash_slots, enabled=config.legacy_api, hash_methods=config.hash_methods,
+                   write_hard_links=config.write_hard_links)
     return app
 
 

@@ -69,6 +69,8 @@ class ServerOptions:
     write_hard_links: bool = False
     #: ``--metrics-listen``: a second address answering only the metrics, without the token.
     metrics_listen: Optional[str] = None
+    #: ``--legacy-api``: serve pdiffcopy 1.0.1's clients too.
+    legacy_api: bool = False
 
 
 def run_server(options: ServerOptions) -> None:
@@ -119,8 +121,12 @@ def run_server(options: ServerOptions) -> None:
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
-                                  metrics_directory=metrics_directory, metrics_port=metrics_port))
+                                  metrics_directory=metrics_directory, metrics_port=metrics_port,
+                                  legacy_api=options.legacy_api))
     metrics = app.extensions["pdiffcopy.metrics"]
+    if options.legacy_api and options.token:
+        logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
+                       "requests are refused (401)")
     settings = {
         "bind": binds,
         "workers": workers,
