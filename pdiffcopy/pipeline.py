@@ -43,6 +43,7 @@ from pdiffcopy.exceptions import (
     VerificationFailed,
 )
 from pdiffcopy.fastcopy import resolve_cache
+from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.hashing import (
     DEFAULT_HASH_METHOD,
     digest_bytes,
@@ -106,7 +107,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
          token: Optional[str] = None, timeout: Optional[float] = None,
          ca_file: Optional[str] = None, cache: str = "auto",
-         progress: Optional[Progress] = None) -> SyncResult:
+         progress: Optional[Progress] = None, bwlimit: "int | str | None" = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -129,6 +130,9 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
                   both files out of the page cache (fastest for big files),
                   ``"keep"`` leaves the cache alone, ``"auto"`` chooses by size.
     :param progress: Counters to update, for a progress display.
+    :param bwlimit: Most bytes per second on the network, both directions together, as an
+                    int or in rsync's ``--bwlimit`` syntax (``"50M"``; a bare number is KiB/s);
+                    None or 0: no limit. A sync between local files ignores it.
     :returns: A :class:`SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
@@ -140,6 +144,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
         dry_run=dry_run,
         atomic=atomic,
         cache=_check_cache(cache),
+        bwlimit=bandwidth_limit(bwlimit),
     )
     if is_url(source) and is_url(target):
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
@@ -160,6 +165,7 @@ class _Options:
     dry_run: bool
     atomic: bool
     cache: str
+    bwlimit: Optional[int] = None
 
 
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
@@ -195,6 +201,12 @@ class _SyncJob:
         # Endpoints first: a bad path or URL fails before any process starts.
         self.source = self._endpoint(source, token, timeout, ca_file)
         self.target = self._endpoint(target, token, timeout, ca_file)
+        if options.bwlimit:
+            # One bucket for every connection and thread of the sync (the remote
+            # end's hashing and transfer threads alike).
+            bucket = TokenBucket(options.bwlimit)
+            for endpoint in (self.source, self.target):
+                endpoint.limit_rate(bucket)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if not e.is_remote]
         if len(local) == 2 and (options.whole_file or not os.path.lexists(target)):

@@ -73,6 +73,7 @@ from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
 from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
+from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.service import THREADS_PER_WORKER
 from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
@@ -162,6 +163,9 @@ class ServerConfig:
     #: The port of ``--metrics-listen``: requests arriving there get the
     #: metrics without the token, and nothing else.
     metrics_port: Optional[int] = None
+    #: ``--max-rate``: most bytes per second of file data served and received, for all
+    #: clients and worker processes together (None: no limit).
+    max_rate: Optional[int] = None
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -186,6 +190,9 @@ def create_app(config: ServerConfig) -> Flask:
     # Shared by every worker process: made here, before gunicorn forks them.
     leases = Leases(config.lease_directory)
     metrics = ServerMetrics(config.metrics_directory)
+    # In shared memory, made before gunicorn forks: one cap for every worker process (a
+    # bucket per worker would let N workers move N times the rate).
+    rate_limit = TokenBucket(config.max_rate, shared=True) if config.max_rate else None
     app.extensions["pdiffcopy.metrics"] = metrics  # for gunicorn's child_exit hook (service.py)
 
     def lease_of_request() -> Optional[str]:
@@ -343,7 +350,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
-            return ranged_response(fd, info, metrics)
+            return ranged_response(fd, info, metrics, rate_limit)
         except BaseException:
             os.close(fd)
             raise
@@ -357,7 +364,7 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
             with leases.writing(info, lease_of_request(), path):
-                written = receive_ranges(fd, info.st_size, path, metrics)
+                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit)
         finally:
             os.close(fd)
         return jsonify(written=written)
@@ -497,7 +504,7 @@ def create_app(config: ServerConfig) -> Flask:
         return jsonify(server="pdiffcopy", version=__version__)
 
     add_tree_routes(app, root, trust_clients=config.trust_clients,
-                    write_hard_links=config.write_hard_links, metrics=metrics)
+                    write_hard_links=config.write_hard_links, metrics=metrics, rate_limit=rate_limit)
     return app
 
 
@@ -675,10 +682,11 @@ def not_modified(info: os.stat_result) -> bool:
     return since is not None and int(info.st_mtime) <= since.timestamp()
 
 
-def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetrics] = None) -> Response:
+def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetrics] = None,
+                    rate_limit: Optional[TokenBucket] = None) -> Response:
     """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``.
 
-    The file bytes sent are counted in ``metrics``.
+    The file bytes sent are counted in ``metrics`` and taken from ``rate_limit`` (``--max-rate``).
     """
     size = info.st_size
     headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
@@ -720,15 +728,17 @@ def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetri
         if status == 206:
             headers["Content-Range"] = format_content_range(offset, length, size)
         headers["Content-Length"] = str(length)
-        return Response(_file_body(fd, ranges, None, metrics=metrics), status=status, headers=headers,
+        return Response(_file_body(fd, ranges, None, metrics=metrics, rate_limit=rate_limit),
+                        status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
     headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
-    return Response(_file_body(fd, ranges, size, boundary, metrics), status=206, headers=headers,
+    return Response(_file_body(fd, ranges, size, boundary, metrics, rate_limit), status=206, headers=headers,
                     content_type=multipart_content_type(boundary), direct_passthrough=True)
 
 
 def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
-               boundary: str = "", metrics: Optional[ServerMetrics] = None) -> Iterator[bytes]:
+               boundary: str = "", metrics: Optional[ServerMetrics] = None,
+               rate_limit: Optional[TokenBucket] = None) -> Iterator[bytes]:
     """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
     when ``multipart_size`` is set.
 
@@ -747,6 +757,8 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
                 position += len(data)
                 if metrics is not None:
                     metrics.bytes_served.inc(len(data))
+                if rate_limit is not None:
+                    rate_limit.take(len(data))
                 yield data
         if multipart_size is not None:
             yield closing_delimiter(boundary)
@@ -754,7 +766,8 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
         os.close(fd)
 
 
-def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
+def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None,
+                   rate_limit: Optional[TokenBucket] = None) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
@@ -772,17 +785,18 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics)
+            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics, rate_limit)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics)
+            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics, rate_limit)
         return written
     finally:
         body.finish()
 
 
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
-                   size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
+                   size: int, path: str, metrics: Optional[ServerMetrics] = None,
+                   rate_limit: Optional[TokenBucket] = None) -> int:
     if offset + length > size:
         raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)", size)
     position, end = offset, offset + length
@@ -797,6 +811,8 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         position += got
         if metrics is not None:
             metrics.bytes_received.inc(got)
+        if rate_limit is not None:
+            rate_limit.take(got)  # after the read: the wait holds back the next one, and TCP the client
     # Start writing the range to disk now: the client's fsync request at the
     # end then finds little left to write.
     start_writeback(fd, offset, length)

@@ -98,6 +98,8 @@ class ServerOptions:
     write_hard_links: bool = False
     #: ``--metrics-listen``: a second address answering only the metrics, without the token.
     metrics_listen: Optional[str] = None
+    #: ``--max-rate``: most bytes per second of file data, all clients and workers together.
+    max_rate: Optional[int] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -148,7 +150,8 @@ def run_server(options: ServerOptions) -> None:
 
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
-                                  metrics_directory=metrics_directory, metrics_port=metrics_port))
+                                  metrics_directory=metrics_directory, metrics_port=metrics_port,
+                                  max_rate=options.max_rate))
     metrics = app.extensions["pdiffcopy.metrics"]
     settings = {
         "bind": binds,
@@ -195,6 +198,8 @@ def run_server(options: ServerOptions) -> None:
     sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
+    if options.max_rate:
+        logger.info("File data limited to %d bytes per second, all clients together", options.max_rate)
     if metrics_port is not None:
         logger.info("Metrics without the token on %s://%s%s", scheme, binds[1], SCRAPE_PATH)
     Application().run()
