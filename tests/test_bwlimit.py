@@ -13,6 +13,7 @@ import time
 import pytest
 
 from conftest import random_bytes, run_cli, start_server
+from test_compat_101 import original_server  # noqa: F401 (a fixture)
 from pdiffcopy.exceptions import UsageError
 from pdiffcopy.ratelimit import MIN_CLIENT_RATE, TokenBucket, bandwidth_limit
 
@@ -183,3 +184,12 @@ def test_sync_tree_takes_rsync_syntax_and_refuses_garbage(tmp_path):
     # Between local trees a valid limit is ignored (a network limit, as rsync's).
     sync_tree(LocalTree(str(tmp_path / "src")), LocalTree(str(tmp_path / "dst")), TreeOptions(bwlimit="50M"))
     assert (tmp_path / "dst" / "a").read_bytes() == b"x"
+
+
+def test_pull_from_a_101_server_with_bwlimit(original_server, tmp_path, data):  # noqa: F811 (the fixture)
+    # 1.0.1's old API goes through the same transport: the limit holds there too.
+    (tmp_path / "source").write_bytes(data)
+    elapsed = timed("-m", "sha1", "--bwlimit", RATE, f"{original_server}{tmp_path / 'source'}",
+                    tmp_path / "target")
+    assert (tmp_path / "target").read_bytes() == data
+    assert elapsed >= AT_LEAST_SECONDS
