@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
                       help="CA bundle to verify an https:// server with")
+    sync.add_argument("--bwlimit", metavar="RATE", type=_bwlimit, default=None,
+                      help="at most RATE bytes per second on the network, both directions and all "
+                           "connections together, in rsync's units: a bare number is KiB/s, K/M/G "
+                           "1024-based, KB/MB/GB 1000-based, 0 no limit (e.g. 50M; from 32K). "
+                           "Copies between local paths ignore it")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
@@ -175,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--metrics-listen", metavar="ADDRESS", default=None,
                         help="also answer GET /metrics (Prometheus) on this PORT or HOST:PORT, without "
                              "the token: keep it on loopback or a private network")
+    server.add_argument("--max-rate", metavar="RATE", type=_max_rate, default=None,
+                        help="at most RATE bytes per second of file data served and received, all "
+                             "clients and worker processes together (--bwlimit's units; 0 no limit)")
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
@@ -260,6 +268,26 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
     return value
+
+
+def _bwlimit(text: str) -> Optional[int]:
+    """A --bwlimit value in bytes per second (None for 0), or a usage error."""
+    from pdiffcopy.ratelimit import bandwidth_limit
+
+    try:
+        return bandwidth_limit(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).partition(": ")[2]) from None
+
+
+def _max_rate(text: str) -> Optional[int]:
+    """A --max-rate value in bytes per second (None for 0), or a usage error."""
+    from pdiffcopy.ratelimit import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _timeout(text: str) -> float:
@@ -407,6 +435,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  legacy_api=args.legacy_api,
                                  certfile=args.certfile, keyfile=args.keyfile,
                                  hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
+                                 max_rate=args.max_rate,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
@@ -417,6 +446,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--metrics-listen is a server option; it makes no sense with SOURCE and TARGET")
     if args.legacy_api:
         raise UsageError("--legacy-api is a server option; it makes no sense with SOURCE and TARGET")
+    if args.max_rate:
+        raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
     handle_termination()
     from pdiffcopy.fileops import raise_open_file_limit
 
@@ -446,7 +477,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
-                   token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache)
+                   token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
+                   bwlimit=args.bwlimit)
     if args.benchmark:
         from pdiffcopy.benchmark import run_benchmark
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Sequence, Tuple
 
 from pdiffcopy.blocks import ByteRange
+from pdiffcopy.ratelimit import TokenBucket
 
 #: A piece of file data and where it belongs: (offset, bytes-like).
 Chunk = Tuple[int, "bytes | memoryview"]
@@ -111,6 +112,12 @@ class FileEndpoint(ABC):
         """Let other writers in again.
 
         :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
+        """
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        """Take every byte this endpoint moves over the network from ``bucket`` (``--bwlimit``).
+
+        A local file moves nothing over a network: it ignores the limit, as rsync's does.
         """
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ from pdiffcopy.exceptions import (
     VerificationFailed,
 )
 from pdiffcopy.fastcopy import resolve_cache
+from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.hashing import (
     DEFAULT_HASH_METHOD,
     digest_bytes,
@@ -105,7 +106,7 @@ class SyncResult:
 
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
-                 atomic: bool = False, cache: str = "auto") -> "_Options":
+                 atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None) -> "_Options":
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :raises UsageError: For a value that makes no sense.
@@ -118,6 +119,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         dry_run=dry_run,
         atomic=atomic,
         cache=_check_cache(cache),
+        bwlimit=bandwidth_limit(bwlimit),
     )
 
 
@@ -149,6 +151,7 @@ class _Options:
     dry_run: bool
     atomic: bool
     cache: str
+    bwlimit: Optional[int] = None
 
 
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
@@ -183,6 +186,12 @@ class _SyncJob:
         self.started = time.monotonic()
         self.source = source
         self.target = target
+        if options.bwlimit:
+            # One bucket for every connection and thread of the sync (the remote
+            # end's hashing and transfer threads alike).
+            bucket = TokenBucket(options.bwlimit)
+            for endpoint in (self.source, self.target):
+                endpoint.limit_rate(bucket)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if not e.is_remote]
         if len(local) == 2 and (options.whole_file or not os.path.lexists(target.location)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 #: rsync's multipliers: a bare number is KiB; K/M/G (and KiB/MiB/GiB) are powers of 1024,
 #: KB/MB/GB powers of 1000; B means bytes.
@@ -27,6 +27,11 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 BURST_SECONDS = 0.1
 #: ...but never less than one chunk of the transfers (1 MiB), or a chunk would wait forever.
 MIN_BURST = 1024 * 1024
+
+#: The lowest ``--bwlimit`` a client may ask for: twice the rate below which a pdiffcopy server
+#: ends a connection as a stalled peer (``guard.MIN_RATE``, 16 KiB/s), so that a limited client,
+#: which moves a chunk and then waits, always stays well above it.
+MIN_CLIENT_RATE = 32 * 1024
 
 
 def parse_rate(text: str) -> Optional[int]:
@@ -48,33 +53,65 @@ def parse_rate(text: str) -> Optional[int]:
     return rate
 
 
+def bandwidth_limit(value: "int | str | None", what: str = "--bwlimit") -> Optional[int]:
+    """A client's limit in bytes per second from rsync's syntax or an int; None for no limit.
+
+    :raises UsageError: For a value :func:`parse_rate` refuses, or one below :data:`MIN_CLIENT_RATE`.
+    """
+    from pdiffcopy.exceptions import UsageError
+
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        rate = parse_rate(value) if isinstance(value, str) else (int(value) or None)
+    except ValueError as error:
+        raise UsageError(f"{what}: {error}") from None
+    if rate is not None and rate < MIN_CLIENT_RATE:
+        raise UsageError(f"{what}: {value!r} is below {MIN_CLIENT_RATE // 1024}K, the least a pdiffcopy "
+                         f"server waits for (it ends connections slower than half of that)")
+    return rate
+
+
 class TokenBucket:
     """At most `rate` bytes per second on average, shared by every thread that takes from it.
 
     A caller that takes more than the bucket holds goes into debt and sleeps it off, so a
     large chunk is never split and never waits forever; the average still holds.
+
+    With ``shared=True`` the bucket's state and lock live in shared memory, so processes
+    forked after it was made (gunicorn's workers, a tree sync's workers) all take from the
+    one bucket: ``time.monotonic`` is the same clock in every process of the machine.
     """
 
     def __init__(self, rate: int, burst: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, shared: bool = False) -> None:
         if rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
         self.burst = burst if burst is not None else max(MIN_BURST, int(rate * BURST_SECONDS))
         self._clock = clock
         self._sleep = sleep
-        self._lock = threading.Lock()
-        self._tokens = float(self.burst)
-        self._updated = clock()
+        #: [tokens, time of the last update]
+        self._state: Any
+        if shared:
+            import multiprocessing  # only for a shared bucket: it takes a while to import
+
+            self._lock: Any = multiprocessing.Lock()
+            self._state = multiprocessing.RawArray("d", 2)
+        else:
+            self._lock = threading.Lock()
+            self._state = [0.0, 0.0]
+        self._state[0] = float(self.burst)
+        self._state[1] = clock()
 
     def take(self, count: int) -> float:
         """Account for `count` bytes; sleep until the average allows them. Returns the wait."""
+        state = self._state
         with self._lock:
             now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
-            self._updated = now
-            self._tokens -= count
-            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+            tokens = min(self.burst, state[0] + (now - state[1]) * self.rate) - count
+            state[0], state[1] = tokens, now
+            wait = -tokens / self.rate if tokens < 0 else 0.0
         if wait > 0:
             self._sleep(wait)
         return wait

@@ -61,6 +61,7 @@ from pdiffcopy.exceptions import (
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.hashing import digest_count, digest_size
 from pdiffcopy.protocol import LEASE_HEADER
+from pdiffcopy.ratelimit import TokenBucket
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
 #: 64 MiB segment takes well under a second even with slow hashes on slow
@@ -157,8 +158,11 @@ def quote_path(path: str) -> str:
 class _Response:
     """An answer: status, headers, and the body as a stream or as bytes."""
 
-    def __init__(self, raw: http.client.HTTPResponse, connection: "_Connection") -> None:
-        self.raw = raw
+    def __init__(self, raw: http.client.HTTPResponse, connection: "_Connection",
+                 rate_limit: Optional[TokenBucket] = None) -> None:
+        #: The body, read through the bandwidth limit when there is one: every reader of an
+        #: answer (ranges, multipart parts, tree batches, listings) reads it here.
+        self.raw: Any = raw if rate_limit is None else _LimitedStream(raw, rate_limit)
         self.status = raw.status
         self.reason = raw.reason
         self.headers = raw.headers
@@ -262,6 +266,57 @@ class _RangesBody:
             yield closing_delimiter(self.boundary)
 
 
+class _LimitedStream:
+    """An answer's body whose reads take their bytes from a :class:`TokenBucket` (``--bwlimit``).
+
+    Taken after each read, so a read that overdraws the bucket waits before the next one: the
+    kernel's receive buffer then fills and TCP slows the sender down to the limit.
+    """
+
+    def __init__(self, raw: http.client.HTTPResponse, bucket: TokenBucket) -> None:
+        self._raw = raw
+        self._bucket = bucket
+
+    def _took(self, data):
+        if data:
+            self._bucket.take(len(data))
+        return data
+
+    def read(self, *args) -> bytes:
+        return self._took(self._raw.read(*args))
+
+    def read1(self, *args) -> bytes:
+        return self._took(self._raw.read1(*args))
+
+    def readline(self, *args) -> bytes:
+        return self._took(self._raw.readline(*args))
+
+    def readinto(self, buffer) -> int:
+        count = self._raw.readinto(buffer)
+        if count:
+            self._bucket.take(count)
+        return count
+
+    def __getattr__(self, name: str):  # isclosed, close, fileno...: the answer's own
+        return getattr(self._raw, name)
+
+
+def _limited_body(body, bucket: TokenBucket):
+    """A request body whose chunks take their bytes from ``bucket`` before they are sent."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        bucket.take(len(body))
+        return body
+    if isinstance(body, str) or hasattr(body, "read"):
+        return body  # not sent by pdiffcopy itself
+    return _limited_chunks(body, bucket)
+
+
+def _limited_chunks(chunks, bucket: TokenBucket):
+    for chunk in chunks:
+        bucket.take(len(chunk))
+        yield chunk
+
+
 class _Warned:
     """Whether this process has warned about a token sent in the clear (once per run is enough)."""
 
@@ -296,11 +351,14 @@ class HttpClient:
     """
 
     def __init__(self, base: str, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
-                 ca_file: Optional[str] = None) -> None:
+                 ca_file: Optional[str] = None, rate_limit: Optional[TokenBucket] = None) -> None:
         self.base = base
         self.token = token
         self.timeout = timeout
         self.ca_file = ca_file
+        #: The bandwidth limit (``--bwlimit``) every request and answer body of this client takes
+        #: its bytes from: one bucket for the whole sync, shared with its other clients.
+        self.rate_limit = rate_limit
         if token:
             warn_about_plain_token(base)
         self._local = threading.local()
@@ -387,6 +445,8 @@ class HttpClient:
         """Send one request on ``connection`` and return the answer, whatever it is."""
         if not replayable and time.monotonic() - connection.last_used > MAX_IDLE_SECONDS:
             connection.close()
+        if self.rate_limit is not None and body is not None:
+            body = _limited_body(body, self.rate_limit)
         for attempt in (1, 2):
             reused = connection.http is not None
             connected = False
@@ -407,7 +467,7 @@ class HttpClient:
                     raise self._transport_error(error, connected) from None
                 raise
         connection.last_used = time.monotonic()
-        return _Response(raw, connection)
+        return _Response(raw, connection, self.rate_limit)
 
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
         if isinstance(error, socket.timeout) or isinstance(error, TimeoutError):
@@ -498,14 +558,14 @@ class RemoteFile(FileEndpoint):
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 _base_path: Optional[tuple] = None) -> None:
+                 _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None) -> None:
         self.location = url
         self.base, self.path = _base_path or parse_url(url)
         self.token = token
         self.timeout = timeout
         self.ca_file = ca_file
         self.concurrency = concurrency
-        self.client = HttpClient(self.base, token, timeout, ca_file)
+        self.client = HttpClient(self.base, token, timeout, ca_file, rate_limit)
         self._hash_pool: Optional[ThreadPoolExecutor] = None
         self._etag: Optional[str] = None
         #: The id of our write lease on the file, sent with every request while held.
@@ -536,6 +596,9 @@ class RemoteFile(FileEndpoint):
 
     def pin(self, info: FileInfo) -> None:
         self._etag = info.etag
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        self.client.rate_limit = bucket
 
     def stat(self) -> Optional[FileInfo]:
         response = self.request("GET", self._target("stat"), expected=(200, 404))
@@ -657,7 +720,7 @@ class RemoteFile(FileEndpoint):
         directory, _, name = self.path.rpartition("/")
         path = f"{directory}/{temporary_name(name)}" if directory else temporary_name(name)
         temporary = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
-                               self.ca_file, _base_path=(self.base, path))
+                               self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit)
         if clone:
             self._call("POST", "clone", path, params={"from": self.path})
         return temporary

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
+from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.remote import DEFAULT_TIMEOUT, HttpClient, RemoteFile, quote_path, split_server_url
 from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.treeplan import FILE, Entry
@@ -214,7 +215,10 @@ class RemoteTree(TreeEndpoint):
             raise AccessDenied(f"Path outside the root: {path[:200]!r}")
         full = f"{self.path}/{path}" if self.path else path
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
-                          self.timeout, self.ca_file)
+                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit)
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        self.client.rate_limit = bucket
 
     def close(self) -> None:
         self.client.close()

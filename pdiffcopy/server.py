@@ -75,6 +75,7 @@ from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetric
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.paths import Root
 from pdiffcopy.protocol import LEASE_HEADER
+from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
 
@@ -173,6 +174,9 @@ class ServerConfig:
     metrics_port: Optional[int] = None
     #: Serve the API of pdiffcopy 1.0.1's clients (``--legacy-api``); else refuse it with a hint.
     legacy_api: bool = False
+    #: ``--max-rate``: most bytes per second of file data served and received, for all
+    #: clients and worker processes together (None: no limit).
+    max_rate: Optional[int] = None
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -197,6 +201,9 @@ def create_app(config: ServerConfig) -> Flask:
     # Shared by every worker process: made here, before gunicorn forks them.
     leases = Leases(config.lease_directory)
     metrics = ServerMetrics(config.metrics_directory)
+    # In shared memory, made before gunicorn forks: one cap for every worker process (a
+    # bucket per worker would let N workers move N times the rate).
+    rate_limit = TokenBucket(config.max_rate, shared=True) if config.max_rate else None
     app.extensions["pdiffcopy.metrics"] = metrics  # for gunicorn's child_exit hook (service.py)
 
     def lease_of_request() -> Optional[str]:
@@ -354,7 +361,7 @@ def create_app(config: ServerConfig) -> Flask:
         try:
             info = os.fstat(fd)
             check_preconditions(info)
-            return ranged_response(fd, info, metrics)
+            return ranged_response(fd, info, metrics, rate_limit)
         except BaseException:
             os.close(fd)
             raise
@@ -368,7 +375,7 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
             with leases.writing(info, lease_of_request(), path):
-                written = receive_ranges(fd, info.st_size, path, metrics)
+                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit)
         finally:
             os.close(fd)
         return jsonify(written=written)
@@ -508,7 +515,7 @@ def create_app(config: ServerConfig) -> Flask:
         return jsonify(server="pdiffcopy", version=__version__)
 
     add_tree_routes(app, root, trust_clients=config.trust_clients,
-                    write_hard_links=config.write_hard_links, metrics=metrics)
+                    write_hard_links=config.write_hard_links, metrics=metrics, rate_limit=rate_limit)
     add_legacy_api(app, root, leases, hash_slots, enabled=config.legacy_api, hash_methods=config.hash_methods,
                    write_hard_links=config.write_hard_links)
     return app
@@ -688,10 +695,11 @@ def not_modified(info: os.stat_result) -> bool:
     return since is not None and int(info.st_mtime) <= since.timestamp()
 
 
-def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetrics] = None) -> Response:
+def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetrics] = None,
+                    rate_limit: Optional[TokenBucket] = None) -> Response:
     """Answer a GET or HEAD for an open file, honouring ``Range``. Takes ownership of ``fd``.
 
-    The file bytes sent are counted in ``metrics``.
+    The file bytes sent are counted in ``metrics`` and taken from ``rate_limit`` (``--max-rate``).
     """
     size = info.st_size
     headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
@@ -733,15 +741,17 @@ def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetri
         if status == 206:
             headers["Content-Range"] = format_content_range(offset, length, size)
         headers["Content-Length"] = str(length)
-        return Response(_file_body(fd, ranges, None, metrics=metrics), status=status, headers=headers,
+        return Response(_file_body(fd, ranges, None, metrics=metrics, rate_limit=rate_limit),
+                        status=status, headers=headers,
                         mimetype="application/octet-stream", direct_passthrough=True)
     headers["Content-Length"] = str(multipart_length(ranges, size, boundary))
-    return Response(_file_body(fd, ranges, size, boundary, metrics), status=206, headers=headers,
+    return Response(_file_body(fd, ranges, size, boundary, metrics, rate_limit), status=206, headers=headers,
                     content_type=multipart_content_type(boundary), direct_passthrough=True)
 
 
 def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
-               boundary: str = "", metrics: Optional[ServerMetrics] = None) -> Iterator[bytes]:
+               boundary: str = "", metrics: Optional[ServerMetrics] = None,
+               rate_limit: Optional[TokenBucket] = None) -> Iterator[bytes]:
     """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
     when ``multipart_size`` is set.
 
@@ -760,6 +770,8 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
                 position += len(data)
                 if metrics is not None:
                     metrics.bytes_served.inc(len(data))
+                if rate_limit is not None:
+                    rate_limit.take(len(data))
                 yield data
         if multipart_size is not None:
             yield closing_delimiter(boundary)
@@ -767,7 +779,8 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
         os.close(fd)
 
 
-def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
+def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None,
+                   rate_limit: Optional[TokenBucket] = None) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
@@ -785,17 +798,18 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics)
+            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics, rate_limit)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics)
+            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics, rate_limit)
         return written
     finally:
         body.finish()
 
 
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
-                   size: int, path: str, metrics: Optional[ServerMetrics] = None) -> int:
+                   size: int, path: str, metrics: Optional[ServerMetrics] = None,
+                   rate_limit: Optional[TokenBucket] = None) -> int:
     if offset + length > size:
         raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)", size)
     position, end = offset, offset + length
@@ -810,6 +824,8 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         position += got
         if metrics is not None:
             metrics.bytes_received.inc(got)
+        if rate_limit is not None:
+            rate_limit.take(got)  # after the read: the wait holds back the next one, and TCP the client
     # Start writing the range to disk now: the client's fsync request at the
     # end then finds little left to write.
     start_writeback(fd, offset, length)

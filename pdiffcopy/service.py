@@ -71,6 +71,8 @@ class ServerOptions:
     metrics_listen: Optional[str] = None
     #: ``--legacy-api``: serve pdiffcopy 1.0.1's clients too.
     legacy_api: bool = False
+    #: ``--max-rate``: most bytes per second of file data, all clients and workers together.
+    max_rate: Optional[int] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -122,7 +124,7 @@ def run_server(options: ServerOptions) -> None:
     app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
-                                  legacy_api=options.legacy_api))
+                                  legacy_api=options.legacy_api, max_rate=options.max_rate))
     metrics = app.extensions["pdiffcopy.metrics"]
     if options.legacy_api and options.token:
         logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
@@ -172,6 +174,8 @@ def run_server(options: ServerOptions) -> None:
     sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
+    if options.max_rate:
+        logger.info("File data limited to %d bytes per second, all clients together", options.max_rate)
     if metrics_port is not None:
         logger.info("Metrics without the token on %s://%s%s", scheme, binds[1], SCRAPE_PATH)
     Application().run()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
+from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.treeplan import Entry
 
 #: A path (relative to the tree's root) and why it failed, in one line.
@@ -112,6 +113,12 @@ class TreeEndpoint(ABC):
     @abstractmethod
     def file_endpoint(self, path: str) -> FileEndpoint:
         """The file at ``path`` below the root, for the block engine (big files)."""
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        """Take every byte this tree moves over the network from ``bucket`` (``--bwlimit``).
+
+        A local tree moves nothing over a network: it ignores the limit, as rsync's does.
+        """
 
     def close(self) -> None:
         """Release connections and descriptors."""

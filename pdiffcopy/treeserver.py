@@ -44,6 +44,7 @@ from pdiffcopy.localtree import Directories, LocalTree
 from pdiffcopy.metrics import ServerMetrics
 from pdiffcopy.paths import Root, clean_relative_path
 from pdiffcopy.protocol import RESERVED_NAME
+from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.treeplan import DIR, FILE, Entry
 from pdiffcopy.treewire import (
@@ -83,7 +84,8 @@ SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 
 
 def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
-                    write_hard_links: bool = False, metrics: Optional[ServerMetrics] = None) -> None:
+                    write_hard_links: bool = False, metrics: Optional[ServerMetrics] = None,
+                    rate_limit: Optional[TokenBucket] = None) -> None:
     """Add the tree endpoints, serving the trees below ``root``, to ``app``.
 
     :param trust_clients: Let clients set owners and set-id bits (else they are
@@ -91,6 +93,7 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
     :param write_hard_links: Let clients change the metadata of files with
                              several hard links (else refused per file).
     :param metrics: Where the file bytes read and written are counted.
+    :param rate_limit: The server's ``--max-rate``, which those bytes are taken from.
     """
     policy = _Policy(trust_clients)
 
@@ -130,6 +133,8 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
                 records = tree.read_files(entries)
                 if metrics is not None:
                     records = metrics.served(records, size=lambda record: len(record[1] or b""))
+                if rate_limit is not None:
+                    records = _limited(records, rate_limit)
                 yield from encode_files(records)
             finally:
                 tree.close()
@@ -156,6 +161,8 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
                         raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
                     if metrics is not None:
                         metrics.bytes_received.inc(len(data))
+                    if rate_limit is not None:
+                        rate_limit.take(len(data))
                     yield policy.entry(entry, ignored), data
             except PdiffcopyError as problem:
                 refusal.append(problem)  # raised below, even if the tree took it for one failure
@@ -189,6 +196,14 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
         finally:
             tree.close()
         return failures_answer(failures, ignored)
+
+
+def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: TokenBucket
+             ) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+    """``records`` as they are, each file's bytes taken from ``bucket`` before it goes out."""
+    for record in records:
+        bucket.take(len(record[1] or b""))
+        yield record
 
 
 class _Policy:

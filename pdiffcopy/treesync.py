@@ -51,6 +51,7 @@ from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 from pdiffcopy.fileops import die_with_parent
 from pdiffcopy.hashing import digest_size, verify_method
+from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -122,6 +123,9 @@ class TreeOptions:
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
     files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
+    #: Most bytes per second on the network, both directions, all workers together: an int or
+    #: rsync's ``--bwlimit`` syntax (``"50M"``); None or 0: no limit. Local trees ignore it.
+    bwlimit: "int | str | None" = None
 
     @property
     def metadata(self) -> MetadataOptions:
@@ -237,6 +241,12 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
+    rate = bandwidth_limit(options.bwlimit)  # an int, or rsync's syntax from a library caller
+    if rate:
+        # In shared memory and made before any worker forks: one limit for all of them.
+        bucket = TokenBucket(rate, shared=True)
+        for tree in (source, target):
+            tree.limit_rate(bucket)
     if not options.dry_run and not target.is_remote:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep = True  # type: ignore[attr-defined]
