@@ -38,6 +38,26 @@ REFUSALS = frozenset({
     errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
 })
 
+#: Environment variable that, set to a non-empty value other than ``0``, turns
+#: off every fast path (see :func:`fast_paths_enabled`): for users who hit a
+#: kernel or file system bug in one, and for tests of the plain paths.
+NO_FASTPATH_VARIABLE = "PDIFFCOPY_NO_FASTPATH"
+
+
+def fast_paths_enabled() -> bool:
+    """Whether the fast paths may be used; the one place :data:`NO_FASTPATH_VARIABLE` is read.
+
+    Every fast path asks here first and takes its plain way when told no:
+    ``copy_file_range``, ``sendfile`` and ``FICLONE`` copy by reading and
+    writing, ``openat2`` confinement walks the path one ``O_NOFOLLOW``
+    component at a time (just as safe, stricter: it refuses every symlink),
+    and the advisory ``posix_fadvise`` and ``sync_file_range`` are left out.
+    Read at each use (a dictionary look-up), so a process's whole life obeys
+    its environment and a test can flip it.
+    """
+    return os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
+
+
 _TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
 
 #: A temporary file untouched for this long is left over from a run that
@@ -218,7 +238,7 @@ def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None
     """
     end = offset + length
     position = offset
-    if hasattr(os, "copy_file_range"):
+    if fast_paths_enabled() and hasattr(os, "copy_file_range"):
         try:
             while position < end:
                 count = os.copy_file_range(source_fd, target_fd, end - position, position, position)
@@ -285,7 +305,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     left to write back later.
     """
     function = _Libc.load().sync_file_range
-    if function is not None and length > 0:
+    if function is not None and length > 0 and fast_paths_enabled():
         function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
@@ -381,7 +401,8 @@ def etag(stat: os.stat_result) -> str:
 
 
 __all__ = [
-    "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "is_stale_temporary",
+    "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
+    "is_stale_temporary",
     "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
 ]

@@ -24,7 +24,13 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
-from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
+from pdiffcopy.fileops import (
+    TRANSFER_CHUNK_SIZE,
+    fast_paths_enabled,
+    is_stale_temporary,
+    is_temporary_name,
+    unique_suffix,
+)
 from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
 from pdiffcopy.treeendpoints import (
     DELETE,
@@ -866,7 +872,7 @@ def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int
     """Copy up to ``length`` bytes at ``offset``; return how many the source had."""
     end = offset + length
     position = offset
-    kernel = True
+    kernel = fast_paths_enabled()
     while position < end:
         if kernel:
             try:

@@ -7,9 +7,10 @@ symlink that would lead out, at the moment of opening: there is no window
 between a check and the open for a swapped-in symlink to exploit. Symlinks
 that stay inside the root work.
 
-Where ``openat2`` is missing (Linux < 5.6, other systems) the fallback walks
-the path one component at a time with ``O_NOFOLLOW``: stricter (it refuses
-every symlink) but equally safe.
+Where ``openat2`` is missing (Linux < 5.6, other systems), or the fast paths
+are turned off (:func:`~pdiffcopy.fileops.fast_paths_enabled`), the fallback
+walks the path one component at a time with ``O_NOFOLLOW``: stricter (it
+refuses every symlink) but equally safe.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import stat
 from typing import Optional, Tuple
 
 from pdiffcopy.exceptions import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
+from pdiffcopy.fileops import fast_paths_enabled
 
 #: The first path component reserved for the server's API (``/.pdiffcopy/...``);
 #: no file of that name at the top of the root can be read or written.
@@ -64,17 +66,47 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
 
 
 def _walk_nofollow(dir_fd: int, path: str, flags: int, mode: int) -> int:
+    """Open ``path`` below ``dir_fd`` one component at a time, through no symlink at all.
+
+    A symlink on the way, or as the last name unless ``flags`` has
+    ``O_NOFOLLOW`` (then the link itself is what is asked for, as with
+    ``openat2``), is refused with :class:`AccessDenied`, as ``openat2``
+    refuses one that leads out.
+    """
     parts = path.split("/")
     current = os.dup(dir_fd)
     try:
         for part in parts[:-1]:
-            following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                dir_fd=current)
+            try:
+                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=current)
+            except NotADirectoryError:
+                _refuse_symlink(current, part, path)
+                raise
             os.close(current)
             current = following
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                _refuse_symlink(current, parts[-1], path)
+            raise
+        if not flags & os.O_NOFOLLOW and flags & os.O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+            os.close(fd)  # O_PATH | O_NOFOLLOW opens the link itself, which was not asked for
+            _refuse_symlink(current, parts[-1], path)
+        return fd
     finally:
         os.close(current)
+
+
+def _refuse_symlink(dir_fd: int, name: str, path: str) -> None:
+    """Raise :class:`AccessDenied` when ``name`` in ``dir_fd`` is a symlink (the walk follows none)."""
+    try:
+        link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return
+    if link:
+        raise AccessDenied(f"Path through a symlink (not followed without openat2): {path[:200]!r}")
 
 
 def describe_kind(mode: int) -> str:
@@ -186,7 +218,7 @@ class Root:
         relative = clean_relative_path(path, self.reserve) or "."
         global _have_openat2
         try:
-            if _have_openat2 is not False:
+            if _have_openat2 is not False and fast_paths_enabled():
                 try:
                     return _openat2(self.fd, relative, flags, mode)
                 except OSError as error:

@@ -1,0 +1,184 @@
+"""One local file (issue 11, item 2): one kill switch for every fast path, one temporary name, confinement.
+
+The kill switch is checked where it matters, in the system calls a real run
+makes (``strace -f``): with ``PDIFFCOPY_NO_FASTPATH=1`` no process of a
+local sync, a tree sync or a server may try ``copy_file_range``,
+``sendfile``, ``FICLONE``, ``openat2``, ``fadvise`` or ``sync_file_range``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_server
+from pdiffcopy import fileops
+from pdiffcopy.exceptions import AccessDenied, NotAFile
+from pdiffcopy.local import LocalFile
+from pdiffcopy.paths import Root
+
+#: System calls that are fast paths: none of them may be tried with the kill switch on.
+FAST_CALLS = ("copy_file_range", "sendfile", "openat2", "fadvise64", "sync_file_range")
+
+#: A tree member from this size on goes through the block delta (treesync.DELTA_MIN_SIZE).
+BIG_MEMBER = 9 * 1024 * 1024
+
+KILL_SWITCH = {"PDIFFCOPY_NO_FASTPATH": "1"}
+
+
+def strace_works() -> bool:
+    if shutil.which("strace") is None:
+        return False
+    return subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "true"], capture_output=True).returncode == 0
+
+
+needs_strace = pytest.mark.skipif(not strace_works(), reason="strace is missing or may not trace here")
+
+
+def traced(command: List[str], trace: Path) -> List[str]:
+    """``command`` under ``strace -f`` (the syscalls of :data:`FAST_CALLS` and ioctl) as trace lines."""
+    return ["strace", "-f", "-qq", "-o", str(trace), "-e", f"trace={','.join(FAST_CALLS)},ioctl", *command]
+
+
+def fast_calls(trace: Path) -> List[str]:
+    """The lines of a trace that are fast paths (FICLONE among the ioctls)."""
+    lines = trace.read_text().splitlines()
+    pattern = re.compile(r"\b(" + "|".join(FAST_CALLS) + r")\(")
+    return [line for line in lines if pattern.search(line) or "FICLONE" in line or "0x40049409" in line]
+
+
+def run_traced(tmp_path: Path, *args: str, env_extra=None) -> List[str]:
+    trace = tmp_path / "trace"
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    done = subprocess.run(traced(pdiffcopy_command(*args), trace), capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return fast_calls(trace)
+
+
+def make_tree(base: Path) -> None:
+    (base / "d").mkdir(parents=True)
+    (base / "d" / "small").write_bytes(random_bytes(300_000, 1))
+    (base / "big").write_bytes(random_bytes(BIG_MEMBER, 2))
+    (base / "link").symlink_to("big")
+
+
+@needs_strace
+@pytest.mark.parametrize("how", ["new", "delta", "atomic"])
+def test_the_kill_switch_stops_every_fast_path_of_a_local_sync(tmp_path, how):
+    source, target = tmp_path / "source.img", tmp_path / "target.img"
+    data = random_bytes(3_000_000)
+    source.write_bytes(data)
+    if how != "new":
+        target.write_bytes(data[:1_000_000] + bytes(2_000_000))
+    extra = ["--atomic"] if how == "atomic" else []
+    assert run_traced(tmp_path, *extra, str(source), str(target), env_extra=KILL_SWITCH) == []
+    assert target.read_bytes() == data
+
+
+@needs_strace
+def test_the_kill_switch_stops_every_fast_path_of_a_tree_sync(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    make_tree(source)
+    # Without the switch the same run does use fast paths (the trace does see them).
+    assert run_traced(tmp_path, f"{source}/", f"{target}/") != []
+    shutil.rmtree(target)
+    assert run_traced(tmp_path, f"{source}/", f"{target}/", env_extra=KILL_SWITCH) == []
+    # A changed big member goes through the block delta and its temporary.
+    with open(source / "big", "r+b") as handle:
+        handle.seek(5_000_000)
+        handle.write(b"changed")
+    assert run_traced(tmp_path, f"{source}/", f"{target}/", env_extra=KILL_SWITCH) == []
+    assert (target / "big").read_bytes() == (source / "big").read_bytes()
+    assert os.readlink(target / "link") == "big"
+
+
+@needs_strace
+def test_the_kill_switch_stops_every_fast_path_of_a_server(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    data = random_bytes(3_000_000)
+    (root / "file.img").write_bytes(data)
+    trace = tmp_path / "server-trace"
+    server = start_server(root, tmp_path / "server.log", env_extra=KILL_SWITCH,
+                          wrapper=traced([], trace))
+    try:
+        local = tmp_path / "local.img"
+        done = run_cli(server.url("file.img"), str(local))
+        assert done.returncode == 0, done.stderr
+        local.write_bytes(data[:2_000_000] + bytes(1_000_000))
+        for extra in ([], ["--atomic"]):
+            done = run_cli(*extra, str(local), server.url("file.img"))
+            assert done.returncode == 0, done.stderr
+    finally:
+        # The whole group: strace and the server under it.
+        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=15)
+    assert fast_calls(trace) == []
+
+
+def test_fast_paths_are_judged_in_one_place(monkeypatch):
+    monkeypatch.delenv("PDIFFCOPY_NO_FASTPATH", raising=False)
+    assert fileops.fast_paths_enabled()
+    for value, enabled in (("1", False), ("yes", False), ("0", True), ("", True)):
+        monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", value)
+        assert fileops.fast_paths_enabled() is enabled
+
+
+@pytest.mark.parametrize("switch", ["", "1"])
+def test_a_confined_file_stays_beneath_its_root_with_and_without_the_kill_switch(tmp_path, monkeypatch,
+                                                                                 switch):
+    monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", switch)
+    root_dir, outside = tmp_path / "root", tmp_path / "outside"
+    (root_dir / "d").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret")
+    (root_dir / "d" / "file").write_bytes(b"inside")
+    (root_dir / "out").symlink_to(outside / "secret")
+    (root_dir / "outdir").symlink_to(outside, target_is_directory=True)
+    (root_dir / "fifo").parent.mkdir(exist_ok=True)
+    os.mkfifo(root_dir / "fifo")
+    root = Root(str(root_dir), reserve=False)
+    assert b"".join(bytes(chunk) for _, chunk in LocalFile.below(root, "d/file").read_ranges([(0, 6)])) \
+        == b"inside"
+    for name in ("out", "outdir/secret", "../outside/secret"):
+        with pytest.raises((AccessDenied, NotAFile)):
+            list(LocalFile.below(root, name).read_ranges([(0, 6)]))
+    with pytest.raises(NotAFile):
+        list(LocalFile.below(root, "fifo").read_ranges([(0, 1)]))
+    # Writing through a symlinked directory never creates anything outside.
+    with pytest.raises(AccessDenied):
+        LocalFile.below(root, "outdir/new").prepare(10)
+    assert sorted(os.listdir(outside)) == ["secret"]
+
+
+@pytest.mark.parametrize("switch", ["", "1"])
+def test_the_server_refuses_a_symlink_out_of_its_root_with_and_without_the_kill_switch(tmp_path, switch):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"secret outside the root")
+    (root / "link").symlink_to(outside / "secret")
+    (root / "linkdir").symlink_to(outside, target_is_directory=True)
+    server = start_server(root, tmp_path / "server.log", env_extra={"PDIFFCOPY_NO_FASTPATH": switch})
+    try:
+        for name in ("link", "linkdir/secret"):
+            status, _, body = http_get(server.url(name))
+            assert status == 403, (name, body)
+            assert b"secret outside" not in body
+            status, _, body = http_get(f"{server.base}/.pdiffcopy/hashes/{name}?method=sha256"
+                                       f"&block_size=4096&offset=0&length=4096")
+            assert status == 403, (name, body)
+        done = run_cli(str(tmp_path / "outside" / "secret"), server.url("linkdir/new"))
+        assert done.returncode != 0
+        assert not (outside / "new").exists()
+    finally:
+        server.stop()
