@@ -7,6 +7,7 @@ descriptors it opened safely beneath its root, and the client to its own.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -80,13 +81,23 @@ SWEEP_MAX_ENTRIES = 1_000_000
 SWEEP_MAX_SECONDS = 10.0
 
 
+#: This process's serials of temporary names: a counter (one ``getrandom``
+#: per small file of a tree showed in profiles) from a random start, so that
+#: processes of the same id on two hosts naming temporaries in one directory
+#: (a push names the server's) rarely meet; the exclusive create catches it
+#: when they do. A forked child goes on from its parent's count under its own id.
+_temporary_serials = itertools.count(secrets.randbits(24))
+
+
 def temporary_name(name: str) -> str:
     """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``).
 
-    The 12 hex digits hold the process id (above 24 random bits), so a later
-    run can tell a temporary of a dead process (:func:`is_stale_temporary`).
+    Every temporary pdiffcopy makes, anywhere, is named here, so that
+    :func:`is_temporary_name` and the leftovers sweep know them all. The 12
+    hex digits hold the process id (above a 24-bit serial), so a later run
+    can tell a temporary of a dead process (:func:`is_stale_temporary`).
     """
-    return f".{name}.pdiffcopy-{unique_suffix(secrets.randbits(24))}"
+    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
 
 
 def unique_suffix(serial: int) -> str:

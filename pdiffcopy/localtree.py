@@ -14,7 +14,6 @@ files in path order, so most files land in a directory opened just before.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import os
 import stat
@@ -29,7 +28,7 @@ from pdiffcopy.fileops import (
     fast_paths_enabled,
     is_stale_temporary,
     is_temporary_name,
-    unique_suffix,
+    temporary_name,
 )
 from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
 from pdiffcopy.treeendpoints import (
@@ -523,7 +522,7 @@ class LocalTree(TreeEndpoint):
                 if created:
                     _unlink_quietly(name, directory)
                 raise
-        temporary = _temporary_name(name)
+        temporary = temporary_name(name)
         try:
             # Opened inside the try: an interrupt lands right after a call
             # returns, and the clean-up below must cover the file just made.
@@ -648,7 +647,7 @@ class LocalTree(TreeEndpoint):
             if options.owner and _IS_ROOT:
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
         elif operation.name == SYMLINK:
-            temporary = _temporary_name(name)
+            temporary = temporary_name(name)
             try:
                 os.symlink(entry.target, temporary, dir_fd=directory)
                 os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
@@ -735,18 +734,6 @@ _Umask.read()
 def exact_permissions() -> None:
     """In a worker process: no umask, so new files need no chmod."""
     _Umask.clear()
-
-
-_temporary_serial = itertools.count()
-
-
-def _temporary_name(name: str) -> str:
-    """A temporary sibling name in :func:`~pdiffcopy.fileops.temporary_name`'s pattern.
-
-    Process id and a counter, not random bytes: one ``getrandom`` per small
-    file showed in profiles, and the exclusive create catches a collision.
-    """
-    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serial))}"
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:

@@ -182,3 +182,71 @@ def test_the_server_refuses_a_symlink_out_of_its_root_with_and_without_the_kill_
         assert not (outside / "new").exists()
     finally:
         server.stop()
+
+
+#: System calls that put a name in place: their first name must be a temporary the sweep knows.
+RENAME_CALLS = ("rename", "renameat", "renameat2")
+
+
+def renamed_names(trace: Path) -> List[str]:
+    """The last components of every name that was renamed over another (successful calls only)."""
+    names = []
+    for line in trace.read_text().splitlines():
+        match = re.search(r"\brename(?:at2?)?\((?:-?\w+, )?\"((?:[^\"\\]|\\.)*)\"", line)
+        if match and "= 0" in line.rpartition(")")[2]:
+            names.append(match.group(1).encode().decode("unicode_escape").rpartition("/")[2])
+    return names
+
+
+@needs_strace
+def test_every_temporary_any_path_makes_is_one_the_sweep_recognises(tmp_path):
+    """Whatever renames a file into place (local and atomic syncs, a tree's small and big files and
+    symlinks, a server's clone and rename) names the temporary so that the leftovers sweep finds it."""
+    trace = tmp_path / "trace"
+    calls = f"trace={','.join(RENAME_CALLS)}"
+    source, target = tmp_path / "source", tmp_path / "target"
+    make_tree(source)
+    subprocess.run(["cp", "-a", str(source), str(target)], check=True)
+    with open(source / "big", "r+b") as handle:  # a big member through the block delta, --atomic
+        handle.seek(5_000_000)
+        handle.write(b"changed")
+    (source / "d" / "small").write_bytes(b"changed")  # a small member replaced by a temporary
+    (source / "link").unlink()
+    (source / "link").symlink_to("d/small")  # a symlink replaced by a temporary
+    (source / "one.img").write_bytes(random_bytes(2_000_000, 3))
+    runs = [["--atomic", f"{source}/", f"{target}/"], ["--atomic", str(source / "one.img"), str(tmp_path / "one.img")],
+            [str(source / "one.img"), str(tmp_path / "new.img")]]
+    names: List[str] = []
+    for args in runs:
+        subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", calls, *pdiffcopy_command(*args)],
+                       check=True, capture_output=True, timeout=120)
+        names += renamed_names(trace)
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "file.img").write_bytes(random_bytes(2_000_000, 4))
+    server_trace = tmp_path / "server-trace"
+    server = start_server(root, tmp_path / "server.log",
+                          wrapper=["strace", "-f", "-qq", "-o", str(server_trace), "-e", calls])
+    try:
+        done = run_cli("--atomic", str(source / "one.img"), server.url("file.img"))
+        assert done.returncode == 0, done.stderr
+    finally:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        server.process.wait(timeout=15)
+    names += renamed_names(server_trace)
+    assert len(names) >= 6, names  # the small file, the big one, the symlink, two atomic syncs, the server
+    assert [name for name in names if not fileops.is_temporary_name(name)] == []
+    # And the sweep takes each of them for a leftover once it is old (and its maker gone).
+    for name in set(names):
+        info = os.stat_result((0o100600, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+        assert fileops.is_stale_temporary(name, info, now=fileops.STALE_TEMPORARY_SECONDS + 1)
+
+
+def test_one_temporary_name_generator(tmp_path):
+    """Temporary names come from fileops.temporary_name alone: no module keeps a copy of its own."""
+    package = Path(fileops.__file__).parent
+    makers = [path.name for path in sorted(package.glob("*.py"))
+              if re.search(r"""f["']\.\{[^}]*\}\.pdiffcopy-""", path.read_text())]
+    assert makers == ["fileops.py"]
+    first, second = fileops.temporary_name("x"), fileops.temporary_name("x")
+    assert first != second and fileops.is_temporary_name(first)
