@@ -247,21 +247,61 @@ def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None
     :raises OSError: When copying fails.
     :raises EOFError: When the source is shorter than the range.
     """
+    copied = copy_available(source_fd, target_fd, offset, length)
+    if copied < length:
+        raise EOFError(f"file ended at {offset + copied} bytes, before {offset + length}")
+
+
+#: errno values after which ``copy_file_range`` gives way to reading and
+#: writing: :data:`REFUSALS`, and what it refuses that ``pwrite`` may not
+#: (EPERM, EBADF: an immutable or append-only file; ETXTBSY: a swap file),
+#: so that the plain write says what is really wrong, if anything.
+KERNEL_COPY_REFUSALS = REFUSALS | {errno.EPERM, errno.EBADF, errno.ETXTBSY}
+
+
+def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
+                   probe_last_byte: bool = False) -> int:
+    """Copy up to ``length`` bytes between the same offsets of two files; the one copy loop.
+
+    ``copy_file_range`` first (unless :func:`fast_paths_enabled` says no),
+    then a read/write loop where the kernel refuses or copies nothing.
+
+    :param probe_last_byte: The last byte asked is only there to tell a file
+                            that grew: a copy ending one byte short is the
+                            end, with no ``fstat`` to check (a tree's small files).
+    :returns: How many bytes the source had there (less than ``length`` at its end).
+    :raises OSError: When copying fails.
+    """
     end = offset + length
     position = offset
-    if fast_paths_enabled() and hasattr(os, "copy_file_range"):
-        try:
-            while position < end:
-                count = os.copy_file_range(source_fd, target_fd, end - position, position, position)
-                if count == 0:
-                    raise EOFError(f"file ended at {position} bytes, before {end}")
-                position += count
-            return
-        except OSError as error:
-            if error.errno not in REFUSALS:
-                raise
-    for chunk_offset, chunk in read_chunks(source_fd, [(position, end - position)]):
-        write_all(target_fd, chunk, chunk_offset)
+    kernel = fast_paths_enabled() and hasattr(os, "copy_file_range")
+    while position < end:
+        if kernel:
+            try:
+                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+            except OSError as error:
+                if error.errno not in KERNEL_COPY_REFUSALS:
+                    raise
+                kernel = False
+                continue
+            if copied == 0:
+                if position == offset:  # some file systems copy nothing: read and write
+                    kernel = False
+                    continue
+                break
+            if copied < end - position:  # short: the end of the file (small files: one call)
+                position += copied
+                if (probe_last_byte and position >= end - 1) or os.fstat(source_fd).st_size <= position:
+                    break
+                continue
+        else:
+            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not data:
+                break
+            write_all(target_fd, data, position)
+            copied = len(data)
+        position += copied
+    return position - offset
 
 
 class _Libc:
@@ -391,6 +431,29 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), signum)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The process umask, read once, at import: reading it means setting it, and
+#: a thread creating a file meanwhile would get the wrong mode, so never per file.
+_umask = _read_umask()
+
+
+def process_umask() -> int:
+    """The umask new files get (read at import; :func:`clear_umask` changes it)."""
+    return _umask
+
+
+def clear_umask() -> None:
+    """Create files with exactly the permissions asked for (in forked tree workers)."""
+    global _umask
+    os.umask(0)
+    _umask = 0
+
+
 def fsync_directory(path: str) -> None:
     """Flush a directory's entries (after a create or rename) to disk."""
     fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
@@ -415,5 +478,6 @@ __all__ = [
     "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
     "is_stale_temporary",
     "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
-    "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
+    "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
+    "fsync_directory", "free_space", "etag",
 ]

@@ -26,6 +26,7 @@ from pdiffcopy.fileops import (
     etag,
     free_space,
     fsync_directory,
+    process_umask,
     read_chunks,
     resize,
     start_writeback,
@@ -337,7 +338,7 @@ class LocalFile(FileEndpoint):
                 copy_into(source, fd, os.fstat(source).st_size, cache="keep")
             # The final file gets the old file's mode, or the usual default.
             mode = stat_module.S_IMODE(os.fstat(source).st_mode) if source is not None \
-                else 0o666 & ~_umask()
+                else 0o666 & ~process_umask()
             os.fchmod(fd, mode)
         except OSError as error:
             temporary.remove_temporary()
@@ -436,9 +437,3 @@ def _lock_or_refuse(fd: int, path: str) -> None:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
             raise storage_error(error, f"lock {path}") from None
         # A file system without locks (some network mounts): nothing to respect.
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -25,9 +25,11 @@ from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.fileops import (
     TRANSFER_CHUNK_SIZE,
-    fast_paths_enabled,
+    clear_umask,
+    copy_available,
     is_stale_temporary,
     is_temporary_name,
+    process_umask,
     temporary_name,
 )
 from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
@@ -59,10 +61,6 @@ DIRECTORY_CACHE_SIZE = 64
 #: the server sends a listing in pieces of this many, so that it holds a few
 #: hundred KB of it rather than the whole (200,000 entries took 128 MiB).
 WALK_BATCH_ENTRIES = 2048
-
-#: Errors after which a kernel copy falls back to reading and writing.
-_COPY_REFUSALS = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM,
-                  errno.EBADF, errno.ETXTBSY)
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
@@ -551,7 +549,7 @@ class LocalTree(TreeEndpoint):
         """
         if options.owner and _IS_ROOT:
             os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
-        if not created or entry.permissions & (0o7000 | _Umask.value):
+        if not created or entry.permissions & (0o7000 | process_umask()):
             os.fchmod(fd, entry.permissions)
         if options.times:
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
@@ -711,29 +709,9 @@ class LocalTree(TreeEndpoint):
         return os.path.join(self.directory, path)
 
 
-class _Umask:
-    """The process umask, read once (reading it means setting it: not per file)."""
-
-    value = 0o022
-
-    @classmethod
-    def read(cls) -> None:
-        cls.value = os.umask(0o022)
-        os.umask(cls.value)
-
-    @classmethod
-    def clear(cls) -> None:
-        """Create files with exactly the permissions asked for (forked tree workers)."""
-        os.umask(0)
-        cls.value = 0
-
-
-_Umask.read()
-
-
 def exact_permissions() -> None:
     """In a worker process: no umask, so new files need no chmod."""
-    _Umask.clear()
+    clear_umask()
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
@@ -833,7 +811,7 @@ def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
         _copy_sparse(source_fd, target_fd, entry.size)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     else:
-        copied = _copy_range(source_fd, target_fd, 0, entry.size + 1)
+        copied = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
     if copied != entry.size:
         raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
                           f"than {entry.size} bytes)")
@@ -849,43 +827,10 @@ def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
                 break
             raise
         end = min(os.lseek(source_fd, start, os.SEEK_HOLE), size)
-        if _copy_range(source_fd, target_fd, start, end - start) < end - start:
+        if copy_available(source_fd, target_fd, start, end - start) < end - start:
             raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
         position = end
     os.ftruncate(target_fd, size)
-
-
-def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int:
-    """Copy up to ``length`` bytes at ``offset``; return how many the source had."""
-    end = offset + length
-    position = offset
-    kernel = fast_paths_enabled()
-    while position < end:
-        if kernel:
-            try:
-                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
-            except OSError as error:
-                if error.errno not in _COPY_REFUSALS:
-                    raise
-                kernel = False
-                continue
-            if copied == 0:
-                if position == offset:  # some file systems copy nothing: read and write
-                    kernel = False
-                    continue
-                break
-            if copied < end - position:  # short: the end of the file (small files: one call)
-                position += copied
-                if position >= end - 1 or os.fstat(source_fd).st_size <= position:
-                    break  # (the last byte asked may be the one that tells a file grew)
-                continue
-        else:
-            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
-            if not data:
-                break
-            copied = os.pwrite(target_fd, data, position)
-        position += copied
-    return position - offset
 
 
 def _remove_all(directory: int, name: str) -> None:

@@ -250,3 +250,39 @@ def test_one_temporary_name_generator(tmp_path):
     assert makers == ["fileops.py"]
     first, second = fileops.temporary_name("x"), fileops.temporary_name("x")
     assert first != second and fileops.is_temporary_name(first)
+
+
+def calls_in_package(call: str) -> List[str]:
+    """The package's modules that make the call ``call`` (a source scan)."""
+    package = Path(fileops.__file__).parent
+    return [path.name for path in sorted(package.glob("*.py")) if call in path.read_text()]
+
+
+def test_one_umask_reader_and_one_range_copy_loop():
+    # Reading the umask means setting it: one reader, once (fileops.process_umask).
+    assert calls_in_package("os.umask(") == ["fileops.py"]
+    # Range copies (a delta's blocks, a tree's files) go through fileops.copy_available;
+    # fastcopy's whole-file engine has its own steps (progress, cache window).
+    assert calls_in_package("os.copy_file_range(") == ["fastcopy.py", "fileops.py"]
+
+
+@pytest.mark.parametrize("switch", ["", "1"])
+@pytest.mark.parametrize("length", [0, 1, 5000, 3 * 1024 * 1024 + 7])
+def test_the_copy_loop_copies_what_there_is(tmp_path, monkeypatch, switch, length):
+    monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", switch)
+    data = random_bytes(length)
+    (tmp_path / "source").write_bytes(data)
+    source = os.open(tmp_path / "source", os.O_RDONLY)
+    target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        # One byte more than there is: the copy says how much there was.
+        assert fileops.copy_available(source, target, 0, length + 1, probe_last_byte=True) == length
+        assert fileops.copy_available(source, target, 0, length + 100) == length
+        if length:
+            fileops.copy_range(source, target, 0, length)
+            with pytest.raises(EOFError):
+                fileops.copy_range(source, target, 0, length + 1)
+    finally:
+        os.close(source)
+        os.close(target)
+    assert (tmp_path / "target").read_bytes() == data
