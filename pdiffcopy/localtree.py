@@ -663,7 +663,7 @@ class LocalTree(TreeEndpoint):
             else:
                 os.unlink(name, dir_fd=directory)
         elif operation.name == REMOVE:
-            _remove_all(directory, name)
+            remove_all(directory, name)
             self._forget_directories()
         else:
             raise TreeFailure(f"Unknown operation {operation.name!r}")
@@ -833,7 +833,7 @@ def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
     os.ftruncate(target_fd, size)
 
 
-def _remove_all(directory: int, name: str) -> None:
+def remove_all(directory: int, name: str) -> None:
     """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
 
     Iterative (a frame per level being emptied), so a tree of any depth is
@@ -881,4 +881,4 @@ def _remove_all(directory: int, name: str) -> None:
         raise first_error
 
 
-__all__ = ["LocalTree", "entry_from_stat"]
+__all__ = ["LocalTree", "entry_from_stat", "remove_all"]
