@@ -69,7 +69,7 @@ from pdiffcopy.fileops import (
     _call_libc,
     _Libc,
     fast_paths_enabled,
-    fsync_directory,
+    replace_atomically,
     reserve,
     temporary_name,
 )
@@ -668,9 +668,7 @@ def _copy_to_temporary(source_fd: int, source_path: str, target_path: str, cache
             os.fsync(target_fd)
         os.close(target_fd)
         target_fd = -1
-        os.replace(temporary, target_path)
-        if fsync:
-            fsync_directory(directory)
+        replace_atomically(temporary, target_path, flush=fsync)
     except BaseException as error:
         # Anything, Ctrl-C included, leaves the target as it was and no temporary file.
         if target_fd >= 0:

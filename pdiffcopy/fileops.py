@@ -454,13 +454,37 @@ def clear_umask() -> None:
     _umask = 0
 
 
-def fsync_directory(path: str) -> None:
-    """Flush a directory's entries (after a create or rename) to disk."""
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+def fsync_directory(path: str, dir_fd: Optional[int] = None) -> None:
+    """Flush a directory's entries (after a create or rename) to disk.
+
+    :param dir_fd: A descriptor (``O_PATH`` will do) that ``path`` is relative to.
+    """
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_atomically(source: str, target: str, source_dir: Optional[int] = None,
+                       target_dir: Optional[int] = None, flush: bool = True) -> None:
+    """Rename ``source`` over ``target`` in one step; the one atomic replace of every writer.
+
+    Readers see the old file or the new one, never a mix. With descriptors
+    the names are last components in those directories, so that no symlink
+    on the way is followed; without, they are paths.
+
+    :param flush: Flush the target's directory afterwards, so that the new
+                  name survives a crash (a tree flushes its directories once
+                  per batch instead).
+    :raises OSError: When the rename or the flush fails.
+    """
+    os.replace(source, target, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+    if flush:
+        if target_dir is None:
+            fsync_directory(os.path.dirname(target))
+        else:
+            fsync_directory(".", dir_fd=target_dir)
 
 
 def free_space(fd: int) -> int:
@@ -479,5 +503,5 @@ __all__ = [
     "is_stale_temporary",
     "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
-    "fsync_directory", "free_space", "etag",
+    "fsync_directory", "replace_atomically", "free_space", "etag",
 ]

@@ -30,6 +30,7 @@ from pdiffcopy.fileops import (
     is_stale_temporary,
     is_temporary_name,
     process_umask,
+    replace_atomically,
     temporary_name,
 )
 from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
@@ -533,7 +534,8 @@ class LocalTree(TreeEndpoint):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+            # Unflushed: the batch flushes each directory once (_flush_directories).
+            replace_atomically(temporary, name, directory, directory, flush=False)
         except BaseException:
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
@@ -648,7 +650,7 @@ class LocalTree(TreeEndpoint):
             temporary = temporary_name(name)
             try:
                 os.symlink(entry.target, temporary, dir_fd=directory)
-                os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+                replace_atomically(temporary, name, directory, directory, flush=False)
             except BaseException:
                 try:
                     os.unlink(temporary, dir_fd=directory)

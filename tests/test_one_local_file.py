@@ -286,3 +286,36 @@ def test_the_copy_loop_copies_what_there_is(tmp_path, monkeypatch, switch, lengt
         os.close(source)
         os.close(target)
     assert (tmp_path / "target").read_bytes() == data
+
+
+def test_the_servers_file_views_open_files_only_through_a_confined_local_file():
+    """One implementation of a file on this machine: the views call LocalFile.below, not Root."""
+    source = (Path(fileops.__file__).parent / "server.py").read_text()
+    assert re.findall(r"root\.(open\w*)\(", source) == []
+    assert "LocalFile.below(" in source
+    for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
+        assert call not in source, call
+
+
+def test_every_atomic_replace_goes_through_one_helper():
+    assert calls_in_package("os.replace(") == ["fileops.py"]
+    assert calls_in_package("os.rename(") == []
+
+
+def test_a_server_serves_a_symlink_inside_its_root_and_clones_and_renames_temporaries(server, tmp_path, unique):
+    """The views, now on LocalFile.below, keep their behaviour: a symlink staying inside is served,
+    an atomic push clones and renames beneath the root, a missing file is a 404."""
+    data = random_bytes(1_500_000, 5)
+    (server.root / unique).write_bytes(data)
+    (server.root / (unique + ".link")).symlink_to(unique)
+    status, _, body = http_get(server.url(unique + ".link"))
+    assert (status, body) == (200, data)
+    status, _, body = http_get(f"{server.base}/.pdiffcopy/stat/{unique}.link")
+    assert status == 200 and b'"size":1500000' in body.replace(b" ", b"")
+    assert http_get(server.url(unique + ".missing"))[0] == 404
+    changed = data[:700_000] + b"changed" + data[700_007:]
+    (tmp_path / "local").write_bytes(changed)
+    done = run_cli("--atomic", str(tmp_path / "local"), server.url(unique))
+    assert done.returncode == 0, done.stderr
+    assert (server.root / unique).read_bytes() == changed
+    assert [name for name in os.listdir(server.root) if fileops.is_temporary_name(name)] == []
