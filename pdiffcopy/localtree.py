@@ -33,7 +33,7 @@ from pdiffcopy.fileops import (
     replace_atomically,
     temporary_name,
 )
-from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind
+from pdiffcopy.paths import MAX_PATH_LENGTH, PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -133,7 +133,7 @@ class LocalTree(TreeEndpoint):
         self._prefix = ""
         self._local = threading.local()
         #: Change the metadata of files with several hard links (a server
-        #: refuses unless started with --write-hard-links; see server.refuse_hard_links).
+        #: refuses unless started with --write-hard-links; see paths.refuse_hard_links).
         self.write_hard_links = True
         #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
         self.entries_from_client = False
@@ -607,7 +607,7 @@ class LocalTree(TreeEndpoint):
 
         Its other names, maybe outside the tree, would change too.
         """
-        if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode) and not self.write_hard_links:
+        if has_other_names(info) and not self.write_hard_links:
             raise TreeFailure(f"has {info.st_nlink} hard links: its metadata is left alone "
                               f"(the server does not change such files in place)")
 

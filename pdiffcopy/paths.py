@@ -140,6 +140,27 @@ def check_regular(fd: int, what: str, flags: int = 0) -> os.stat_result:
     return info
 
 
+def has_other_names(info: os.stat_result) -> bool:
+    """Whether a change of this file in place shows under other names too (hard links).
+
+    A directory's link count counts its subdirectories, not other names.
+    """
+    return info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode)
+
+
+def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
+    """Refuse to change a file with several hard links in place, unless the operator allows it.
+
+    Every name of such a file shows the change, and the other names may be
+    outside the root (a link planted by a local user) or other versions of
+    the data (a hard-linked backup snapshot). Replacing it through a
+    temporary and a rename (``--atomic``) changes only this name.
+    """
+    if has_other_names(info) and not allowed:
+        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
+                           f"and all of them would change (sync with --atomic to replace it instead)")
+
+
 def open_regular_path(path: str, flags: int, mode: int = 0o666) -> int:
     """Open a file the user named (symlinks followed), insisting that it is a regular file.
 

@@ -70,7 +70,7 @@ from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, valida
 from pdiffcopy.leases import LEASE_HEADER, LEASE_SECONDS, Leases
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.local import LocalFile
-from pdiffcopy.paths import Root
+from pdiffcopy.paths import Root, refuse_hard_links
 from pdiffcopy.service import THREADS_PER_WORKER
 from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
@@ -539,19 +539,6 @@ def served(root: Root, path: str, follow: bool = True) -> LocalFile:
     it stays inside (``follow``). Messages name the path the client sent.
     """
     return LocalFile.below(root, path, follow=follow, name=path)
-
-
-def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
-    """Refuse to change a file with several hard links in place, unless the operator allows it.
-
-    Every name of such a file shows the change, and the other names may be
-    outside the root (a link planted by a local user) or other versions of
-    the data (a hard-linked backup snapshot). Replacing it through a
-    temporary and a rename (``--atomic``) changes only this name.
-    """
-    if info.st_nlink > 1 and not allowed:
-        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
-                           f"and all of them would change (sync with --atomic to replace it instead)")
 
 
 def require_temporary(path: str) -> None:

@@ -319,3 +319,11 @@ def test_a_server_serves_a_symlink_inside_its_root_and_clones_and_renames_tempor
     assert done.returncode == 0, done.stderr
     assert (server.root / unique).read_bytes() == changed
     assert [name for name in os.listdir(server.root) if fileops.is_temporary_name(name)] == []
+
+
+def test_one_refusal_set():
+    """FIFOs, devices and the like (describe_kind, check_regular) and hard links (has_other_names)
+    are judged in paths.py alone; the file views, LocalFile and LocalTree ask it."""
+    assert calls_in_package("st_nlink > 1") == ["paths.py"]
+    assert calls_in_package("def describe_kind(") == ["paths.py"]
+    assert calls_in_package("def refuse_hard_links(") == ["paths.py"]
