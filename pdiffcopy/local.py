@@ -346,42 +346,32 @@ class LocalFile(FileEndpoint):
                          root instead (a server's client names it).
         """
         parent, name = os.path.split(self.path)
-        temporary_file = temporary_name(name)
-        if relative is not None:
-            assert self._root is not None, "only a confined file's temporary is named by its relative path"
-            temporary = LocalFile.below(self._root, relative, self.pool, name=relative)
-            temporary.temporary = True
-            directory, temporary_file = temporary._parent()
-            try:
-                fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
-            except OSError as error:
-                raise storage_error(error, f"create {relative}") from None
-            finally:
-                os.close(directory)
-        elif self._root is None:
-            path = os.path.join(parent, temporary_file)
+        if self._root is None:
+            path = os.path.join(parent, temporary_name(name))
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except OSError as error:
                 raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
             temporary = LocalFile(path, self.pool, temporary=True)
         else:
+            display: Optional[str] = relative
+            if relative is None:
+                head, temporary_file = self._relative.rpartition("/")[0], temporary_name(name)
+                relative = f"{head}/{temporary_file}" if head else temporary_file
+            temporary = LocalFile.below(self._root, relative, self.pool, name=display)
+            temporary.temporary = True
             # Made, renamed and removed by name in its directory, the
             # directory opened beneath the root each time (not held open: a
             # tree sync prepares every big file's temporary up front).
-            directory, _ = self._parent()
+            directory, temporary_file = temporary._parent()
             try:
                 fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600, dir_fd=directory)
             except OSError as error:
-                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
+                where = os.path.dirname(temporary.path) or "."
+                raise storage_error(error, f"create a temporary file in {where}") from None
             finally:
                 os.close(directory)
-            head = self._relative.rpartition("/")[0]
-            temporary = LocalFile.below(self._root, f"{head}/{temporary_file}" if head else temporary_file,
-                                        self.pool)
-            temporary.temporary = True
         temporary._write_fd = fd
         try:
             source = self._reader() if clone else None
