@@ -60,6 +60,7 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import (
     FICLONE,
+    NO_FASTPATH_VARIABLE,
     REFUSALS,
     SYNC_FILE_RANGE_WAIT_AFTER,
     SYNC_FILE_RANGE_WAIT_BEFORE,
@@ -67,7 +68,8 @@ from pdiffcopy.fileops import (
     TRANSFER_CHUNK_SIZE,
     _call_libc,
     _Libc,
-    fsync_directory,
+    fast_paths_enabled,
+    replace_atomically,
     reserve,
     temporary_name,
 )
@@ -79,10 +81,6 @@ METHODS: tuple[str, ...] = ("reflink", "copy_file_range", "sendfile", "readwrite
 #: skipped. For tests, and for users who hit a kernel or file system bug in a
 #: fast path (``readwrite`` is the plain path).
 METHOD_VARIABLE = "PDIFFCOPY_COPY_METHOD"
-
-#: Environment variable that, set to a non-empty value other than ``0``, forces
-#: the plain read/write path (the same as ``PDIFFCOPY_COPY_METHOD=readwrite``).
-NO_FASTPATH_VARIABLE = "PDIFFCOPY_NO_FASTPATH"
 
 #: The page cache policies :func:`copy_file` and :func:`copy_into` accept:
 #: ``drop`` and ``keep`` (see the module's docstring), and ``auto``, which
@@ -259,7 +257,7 @@ def first_method(method: str | None = None) -> str:
     :raises UsageError: When the method or the environment variable names no method.
     """
     if method is None:
-        if os.environ.get(NO_FASTPATH_VARIABLE, "") not in ("", "0"):
+        if not fast_paths_enabled():
             return "readwrite"
         method = os.environ.get(METHOD_VARIABLE) or METHODS[0]
         where = f"{METHOD_VARIABLE}={method}"
@@ -275,6 +273,8 @@ def first_method(method: str | None = None) -> str:
 def _advise(fd: int, offset: int, length: int, advice: int) -> None:
     # Advice is only a hint: a file system that ignores or rejects it copies
     # correctly anyway, so failures are deliberately ignored.
+    if not fast_paths_enabled():
+        return
     try:
         os.posix_fadvise(fd, offset, length, advice)
     except (OSError, AttributeError):
@@ -297,7 +297,8 @@ class _CacheWindow:
         self.read_dropped = 0  # source pages below this offset were dropped
         self.write_started = 0  # target writeback was started below this offset
         self.write_dropped = 0  # target pages below this offset were written and dropped
-        self._sync_file_range = _Libc.load().sync_file_range if self.writeback else None
+        self._sync_file_range = _Libc.load().sync_file_range \
+            if self.writeback and fast_paths_enabled() else None
 
     def begin(self, position: int, size: int) -> None:
         """Advise the kernel before the copy: a sequential read of the source."""
@@ -667,9 +668,7 @@ def _copy_to_temporary(source_fd: int, source_path: str, target_path: str, cache
             os.fsync(target_fd)
         os.close(target_fd)
         target_fd = -1
-        os.replace(temporary, target_path)
-        if fsync:
-            fsync_directory(directory)
+        replace_atomically(temporary, target_path, flush=fsync)
     except BaseException as error:
         # Anything, Ctrl-C included, leaves the target as it was and no temporary file.
         if target_fd >= 0:

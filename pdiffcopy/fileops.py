@@ -7,6 +7,7 @@ descriptors it opened safely beneath its root, and the client to its own.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import re
 import secrets
@@ -38,6 +39,26 @@ REFUSALS = frozenset({
     errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
 })
 
+#: Environment variable that, set to a non-empty value other than ``0``, turns
+#: off every fast path (see :func:`fast_paths_enabled`): for users who hit a
+#: kernel or file system bug in one, and for tests of the plain paths.
+NO_FASTPATH_VARIABLE = "PDIFFCOPY_NO_FASTPATH"
+
+
+def fast_paths_enabled() -> bool:
+    """Whether the fast paths may be used; the one place :data:`NO_FASTPATH_VARIABLE` is read.
+
+    Every fast path asks here first and takes its plain way when told no:
+    ``copy_file_range``, ``sendfile`` and ``FICLONE`` copy by reading and
+    writing, ``openat2`` confinement walks the path one ``O_NOFOLLOW``
+    component at a time (just as safe, stricter: it refuses every symlink),
+    and the advisory ``posix_fadvise`` and ``sync_file_range`` are left out.
+    Read at each use (a dictionary look-up), so a process's whole life obeys
+    its environment and a test can flip it.
+    """
+    return os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
+
+
 _TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
 
 #: A temporary file untouched for this long is left over from a run that
@@ -60,13 +81,23 @@ SWEEP_MAX_ENTRIES = 1_000_000
 SWEEP_MAX_SECONDS = 10.0
 
 
+#: This process's serials of temporary names: a counter (one ``getrandom``
+#: per small file of a tree showed in profiles) from a random start, so that
+#: processes of the same id on two hosts naming temporaries in one directory
+#: (a push names the server's) rarely meet; the exclusive create catches it
+#: when they do. A forked child goes on from its parent's count under its own id.
+_temporary_serials = itertools.count(secrets.randbits(24))
+
+
 def temporary_name(name: str) -> str:
     """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``).
 
-    The 12 hex digits hold the process id (above 24 random bits), so a later
-    run can tell a temporary of a dead process (:func:`is_stale_temporary`).
+    Every temporary pdiffcopy makes, anywhere, is named here, so that
+    :func:`is_temporary_name` and the leftovers sweep know them all. The 12
+    hex digits hold the process id (above a 24-bit serial), so a later run
+    can tell a temporary of a dead process (:func:`is_stale_temporary`).
     """
-    return f".{name}.pdiffcopy-{unique_suffix(secrets.randbits(24))}"
+    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
 
 
 def unique_suffix(serial: int) -> str:
@@ -216,21 +247,61 @@ def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None
     :raises OSError: When copying fails.
     :raises EOFError: When the source is shorter than the range.
     """
+    copied = copy_available(source_fd, target_fd, offset, length)
+    if copied < length:
+        raise EOFError(f"file ended at {offset + copied} bytes, before {offset + length}")
+
+
+#: errno values after which ``copy_file_range`` gives way to reading and
+#: writing: :data:`REFUSALS`, and what it refuses that ``pwrite`` may not
+#: (EPERM, EBADF: an immutable or append-only file; ETXTBSY: a swap file),
+#: so that the plain write says what is really wrong, if anything.
+KERNEL_COPY_REFUSALS = REFUSALS | {errno.EPERM, errno.EBADF, errno.ETXTBSY}
+
+
+def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
+                   probe_last_byte: bool = False) -> int:
+    """Copy up to ``length`` bytes between the same offsets of two files; the one copy loop.
+
+    ``copy_file_range`` first (unless :func:`fast_paths_enabled` says no),
+    then a read/write loop where the kernel refuses or copies nothing.
+
+    :param probe_last_byte: The last byte asked is only there to tell a file
+                            that grew: a copy ending one byte short is the
+                            end, with no ``fstat`` to check (a tree's small files).
+    :returns: How many bytes the source had there (less than ``length`` at its end).
+    :raises OSError: When copying fails.
+    """
     end = offset + length
     position = offset
-    if hasattr(os, "copy_file_range"):
-        try:
-            while position < end:
-                count = os.copy_file_range(source_fd, target_fd, end - position, position, position)
-                if count == 0:
-                    raise EOFError(f"file ended at {position} bytes, before {end}")
-                position += count
-            return
-        except OSError as error:
-            if error.errno not in REFUSALS:
-                raise
-    for chunk_offset, chunk in read_chunks(source_fd, [(position, end - position)]):
-        write_all(target_fd, chunk, chunk_offset)
+    kernel = fast_paths_enabled() and hasattr(os, "copy_file_range")
+    while position < end:
+        if kernel:
+            try:
+                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+            except OSError as error:
+                if error.errno not in KERNEL_COPY_REFUSALS:
+                    raise
+                kernel = False
+                continue
+            if copied == 0:
+                if position == offset:  # some file systems copy nothing: read and write
+                    kernel = False
+                    continue
+                break
+            if copied < end - position:  # short: the end of the file (small files: one call)
+                position += copied
+                if (probe_last_byte and position >= end - 1) or os.fstat(source_fd).st_size <= position:
+                    break
+                continue
+        else:
+            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not data:
+                break
+            write_all(target_fd, data, position)
+            copied = len(data)
+        position += copied
+    return position - offset
 
 
 class _Libc:
@@ -285,7 +356,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     left to write back later.
     """
     function = _Libc.load().sync_file_range
-    if function is not None and length > 0:
+    if function is not None and length > 0 and fast_paths_enabled():
         function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
@@ -360,13 +431,60 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), signum)
 
 
-def fsync_directory(path: str) -> None:
-    """Flush a directory's entries (after a create or rename) to disk."""
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The process umask, read once, at import: reading it means setting it, and
+#: a thread creating a file meanwhile would get the wrong mode, so never per file.
+_umask = _read_umask()
+
+
+def process_umask() -> int:
+    """The umask new files get (read at import; :func:`clear_umask` changes it)."""
+    return _umask
+
+
+def clear_umask() -> None:
+    """Create files with exactly the permissions asked for (in forked tree workers)."""
+    global _umask
+    os.umask(0)
+    _umask = 0
+
+
+def fsync_directory(path: str, dir_fd: Optional[int] = None) -> None:
+    """Flush a directory's entries (after a create or rename) to disk.
+
+    :param dir_fd: A descriptor (``O_PATH`` will do) that ``path`` is relative to.
+    """
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_atomically(source: str, target: str, source_dir: Optional[int] = None,
+                       target_dir: Optional[int] = None, flush: bool = True) -> None:
+    """Rename ``source`` over ``target`` in one step; the one atomic replace of every writer.
+
+    Readers see the old file or the new one, never a mix. With descriptors
+    the names are last components in those directories, so that no symlink
+    on the way is followed; without, they are paths.
+
+    :param flush: Flush the target's directory afterwards, so that the new
+                  name survives a crash (a tree flushes its directories once
+                  per batch instead).
+    :raises OSError: When the rename or the flush fails.
+    """
+    os.replace(source, target, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+    if flush:
+        if target_dir is None:
+            fsync_directory(os.path.dirname(target))
+        else:
+            fsync_directory(".", dir_fd=target_dir)
 
 
 def free_space(fd: int) -> int:
@@ -381,7 +499,9 @@ def etag(stat: os.stat_result) -> str:
 
 
 __all__ = [
-    "TRANSFER_CHUNK_SIZE", "temporary_name", "is_temporary_name", "is_stale_temporary",
+    "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
+    "is_stale_temporary",
     "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
-    "resize", "reserve", "start_writeback", "copy_range", "fsync_directory", "free_space", "etag",
+    "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
+    "fsync_directory", "replace_atomically", "free_space", "etag",
 ]

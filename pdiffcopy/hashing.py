@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.exceptions import UsageError, storage_error
+from pdiffcopy.fileops import fast_paths_enabled
 
 #: Default block hash. Measured here (docs/design.rst): xxh3_128 hashes about
 #: 20 GB/s per core, ten times sha1, so hashing costs less than reading the
@@ -246,7 +247,7 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
         digests = []
         for offset, length in ranges:
             digests.append(hash_region(fd, offset, length, block_size, method))
-            if drop_cache:
+            if drop_cache and fast_paths_enabled():
                 os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         return b"".join(digests)
     except OSError as error:

@@ -126,6 +126,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         int_arg,
         path_arg,
         refuse_hard_links,
+        served,
     )
 
     metrics = app.extensions["pdiffcopy.metrics"]  # the server's counters (pdiffcopy.metrics)
@@ -133,7 +134,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
     resize_view = cast(Callable[..., Response], app.view_functions["resize_file"])
 
     def info(path: str) -> Response:
-        fd = root.open_regular(path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         try:
             return jsonify(size=os.fstat(fd).st_size)
         finally:
@@ -147,7 +148,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         block_size = (int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
                       if "block_size" in request.args else LEGACY_DEFAULT_BLOCK_SIZE)
         # 1.0.1's concurrency parameter is ignored: hash slots are the server's to share.
-        fd = root.open_regular(path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         client = request.remote_addr or ""
         if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
             os.close(fd)
@@ -180,7 +181,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
     def read_block(path: str) -> Response:
         offset = int_arg("offset", 0, MAX_FILE_SIZE)
         wanted = int_arg("size", 0, MAX_FILE_SIZE)
-        fd = root.open_regular(path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         length = max(0, min(wanted, os.fstat(fd).st_size - offset))  # short at the end, as 1.0.1 read
 
         def chunks() -> Iterator[bytes]:
@@ -202,7 +203,7 @@ def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots
         length = request.content_length
         if length is None:
             raise BadRequest("Missing Content-Length")
-        fd = root.open_regular(path, os.O_WRONLY)
+        fd = served(root, path).open_descriptor(os.O_WRONLY)
         try:
             info = os.fstat(fd)
             refuse_hard_links(info, path, write_hard_links)

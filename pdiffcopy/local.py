@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
+    AccessDenied,
     Conflict,
     FileMissing,
     NotAFile,
@@ -26,7 +27,9 @@ from pdiffcopy.fileops import (
     etag,
     free_space,
     fsync_directory,
+    process_umask,
     read_chunks,
+    replace_atomically,
     resize,
     start_writeback,
     sweep_stale_temporaries,
@@ -34,7 +37,7 @@ from pdiffcopy.fileops import (
     write_all,
 )
 from pdiffcopy.hashing import hash_file_ranges, hash_region
-from pdiffcopy.paths import Root, open_regular_path
+from pdiffcopy.paths import Root, clean_relative_path, open_regular_path
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -87,7 +90,9 @@ class LocalFile(FileEndpoint):
     ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
     removed through a descriptor of its directory, so a directory swapped
     for a symlink after the tree was listed can never lead a read or a write
-    out of the tree. Either way only regular files are opened for reading or
+    out of the tree. The server's file views open every file they serve
+    this way too (with ``follow``: a symlink that stays in the root is
+    served). Either way only regular files are opened for reading or
     writing (FIFOs and devices are refused, never waited on).
     """
 
@@ -108,16 +113,24 @@ class LocalFile(FileEndpoint):
         #: Set by :meth:`below`: the root, and the path relative to it.
         self._root: Optional[Root] = None
         self._relative = ""
+        self._follow = False
+        #: How the last copy into a temporary was made (:meth:`create_temporary`'s clone).
+        self.clone_method = ""
 
     @classmethod
-    def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None) -> "LocalFile":
+    def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
+              name: Optional[str] = None) -> "LocalFile":
         """The file at ``relative`` beneath ``root``, opened only beneath it.
 
-        :param root: The directory the file must stay in (a tree's root).
+        :param root: The directory the file must stay in (a tree's root, a server's).
         :param relative: The file's path relative to ``root``.
+        :param follow: Follow a symlink in the last name if it stays beneath the
+                       root (a server's files); a tree's member is opened without.
+        :param name: What messages call the file (default: its full path; a
+                     server names the path its client asked for, not its root).
         """
-        file = cls(os.path.join(root.directory, relative), pool)
-        file._root, file._relative = root, relative
+        file = cls(name if name is not None else os.path.join(root.directory, relative), pool)
+        file._root, file._relative, file._follow = root, relative, follow
         return file
 
     # -- opening -----------------------------------------------------------
@@ -126,30 +139,73 @@ class LocalFile(FileEndpoint):
         """Open the file, a regular one only; beneath the root when there is one."""
         if self._root is None:
             return open_regular_path(self.path, flags, mode)
-        return self._root.open_regular(self._relative, flags, mode, follow=False)
+        return self._root.open_regular(self._relative, flags, mode, follow=self._follow)
+
+    def open_descriptor(self, flags: int) -> int:
+        """A new descriptor of the file (a regular one only, beneath the root if any); the caller closes it.
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.exceptions.NotAFile` for FIFOs, devices
+                and the like, :class:`~pdiffcopy.exceptions.AccessDenied` for escapes.
+        """
+        return self._open(flags)
+
+    def open_writer(self) -> "tuple[int, bool]":
+        """A new descriptor for writing, the file created if missing; and whether it was."""
+        if self._root is None:
+            created = not os.path.lexists(self.path)
+            return self._open(os.O_WRONLY | os.O_CREAT), created
+        try:
+            return self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL), True
+        except Conflict:  # it exists: update it in place
+            return self._open(os.O_WRONLY), False
+
+    def status(self) -> os.stat_result:
+        """The file's ``stat`` (whatever kind it is), symlinks followed as :meth:`below` says.
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.exceptions.FileMissing` when there is none.
+        """
+        if self._root is None:
+            try:
+                return os.stat(self.path)
+            except OSError as error:
+                raise storage_error(error, f"access {self.path}") from None
+        fd = self._root.open(self._relative, os.O_PATH | (0 if self._follow else os.O_NOFOLLOW))
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
 
     def _parent(self) -> "tuple[int, str]":
-        """A descriptor of the confined file's directory (``O_RDONLY``: it can be flushed) and its name."""
+        """A descriptor of the confined file's directory (``O_RDONLY``: it can be flushed) and its name.
+
+        :raises AccessDenied: For the root itself, which has no name to rename or remove.
+        """
         assert self._root is not None
-        parent, _, name = self._relative.rpartition("/")
+        relative = clean_relative_path(self._relative, self._root.reserve)
+        if not relative:
+            raise AccessDenied("The root directory itself cannot be changed")
+        parent, _, name = relative.rpartition("/")
         return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
+
+    def flush_directory(self) -> None:
+        """Flush the directory holding the file, so that its name survives a crash."""
+        try:
+            if self._root is None:
+                fsync_directory(os.path.dirname(self.path))
+                return
+            directory, _ = self._parent()
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as error:
+            raise storage_error(error, f"flush the directory of {self.path}") from None
 
     def stat(self) -> Optional[FileInfo]:
         try:
-            if self._root is None:
-                info = os.stat(self.path)
-            else:
-                fd = self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW)
-                try:
-                    info = os.fstat(fd)
-                finally:
-                    os.close(fd)
+            info = self.status()
         except FileMissing:
             return None
-        except OSError as error:
-            if error.errno in (errno.ENOENT,):
-                return None
-            raise storage_error(error, f"access {self.path}") from None
         kind = "file" if stat_module.S_ISREG(info.st_mode) else (
             "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
         return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info))
@@ -196,15 +252,7 @@ class LocalFile(FileEndpoint):
         if self._closed:
             raise StorageError(f"Cannot write {self.path}: the sync was stopped")
         if self._write_fd is None:
-            if self._root is None:
-                self._created = not os.path.lexists(self.path)
-                self._write_fd = self._open(os.O_WRONLY | os.O_CREAT)
-            else:
-                try:
-                    self._write_fd = self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-                    self._created = True
-                except Conflict:  # it exists: update it in place
-                    self._write_fd = self._open(os.O_WRONLY)
+            self._write_fd, self._created = self.open_writer()
         return self._write_fd
 
     def prepare(self, size: int) -> None:
@@ -270,17 +318,10 @@ class LocalFile(FileEndpoint):
             os.fsync(self._writer())
             # A temporary file's name needs no flush: replace() renames it and
             # then flushes the directory, which makes the final name durable.
-            if self._created and not self.temporary:
-                if self._root is None:
-                    fsync_directory(os.path.dirname(self.path))
-                else:
-                    directory, _ = self._parent()
-                    try:
-                        os.fsync(directory)
-                    finally:
-                        os.close(directory)
         except OSError as error:
             raise storage_error(error, f"flush {self.path}") from None
+        if self._created and not self.temporary:
+            self.flush_directory()
 
     def take_lease(self) -> None:
         # An flock: other pdiffcopy runs (and anything else that asks for
@@ -298,32 +339,39 @@ class LocalFile(FileEndpoint):
         if fd is not None:
             os.close(fd)
 
-    def create_temporary(self, clone: bool) -> "LocalFile":
+    def create_temporary(self, clone: bool, relative: Optional[str] = None) -> "LocalFile":
+        """A new temporary sibling (:func:`~pdiffcopy.fileops.temporary_name`), a copy of this file with ``clone``.
+
+        :param relative: For a confined file: the temporary's path beneath the
+                         root instead (a server's client names it).
+        """
         parent, name = os.path.split(self.path)
-        temporary_file = temporary_name(name)
         if self._root is None:
-            path = os.path.join(parent, temporary_file)
+            path = os.path.join(parent, temporary_name(name))
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             except OSError as error:
                 raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
             temporary = LocalFile(path, self.pool, temporary=True)
         else:
+            display: Optional[str] = relative
+            if relative is None:
+                head, temporary_file = self._relative.rpartition("/")[0], temporary_name(name)
+                relative = f"{head}/{temporary_file}" if head else temporary_file
+            temporary = LocalFile.below(self._root, relative, self.pool, name=display)
+            temporary.temporary = True
             # Made, renamed and removed by name in its directory, the
             # directory opened beneath the root each time (not held open: a
             # tree sync prepares every big file's temporary up front).
-            directory, _ = self._parent()
+            directory, temporary_file = temporary._parent()
             try:
                 fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600, dir_fd=directory)
             except OSError as error:
-                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
+                where = os.path.dirname(temporary.path) or "."
+                raise storage_error(error, f"create a temporary file in {where}") from None
             finally:
                 os.close(directory)
-            head = self._relative.rpartition("/")[0]
-            temporary = LocalFile.below(self._root, f"{head}/{temporary_file}" if head else temporary_file,
-                                        self.pool)
-            temporary.temporary = True
         temporary._write_fd = fd
         try:
             source = self._reader() if clone else None
@@ -334,10 +382,10 @@ class LocalFile(FileEndpoint):
 
                 # A reflink where the file system can (milliseconds, no new
                 # blocks), else the fastest copy the kernel offers.
-                copy_into(source, fd, os.fstat(source).st_size, cache="keep")
+                temporary.clone_method = copy_into(source, fd, os.fstat(source).st_size, cache="keep")
             # The final file gets the old file's mode, or the usual default.
             mode = stat_module.S_IMODE(os.fstat(source).st_mode) if source is not None \
-                else 0o666 & ~_umask()
+                else 0o666 & ~process_umask()
             os.fchmod(fd, mode)
         except OSError as error:
             temporary.remove_temporary()
@@ -361,15 +409,13 @@ class LocalFile(FileEndpoint):
             if held is not None:
                 _lock_or_refuse(held, other.path)
             if self._root is None or other._root is None:
-                os.replace(self.path, other.path)
-                fsync_directory(os.path.dirname(other.path))
+                replace_atomically(self.path, other.path)
                 return
             source_directory, source_name = self._parent()
             try:
                 directory, name = other._parent()
                 try:
-                    os.replace(source_name, name, src_dir_fd=source_directory, dst_dir_fd=directory)
-                    os.fsync(directory)
+                    replace_atomically(source_name, name, source_directory, directory)
                 finally:
                     os.close(directory)
             finally:
@@ -384,6 +430,16 @@ class LocalFile(FileEndpoint):
         self.close()
         self._closed = True
         try:
+            self.unlink()
+        except PdiffcopyError:
+            pass  # already gone (renamed): nothing to clean up
+
+    def unlink(self) -> None:
+        """Remove the file's name (beneath the root, never following the last name).
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.exceptions.FileMissing` when it is gone, and the like.
+        """
+        try:
             if self._root is None:
                 os.unlink(self.path)
             else:
@@ -392,8 +448,8 @@ class LocalFile(FileEndpoint):
                     os.unlink(name, dir_fd=directory)
                 finally:
                     os.close(directory)
-        except (OSError, PdiffcopyError):
-            pass  # already gone (renamed): nothing to clean up
+        except OSError as error:
+            raise storage_error(error, f"remove {self.path}") from None
 
     def close(self) -> None:
         for name in ("_read_fd", "_write_fd", "_lease_fd"):
@@ -436,9 +492,3 @@ def _lock_or_refuse(fd: int, path: str) -> None:
         if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
             raise storage_error(error, f"lock {path}") from None
         # A file system without locks (some network mounts): nothing to respect.
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

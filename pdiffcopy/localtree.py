@@ -14,7 +14,6 @@ files in path order, so most files land in a directory opened just before.
 from __future__ import annotations
 
 import errno
-import itertools
 import logging
 import os
 import stat
@@ -24,8 +23,17 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import FileMissing, NotAFile, PdiffcopyError
-from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, is_stale_temporary, is_temporary_name, unique_suffix
-from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind
+from pdiffcopy.fileops import (
+    TRANSFER_CHUNK_SIZE,
+    clear_umask,
+    copy_available,
+    is_stale_temporary,
+    is_temporary_name,
+    process_umask,
+    replace_atomically,
+    temporary_name,
+)
+from pdiffcopy.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
 from pdiffcopy.protocol import MAX_PATH_LENGTH
 from pdiffcopy.treeendpoints import (
     DELETE,
@@ -55,10 +63,6 @@ DIRECTORY_CACHE_SIZE = 64
 #: the server sends a listing in pieces of this many, so that it holds a few
 #: hundred KB of it rather than the whole (200,000 entries took 128 MiB).
 WALK_BATCH_ENTRIES = 2048
-
-#: Errors after which a kernel copy falls back to reading and writing.
-_COPY_REFUSALS = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM,
-                  errno.EBADF, errno.ETXTBSY)
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 
@@ -130,7 +134,7 @@ class LocalTree(TreeEndpoint):
         self._prefix = ""
         self._local = threading.local()
         #: Change the metadata of files with several hard links (a server
-        #: refuses unless started with --write-hard-links; see server.refuse_hard_links).
+        #: refuses unless started with --write-hard-links; see paths.refuse_hard_links).
         self.write_hard_links = True
         #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
         self.entries_from_client = False
@@ -518,7 +522,7 @@ class LocalTree(TreeEndpoint):
                 if created:
                     _unlink_quietly(name, directory)
                 raise
-        temporary = _temporary_name(name)
+        temporary = temporary_name(name)
         try:
             # Opened inside the try: an interrupt lands right after a call
             # returns, and the clean-up below must cover the file just made.
@@ -531,7 +535,8 @@ class LocalTree(TreeEndpoint):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+            # Unflushed: the batch flushes each directory once (_flush_directories).
+            replace_atomically(temporary, name, directory, directory, flush=False)
         except BaseException:
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
@@ -547,7 +552,7 @@ class LocalTree(TreeEndpoint):
         """
         if options.owner and _IS_ROOT:
             os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
-        if not created or entry.permissions & (0o7000 | _Umask.value):
+        if not created or entry.permissions & (0o7000 | process_umask()):
             os.fchmod(fd, entry.permissions)
         if options.times:
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
@@ -603,7 +608,7 @@ class LocalTree(TreeEndpoint):
 
         Its other names, maybe outside the tree, would change too.
         """
-        if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode) and not self.write_hard_links:
+        if has_other_names(info) and not self.write_hard_links:
             raise TreeFailure(f"has {info.st_nlink} hard links: its metadata is left alone "
                               f"(the server does not change such files in place)")
 
@@ -643,10 +648,10 @@ class LocalTree(TreeEndpoint):
             if options.owner and _IS_ROOT:
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
         elif operation.name == SYMLINK:
-            temporary = _temporary_name(name)
+            temporary = temporary_name(name)
             try:
                 os.symlink(entry.target, temporary, dir_fd=directory)
-                os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+                replace_atomically(temporary, name, directory, directory, flush=False)
             except BaseException:
                 try:
                     os.unlink(temporary, dir_fd=directory)
@@ -661,7 +666,7 @@ class LocalTree(TreeEndpoint):
             else:
                 os.unlink(name, dir_fd=directory)
         elif operation.name == REMOVE:
-            _remove_all(directory, name)
+            remove_all(directory, name)
             self._forget_directories()
         else:
             raise TreeFailure(f"Unknown operation {operation.name!r}")
@@ -707,41 +712,9 @@ class LocalTree(TreeEndpoint):
         return os.path.join(self.directory, path)
 
 
-class _Umask:
-    """The process umask, read once (reading it means setting it: not per file)."""
-
-    value = 0o022
-
-    @classmethod
-    def read(cls) -> None:
-        cls.value = os.umask(0o022)
-        os.umask(cls.value)
-
-    @classmethod
-    def clear(cls) -> None:
-        """Create files with exactly the permissions asked for (forked tree workers)."""
-        os.umask(0)
-        cls.value = 0
-
-
-_Umask.read()
-
-
 def exact_permissions() -> None:
     """In a worker process: no umask, so new files need no chmod."""
-    _Umask.clear()
-
-
-_temporary_serial = itertools.count()
-
-
-def _temporary_name(name: str) -> str:
-    """A temporary sibling name in :func:`~pdiffcopy.fileops.temporary_name`'s pattern.
-
-    Process id and a counter, not random bytes: one ``getrandom`` per small
-    file showed in profiles, and the exclusive create catches a collision.
-    """
-    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serial))}"
+    clear_umask()
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
@@ -841,7 +814,7 @@ def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
         _copy_sparse(source_fd, target_fd, entry.size)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     else:
-        copied = _copy_range(source_fd, target_fd, 0, entry.size + 1)
+        copied = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
     if copied != entry.size:
         raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
                           f"than {entry.size} bytes)")
@@ -857,46 +830,13 @@ def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
                 break
             raise
         end = min(os.lseek(source_fd, start, os.SEEK_HOLE), size)
-        if _copy_range(source_fd, target_fd, start, end - start) < end - start:
+        if copy_available(source_fd, target_fd, start, end - start) < end - start:
             raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
         position = end
     os.ftruncate(target_fd, size)
 
 
-def _copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> int:
-    """Copy up to ``length`` bytes at ``offset``; return how many the source had."""
-    end = offset + length
-    position = offset
-    kernel = True
-    while position < end:
-        if kernel:
-            try:
-                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
-            except OSError as error:
-                if error.errno not in _COPY_REFUSALS:
-                    raise
-                kernel = False
-                continue
-            if copied == 0:
-                if position == offset:  # some file systems copy nothing: read and write
-                    kernel = False
-                    continue
-                break
-            if copied < end - position:  # short: the end of the file (small files: one call)
-                position += copied
-                if position >= end - 1 or os.fstat(source_fd).st_size <= position:
-                    break  # (the last byte asked may be the one that tells a file grew)
-                continue
-        else:
-            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
-            if not data:
-                break
-            copied = os.pwrite(target_fd, data, position)
-        position += copied
-    return position - offset
-
-
-def _remove_all(directory: int, name: str) -> None:
+def remove_all(directory: int, name: str) -> None:
     """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
 
     Iterative (a frame per level being emptied), so a tree of any depth is
@@ -944,4 +884,4 @@ def _remove_all(directory: int, name: str) -> None:
         raise first_error
 
 
-__all__ = ["LocalTree", "entry_from_stat"]
+__all__ = ["LocalTree", "entry_from_stat", "remove_all"]

@@ -7,9 +7,10 @@ symlink that would lead out, at the moment of opening: there is no window
 between a check and the open for a swapped-in symlink to exploit. Symlinks
 that stay inside the root work.
 
-Where ``openat2`` is missing (Linux < 5.6, other systems) the fallback walks
-the path one component at a time with ``O_NOFOLLOW``: stricter (it refuses
-every symlink) but equally safe.
+Where ``openat2`` is missing (Linux < 5.6, other systems), or the fast paths
+are turned off (:func:`~pdiffcopy.fileops.fast_paths_enabled`), the fallback
+walks the path one component at a time with ``O_NOFOLLOW``: stricter (it
+refuses every symlink) but equally safe.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import stat
 from typing import Optional, Tuple
 
 from pdiffcopy.exceptions import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
+from pdiffcopy.fileops import fast_paths_enabled
 from pdiffcopy.protocol import MAX_PATH_LENGTH, RESERVED_NAME
 
 
@@ -59,17 +61,47 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
 
 
 def _walk_nofollow(dir_fd: int, path: str, flags: int, mode: int) -> int:
+    """Open ``path`` below ``dir_fd`` one component at a time, through no symlink at all.
+
+    A symlink on the way, or as the last name unless ``flags`` has
+    ``O_NOFOLLOW`` (then the link itself is what is asked for, as with
+    ``openat2``), is refused with :class:`AccessDenied`, as ``openat2``
+    refuses one that leads out.
+    """
     parts = path.split("/")
     current = os.dup(dir_fd)
     try:
         for part in parts[:-1]:
-            following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                dir_fd=current)
+            try:
+                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                    dir_fd=current)
+            except NotADirectoryError:
+                _refuse_symlink(current, part, path)
+                raise
             os.close(current)
             current = following
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+        try:
+            fd = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=current)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                _refuse_symlink(current, parts[-1], path)
+            raise
+        if not flags & os.O_NOFOLLOW and flags & os.O_PATH and stat.S_ISLNK(os.fstat(fd).st_mode):
+            os.close(fd)  # O_PATH | O_NOFOLLOW opens the link itself, which was not asked for
+            _refuse_symlink(current, parts[-1], path)
+        return fd
     finally:
         os.close(current)
+
+
+def _refuse_symlink(dir_fd: int, name: str, path: str) -> None:
+    """Raise :class:`AccessDenied` when ``name`` in ``dir_fd`` is a symlink (the walk follows none)."""
+    try:
+        link = stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return
+    if link:
+        raise AccessDenied(f"Path through a symlink (not followed without openat2): {path[:200]!r}")
 
 
 def describe_kind(mode: int) -> str:
@@ -101,6 +133,27 @@ def check_regular(fd: int, what: str, flags: int = 0) -> os.stat_result:
     if not flags & os.O_NONBLOCK:
         os.set_blocking(fd, True)  # no effect on a local file system; a FUSE one may honour it
     return info
+
+
+def has_other_names(info: os.stat_result) -> bool:
+    """Whether a change of this file in place shows under other names too (hard links).
+
+    A directory's link count counts its subdirectories, not other names.
+    """
+    return info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode)
+
+
+def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
+    """Refuse to change a file with several hard links in place, unless the operator allows it.
+
+    Every name of such a file shows the change, and the other names may be
+    outside the root (a link planted by a local user) or other versions of
+    the data (a hard-linked backup snapshot). Replacing it through a
+    temporary and a rename (``--atomic``) changes only this name.
+    """
+    if has_other_names(info) and not allowed:
+        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
+                           f"and all of them would change (sync with --atomic to replace it instead)")
 
 
 def open_regular_path(path: str, flags: int, mode: int = 0o666) -> int:
@@ -181,7 +234,7 @@ class Root:
         relative = clean_relative_path(path, self.reserve) or "."
         global _have_openat2
         try:
-            if _have_openat2 is not False:
+            if _have_openat2 is not False and fast_paths_enabled():
                 try:
                     return _openat2(self.fd, relative, flags, mode)
                 except OSError as error:

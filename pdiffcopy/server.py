@@ -52,28 +52,27 @@ from pdiffcopy.exceptions import (
     AuthenticationFailed,
     BadRequest,
     Conflict,
+    FileMissing,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
-    StorageError,
     storage_error,
 )
 from pdiffcopy.fileops import (
     TRANSFER_CHUNK_SIZE,
     etag,
-    free_space,
     is_temporary_name,
     resize,
     start_writeback,
     write_all,
 )
-from pdiffcopy.fastcopy import copy_into
 from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
 from pdiffcopy.leases import LEASE_SECONDS, Leases
 from pdiffcopy.legacyapi import add_legacy_api
 from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
-from pdiffcopy.paths import Root
+from pdiffcopy.local import LocalFile
+from pdiffcopy.paths import Root, refuse_hard_links
 from pdiffcopy.protocol import LEASE_HEADER
 from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.slots import FairSlots
@@ -312,11 +311,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.get(f"{API_PREFIX}/stat/<path:path>")
     def stat_file(path: str):
         """Size, mtime and type of a file, or 404."""
-        fd = root.open(path, os.O_PATH)
-        try:
-            return jsonify(describe(os.fstat(fd)))
-        finally:
-            os.close(fd)
+        return jsonify(describe(served(root, path).status()))
 
     @app.get(f"{API_PREFIX}/hashes/<path:path>")
     def hashes(path: str):
@@ -326,7 +321,7 @@ def create_app(config: ServerConfig) -> Flask:
             raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
                              f"{', '.join(config.hash_methods)}); choose one with -m")
         block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-        fd = open_regular(root, path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         try:
             info = os.fstat(fd)
             check_preconditions(info)
@@ -357,7 +352,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.route("/<path:path>", methods=["GET", "HEAD"])
     def read_file(path: str):
         """The file's bytes: all of them, one range (206), or several (multipart/byteranges)."""
-        fd = open_regular(root, path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         try:
             info = os.fstat(fd)
             check_preconditions(info)
@@ -369,7 +364,7 @@ def create_app(config: ServerConfig) -> Flask:
     @app.route("/<path:path>", methods=["PATCH"])
     def write_ranges(path: str):
         """Write byte ranges into an existing file, in place."""
-        fd = open_regular(root, path, os.O_WRONLY)
+        fd = served(root, path).open_descriptor(os.O_WRONLY)
         try:
             info = os.fstat(fd)
             check_preconditions(info)
@@ -384,11 +379,8 @@ def create_app(config: ServerConfig) -> Flask:
     def resize_file(path: str):
         """Create the file if missing and make it exactly ``size`` bytes long."""
         size = int_arg("size", 0, MAX_FILE_SIZE)
-        try:
-            fd = root.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            created = True
-        except Conflict:  # it exists already
-            fd, created = open_regular(root, path, os.O_WRONLY), False
+        file = served(root, path)
+        fd, created = file.open_writer()
         try:
             if not created:
                 refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
@@ -400,7 +392,8 @@ def create_app(config: ServerConfig) -> Flask:
             return jsonify(describe(os.fstat(fd)))
         except BaseException:
             if created:  # a refused resize leaves no new empty file behind
-                remove_quietly(root, path)
+                with contextlib.suppress(PdiffcopyError):
+                    file.unlink()
             raise
         finally:
             os.close(fd)
@@ -408,7 +401,8 @@ def create_app(config: ServerConfig) -> Flask:
     @app.post(f"{API_PREFIX}/fsync/<path:path>")
     def fsync_file(path: str):
         """Flush the file's data and its directory entry to disk."""
-        fd = open_regular(root, path, os.O_RDONLY)
+        file = served(root, path)
+        fd = file.open_descriptor(os.O_RDONLY)
         try:
             renew(os.fstat(fd), path)
             try:
@@ -417,67 +411,41 @@ def create_app(config: ServerConfig) -> Flask:
                 raise storage_error(error, f"flush {path}") from None
         finally:
             os.close(fd)
-        fsync_parent(root, path)
+        file.flush_directory()
         return jsonify(flushed=True)
 
     @app.post(f"{API_PREFIX}/clone/<path:path>")
     def clone_file(path: str):
         """Create the temporary file ``path`` as a copy of ``from`` (reflink where possible)."""
         require_temporary(path)
-        origin = path_arg("from")
-        source_fd = open_regular(root, origin, os.O_RDONLY)
+        origin = served(root, path_arg("from"))
         try:
-            target_fd = root.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                if os.fstat(source_fd).st_size > free_space(target_fd):
-                    raise StorageError(f"Cannot copy {origin}: not enough free space")
-                method = copy_into(source_fd, target_fd, os.fstat(source_fd).st_size, cache="keep")
-                os.fchmod(target_fd, stat_module.S_IMODE(os.fstat(source_fd).st_mode))
-            except BaseException:
-                os.close(target_fd)
-                target_fd = -1
-                remove_quietly(root, path)
-                raise
-            finally:
-                if target_fd >= 0:
-                    os.close(target_fd)
-        except OSError as error:
-            raise storage_error(error, f"copy {origin}") from None
+            temporary = origin.create_temporary(clone=True, relative=path)
+            temporary.close()
         finally:
-            os.close(source_fd)
-        return jsonify(method=method)
+            origin.close()
+        return jsonify(method=temporary.clone_method)
 
     @app.post(f"{API_PREFIX}/rename/<path:path>")
     def rename_file(path: str):
         """Atomically replace ``to`` with the temporary file ``path``."""
         require_temporary(path)
         destination = path_arg("to")
-        source_dir, source_name = root.open_parent(path)
+        temporary, target = served(root, path), served(root, destination, follow=False)
         try:
-            target_dir, target_name = root.open_parent(destination)
-            try:
-                try:
-                    replaced: Optional[os.stat_result] = os.stat(target_name, dir_fd=target_dir,
-                                                                 follow_symlinks=False)
-                except FileNotFoundError:
-                    replaced = None
-                # Replacing a file counts as writing it: not while another client holds its lease.
-                with leases.writing(replaced, lease_of_request(), destination) if replaced \
-                        else contextlib.nullcontext():
-                    os.replace(source_name, target_name, src_dir_fd=source_dir, dst_dir_fd=target_dir)
-            except OSError as error:
-                raise storage_error(error, f"rename {path} to {destination}") from None
-            finally:
-                os.close(target_dir)
-        finally:
-            os.close(source_dir)
-        fsync_parent(root, destination)
+            replaced: Optional[os.stat_result] = target.status()  # the name itself, not where it leads
+        except FileMissing:
+            replaced = None
+        # Replacing a file counts as writing it: not while another client holds its lease.
+        with leases.writing(replaced, lease_of_request(), destination) if replaced \
+                else contextlib.nullcontext():
+            temporary.replace(target)
         return jsonify(renamed=True)
 
     @app.post(f"{API_PREFIX}/lease/<path:path>")
     def take_lease(path: str):
         """Take the write lease on a file: until it ends, nobody else may write it."""
-        fd = open_regular(root, path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         try:
             lease = leases.acquire(os.fstat(fd), path)
         finally:
@@ -490,7 +458,7 @@ def create_app(config: ServerConfig) -> Flask:
         lease = lease_of_request()
         if not lease:
             raise BadRequest(f"Missing header: {LEASE_HEADER}")
-        fd = open_regular(root, path, os.O_RDONLY)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
         try:
             leases.release(os.fstat(fd), lease, path)
         finally:
@@ -501,13 +469,7 @@ def create_app(config: ServerConfig) -> Flask:
     def delete_temporary(path: str):
         """Remove a temporary file left by an aborted atomic sync."""
         require_temporary(path)
-        directory, name = root.open_parent(path)
-        try:
-            os.unlink(name, dir_fd=directory)
-        except OSError as error:
-            raise storage_error(error, f"remove {path}") from None
-        finally:
-            os.close(directory)
+        served(root, path, follow=False).unlink()
         return jsonify(removed=True)
 
     @app.route("/", methods=["GET", "HEAD"])
@@ -622,56 +584,21 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
     return ranges
 
 
-def open_regular(root: Root, path: str, flags: int) -> int:
-    """Open ``path`` beneath the root and insist that it is a regular file.
+def served(root: Root, path: str, follow: bool = True) -> LocalFile:
+    """The file a request names, confined beneath the root (:meth:`LocalFile.below`).
 
-    FIFOs and devices are refused (409) without being opened or waited on
-    (see :meth:`pdiffcopy.paths.Root.open_regular`).
+    Every view reaches its files this way: only regular files are opened
+    (FIFOs and devices are refused with 409 without being opened or waited
+    on), nothing outside the root, and a symlink in the last name only when
+    it stays inside (``follow``). Messages name the path the client sent.
     """
-    return root.open_regular(path, flags)
-
-
-def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
-    """Refuse to change a file with several hard links in place, unless the operator allows it.
-
-    Every name of such a file shows the change, and the other names may be
-    outside the root (a link planted by a local user) or other versions of
-    the data (a hard-linked backup snapshot). Replacing it through a
-    temporary and a rename (``--atomic``) changes only this name.
-    """
-    if info.st_nlink > 1 and not allowed:
-        raise AccessDenied(f"Refusing to change {path} in place: it has {info.st_nlink} hard links "
-                           f"and all of them would change (sync with --atomic to replace it instead)")
-
-
-def fsync_parent(root: Root, path: str) -> None:
-    """Flush the directory holding ``path``, so a create or rename survives a crash."""
-    parent = path.rstrip("/").rpartition("/")[0]
-    fd = root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as error:
-        raise storage_error(error, f"flush the directory of {path}") from None
-    finally:
-        os.close(fd)
+    return LocalFile.below(root, path, follow=follow, name=path)
 
 
 def require_temporary(path: str) -> None:
     """Refuse to let the atomic-write endpoints touch anything but temporary files."""
     if not is_temporary_name(path.rstrip("/").rpartition("/")[2]):
         raise AccessDenied(f"Not a pdiffcopy temporary file: {path}")
-
-
-def remove_quietly(root: Root, path: str) -> None:
-    """Remove a file we created, ignoring errors (used while already failing)."""
-    try:
-        directory, name = root.open_parent(path)
-        try:
-            os.unlink(name, dir_fd=directory)
-        finally:
-            os.close(directory)
-    except (OSError, PdiffcopyError):
-        pass
 
 
 def check_preconditions(info: os.stat_result) -> None:

@@ -71,16 +71,22 @@ def pdiffcopy_command(*args: str) -> List[str]:
     return [sys.executable, "-m", "pdiffcopy", *args]
 
 
-def start_server(root: Path, log: Path, token: Optional[str] = None, extra=()) -> Server:
-    """Start ``pdiffcopy --root ROOT --listen 127.0.0.1:PORT`` and wait until it answers."""
+def start_server(root: Path, log: Path, token: Optional[str] = None, extra=(), env_extra=None,
+                 wrapper=()) -> Server:
+    """Start ``pdiffcopy --root ROOT --listen 127.0.0.1:PORT`` and wait until it answers.
+
+    :param env_extra: Variables added to the server's environment.
+    :param wrapper: A command the server runs under (``strace -f ...``).
+    """
     port = free_port()
     env = dict(os.environ)
     env.pop("PDIFFCOPY_TOKEN", None)
+    env.update(env_extra or {})
     if token:
         env["PDIFFCOPY_TOKEN"] = token
     handle = open(log, "wb")
     process = subprocess.Popen(
-        pdiffcopy_command("--root", str(root), "--listen", f"127.0.0.1:{port}", "-c", "2", *extra),
+        [*wrapper, *pdiffcopy_command("--root", str(root), "--listen", f"127.0.0.1:{port}", "-c", "2", *extra)],
         stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(root=root, port=port, process=process, token=token, log=log)
     deadline = time.monotonic() + START_TIMEOUT

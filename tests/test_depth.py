@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import resource
-import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import pdiffcopy_command, run_cli
+from pdiffcopy.localtree import remove_all
 
 #: Deeper than Python's recursion limit (1,000 frames).
 DEPTH = 1100
@@ -37,32 +37,16 @@ def make_deep(base: Path, levels: int, name: str = "d") -> None:
 
 
 def remove_deep(path: Path) -> None:
-    """Remove a tree of any depth: pytest's own clean-up (shutil.rmtree) recurses and fails on these."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    """Remove a tree of any depth (pytest's own clean-up, shutil.rmtree, recurses and fails on these),
+    with the package's own iterative removal."""
     try:
-        parent = os.open(path.parent, flags)
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     try:
-        top = os.open(path.name, flags, dir_fd=parent)
-    except FileNotFoundError:
+        remove_all(parent, path.name)
+    finally:
         os.close(parent)
-        return
-    stack = [(parent, path.name, top, iter(os.listdir(top)))]
-    while stack:
-        above, name, fd, children = stack[-1]
-        child = next(children, None)
-        if child is None:
-            stack.pop()
-            os.close(fd)
-            os.rmdir(name, dir_fd=above)
-            continue
-        if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-            below = os.open(child, flags, dir_fd=fd)
-            stack.append((fd, child, below, iter(os.listdir(below))))
-        else:
-            os.unlink(child, dir_fd=fd)
-    os.close(parent)
 
 
 @pytest.fixture(autouse=True)
