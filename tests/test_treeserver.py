@@ -480,13 +480,22 @@ def test_entries_leading_out_are_refused(server, tree_dir, outside):
     (tree_dir / "link-out").symlink_to(outside)
     before = snapshot(outside)
     escape = f"../../{outside.name}/secret.txt"
+    target = quote_path(tree_dir.relative_to(server.root).as_posix())
+    # A batch that carries a path with ".." is refused whole by the server: no client of ours sends one.
+    bodies = [("tree-write", stream_of((file_entry(escape, b"pwned"), b"pwned", ""))),
+              ("tree-read", json.dumps({"entries": [file_entry(escape, b"outside the root\n").to_wire()]})),
+              ("tree-apply", json.dumps({"operations": [[REMOVE, dir_entry(f"../../{outside.name}").to_wire()]]}))]
+    for endpoint, body in bodies:
+        status, headers, answer = raw_request(server.port, "POST", f"/.pdiffcopy/{endpoint}/{target}", body=body)
+        assert "outside the tree" in assert_json_error(status, headers, answer, 403)
+    # Ours reports such a path as that entry's failure, as a local tree does, without sending it.
     tree = remote(server, tree_dir)
-    with pytest.raises(AccessDenied):
-        tree.write_files([(file_entry(escape, b"pwned"), b"pwned")], MetadataOptions())
-    with pytest.raises(AccessDenied):
-        list(tree.read_files([file_entry(escape, b"outside the root\n")]))
-    with pytest.raises(AccessDenied):
-        tree.apply([Operation(REMOVE, dir_entry(f"../../{outside.name}"))], MetadataOptions())
+    failures = tree.write_files([(file_entry(escape, b"pwned"), b"pwned")], MetadataOptions())
+    assert [path for path, _ in failures] == [escape]
+    [(_, data, error)] = tree.read_files([file_entry(escape, b"outside the root\n")])
+    assert data is None and "outside the tree" in error
+    failures = tree.apply([Operation(REMOVE, dir_entry(f"../../{outside.name}"))], MetadataOptions())
+    assert [path for path, _ in failures] == [f"../../{outside.name}"]
     # Through the symlink: not an escape by name, so each is one failure, and nothing happens.
     through = "link-out/secret.txt"
     failures = tree.write_files([(file_entry(through, b"pwned"), b"pwned")], MetadataOptions())
