@@ -230,8 +230,10 @@ class RemoteTree(TreeEndpoint):
         if path.startswith("/"):
             raise AccessDenied(f"Path outside the root: {path[:200]!r}")
         full = f"{self.path}/{path}" if self.path else path
+        # Not followed, as a local tree's member is not: a member that became a
+        # symlink since the listing is refused (NotAFile), never read through.
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
-                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit)
+                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket

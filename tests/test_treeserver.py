@@ -27,6 +27,7 @@ from test_errors import assert_json_error, raw_request, snapshot
 from pdiffcopy import remotetree
 from pdiffcopy.exceptions import AccessDenied, AuthenticationFailed, RemoteError
 from pdiffcopy.localtree import LocalTree
+from pdiffcopy.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.remote import RemoteFile, quote_path
 from pdiffcopy.remotetree import RemoteTree
 from pdiffcopy.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation
@@ -474,6 +475,28 @@ def test_a_tree_path_leading_out_is_refused(server, tree_dir, outside, method, e
     assert snapshot(outside) == before
     assert sorted(os.listdir(outside)) == ["secret.txt"]
     assert not (tree_dir / "b").exists() and not (server.root / "b").exists()
+
+
+@pytest.mark.parametrize("endpoint", ["", ".pdiffcopy/stat/", ".pdiffcopy/hashes/"])
+def test_a_member_asked_not_to_follow_is_refused_as_a_symlink(server, tree_dir, endpoint):
+    (tree_dir / "real").write_bytes(b"inside the tree")
+    (tree_dir / "link").symlink_to("real")
+    target = f"/{endpoint}{quote_path(tree_dir.relative_to(server.root).as_posix())}/link"
+    if endpoint.endswith("hashes/"):
+        target += "?method=sha1&block_size=4096&offset=0&length=15"
+    # A file URL follows a symlink that stays beneath the root...
+    status, _, answer = raw_request(server.port, "GET", target)
+    assert status == 200
+    if endpoint.endswith("stat/"):
+        assert json.loads(answer)["type"] == "file"
+    # ...a tree's member (the header RemoteTree's file endpoints send) never does.
+    status, headers, answer = raw_request(server.port, "GET", target, headers={NO_FOLLOW_HEADER: "1"})
+    if endpoint.endswith("stat/"):
+        assert status == 200 and json.loads(answer)["type"] == "other"  # the link itself, as lstat says
+    else:
+        assert_json_error(status, headers, answer, 409)
+    status, headers, answer = raw_request(server.port, "GET", target, headers={NO_FOLLOW_HEADER: "yes"})
+    assert NO_FOLLOW_HEADER in assert_json_error(status, headers, answer, 400)
 
 
 def test_entries_leading_out_are_refused(server, tree_dir, outside):
