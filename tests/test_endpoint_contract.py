@@ -172,13 +172,37 @@ def test_read_ranges_gives_the_bytes_asked_for(files):
     data = random_bytes(DATA_SIZE)
     (files.directory / "read.img").write_bytes(data)
     ranges = [(0, 10), (1000, 2048), (DATA_SIZE - 5, 5)]
-    # A chunk may be a view of a reused buffer (a local file's are): copied as it comes.
+    # A chunk may be a view of a reused buffer (see the next test): copied as it comes.
     chunks = [(offset, bytes(piece)) for offset, piece in files.open("read.img").read_ranges(ranges)]
     assert b"".join(piece for _, piece in chunks) == b"".join(data[o:o + n] for o, n in ranges)
     # Every chunk says where it belongs, in order.
     for offset, piece in chunks:
         assert piece == data[offset:offset + len(piece)]
     assert [offset for offset, _ in chunks] == sorted(offset for offset, _ in chunks)
+
+
+#: Larger than the buffer a reader reuses (fileops.TRANSFER_CHUNK_SIZE, 1 MiB), so that one range takes several chunks.
+REUSED_BUFFER_DATA_SIZE = 2 * 1024 * 1024 + 4321
+
+
+def test_read_chunks_are_used_before_the_next_is_asked_for(files):
+    # The rule of FileEndpoint.read_ranges: a chunk may be a view of a buffer the next one reuses
+    # (a local file's and a remote file's are), so each is used (checked here) as it comes...
+    data = random_bytes(REUSED_BUFFER_DATA_SIZE, seed=12)
+    (files.directory / "big.img").write_bytes(data)
+    ranges = [(0, REUSED_BUFFER_DATA_SIZE - 1000), (REUSED_BUFFER_DATA_SIZE - 500, 500)]
+    position = 0
+    for offset, piece in files.open("big.img").read_ranges(ranges):
+        assert len(piece) > 0 and bytes(piece) == data[offset:offset + len(piece)]
+        position += len(piece)
+    assert position == sum(length for _, length in ranges)
+    # ...which is how a sync uses them: a reader's chunks go straight into a writer, one at a time.
+    copy = files.open("copy.img")
+    copy.prepare(REUSED_BUFFER_DATA_SIZE)
+    assert copy.write_ranges(ranges, files.open("big.img").read_ranges(ranges)) == position
+    copy.flush()
+    written = (files.directory / "copy.img").read_bytes()
+    assert all(written[o:o + n] == data[o:o + n] for o, n in ranges)
 
 
 @pytest.mark.parametrize("method", SERVER_HASH_METHODS)
