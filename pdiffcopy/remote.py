@@ -734,6 +734,10 @@ class RemoteFile(FileEndpoint):
                                follow=self.follow)
         if clone:
             self._call("POST", "clone", path, params={"from": self.path})
+        else:
+            # Made now, empty, as a local temporary is: a missing directory or a
+            # full disk fails here (one round trip) rather than at the first write.
+            temporary.prepare(0)
         return temporary
 
     def replace(self, other: FileEndpoint) -> None:

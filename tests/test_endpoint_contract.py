@@ -278,6 +278,14 @@ def test_changing_a_missing_file_raises_file_missing(files, operation):
     assert sorted(p.name for p in files.directory.iterdir()) == []
 
 
+@pytest.mark.parametrize("clone", [False, True], ids=["empty", "clone"])
+def test_a_temporary_in_a_missing_directory_fails_at_once(files, clone):
+    # At create_temporary, not at the first write: a sync learns it before it moves anything.
+    with pytest.raises(FileMissing):
+        files.open("no-such-dir/new.img").create_temporary(clone=clone)
+    assert sorted(p.name for p in files.directory.iterdir()) == []
+
+
 def test_reading_past_the_end_fails(files):
     (files.directory / "short.img").write_bytes(b"abc")
     with pytest.raises(PdiffcopyError):
