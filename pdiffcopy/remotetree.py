@@ -207,7 +207,10 @@ class RemoteTree(TreeEndpoint):
             yield entry, data, ""
 
     def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
-        """Send the operations in order; one whose path leaves the tree is a failure, never sent."""
+        """Send the operations in order; one whose path leaves the tree is a failure, never sent.
+
+        Such failures come first in the list, before those the server reports.
+        """
         failures: List[Failure] = []
         allowed: List[Operation] = []
         for operation in operations:
