@@ -57,7 +57,12 @@ class FileEndpoint(ABC):
 
     @abstractmethod
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
-        """Yield the data of ``ranges`` as chunks, in order."""
+        """Yield the data of ``ranges`` as chunks, in order.
+
+        A chunk may be a view of a buffer that the next chunk reuses (a local
+        file's and a remote file's both are: no copy per chunk): use or copy
+        each chunk before asking for the next one.
+        """
 
     @abstractmethod
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional
 from pdiffcopy import __version__
 from pdiffcopy.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.metrics import METRICS_PATH
+from pdiffcopy.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.treeendpoints import OPERATIONS
 from pdiffcopy.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS
 
@@ -314,6 +315,14 @@ def _components() -> Dict[str, Any]:
                            "holds a lease.",
             "schema": string,
         },
+        "NoFollow": {
+            "name": NO_FOLLOW_HEADER, "in": "header", "required": False,
+            "description": "1: a symlink in the file's last name is not followed (a stat "
+                           "describes the link, type other; anything else answers 409), as a "
+                           "tree's member is opened; 0 or absent: followed when it stays beneath "
+                           "the root.",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
         "IfMatch": {
             "name": "If-Match", "in": "header", "required": False,
             "description": "ETags the file must still have (or *); otherwise 412.",
@@ -337,7 +346,7 @@ def _components() -> Dict[str, Any]:
 def _paths() -> Dict[str, Dict[str, Any]]:
     path, temporary, if_match = (_ref("parameters", "Path"), _ref("parameters", "TemporaryPath"),
                                  _ref("parameters", "IfMatch"))
-    lease = _ref("parameters", "Lease")
+    lease, no_follow = _ref("parameters", "Lease"), _ref("parameters", "NoFollow")
     file_headers = {
         "ETag": {"description": "The file's ETag", "schema": {"type": "string"}},
         "Accept-Ranges": {"description": "Always bytes", "schema": {"type": "string"}},
@@ -359,7 +368,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                                             "example": "pdiffcopy_served_bytes_total 1.048576e+06\n"}}}})
     stat = _operation("stat", "Describe a file: type, size, mtime, mode and ETag",
                       {"200": _json_answer("The description", "FileDescription")},
-                      errors=_PATH_ERRORS, parameters=[path])
+                      errors=_PATH_ERRORS, parameters=[path, no_follow])
     hashes = _operation(
         "hashes", "The digests of the blocks of block-aligned ranges of a file",
         {"200": {
@@ -388,7 +397,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
              "description": "Several ranges instead of offset and length: "
                             "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
              "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
-            if_match, lease,
+            if_match, lease, no_follow,
         ])
     read = _operation(
         "read", "The file's bytes: all of them, one range or several",
@@ -422,6 +431,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
              "description": "An HTTP date: 304 when the file is not newer (ignored with "
                             "If-None-Match, or when it is not a valid date)",
              "schema": {"type": "string"}, "example": "Sun, 22 Nov 2026 17:49:20 GMT"},
+            no_follow,
         ])
     head = _head_of(read, "readHeaders", "The headers of a download")
     head["responses"].pop("206")
@@ -439,7 +449,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
              "description": "bytes FIRST-LAST/SIZE (SIZE may be *): where a one-range body "
                             "goes; required unless the body is multipart/byteranges",
              "schema": {"type": "string"}, "example": "bytes 0-4/*"},
-            if_match, lease,
+            if_match, lease, no_follow,
         ],
         body={"required": True,
               "description": "One range's bytes (Content-Length must match Content-Range), or "
@@ -453,30 +463,30 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         errors=_PATH_ERRORS + (412, 423),
         parameters=[path, _query("size", "The new size in bytes",
                                  {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
-                                 example=4096), lease])
+                                 example=4096), lease, no_follow])
     fsync = _operation("fsync", "Flush the file's data and its directory entry to disk",
                        {"200": _json_answer("Flushed", "Flushed")},
-                       errors=_PATH_ERRORS + (412,), parameters=[path, lease])
+                       errors=_PATH_ERRORS + (412,), parameters=[path, lease, no_follow])
     take_lease = _operation(
         "takeLease", "Take the write lease on a file: nobody else may write it until it ends",
         {"200": _json_answer("The lease", "Leased")},
-        errors=_PATH_ERRORS + (423,), parameters=[path])
+        errors=_PATH_ERRORS + (423,), parameters=[path, no_follow])
     end_lease = _operation(
         "endLease", "End a write lease (412 when it lapsed and somebody else wrote meanwhile)",
         {"200": _json_answer("Ended", "Released")},
-        errors=_PATH_ERRORS + (412, 423), parameters=[path, lease])
+        errors=_PATH_ERRORS + (412, 423), parameters=[path, lease, no_follow])
     clone = _operation(
         "clone", "Create a temporary file as a copy of another (reflink where possible)",
         {"200": _json_answer("How it was copied", "Cloned")},
         errors=_PATH_ERRORS + (412,),
         parameters=[temporary, _query("from", "The file to copy", {"type": "string"},
-                                      example="db/big.ibd")])
+                                      example="db/big.ibd"), no_follow])
     rename = _operation(
         "rename", "Atomically replace another file with a temporary file",
         {"200": _json_answer("Renamed", "Renamed")},
         errors=_PATH_ERRORS + (412, 423),
         parameters=[temporary, _query("to", "The path the file gets", {"type": "string"},
-                                      example="db/big.ibd"), lease])
+                                      example="db/big.ibd"), lease, no_follow])
     remove = _operation("removeTemporary", "Remove a temporary file left by an aborted sync",
                         {"200": _json_answer("Removed", "Removed")},
                         errors=_PATH_ERRORS, parameters=[temporary])

@@ -15,8 +15,14 @@ MAX_PATH_LENGTH = 4096
 #: The request header that carries a lease's id.
 LEASE_HEADER = "X-Pdiffcopy-Lease"
 
+#: The request header that asks the server not to follow a symlink in the
+#: file's last name (value ``1``): a tree's member is a file only if it is
+#: one, as a local tree opens it with O_NOFOLLOW; a plain file URL follows a
+#: symlink that stays beneath the root.
+NO_FOLLOW_HEADER = "X-Pdiffcopy-No-Follow"
+
 #: The environment variable holding the shared secret, read by the command
 #: line only (server and client): the library takes ``token=``.
 TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
 
-__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "RESERVED_NAME", "TOKEN_VARIABLE"]
+__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "RESERVED_NAME", "TOKEN_VARIABLE"]

@@ -60,7 +60,7 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.hashing import digest_count, digest_size
-from pdiffcopy.protocol import LEASE_HEADER
+from pdiffcopy.protocol import LEASE_HEADER, NO_FOLLOW_HEADER
 from pdiffcopy.ratelimit import TokenBucket
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
@@ -552,14 +552,22 @@ class HttpClient:
 
 
 class RemoteFile(FileEndpoint):
-    """A file on a pdiffcopy server, named by its URL."""
+    """A file on a pdiffcopy server, named by its URL.
+
+    With ``follow=False`` (a tree's member) every request asks the server not
+    to follow a symlink in the last name (:data:`~pdiffcopy.protocol.NO_FOLLOW_HEADER`):
+    such a file is refused with :class:`~pdiffcopy.exceptions.NotAFile`, as a
+    local tree's member is.
+    """
 
     is_remote = True
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None) -> None:
+                 _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None,
+                 follow: bool = True) -> None:
         self.location = url
+        self.follow = follow
         self.base, self.path = _base_path or parse_url(url)
         self.token = token
         self.timeout = timeout
@@ -584,6 +592,8 @@ class RemoteFile(FileEndpoint):
         """Send one request (see :meth:`HttpClient.request`)."""
         if self._lease:
             headers = {**(headers or {}), LEASE_HEADER: self._lease}
+        if not self.follow:
+            headers = {**(headers or {}), NO_FOLLOW_HEADER: "1"}
         return self.client.request(method, target, expected, headers, body, replayable)
 
     def _body(self, response: _Response) -> bytes:
@@ -720,9 +730,14 @@ class RemoteFile(FileEndpoint):
         directory, _, name = self.path.rpartition("/")
         path = f"{directory}/{temporary_name(name)}" if directory else temporary_name(name)
         temporary = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
-                               self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit)
+                               self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
+                               follow=self.follow)
         if clone:
             self._call("POST", "clone", path, params={"from": self.path})
+        else:
+            # Made now, empty, as a local temporary is: a missing directory or a
+            # full disk fails here (one round trip) rather than at the first write.
+            temporary.prepare(0)
         return temporary
 
     def replace(self, other: FileEndpoint) -> None:

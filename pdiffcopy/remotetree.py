@@ -34,6 +34,7 @@ from pdiffcopy.treewire import (
     MAX_JSON_ITEM_CHARS,
     Record,
     TreeWireError,
+    check_relative_path,
     decode_files,
     encode_files,
     parse_entry,
@@ -126,7 +127,10 @@ class RemoteTree(TreeEndpoint):
         """
         readable: List[Entry] = []
         for entry in entries:
-            if entry.kind != FILE:
+            refusal = _leaves_the_tree(entry.path)
+            if refusal:
+                yield entry, None, refusal
+            elif entry.kind != FILE:
                 yield entry, None, f"not a regular file but a {entry.kind}"
             elif entry.size > MAX_FILE_BYTES:
                 yield entry, None, f"too large to copy whole ({entry.size} bytes)"
@@ -185,6 +189,10 @@ class RemoteTree(TreeEndpoint):
         """The records of one write request, taken from ``pending`` as the body is sent."""
         count = total = 0
         for entry, data in pending:
+            refusal = _leaves_the_tree(entry.path)
+            if refusal:
+                failures.append((entry.path, refusal))
+                continue
             if len(data) != entry.size:
                 failures.append((entry.path, f"got {len(data)} bytes, expected {entry.size}"))
                 continue
@@ -199,8 +207,19 @@ class RemoteTree(TreeEndpoint):
             yield entry, data, ""
 
     def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        """Send the operations in order; one whose path leaves the tree is a failure, never sent.
+
+        Such failures come first in the list, before those the server reports.
+        """
         failures: List[Failure] = []
-        for batch in _batches(list(operations), MAX_BATCH_OPERATIONS, None, None,
+        allowed: List[Operation] = []
+        for operation in operations:
+            refusal = _leaves_the_tree(operation.entry.path, allow_root=True)
+            if refusal:
+                failures.append((operation.entry.path, refusal))
+            else:
+                allowed.append(operation)
+        for batch in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
                               lambda operation: operation.to_wire()):
             body = _json_bytes({"operations": [operation.to_wire() for operation in batch]})
             response = self.client.request("POST", self._target("tree-apply", options), body=body,
@@ -214,8 +233,10 @@ class RemoteTree(TreeEndpoint):
         if path.startswith("/"):
             raise AccessDenied(f"Path outside the root: {path[:200]!r}")
         full = f"{self.path}/{path}" if self.path else path
+        # Not followed, as a local tree's member is not: a member that became a
+        # symlink since the listing is refused (NotAFile), never read through.
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
-                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit)
+                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
@@ -239,6 +260,23 @@ class RemoteTree(TreeEndpoint):
             if message not in self._warned:
                 self._warned.add(message)
                 logger.warning("%s: %s", self.base, message[:500])
+
+
+def _leaves_the_tree(path: str, allow_root: bool = False) -> str:
+    """Why ``path`` is refused without a request (a ``..`` component, an absolute path), or ``""``.
+
+    A local tree reports such a path as that entry's failure and goes on
+    (rsync's habit); the server refuses a whole batch that carries one (403),
+    as a request no client of ours sends. Checked here, the remote kind
+    reports it like the local one, and the server still never sees it.
+    """
+    try:
+        check_relative_path(path, allow_root)
+    except AccessDenied as error:
+        return str(error)
+    except TreeWireError:
+        pass  # malformed in another way: the server's 400 says what is wrong
+    return ""
 
 
 class _MalformedListing(ValueError):

@@ -73,7 +73,7 @@ from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetric
 from pdiffcopy.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.local import LocalFile
 from pdiffcopy.paths import Root, refuse_hard_links
-from pdiffcopy.protocol import LEASE_HEADER
+from pdiffcopy.protocol import LEASE_HEADER, NO_FOLLOW_HEADER
 from pdiffcopy.ratelimit import TokenBucket
 from pdiffcopy.slots import FairSlots
 from pdiffcopy.treeserver import add_tree_routes
@@ -590,9 +590,14 @@ def served(root: Root, path: str, follow: bool = True) -> LocalFile:
     Every view reaches its files this way: only regular files are opened
     (FIFOs and devices are refused with 409 without being opened or waited
     on), nothing outside the root, and a symlink in the last name only when
-    it stays inside (``follow``). Messages name the path the client sent.
+    it stays inside (``follow``), and never when the request says
+    :data:`~pdiffcopy.protocol.NO_FOLLOW_HEADER` (a tree's member, which is
+    a file only if it is one). Messages name the path the client sent.
     """
-    return LocalFile.below(root, path, follow=follow, name=path)
+    value = request.headers.get(NO_FOLLOW_HEADER, "0")
+    if value not in ("0", "1"):
+        raise BadRequest(f"Header {NO_FOLLOW_HEADER} must be 0 or 1")
+    return LocalFile.below(root, path, follow=follow and value == "0", name=path)
 
 
 def require_temporary(path: str) -> None:

@@ -27,6 +27,7 @@ from test_errors import assert_json_error, raw_request, snapshot
 from pdiffcopy import remotetree
 from pdiffcopy.exceptions import AccessDenied, AuthenticationFailed, RemoteError
 from pdiffcopy.localtree import LocalTree
+from pdiffcopy.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.remote import RemoteFile, quote_path
 from pdiffcopy.remotetree import RemoteTree
 from pdiffcopy.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation
@@ -476,17 +477,48 @@ def test_a_tree_path_leading_out_is_refused(server, tree_dir, outside, method, e
     assert not (tree_dir / "b").exists() and not (server.root / "b").exists()
 
 
+@pytest.mark.parametrize("endpoint", ["", ".pdiffcopy/stat/", ".pdiffcopy/hashes/"])
+def test_a_member_asked_not_to_follow_is_refused_as_a_symlink(server, tree_dir, endpoint):
+    (tree_dir / "real").write_bytes(b"inside the tree")
+    (tree_dir / "link").symlink_to("real")
+    target = f"/{endpoint}{quote_path(tree_dir.relative_to(server.root).as_posix())}/link"
+    if endpoint.endswith("hashes/"):
+        target += "?method=sha1&block_size=4096&offset=0&length=15"
+    # A file URL follows a symlink that stays beneath the root...
+    status, _, answer = raw_request(server.port, "GET", target)
+    assert status == 200
+    if endpoint.endswith("stat/"):
+        assert json.loads(answer)["type"] == "file"
+    # ...a tree's member (the header RemoteTree's file endpoints send) never does.
+    status, headers, answer = raw_request(server.port, "GET", target, headers={NO_FOLLOW_HEADER: "1"})
+    if endpoint.endswith("stat/"):
+        assert status == 200 and json.loads(answer)["type"] == "other"  # the link itself, as lstat says
+    else:
+        assert_json_error(status, headers, answer, 409)
+    status, headers, answer = raw_request(server.port, "GET", target, headers={NO_FOLLOW_HEADER: "yes"})
+    assert NO_FOLLOW_HEADER in assert_json_error(status, headers, answer, 400)
+
+
 def test_entries_leading_out_are_refused(server, tree_dir, outside):
     (tree_dir / "link-out").symlink_to(outside)
     before = snapshot(outside)
     escape = f"../../{outside.name}/secret.txt"
+    target = quote_path(tree_dir.relative_to(server.root).as_posix())
+    # A batch that carries a path with ".." is refused whole by the server: no client of ours sends one.
+    bodies = [("tree-write", stream_of((file_entry(escape, b"pwned"), b"pwned", ""))),
+              ("tree-read", json.dumps({"entries": [file_entry(escape, b"outside the root\n").to_wire()]})),
+              ("tree-apply", json.dumps({"operations": [[REMOVE, dir_entry(f"../../{outside.name}").to_wire()]]}))]
+    for endpoint, body in bodies:
+        status, headers, answer = raw_request(server.port, "POST", f"/.pdiffcopy/{endpoint}/{target}", body=body)
+        assert "outside the tree" in assert_json_error(status, headers, answer, 403)
+    # Ours reports such a path as that entry's failure, as a local tree does, without sending it.
     tree = remote(server, tree_dir)
-    with pytest.raises(AccessDenied):
-        tree.write_files([(file_entry(escape, b"pwned"), b"pwned")], MetadataOptions())
-    with pytest.raises(AccessDenied):
-        list(tree.read_files([file_entry(escape, b"outside the root\n")]))
-    with pytest.raises(AccessDenied):
-        tree.apply([Operation(REMOVE, dir_entry(f"../../{outside.name}"))], MetadataOptions())
+    failures = tree.write_files([(file_entry(escape, b"pwned"), b"pwned")], MetadataOptions())
+    assert [path for path, _ in failures] == [escape]
+    [(_, data, error)] = tree.read_files([file_entry(escape, b"outside the root\n")])
+    assert data is None and "outside the tree" in error
+    failures = tree.apply([Operation(REMOVE, dir_entry(f"../../{outside.name}"))], MetadataOptions())
+    assert [path for path, _ in failures] == [f"../../{outside.name}"]
     # Through the symlink: not an escape by name, so each is one failure, and nothing happens.
     through = "link-out/secret.txt"
     failures = tree.write_files([(file_entry(through, b"pwned"), b"pwned")], MetadataOptions())
