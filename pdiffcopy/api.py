@@ -73,7 +73,8 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
          token: Optional[str] = None, timeout: Optional[float] = None,
          ca_file: Optional[str] = None, cache: str = "auto",
-         progress: Optional[Progress] = None, bwlimit: "int | str | None" = None) -> SyncResult:
+         progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
+         compress: str = "auto") -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -100,12 +101,14 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param bwlimit: Most bytes per second on the network, both directions together, as an
                     int or in rsync's ``--bwlimit`` syntax (``"50M"``; a bare number is KiB/s);
                     None or 0: no limit. A sync between local files ignores it.
+    :param compress: zstd on the wire: ``"always"`` (``-z``), ``"never"``, or ``"auto"``: when
+                     the data shrinks and the link, not the CPU, is the bottleneck.
     :returns: A :class:`~pdiffcopy.pipeline.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
     options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                            concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
-                           bwlimit=bwlimit)
+                           bwlimit=bwlimit, compress=compress)
     check_locations(source, target)
     # Endpoints before the engine: a bad path or URL fails before any process starts.
     source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,

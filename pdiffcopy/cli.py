@@ -128,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                            "connections together, in rsync's units: a bare number is KiB/s, K/M/G "
                            "1024-based, KB/MB/GB 1000-based, 0 no limit (e.g. 50M; from 32K). "
                            "Copies between local paths ignore it")
+    squeeze = sync.add_mutually_exclusive_group()
+    squeeze.add_argument("-z", "--compress", dest="compress", action="store_const", const="always",
+                         default="auto",
+                         help="always compress the data on the wire (zstd); by default a remote sync "
+                              "compresses when the data shrinks and the link, not the CPU, is the bottleneck")
+    squeeze.add_argument("--no-compress", dest="compress", action="store_const", const="never",
+                         default="auto", help="never compress the data on the wire")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
@@ -478,7 +485,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
                    token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
-                   bwlimit=args.bwlimit)
+                   bwlimit=args.bwlimit, compress=args.compress)
     if args.benchmark:
         from pdiffcopy.benchmark import run_benchmark
 

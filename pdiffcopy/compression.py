@@ -11,9 +11,10 @@ random data, compressing would only cost time.
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
-from typing import Optional
+from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 #: The HTTP content coding (RFC 8878 registers "zstd").
 ENCODING = "zstd"
@@ -121,3 +122,103 @@ class AdaptivePolicy:
         if 1 - 1 / self.ratio < MIN_SAVING:
             return False
         return self.cores * self.compress_rate >= CPU_MARGIN * self.link_rate
+
+
+# -- the modes a sync can be asked for ----------------------------------------
+
+#: ``auto``: the :class:`AdaptivePolicy` decides per stream; ``always`` (``-z``); ``never``.
+MODES = ("auto", "always", "never")
+
+
+def check_mode(value: str) -> str:
+    """``value`` if it is one of :data:`MODES`; a usage error otherwise."""
+    if value not in MODES:
+        from pdiffcopy.exceptions import UsageError
+
+        raise UsageError(f"Invalid compression mode: {value!r} (expected auto, always or never)")
+    return value
+
+
+# -- the framing of compressed ranges (application/x-pdiffcopy-frames) --------
+
+#: The media type of a body of compressed ranges, both in answers to a ranged GET and in PATCH bodies.
+FRAMES_TYPE = "application/x-pdiffcopy-frames"
+#: Before each frame: the offset in the file (u64), the raw length (u32) and the frame's length (u32).
+FRAME_HEADER = struct.Struct(">QII")
+#: Raw bytes per frame: bounds what either side holds in memory per frame, while zstd's window
+#: at level 1 (512 KiB) still finds all the redundancy it would find in a longer frame.
+FRAME_BYTES = 1024 * 1024
+#: The longest frame accepted: zstd's worst case for FRAME_BYTES is 1/256 above it plus a few
+#: bytes; 64 KiB of slack covers that, and a bogus header cannot make a peer buffer more.
+MAX_FRAME_LENGTH = FRAME_BYTES + 64 * 1024
+
+
+def pieces(ranges: Iterable[Tuple[int, int]]) -> Iterator[Tuple[int, int]]:
+    """``ranges`` cut into pieces of at most :data:`FRAME_BYTES`: one frame each."""
+    for offset, length in ranges:
+        end = offset + length
+        while offset < end:
+            step = min(FRAME_BYTES, end - offset)
+            yield offset, step
+            offset += step
+
+
+def frame(offset: int, data: "bytes | memoryview") -> bytes:
+    """The header and the zstd frame of one piece."""
+    compressed = compress(data)
+    return FRAME_HEADER.pack(offset, len(data), len(compressed)) + compressed
+
+
+def read_frames(read: Callable[[int], bytes]) -> Iterator[Tuple[int, bytes, int]]:
+    """(offset, the raw bytes, the frame's length) of each frame of a body read with ``read(n)``.
+
+    Every frame is decompressed and its length checked before it is handed on, so damage is
+    never written. The body ends cleanly only between frames.
+
+    :raises CompressionError: For a truncated body, a bogus header or a damaged frame.
+    """
+    while True:
+        header = _read_exactly(read, FRAME_HEADER.size, allow_end=True)
+        if header is None:
+            return
+        offset, length, frame_length = FRAME_HEADER.unpack(header)
+        if not 0 < length <= FRAME_BYTES or not 0 < frame_length <= MAX_FRAME_LENGTH:
+            raise CompressionError(f"Damaged compressed data: a frame of {frame_length} bytes "
+                                   f"announced for {length} bytes")
+        data = decompress(_read_exactly(read, frame_length), length)
+        yield offset, data, FRAME_HEADER.size + frame_length
+
+
+def _read_exactly(read, count: int, allow_end: bool = False) -> Optional[bytes]:
+    parts, wanted = [], count
+    while wanted:
+        part = read(wanted)
+        if not part:
+            if allow_end and wanted == count:
+                return None
+            raise CompressionError("Damaged compressed data: the body ended inside a frame")
+        parts.append(part)
+        wanted -= len(part)
+    return b"".join(parts)
+
+
+def stream_compressor():
+    """A zstd compressor for one whole streamed body (``Content-Encoding: zstd``), with a checksum."""
+    return _zstd().ZstdCompressor(level=LEVEL, write_checksum=True).compressobj()
+
+
+def accepts_zstd(header: "Optional[str]") -> bool:
+    """Whether an ``Accept-Encoding`` header accepts zstd (RFC 9110, 12.5.3: ``q=0`` refuses it)."""
+    for item in (header or "").split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() != ENCODING:
+            continue
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False

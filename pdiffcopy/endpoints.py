@@ -125,6 +125,12 @@ class FileEndpoint(ABC):
         A local file moves nothing over a network: it ignores the limit, as rsync's does.
         """
 
+    def compress_with(self, mode: str) -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+
+        A local file moves nothing over a network: it ignores it.
+        """
+
     def close(self) -> None:
         """Release descriptors, connections and workers."""
 

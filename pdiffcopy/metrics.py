@@ -95,6 +95,10 @@ class ServerMetrics:
         self.bytes_received = Counter("pdiffcopy_received_bytes",
                                       "File bytes received from clients and written (PATCH, tree writes)",
                                       registry=self.registry)
+        self.compressed_bytes = Counter("pdiffcopy_compressed_bytes",
+                                        "File bytes that crossed the wire zstd-compressed, by direction "
+                                        "(sent: GET answers; received: PATCH bodies)",
+                                        ["direction"], registry=self.registry)
         # livesum: the running jobs of the live workers; a worker that died
         # (its file removed by worker_exited) runs none.
         self.hash_jobs = Gauge("pdiffcopy_hash_jobs_running", "Hash requests being computed now",

@@ -34,6 +34,7 @@ from pdiffcopy.blocks import (
     split_ranges,
     tree_digest_input,
 )
+from pdiffcopy.compression import check_mode
 from pdiffcopy.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
     Conflict,
@@ -106,7 +107,8 @@ class SyncResult:
 
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
-                 atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None) -> "_Options":
+                 atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
+                 compress: str = "auto") -> "_Options":
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :raises UsageError: For a value that makes no sense.
@@ -120,6 +122,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         atomic=atomic,
         cache=_check_cache(cache),
         bwlimit=bandwidth_limit(bwlimit),
+        compress=check_mode(compress),
     )
 
 
@@ -152,6 +155,7 @@ class _Options:
     atomic: bool
     cache: str
     bwlimit: Optional[int] = None
+    compress: str = "auto"
 
 
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
@@ -192,6 +196,9 @@ class _SyncJob:
             bucket = TokenBucket(options.bwlimit)
             for endpoint in (self.source, self.target):
                 endpoint.limit_rate(bucket)
+        if options.compress != "auto":
+            for endpoint in (self.source, self.target):
+                endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if not e.is_remote]
         if len(local) == 2 and (options.whole_file or not os.path.lexists(target.location)):

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
-from pdiffcopy import wire
+from pdiffcopy import compression, wire
 from pdiffcopy.addresses import is_loopback
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.byteranges import (
@@ -42,6 +42,7 @@ from pdiffcopy.byteranges import (
     part_header,
     read_parts,
 )
+from pdiffcopy.compression import FRAMES_TYPE, AdaptivePolicy, CompressionError
 from pdiffcopy.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.exceptions import (
     AccessDenied,
@@ -317,6 +318,43 @@ def _limited_chunks(chunks, bucket: TokenBucket):
         yield chunk
 
 
+#: A test hook, not a setting: when set (bytes per second), the adaptive policy sees this link
+#: rate instead of the measured one, so a test can show the switch to compression on loopback.
+TEST_LINK_RATE_VARIABLE = "PDIFFCOPY_TEST_LINK_RATE"
+
+
+class Compression:
+    """Whether a stream's ranges cross the wire compressed: the mode asked for, and for ``auto``
+    the :class:`~pdiffcopy.compression.AdaptivePolicy` fed with what the stream's plain transfers showed.
+
+    Shared by a file, its temporary, and the files of one tree, so what one measured serves all.
+    """
+
+    def __init__(self, mode: str = "auto", base: str = "") -> None:
+        self.mode = compression.check_mode(mode)
+        self.policy = AdaptivePolicy(os.cpu_count() or 1)
+        self._test_rate = float(os.environ.get(TEST_LINK_RATE_VARIABLE) or 0)
+        # No link to spare: on loopback compressing only costs CPU.
+        self._loopback = is_loopback(urlsplit(base).hostname or "") and not self._test_rate
+
+    def now(self) -> bool:
+        """Whether the next request should compress."""
+        if self.mode != "auto":
+            return self.mode == "always"
+        return not self._loopback and self.policy.compress()
+
+    def learning(self) -> bool:
+        """Whether plain transfers should still be measured and sampled."""
+        return self.mode == "auto" and not self._loopback and not self.policy.compress()
+
+    def observed(self, count: int, seconds: float, sample: Optional[bytes]) -> None:
+        if sample:
+            self.policy.sample(sample)
+        if self._test_rate:
+            count, seconds = int(self._test_rate), 1.0
+        self.policy.link_observed(count, seconds)
+
+
 class _Warned:
     """Whether this process has warned about a token sent in the clear (once per run is enough)."""
 
@@ -361,6 +399,8 @@ class HttpClient:
         self.rate_limit = rate_limit
         if token:
             warn_about_plain_token(base)
+        #: Whether the server takes compressed PATCH bodies (its ``Accept-Patch`` says so).
+        self.patch_frames = False
         self._local = threading.local()
         self._forget_connections()
 
@@ -467,6 +507,9 @@ class HttpClient:
                     raise self._transport_error(error, connected) from None
                 raise
         connection.last_used = time.monotonic()
+        accepted = raw.headers.get("Accept-Patch")
+        if accepted is not None:
+            self.patch_frames = FRAMES_TYPE in accepted
         return _Response(raw, connection, self.rate_limit)
 
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
@@ -565,7 +608,7 @@ class RemoteFile(FileEndpoint):
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
                  _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None,
-                 follow: bool = True) -> None:
+                 follow: bool = True, compress: "str | Compression" = "auto") -> None:
         self.location = url
         self.follow = follow
         self.base, self.path = _base_path or parse_url(url)
@@ -578,6 +621,7 @@ class RemoteFile(FileEndpoint):
         self._etag: Optional[str] = None
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
+        self.compression = compress if isinstance(compress, Compression) else Compression(compress, self.base)
 
     # -- transport -------------------------------------------------------
 
@@ -609,6 +653,9 @@ class RemoteFile(FileEndpoint):
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
+
+    def compress_with(self, mode: str) -> None:
+        self.compression = Compression(mode, self.base)
 
     def stat(self) -> Optional[FileInfo]:
         response = self.request("GET", self._target("stat"), expected=(200, 404))
@@ -661,7 +708,15 @@ class RemoteFile(FileEndpoint):
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         ranges = list(ranges)
         headers = {"Range": format_range_header(ranges), **self._conditions()}
+        if self.compression.now():
+            headers["Accept"] = FRAMES_TYPE
+        learning = self.compression.learning()
+        started = time.perf_counter()
         response = self.request("GET", self._target(), expected=(206,), headers=headers)
+        if _media_type(response) == FRAMES_TYPE:
+            yield from self._read_frames(response, ranges)
+            return
+        sample: Optional[bytes] = None
         try:
             stream = response.raw
             # The server merges ranges that touch (byteranges.parse_range_header);
@@ -674,7 +729,12 @@ class RemoteFile(FileEndpoint):
                 offset, length, _ = parse_content_range(response.headers.get("Content-Range", ""))
                 if [(offset, length)] != merged:
                     raise RemoteError(f"Server {self.base} sent other ranges than asked")
-                yield from _read_exactly(stream, offset, length, self.base)
+                for chunk in _read_exactly(stream, offset, length, self.base):
+                    if learning and sample is None:
+                        sample = bytes(chunk[1][:compression.SAMPLE_BYTES])
+                    yield chunk
+                if learning:
+                    self.compression.observed(length, time.perf_counter() - started, sample)
                 return
             received: List[ByteRange] = []
             for offset, length, _ in read_parts(stream, boundary, max_parts=len(ranges)):
@@ -692,8 +752,35 @@ class RemoteFile(FileEndpoint):
         finally:
             response.close()
 
+    def _read_frames(self, response: _Response, ranges: List[ByteRange]) -> Iterator[Chunk]:
+        """The chunks of an answer of compressed pieces: exactly the pieces of the ranges asked for, in order."""
+        try:
+            expected = compression.pieces(merge_ranges(ranges))
+            for offset, data, _ in compression.read_frames(response.raw.read):
+                if (offset, len(data)) != next(expected, None):
+                    raise RemoteError(f"Server {self.base} sent a range that was not asked for")
+                yield offset, memoryview(data)
+            if next(expected, None) is not None:
+                raise RemoteError(f"Server {self.base} left out ranges that were asked for")
+        except CompressionError as error:
+            raise RemoteError(f"Server {self.base} sent damaged data: {error}") from None
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+        finally:
+            response.close()
+
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
         ranges = list(ranges)
+        if self.compression.now() and self.client.patch_frames:
+            body = _framed_body(ranges, chunks)
+            response = self.request("PATCH", self._target(), headers={
+                "Content-Length": str(len(body)), "Content-Type": FRAMES_TYPE}, body=body, replayable=False)
+            self._body(response)
+            return sum(length for _, length in ranges)
+        learning = self.compression.learning()
+        if learning:
+            chunks = _sampled(chunks, self.compression)
+        started = time.perf_counter()
         body = _RangesBody(ranges, chunks)
         headers = {"Content-Length": str(len(body))}
         if body.multipart:
@@ -704,6 +791,8 @@ class RemoteFile(FileEndpoint):
         response = self.request("PATCH", self._target(), headers=headers, body=body,
                                 replayable=False)
         self._body(response)
+        if learning:
+            self.compression.observed(len(body), time.perf_counter() - started, None)
         return sum(length for _, length in ranges)
 
     def flush(self) -> None:
@@ -731,7 +820,7 @@ class RemoteFile(FileEndpoint):
         path = f"{directory}/{temporary_name(name)}" if directory else temporary_name(name)
         temporary = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
                                self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
-                               follow=self.follow)
+                               follow=self.follow, compress=self.compression)
         if clone:
             self._call("POST", "clone", path, params={"from": self.path})
         else:
@@ -767,6 +856,40 @@ def _read_exactly(stream: http.client.HTTPResponse, offset: int, length: int, ba
             raise RemoteError(f"Lost the connection to {base}: {SERVER_CLOSED}")
         yield position, view[:got]
         position += got
+
+
+def _media_type(response: _Response) -> str:
+    return (response.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+
+
+def _framed_body(ranges: List[ByteRange], chunks: Iterator[Chunk]) -> bytes:
+    """A compressed PATCH body: the ranges' bytes cut in pieces, each a header and a zstd frame.
+
+    Built whole, as its length must be sent first; a request carries one transfer batch, and
+    compressed it is smaller still.
+    """
+    parts: List[bytes] = []
+    pending = bytearray()
+    for offset, length in compression.pieces(ranges):
+        while len(pending) < length:
+            try:
+                _, data = next(chunks)
+            except StopIteration:
+                raise StorageError("The source ended before the data to send did") from None
+            pending += data
+        parts.append(compression.frame(offset, pending[:length]))
+        del pending[:length]
+    return b"".join(parts)
+
+
+def _sampled(chunks: Iterator[Chunk], state: Compression) -> Iterator[Chunk]:
+    """``chunks``, the first one also handed to the adaptive policy as a sample."""
+    first = True
+    for offset, data in chunks:
+        if first:
+            state.observed(0, 0.0, bytes(data[:compression.SAMPLE_BYTES]))
+            first = False
+        yield offset, data
 
 
 def _is_json(response: _Response) -> bool:

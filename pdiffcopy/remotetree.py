@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.ratelimit import TokenBucket
-from pdiffcopy.remote import DEFAULT_TIMEOUT, HttpClient, RemoteFile, quote_path, split_server_url
+from pdiffcopy.remote import DEFAULT_TIMEOUT, Compression, HttpClient, RemoteFile, quote_path, split_server_url
 from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.treeplan import FILE, Entry
 from pdiffcopy.treewire import (
@@ -63,6 +63,8 @@ class RemoteTree(TreeEndpoint):
         self.timeout = timeout
         self.ca_file = ca_file
         self.client = HttpClient(self.base, token, timeout, ca_file)
+        #: One for the tree's files: what the first big files showed of the link serves the next.
+        self.compression = Compression("auto", self.base)
         self._warned: set = set()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
@@ -236,10 +238,14 @@ class RemoteTree(TreeEndpoint):
         # Not followed, as a local tree's member is not: a member that became a
         # symlink since the listing is refused (NotAFile), never read through.
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
-                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False)
+                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False,
+                          compress=self.compression)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
+
+    def compress_with(self, mode: str) -> None:
+        self.compression = Compression(mode, self.base)
 
     def close(self) -> None:
         self.client.close()

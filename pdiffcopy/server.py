@@ -47,6 +47,17 @@ from pdiffcopy.byteranges import (
     read_parts,
     format_content_range,
 )
+from pdiffcopy.compression import (
+    ENCODING,
+    FRAME_HEADER,
+    FRAMES_TYPE,
+    CompressionError,
+    accepts_zstd,
+    frame,
+    pieces,
+    read_frames,
+    stream_compressor,
+)
 from pdiffcopy.exceptions import (
     AccessDenied,
     AuthenticationFailed,
@@ -87,6 +98,10 @@ MAX_HASH_REQUEST_BYTES = 1024 * 1024 * 1024
 
 #: Most blocks one hash request may cover (bounds the answer's size).
 MAX_HASH_REQUEST_BLOCKS = 1024 * 1024
+
+#: What a PATCH body may be (sent as ``Accept-Patch`` with a stat answer): one raw range,
+#: several as multipart/byteranges, or compressed pieces (docs/protocol.rst).
+PATCH_TYPES = f"application/octet-stream, multipart/byteranges, {FRAMES_TYPE}"
 
 #: Largest file a resize may create: beyond what any disk holds, so a bogus
 #: size is refused even before the free space check.
@@ -252,6 +267,13 @@ def create_app(config: ServerConfig) -> Flask:
         # The view's name, never the path: a label's values must stay few.
         endpoint = g.get("endpoint_label") or (request.url_rule.endpoint if request.url_rule else UNMATCHED)
         metrics.count_request(endpoint, response.status_code)
+        return response
+
+    @app.after_request
+    def accept_patch(response: Response) -> Response:
+        if request.path.startswith(API_PREFIX + "/"):
+            # RFC 5789: the bodies a PATCH may have; a client sends compressed ranges only when listed.
+            response.headers["Accept-Patch"] = PATCH_TYPES
         return response
 
     @app.after_request
@@ -668,6 +690,23 @@ def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetri
         # Set after construction: an empty body would otherwise announce 0 bytes.
         response.headers["Content-Length"] = str(size)
         return response
+    if status == 206 and FRAMES_TYPE in request.headers.get("Accept", ""):
+        # Our client asked for compressed ranges: compressed here, in this request's thread, so
+        # the client's connections compress on as many of the server's cores. Chunked: the
+        # compressed length is known only once sent.
+        headers["Vary"] = "Accept"
+        return Response(_frames_body(fd, ranges, metrics, rate_limit), status=206, headers=headers,
+                        content_type=FRAMES_TYPE, direct_passthrough=True)
+    if status == 200:
+        headers["Vary"] = "Accept-Encoding"
+        if accepts_zstd(request.headers.get("Accept-Encoding")):
+            # RFC 9110 content coding of the whole file; another representation, so another ETag.
+            # Ranges are never coded: a range of a coded representation is a range of the
+            # compressed bytes, which plain clients would take for file bytes.
+            headers["ETag"] = headers["ETag"][:-1] + '-zstd"'
+            headers["Content-Encoding"] = ENCODING
+            return Response(_coded_body(fd, size, metrics, rate_limit), status=200, headers=headers,
+                            mimetype="application/octet-stream", direct_passthrough=True)
     if len(ranges) == 1:
         offset, length = ranges[0]
         if status == 206:
@@ -711,6 +750,68 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
         os.close(fd)
 
 
+def _frames_body(fd: int, ranges: List[ByteRange], metrics: Optional[ServerMetrics],
+                 rate_limit: Optional[TokenBucket]) -> Iterator[bytes]:
+    """The body of a GET for compressed ranges: a header and a zstd frame per piece. Closes ``fd``."""
+    try:
+        for offset, length in pieces(ranges):
+            data = os.pread(fd, length, offset)
+            if len(data) != length:
+                return  # the file shrank: the client sees a short body and fails
+            framed = frame(offset, data)
+            if DAMAGE_FRAMES_VARIABLE in os.environ:
+                framed = _damaged(framed, os.environ[DAMAGE_FRAMES_VARIABLE])
+            if metrics is not None:
+                metrics.bytes_served.inc(length)
+                metrics.compressed_bytes.labels("sent").inc(length)
+            if rate_limit is not None:
+                rate_limit.take(len(framed))  # --max-rate limits the network, so the bytes sent
+            yield framed
+    finally:
+        os.close(fd)
+
+
+#: A test hook, never set in production: "corrupt", "truncate" or "length" damages every frame
+#: the server sends, so the tests can show that the client catches each kind of damage.
+DAMAGE_FRAMES_VARIABLE = "PDIFFCOPY_TEST_DAMAGE_FRAMES"
+
+
+def _damaged(framed: bytes, how: str) -> bytes:
+    """``framed`` (a header and a zstd frame) damaged as the test hook asks."""
+    offset, length, frame_length = FRAME_HEADER.unpack_from(framed)
+    body = bytearray(framed[FRAME_HEADER.size:])
+    if how == "truncate":
+        return framed[: FRAME_HEADER.size + frame_length // 2]
+    if how == "length":
+        return FRAME_HEADER.pack(offset, length - 1, frame_length) + bytes(body)
+    body[len(body) // 2] ^= 0xFF
+    return framed[:FRAME_HEADER.size] + bytes(body)
+
+
+def _coded_body(fd: int, size: int, metrics: Optional[ServerMetrics],
+                rate_limit: Optional[TokenBucket]) -> Iterator[bytes]:
+    """The whole file as one zstd stream (``Content-Encoding: zstd``). Closes ``fd``."""
+    try:
+        compressor = stream_compressor()
+        position = 0
+        while position < size:
+            data = os.pread(fd, min(TRANSFER_CHUNK_SIZE, size - position), position)
+            if not data:
+                break
+            position += len(data)
+            if metrics is not None:
+                metrics.bytes_served.inc(len(data))
+                metrics.compressed_bytes.labels("sent").inc(len(data))
+            out = compressor.compress(data)
+            if out:
+                if rate_limit is not None:
+                    rate_limit.take(len(out))
+                yield out
+        yield compressor.flush()
+    finally:
+        os.close(fd)
+
+
 def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None,
                    rate_limit: Optional[TokenBucket] = None) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
@@ -719,6 +820,8 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
     (a resize does that, bounded by free space), so a bogus offset cannot
     create a huge sparse file.
     """
+    if (request.content_type or "").split(";")[0].strip().lower() == FRAMES_TYPE:
+        return _receive_frames(fd, size, path, metrics, rate_limit)
     boundary = boundary_of(request.content_type or "")
     single = None
     if boundary is None:
@@ -737,6 +840,41 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
         return written
     finally:
         body.finish()
+
+
+def _receive_frames(fd: int, size: int, path: str, metrics: Optional[ServerMetrics],
+                    rate_limit: Optional[TokenBucket]) -> int:
+    """Write the pieces of a compressed PATCH body; each is decompressed and checked before it is written."""
+    body = open_body(request.environ, request.content_length)
+    written = 0
+    try:
+        try:
+            for offset, data, wire_length in read_frames(lambda count: _read_some(body, count)):
+                if offset + len(data) > size:
+                    raise RangeNotSatisfiable(f"Range {offset}+{len(data)} is outside the file ({size} bytes)",
+                                              size)
+                try:
+                    write_all(fd, data, offset)
+                except OSError as error:
+                    raise storage_error(error, f"write {path}") from None
+                written += len(data)
+                if metrics is not None:
+                    metrics.bytes_received.inc(len(data))
+                    metrics.compressed_bytes.labels("received").inc(len(data))
+                if rate_limit is not None:
+                    rate_limit.take(wire_length)
+                start_writeback(fd, offset, len(data))
+        except CompressionError as error:
+            raise BadRequest(str(error)) from None
+        return written
+    finally:
+        body.finish()
+
+
+def _read_some(body: BodyReader, count: int) -> bytes:
+    buffer = bytearray(count)
+    got = body.readinto(memoryview(buffer))
+    return bytes(buffer[:got])
 
 
 def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,

@@ -144,7 +144,8 @@ def tree_options(args: argparse.Namespace):
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),
-        files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit)
+        files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
+        compress=args.compress)
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:

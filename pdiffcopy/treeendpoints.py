@@ -120,6 +120,12 @@ class TreeEndpoint(ABC):
         A local tree moves nothing over a network: it ignores the limit, as rsync's does.
         """
 
+    def compress_with(self, mode: str) -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+
+        A local tree moves nothing over a network: it ignores it.
+        """
+
     def close(self) -> None:
         """Release connections and descriptors."""
 

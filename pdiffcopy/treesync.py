@@ -47,6 +47,7 @@ from pdiffcopy.blocks import (
     split_digests,
     split_ranges,
 )
+from pdiffcopy.compression import check_mode
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import PdiffcopyError, UsageError
 from pdiffcopy.fileops import die_with_parent
@@ -126,6 +127,8 @@ class TreeOptions:
     #: Most bytes per second on the network, both directions, all workers together: an int or
     #: rsync's ``--bwlimit`` syntax (``"50M"``); None or 0: no limit. Local trees ignore it.
     bwlimit: "int | str | None" = None
+    #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
+    compress: str = "auto"
 
     @property
     def metadata(self) -> MetadataOptions:
@@ -247,6 +250,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         bucket = TokenBucket(rate, shared=True)
         for tree in (source, target):
             tree.limit_rate(bucket)
+    if check_mode(options.compress) != "auto":
+        for tree in (source, target):
+            tree.compress_with(options.compress)
     if not options.dry_run and not target.is_remote:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep = True  # type: ignore[attr-defined]

@@ -1,0 +1,228 @@
+"""zstd on the wire (-z, --no-compress, adaptive): exact bytes, fewer bytes on the wire, damage caught."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import urllib.parse
+
+import pytest
+
+from conftest import random_bytes, run_cli, start_server
+
+zstandard = pytest.importorskip("zstandard")
+
+from pdiffcopy import compression  # noqa: E402
+
+MiB = 1024 ** 2
+
+WIRE = re.compile(r"(?P<sent>\d+) bytes sent and (?P<received>\d+) bytes received on the wire")
+
+
+def text(size: int, seed: int = 0) -> bytes:
+    """Log-like data that zstd shrinks several times over."""
+    line = 0
+    parts = []
+    total = 0
+    while total < size:
+        part = b"%08d host%d GET /api/v1/items/%d?page=%d 200 %d ms\n" % (
+            line, (line + seed) % 7, (line * 31 + seed) % 5000, line % 13, (line * 17) % 900)
+        parts.append(part)
+        total += len(part)
+        line += 1
+    return b"".join(parts)[:size]
+
+
+def wire(done) -> dict:
+    assert done.returncode == 0, done.stderr
+    found = WIRE.search(done.stdout)
+    assert found, done.stdout
+    return {key: int(value) for key, value in found.groupdict().items()}
+
+
+def test_pull_with_z_sends_compressed_ranges(tmp_path, server, unique):
+    data = text(8 * MiB)
+    (server.root / unique).write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", "-z", server.url(unique), tmp_path / "b"))
+    assert (tmp_path / "b").read_bytes() == data
+    assert got["received"] < 0.4 * len(data)
+    # An existing target that differs: the changed blocks come compressed too.
+    changed = bytearray(data)
+    changed[3 * MiB:5 * MiB] = text(2 * MiB, seed=3)
+    (server.root / unique).write_bytes(bytes(changed))
+    got = wire(run_cli("--no-progress", "--stats", "-z", server.url(unique), tmp_path / "b"))
+    assert (tmp_path / "b").read_bytes() == bytes(changed)
+    assert got["received"] < 0.4 * 2 * MiB
+
+
+def test_push_with_z_sends_compressed_bodies(tmp_path, server, unique):
+    data = text(8 * MiB, seed=1)
+    (tmp_path / "a").write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", "-z", tmp_path / "a", server.url(unique)))
+    assert (server.root / unique).read_bytes() == data
+    assert got["sent"] < 0.4 * len(data)
+    changed = text(8 * MiB, seed=2)
+    (tmp_path / "a").write_bytes(changed)
+    got = wire(run_cli("--no-progress", "--stats", "-z", "--atomic", tmp_path / "a", server.url(unique)))
+    assert (server.root / unique).read_bytes() == changed
+    assert got["sent"] < 0.4 * len(data)
+
+
+def test_random_data_with_z_stays_exact(tmp_path, server, unique):
+    data = random_bytes(3 * MiB + 12345, seed=9)
+    (tmp_path / "a").write_bytes(data)
+    assert run_cli("--no-progress", "-z", tmp_path / "a", server.url(unique)).returncode == 0
+    assert (server.root / unique).read_bytes() == data
+    assert run_cli("--no-progress", "-z", server.url(unique), tmp_path / "b").returncode == 0
+    assert (tmp_path / "b").read_bytes() == data
+
+
+def test_tree_pull_and_push_with_z(tmp_path, server, unique):
+    big = text(10 * MiB, seed=4)
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "big.log").write_bytes(big)
+    (source / "small.txt").write_bytes(b"small\n")
+    remote = server.root / unique
+    remote.mkdir()
+    # An older, different copy on the other side: the big file goes through the block engine.
+    (remote / "big.log").write_bytes(text(10 * MiB, seed=5))
+    got = wire(run_cli("--no-progress", "--stats", "-z", f"{source}/", server.url(unique)))
+    assert (remote / "big.log").read_bytes() == big
+    assert (remote / "small.txt").read_bytes() == b"small\n"
+    assert got["sent"] < 0.4 * len(big)
+    target = tmp_path / "dst"
+    target.mkdir()
+    (target / "big.log").write_bytes(text(10 * MiB, seed=6))
+    got = wire(run_cli("--no-progress", "--stats", "-z", server.url(unique) + "/", str(target)))
+    assert (target / "big.log").read_bytes() == big
+    assert got["received"] < 0.4 * len(big)
+
+
+def test_the_default_on_loopback_stays_plain(tmp_path, server, unique):
+    data = text(4 * MiB, seed=7)
+    (server.root / unique).write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", server.url(unique), tmp_path / "b"))
+    assert (tmp_path / "b").read_bytes() == data
+    assert got["received"] >= len(data)  # no compression: loopback has no link to spare
+
+
+def test_no_compress_stays_plain(tmp_path, server, unique):
+    data = text(2 * MiB, seed=8)
+    (tmp_path / "a").write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", "--no-compress", tmp_path / "a", server.url(unique)))
+    assert got["sent"] >= len(data)
+
+
+def test_the_default_switches_on_a_slow_link(tmp_path, server, unique):
+    # The test hook makes the policy see a 1 MB/s link: the first transfer goes plain, then the
+    # sample and the link rate say compressing pays, and the rest goes compressed.
+    data = text(48 * MiB, seed=10)
+    (server.root / unique).write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", "-c", "1", server.url(unique), tmp_path / "b",
+                       env_extra={"PDIFFCOPY_TEST_LINK_RATE": "1000000"}))
+    assert (tmp_path / "b").read_bytes() == data
+    assert got["received"] < 0.6 * len(data)
+
+
+def test_z_and_no_compress_together_are_a_usage_error(tmp_path):
+    (tmp_path / "a").write_bytes(b"x")
+    done = run_cli("-z", "--no-compress", tmp_path / "a", tmp_path / "b")
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_bad_mode_is_a_usage_error(tmp_path):
+    from pdiffcopy.api import sync
+    from pdiffcopy.exceptions import UsageError
+
+    (tmp_path / "a").write_bytes(b"x")
+    with pytest.raises(UsageError):
+        sync(str(tmp_path / "a"), str(tmp_path / "b"), compress="sometimes")
+
+
+def _patch(server, name: str, body: bytes):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("PATCH", "/" + urllib.parse.quote(name), body=body,
+                           headers={"Content-Type": compression.FRAMES_TYPE})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def _damage(framed: bytes, how: str) -> bytes:
+    header = compression.FRAME_HEADER
+    offset, length, frame_length = header.unpack_from(framed)
+    if how == "truncate":
+        return framed[: header.size + frame_length // 2]
+    if how == "length":
+        return header.pack(offset, length + 1, frame_length) + framed[header.size:]
+    body = bytearray(framed)
+    body[header.size + frame_length // 2] ^= 0xFF
+    return bytes(body)
+
+
+@pytest.mark.parametrize("how", ["corrupt", "truncate", "length"])
+def test_the_server_refuses_a_damaged_patch_and_writes_nothing(server, unique, how):
+    before = b"\0" * (2 * MiB)
+    (server.root / unique).write_bytes(before)
+    new = text(MiB, seed=11)
+    status, body = _patch(server, unique, _damage(compression.frame(MiB, new), how))
+    assert status == 400, body
+    assert b'"error"' in body
+    assert (server.root / unique).read_bytes() == before
+    # The same frame undamaged is written.
+    status, body = _patch(server, unique, compression.frame(MiB, new))
+    assert status == 200, body
+    assert (server.root / unique).read_bytes() == before[:MiB] + new
+
+
+@pytest.mark.parametrize("how", ["corrupt", "truncate", "length"])
+def test_the_client_catches_damaged_frames(tmp_path, unique, how):
+    root = tmp_path / "root"
+    root.mkdir()
+    data = text(3 * MiB, seed=12)
+    (root / "f").write_bytes(data)
+    damaging = start_server(root, tmp_path / "server.log",
+                            env_extra={"PDIFFCOPY_TEST_DAMAGE_FRAMES": how})
+    try:
+        done = run_cli("--no-progress", "-z", damaging.url("f"), tmp_path / "b")
+        assert done.returncode != 0
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "damaged" in lines[0].lower() or "not asked" in lines[0] or "left out" in lines[0], lines[0]
+        assert not (tmp_path / "b").exists() or (tmp_path / "b").read_bytes() != data
+        assert "synced" not in done.stdout.lower()
+    finally:
+        damaging.stop()
+
+
+def _get(server, name: str, headers: dict):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("GET", "/" + urllib.parse.quote(name), headers=headers)
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+def test_a_plain_client_asking_for_zstd_gets_a_zstd_stream(server, unique):
+    data = text(3 * MiB, seed=13)
+    (server.root / unique).write_bytes(data)
+    status, headers, body = _get(server, unique, {"Accept-Encoding": "gzip, zstd"})
+    assert status == 200
+    assert headers["Content-Encoding"] == "zstd"
+    assert "Accept-Encoding" in headers["Vary"]
+    assert len(body) < len(data) / 3
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(body) == data
+    # Without it, or refusing it with q=0, plain bytes as before.
+    for asked in ({}, {"Accept-Encoding": "zstd;q=0"}):
+        status, headers, body = _get(server, unique, asked)
+        assert status == 200 and body == data and "Content-Encoding" not in headers
+    # A range is never coded: plain clients would take compressed bytes for file bytes.
+    status, headers, body = _get(server, unique, {"Accept-Encoding": "zstd", "Range": "bytes=10-99"})
+    assert status == 206 and body == data[10:100] and "Content-Encoding" not in headers
