@@ -222,3 +222,49 @@ def accepts_zstd(header: "Optional[str]") -> bool:
                     return False
         return True
     return False
+
+
+# -- whole streams (tree batches) -------------------------------------------------
+
+
+def compressed_stream(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """``chunks`` as one zstd stream with a checksum, compressed as they come."""
+    compressor = stream_compressor()
+    for chunk in chunks:
+        out = compressor.compress(chunk)
+        if out:
+            yield out
+    yield compressor.flush()
+
+
+class DecompressingReader:
+    """The decompressed bytes of a zstd stream read from ``source`` (``read(n)`` or ``readinto``).
+
+    Damage is :class:`CompressionError` (or ``error``, a subclass the caller wants); a stream cut
+    short simply ends early, which the framing read through it must notice (a treewire stream
+    then lacks its end marker, and every record carries its own digest).
+    """
+
+    def __init__(self, source, error: type = CompressionError) -> None:
+        self._source = source
+        self._error = error
+        self._reader = _zstd().ZstdDecompressor().stream_reader(_Raw(self._raw_read), read_across_frames=True)
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._reader.read(size if size > 0 else FRAME_BYTES)
+        except _zstd().ZstdError as error:
+            raise self._error(f"Damaged compressed data: {error}") from None
+
+    def _raw_read(self, size: int) -> bytes:
+        read = getattr(self._source, "read", None)
+        if read is not None:
+            return bytes(read(size))
+        buffer = bytearray(size)
+        count = self._source.readinto(memoryview(buffer))
+        return bytes(buffer[:count]) if count else b""
+
+
+class _Raw:
+    def __init__(self, read) -> None:
+        self.read = read

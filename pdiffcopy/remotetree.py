@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.ratelimit import TokenBucket
+from pdiffcopy import compression
 from pdiffcopy.remote import DEFAULT_TIMEOUT, Compression, HttpClient, RemoteFile, quote_path, split_server_url
 from pdiffcopy.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.treeplan import FILE, Entry
@@ -148,16 +149,20 @@ class RemoteTree(TreeEndpoint):
         # A connection of its own: the caller reads the answer at its pace,
         # maybe from several threads, and may send other requests meanwhile.
         connection = self.client.dedicated()
+        headers = {"Content-Type": "application/json"}
+        if self.compression.now():
+            headers["Accept-Encoding"] = compression.ENCODING
         try:
             response = self.client.request("POST", self._target("tree-read"), body=body,
-                                           headers={"Content-Type": "application/json"},
-                                           connection=connection)
+                                           headers=headers, connection=connection)
         except BaseException:
             self.client.release(connection)  # an error answer was read whole: still usable
             raise
         try:
             position = 0
-            for sent, data, error in decode_files(response.raw):
+            coded = (response.headers.get("Content-Encoding") or "").strip().lower() == compression.ENCODING
+            stream = compression.DecompressingReader(response.raw, TreeWireError) if coded else response.raw
+            for sent, data, error in decode_files(stream):
                 if position == len(entries) or sent.path != entries[position].path:
                     raise self.client.malformed(f"it sent {sent.path!r}, which was not asked for "
                                                 f"at that point")
@@ -180,9 +185,14 @@ class RemoteTree(TreeEndpoint):
         pending = _Pending(files)
         while pending.more():
             body = encode_files(self._write_batch(pending, failures))
+            headers = {"Content-Type": "application/octet-stream"}
+            # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
+            if self.compression.now() and self.client.patch_frames:
+                body = compression.compressed_stream(body)
+                headers["Content-Encoding"] = compression.ENCODING
             response = self.client.request(
                 "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
-                headers={"Content-Type": "application/octet-stream"}, replayable=False)
+                headers=headers, replayable=False)
             failures.extend(self._failures_of(response))
         return failures
 

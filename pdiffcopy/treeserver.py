@@ -28,6 +28,7 @@ from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Set, Tu
 
 from flask import Flask, Response, request
 
+from pdiffcopy import compression
 from pdiffcopy.bodyreader import open_body
 from pdiffcopy.exceptions import (
     AccessDenied,
@@ -135,11 +136,22 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
                     records = metrics.served(records, size=lambda record: len(record[1] or b""))
                 if rate_limit is not None:
                     records = _limited(records, rate_limit)
-                yield from encode_files(records)
+                if coded:
+                    if metrics is not None:
+                        records = _counted(records, metrics.compressed_bytes.labels("sent"))
+                    yield from compression.compressed_stream(encode_files(records))
+                else:
+                    yield from encode_files(records)
             finally:
                 tree.close()
 
-        return Response(stream(), mimetype="application/octet-stream")
+        # Compressed when the client asks (RFC 9110 content coding of the answer).
+        coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
+        response = Response(stream(), mimetype="application/octet-stream")
+        response.headers["Vary"] = "Accept-Encoding"
+        if coded:
+            response.headers["Content-Encoding"] = compression.ENCODING
+        return response
 
     @app.post(f"{PREFIX}/tree-write/")
     @app.post(f"{PREFIX}/tree-write/<path:path>")
@@ -149,18 +161,26 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
         options, ignored = policy.options(metadata_options())
         tree = open_tree(root, path, write_hard_links)
         body = open_body(request.environ, request.content_length)
+        coding = (request.headers.get("Content-Encoding") or "").strip().lower()
+        if coding not in ("", "identity", compression.ENCODING):
+            raise BadRequest(f"Unsupported Content-Encoding: {coding[:100]!r}")
+        stream: Any = _ClientBody(body)
+        if coding == compression.ENCODING:
+            # Decompressed as read; every record's digest is checked before it is written.
+            stream = compression.DecompressingReader(stream, TreeWireError)
         refusal: List[PdiffcopyError] = []
 
         def files() -> Iterator[Tuple[Entry, bytes]]:
             # Only records whose digest matched come out of decode_files: a
             # corrupt or cut-off record stops the stream before it is written.
             try:
-                for entry, data, _ in decode_files(_ClientBody(body), MAX_BATCH_FILES,
-                                                   MAX_BATCH_BYTES):
+                for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
                     if data is None:
                         raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
                     if metrics is not None:
                         metrics.bytes_received.inc(len(data))
+                        if coding == compression.ENCODING:
+                            metrics.compressed_bytes.labels("received").inc(len(data))
                     if rate_limit is not None:
                         rate_limit.take(len(data))
                     yield policy.entry(entry, ignored), data
@@ -425,6 +445,12 @@ class _ClosingBody:
             self._body.close()  # type: ignore[attr-defined]
         finally:
             self._release()
+
+
+def _counted(records, counter):
+    for record in records:
+        counter.inc(len(record[1] or b""))
+        yield record
 
 
 class _ClientBody:

@@ -226,3 +226,54 @@ def test_a_plain_client_asking_for_zstd_gets_a_zstd_stream(server, unique):
     # A range is never coded: plain clients would take compressed bytes for file bytes.
     status, headers, body = _get(server, unique, {"Accept-Encoding": "zstd", "Range": "bytes=10-99"})
     assert status == 206 and body == data[10:100] and "Content-Encoding" not in headers
+
+
+def test_tree_batches_of_small_files_with_z(tmp_path, server, unique):
+    source = tmp_path / "src"
+    source.mkdir()
+    files = {f"f{i:03d}.log": text(64 * 1024, seed=i) for i in range(100)}  # 6.4 MB in batches
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    total = sum(len(data) for data in files.values())
+    got = wire(run_cli("--no-progress", "--stats", "-z", f"{source}/", server.url(unique)))
+    for name, data in files.items():
+        assert (server.root / unique / name).read_bytes() == data
+    assert got["sent"] < 0.4 * total
+    target = tmp_path / "dst"
+    got = wire(run_cli("--no-progress", "--stats", "-z", server.url(unique) + "/", str(target)))
+    for name, data in files.items():
+        assert (target / name).read_bytes() == data
+    assert got["received"] < 0.4 * total
+
+
+def _tree_write(server, name: str, body: bytes):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", f"/.pdiffcopy/tree-write/{name}?times=0&owner=0&fsync=0&fresh=0", body=body,
+                           headers={"Content-Type": "application/octet-stream", "Content-Encoding": "zstd"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("how", ["corrupt", "truncate"])
+def test_a_damaged_compressed_tree_write_writes_nothing(server, unique, how):
+    from pdiffcopy.treeplan import FILE, Entry
+    from pdiffcopy.treewire import encode_files
+
+    (server.root / unique).mkdir()
+    data = text(300 * 1024, seed=20)
+    entry = Entry(path="a.log", kind=FILE, size=len(data), mtime_ns=0, mode=0o644, uid=0, gid=0)
+    stream = b"".join(compression.compressed_stream(bytes(part) for part in encode_files([(entry, data, "")])))
+    if how == "truncate":
+        damaged = stream[: len(stream) // 2]
+    else:
+        damaged = bytearray(stream)
+        damaged[len(stream) // 2] ^= 0xFF
+    status, body = _tree_write(server, unique, bytes(damaged))
+    assert status == 400, body
+    assert not (server.root / unique / "a.log").exists()
+    status, body = _tree_write(server, unique, stream)
+    assert status == 200, body
+    assert (server.root / unique / "a.log").read_bytes() == data
