@@ -353,6 +353,8 @@ class Compression:
         if self._test_rate:
             count, seconds = int(self._test_rate), 1.0
         self.policy.link_observed(count, seconds)
+        logger.debug("Compression: ratio %s, one core %s B/s, link %s B/s: %s", self.policy.ratio,
+                     self.policy.compress_rate, self.policy.link_rate, self.policy.compress())
 
 
 class _Warned:
