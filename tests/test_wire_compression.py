@@ -16,7 +16,8 @@ from pdiffcopy import compression  # noqa: E402
 
 MiB = 1024 ** 2
 
-WIRE = re.compile(r"(?P<sent>\d+) bytes sent and (?P<received>\d+) bytes received on the wire")
+WIRE = re.compile(r"moved (?P<moved>\d+) bytes.*?(?P<sent>\d+) bytes sent and (?P<received>\d+) bytes received "
+                  r"on the wire")
 
 
 def text(size: int, seed: int = 0) -> bytes:
@@ -46,6 +47,7 @@ def test_pull_with_z_sends_compressed_ranges(tmp_path, server, unique):
     got = wire(run_cli("--no-progress", "--stats", "-z", server.url(unique), tmp_path / "b"))
     assert (tmp_path / "b").read_bytes() == data
     assert got["received"] < 0.4 * len(data)
+    assert got["moved"] == len(data)  # the file's bytes, not the wire's
     # An existing target that differs: the changed blocks come compressed too.
     changed = bytearray(data)
     changed[3 * MiB:5 * MiB] = text(2 * MiB, seed=3)
@@ -61,6 +63,7 @@ def test_push_with_z_sends_compressed_bodies(tmp_path, server, unique):
     got = wire(run_cli("--no-progress", "--stats", "-z", tmp_path / "a", server.url(unique)))
     assert (server.root / unique).read_bytes() == data
     assert got["sent"] < 0.4 * len(data)
+    assert got["moved"] == len(data)
     changed = text(8 * MiB, seed=2)
     (tmp_path / "a").write_bytes(changed)
     got = wire(run_cli("--no-progress", "--stats", "-z", "--atomic", tmp_path / "a", server.url(unique)))
@@ -277,3 +280,33 @@ def test_a_damaged_compressed_tree_write_writes_nothing(server, unique, how):
     status, body = _tree_write(server, unique, stream)
     assert status == 200, body
     assert (server.root / unique / "a.log").read_bytes() == data
+
+
+def _compressed_sent(server) -> float:
+    from conftest import http_get
+
+    status, _, body = http_get(f"http://127.0.0.1:{server.metrics_port}/metrics")
+    assert status == 200, body
+    found = re.search(r'^pdiffcopy_compressed_bytes_total\{direction="sent"\} (\S+)$', body.decode(), re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_metrics_count_compressed_bytes_only_when_compressing(tmp_path):
+    pytest.importorskip("prometheus_client")
+    from conftest import free_port
+
+    root = tmp_path / "root"
+    root.mkdir()
+    data = text(3 * MiB, seed=21)
+    (root / "f").write_bytes(data)
+    metrics_port = free_port()
+    running = start_server(root, tmp_path / "server.log", extra=("--metrics-listen", f"127.0.0.1:{metrics_port}"))
+    running.metrics_port = metrics_port
+    try:
+        # The adaptive default on loopback: plain, nothing counted as compressed.
+        assert run_cli("--no-progress", running.url("f"), tmp_path / "plain").returncode == 0
+        assert _compressed_sent(running) == 0
+        assert run_cli("--no-progress", "-z", running.url("f"), tmp_path / "z").returncode == 0
+        assert _compressed_sent(running) == len(data)
+    finally:
+        running.stop()
