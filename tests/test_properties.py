@@ -162,6 +162,8 @@ def scenarios(draw):
         concurrency=draw(st.integers(1, 3)),
         atomic=draw(st.booleans()),
         whole_file=draw(st.sampled_from([False, False, False, True])),
+        # -z frames every transferred range, whatever its offset and length.
+        compress=draw(st.sampled_from(["auto", "always", "never"])),
     )
     # Only the recipe: the bytes are made in the test, so a failure's report stays short.
     return size, kind, mutations, seed, block_size, options
