@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
@@ -152,6 +153,9 @@ class RemoteTree(TreeEndpoint):
         headers = {"Content-Type": "application/json"}
         if self.compression.now():
             headers["Accept-Encoding"] = compression.ENCODING
+        # A plain batch tells the adaptive rule how fast the link is and how the data shrinks.
+        learning = self.compression.learning()
+        started, moved, sample = time.perf_counter(), 0, b""
         try:
             response = self.client.request("POST", self._target("tree-read"), body=body,
                                            headers=headers, connection=connection)
@@ -166,10 +170,16 @@ class RemoteTree(TreeEndpoint):
                 if position == len(entries) or sent.path != entries[position].path:
                     raise self.client.malformed(f"it sent {sent.path!r}, which was not asked for "
                                                 f"at that point")
+                if learning and data:
+                    moved += len(data)
+                    if len(sample) < compression.SAMPLE_BYTES:
+                        sample += data[:compression.SAMPLE_BYTES - len(sample)]
                 yield entries[position], data, error
                 position += 1
             if position != len(entries):
                 raise self.client.malformed(f"it left out {len(entries) - position} of the files")
+            if learning:
+                self.compression.observed(moved, time.perf_counter() - started, sample)
         except TreeWireError as error:
             raise self.client.malformed(str(error)) from None
         except (OSError, http.client.HTTPException) as error:
@@ -187,13 +197,19 @@ class RemoteTree(TreeEndpoint):
             body = encode_files(self._write_batch(pending, failures))
             headers = {"Content-Type": "application/octet-stream"}
             # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
+            learning = self.compression.learning()
             if self.compression.now() and self.client.patch_frames:
                 body = compression.compressed_stream(body)
                 headers["Content-Encoding"] = compression.ENCODING
+            elif learning:
+                body = _measured(body)
+            started = time.perf_counter()
             response = self.client.request(
                 "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
                 headers=headers, replayable=False)
             failures.extend(self._failures_of(response))
+            if learning and isinstance(body, _measured):
+                self.compression.observed(body.count, time.perf_counter() - started, bytes(body.sample))
         return failures
 
     @staticmethod
@@ -297,6 +313,22 @@ def _leaves_the_tree(path: str, allow_root: bool = False) -> str:
 
 class _MalformedListing(ValueError):
     """A listing's JSON text is malformed (reported as the server's fault)."""
+
+
+class _measured:
+    """A streamed body that counts its bytes and keeps the start of them (for the adaptive rule)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.count = 0
+        self.sample = bytearray()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.count += len(chunk)
+            if len(self.sample) < compression.SAMPLE_BYTES:
+                self.sample += chunk[:compression.SAMPLE_BYTES - len(self.sample)]
+            yield chunk
 
 
 class _Pending:

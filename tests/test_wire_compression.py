@@ -310,3 +310,28 @@ def test_the_metrics_count_compressed_bytes_only_when_compressing(tmp_path):
         assert _compressed_sent(running) == len(data)
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction):
+    # The first batch goes plain and teaches the policy (the test hook's 1 MB/s link); the
+    # batches after it go compressed.
+    source = tmp_path / "src"
+    source.mkdir()
+    files = {f"f{i:02d}.log": text(MiB, seed=100 + i) for i in range(48)}
+    for name, data in files.items():
+        (source / name).write_bytes(data)
+    total = sum(len(data) for data in files.values())
+    slow = {"PDIFFCOPY_TEST_LINK_RATE": "1000000"}
+    if direction == "pull":
+        remote = server.root / unique
+        source.rename(remote)
+        source, target = server.url(unique) + "/", str(tmp_path / "dst")
+        written = tmp_path / "dst"
+    else:
+        target = server.url(unique)
+        source, written = f"{source}/", server.root / unique
+    got = wire(run_cli("--no-progress", "--stats", "-c", "1", source, target, env_extra=slow))
+    for name, data in files.items():
+        assert (written / name).read_bytes() == data
+    assert got["sent" if direction == "push" else "received"] < 0.6 * total
