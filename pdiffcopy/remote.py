@@ -743,10 +743,16 @@ class RemoteFile(FileEndpoint):
                 if (offset, length) not in allowed:
                     raise RemoteError(f"Server {self.base} sent a range that was not asked for")
                 received.append((offset, length))
-                yield from _read_exactly(stream, offset, length, self.base)
+                for chunk in _read_exactly(stream, offset, length, self.base):
+                    if learning and sample is None:
+                        sample = bytes(chunk[1][:compression.SAMPLE_BYTES])
+                    yield chunk
             if merge_ranges(received) != merged or overlapping(received):
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
             stream.read()  # the closing delimiter, so the connection can be reused
+            if learning:
+                self.compression.observed(sum(length for _, length in received), time.perf_counter() - started,
+                                          sample)
         except BadRequest as error:
             raise RemoteError(f"Server {self.base} sent a malformed answer: {error}") from None
         except (OSError, ValueError, http.client.HTTPException) as error:

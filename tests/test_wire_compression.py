@@ -335,3 +335,18 @@ def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction)
     for name, data in files.items():
         assert (written / name).read_bytes() == data
     assert got["sent" if direction == "push" else "received"] < 0.6 * total
+
+
+def test_the_default_switches_for_scattered_changes_too(tmp_path, server, unique):
+    # Changed blocks apart from each other come as multipart answers: those teach the policy too.
+    data = text(64 * MiB, seed=30)
+    changed = bytearray(data)
+    for start in range(0, len(data), 2 * MiB):  # every other 1 MiB block differs
+        changed[start:start + MiB] = text(MiB, seed=start)
+    (server.root / unique).write_bytes(bytes(changed))
+    (tmp_path / "b").write_bytes(data)
+    got = wire(run_cli("--no-progress", "--stats", "-c", "1", server.url(unique), tmp_path / "b",
+                       env_extra={"PDIFFCOPY_TEST_LINK_RATE": "1000000"}))
+    assert (tmp_path / "b").read_bytes() == bytes(changed)
+    # The first request (16 MiB of ranges) goes plain; the other 16 MiB compressed.
+    assert got["received"] < 0.75 * 32 * MiB
