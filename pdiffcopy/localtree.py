@@ -702,6 +702,15 @@ class LocalTree(TreeEndpoint):
         finally:
             os.close(parent)
 
+    def sweep_while_listing(self) -> None:
+        self.sweep = True
+
+    def walks_here(self) -> bool:
+        return True
+
+    def can_copy_files_from(self, other: TreeEndpoint) -> bool:
+        return isinstance(other, LocalTree)
+
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local import LocalFile
 

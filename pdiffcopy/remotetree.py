@@ -227,6 +227,9 @@ class RemoteTree(TreeEndpoint):
             failures.extend(self._failures_of(response))
         return failures
 
+    def may_change_root(self) -> bool:
+        return self.path != ""  # the server keeps its root directory as it is
+
     def file_endpoint(self, path: str) -> RemoteFile:
         # A member's path is relative; an absolute one is refused as a local
         # tree refuses it (the URL would quietly make it relative again).

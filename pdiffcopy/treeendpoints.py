@@ -21,6 +21,7 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.ratelimit import TokenBucket
+from pdiffcopy.exceptions import Unsupported
 from pdiffcopy.treeplan import Entry
 
 #: A path (relative to the tree's root) and why it failed, in one line.
@@ -119,6 +120,39 @@ class TreeEndpoint(ABC):
 
         A local tree moves nothing over a network: it ignores the limit, as rsync's does.
         """
+
+    # -- optional capabilities, with defaults for a tree that has none --------
+
+    def sweep_while_listing(self) -> None:
+        """Have :meth:`list` also remove the temporaries that killed runs left.
+
+        By default nothing: a server sweeps its own root when it starts.
+        """
+
+    def walks_here(self) -> bool:
+        """Whether :meth:`list` walks a file system in this process (then a forked child can walk it
+        beside another tree's walk); a tree behind a server is listed by the server."""
+        return False
+
+    def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
+        """Whether :meth:`copy_files_from` can take files from ``other`` (two local trees: the kernel copies)."""
+        return False
+
+    def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
+                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
+        """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
+
+        :raises Unsupported: Unless :meth:`can_copy_files_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+        return False
+
+    def may_change_root(self) -> bool:
+        """Whether a sync may set the root directory's own permissions and times (not a server's root)."""
+        return True
 
     def close(self) -> None:
         """Release connections and descriptors."""
