@@ -181,3 +181,16 @@ def test_file_options_are_a_subset_of_tree_options():
     file_fields = {field.name for field in dataclasses.fields(FileOptions)}
     assert {"block_size", "hash_method", "whole_file", "concurrency", "dry_run", "atomic"} <= file_fields
     assert file_fields <= {field.name for field in dataclasses.fields(TreeOptions)}
+
+
+def test_the_engine_imports_no_kind_of_endpoint():
+    """The segment engine knows the interfaces only: no local or remote file, no tree, no server."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    tree = ast.parse(Path(importlib.util.find_spec("pdiffcopy.segments").origin).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
+        {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert not imported & {"pdiffcopy.local", "pdiffcopy.remote", "pdiffcopy.localtree", "pdiffcopy.remotetree",
+                           "pdiffcopy.server", "pdiffcopy.service", "pdiffcopy.api", "pdiffcopy.cli"}
