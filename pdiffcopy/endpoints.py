@@ -111,6 +111,20 @@ class FileEndpoint(ABC):
     def use_hash_pool(self, pool: "Executor") -> None:
         """Hash in ``pool`` from now on (see :meth:`hashes_here`); by default there is nothing to do."""
 
+    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+        """Start ``concurrency`` processes that hash files of this kind here; None where nothing hashes here.
+
+        Called before the sync starts any thread (forking a process with threads can deadlock it).
+        """
+        return None
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        """``"drop"`` or ``"keep"``: what the page cache policy ``cache`` means for a copy of ``size`` bytes.
+
+        Only a local whole-file copy decides by size (``"auto"``); elsewhere the cache is kept.
+        """
+        return "keep" if cache == "auto" else cache
+
     def keep_out_of_cache(self) -> None:
         """Drop what hashing reads from the page cache (whole-file copies that bypass it).
 

@@ -23,7 +23,6 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import (
     copy_range,
-    die_with_parent,
     etag,
     free_space,
     fsync_directory,
@@ -36,8 +35,9 @@ from pdiffcopy.fileops import (
     temporary_name,
     write_all,
 )
-from pdiffcopy.hashing import hash_file_ranges, hash_region
+from pdiffcopy.filehash import hash_file_ranges, hash_region
 from pdiffcopy.paths import Root, clean_relative_path, open_regular_path
+from pdiffcopy.workers import die_with_parent
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -243,6 +243,14 @@ class LocalFile(FileEndpoint):
 
     def use_hash_pool(self, pool: "Executor") -> None:
         self.pool = pool
+
+    def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+        return start_hash_pool(concurrency)
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        from pdiffcopy.fastcopy import resolve_cache  # as copy_all_from imports fastcopy: when needed
+
+        return resolve_cache(cache, size)
 
     def keep_out_of_cache(self) -> None:
         self.drop_cache = True

@@ -53,7 +53,6 @@ from pdiffcopy.segments import (
     readback_ranges,
     source_unchanged,
 )
-from pdiffcopy.fastcopy import resolve_cache
 from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.hashing import (
     DEFAULT_HASH_METHOD,
@@ -197,10 +196,8 @@ class _SyncJob:
             # --cache drop 9.6 / 6.7 s and 5.7 / 3.0 CPU seconds.
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="hash")
         elif local:
-            from pdiffcopy.local import start_hash_pool
-
-            # Forked before any thread exists (see start_hash_pool).
-            self.pool = start_hash_pool(options.concurrency)
+            # Forked before any thread exists (see FileEndpoint.start_hash_pool).
+            self.pool = local[0].start_hash_pool(options.concurrency)
         for endpoint in local:
             endpoint.use_hash_pool(self.pool)
         self.transfers: Optional[ThreadPoolExecutor] = None
@@ -416,13 +413,13 @@ class _SyncJob:
         self.progress.hash_total = 2 * plan.size
         self.progress.move_total = plan.size
         both_local = work.can_copy_from(self.source)
-        if both_local and resolve_cache(self.options.cache, plan.size) == "drop":
+        if both_local and work.cache_mode(self.options.cache, plan.size) == "drop":
             # The verification's reads must not fill the cache the copy keeps clean.
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
         source_futures = self._hash_all(self.source, segments, method)
         if both_local:
-            early = resolve_cache(self.options.cache, plan.size) == "keep"
+            early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
                 self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
                 on_step=self._read_back_early(segments, work) if early else None)

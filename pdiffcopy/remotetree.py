@@ -19,6 +19,7 @@ import json
 import logging
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.ratelimit import TokenBucket
@@ -240,6 +241,12 @@ class RemoteTree(TreeEndpoint):
         # symlink since the listing is refused (NotAFile), never read through.
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
                           self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False)
+
+    def traffic(self) -> Tuple[int, int]:
+        return wire.totals()
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        wire.add(sent, received)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket

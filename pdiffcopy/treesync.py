@@ -35,11 +35,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from pdiffcopy import wire
 from pdiffcopy.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.exceptions import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
-from pdiffcopy.fileops import die_with_parent
 from pdiffcopy.hashing import verify_method
 from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.segments import TRANSFER_REQUEST_BYTES, FileOptions, check_size, source_unchanged, sync_segment
@@ -55,6 +53,7 @@ from pdiffcopy.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
+from pdiffcopy.workers import die_with_parent
 from pdiffcopy.treeplan import (
     DIR,
     REASON_NEW,
@@ -375,7 +374,7 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
             try:
                 listing = tree.list()
                 answer: tuple = ("ok", listing.root and tuple(listing.root),
-                                 [tuple(e) for e in listing.entries], listing.failures, wire.totals())
+                                 [tuple(e) for e in listing.entries], listing.failures, tree.traffic())
             except BaseException as error:
                 answer = ("error", error)
             with os.fdopen(writer, "wb") as stream:
@@ -398,7 +397,7 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
         if answer[0] == "error":
             raise answer[1]
         _, root, entries, failures, child_wire = answer
-        wire.add(*child_wire)  # the child's bytes on the wire are this sync's too
+        tree.add_traffic(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
         return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
 
@@ -678,9 +677,8 @@ class _Runner:
                     # written loses its temporary instead of leaving it behind.
                     for signum in _STOP_SIGNALS:
                         signal.signal(signum, _request_stop)
-                    from pdiffcopy.localtree import exact_permissions
-
-                    exact_permissions()
+                    for tree in (self.source, self.target):
+                        tree.enter_worker()
                     state = _WorkerState(self, slot, parts_left, parts_failed)
                     while True:
                         with next_unit.get_lock():
@@ -692,7 +690,7 @@ class _Runner:
                         if state.full:  # no worker takes another unit
                             with next_unit.get_lock():
                                 next_unit.value = len(self.units)
-                    state.counts["wire_sent"], state.counts["wire_received"] = wire.totals()
+                    state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
                     with os.fdopen(writer, "wb") as stream:
                         pickle.dump((state.failures, state.counts), stream)
                 except BaseException:  # never run the parent's code in a child
@@ -725,7 +723,14 @@ class _Runner:
         self.result.deleted += counts.get("deleted", 0)
         self.result.metadata_fixed += counts.get("metadata", 0)
         self.result.unchanged += counts.get("unchanged", 0)
-        wire.add(counts.get("wire_sent", 0), counts.get("wire_received", 0))  # a worker's, counted here
+        for tree in (self.source, self.target):  # a worker's bytes on the wire, counted here
+            tree.add_traffic(counts.get("wire_sent", 0), counts.get("wire_received", 0))
+
+
+def _traffic(*trees: TreeEndpoint) -> Tuple[int, int]:
+    """Bytes this process sent and received on the wire for ``trees`` (a local tree's are none)."""
+    sent, received = zip(*(tree.traffic() for tree in trees))
+    return sum(sent), sum(received)
 
 
 class _WorkerState:
