@@ -12,10 +12,14 @@ import re
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 from pdiffcopy.blocks import ByteRange
 from pdiffcopy.ratelimit import TokenBucket
+from pdiffcopy.exceptions import Unsupported
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
 
 #: A piece of file data and where it belongs: (offset, bytes-like).
 Chunk = Tuple[int, "bytes | memoryview"]
@@ -36,7 +40,8 @@ class FileEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the file lives behind a server.
+    #: Whether the file lives behind a server (for messages and logs; the
+    #: engine asks for capabilities instead: :meth:`can_copy_from`, ...).
     is_remote: bool = False
 
     @abstractmethod
@@ -83,6 +88,77 @@ class FileEndpoint(ABC):
     @abstractmethod
     def remove_temporary(self) -> None:
         """Remove this temporary file (after a failure)."""
+
+    # -- optional capabilities: each has a default that says "unsupported"
+    # or does the portable thing, so the engine asks instead of checking types.
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of ``ranges``, waited for (a tree's worker hashes one segment at a time).
+
+        By default through :meth:`submit_hashes`; a local file hashes in this thread.
+        """
+        if not ranges:
+            return b""
+        return self.submit_hashes(ranges, block_size, method).result()
+
+    def hashes_here(self) -> bool:
+        """Whether hashing this file runs in this process (and so wants :meth:`use_hash_pool`).
+
+        A remote file is hashed by its server: no.
+        """
+        return False
+
+    def use_hash_pool(self, pool: "Executor") -> None:
+        """Hash in ``pool`` from now on (see :meth:`hashes_here`); by default there is nothing to do."""
+
+    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+        """Start ``concurrency`` processes that hash files of this kind here; None where nothing hashes here.
+
+        Called before the sync starts any thread (forking a process with threads can deadlock it).
+        """
+        return None
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        """``"drop"`` or ``"keep"``: what the page cache policy ``cache`` means for a copy of ``size`` bytes.
+
+        Only a local whole-file copy decides by size (``"auto"``); elsewhere the cache is kept.
+        """
+        return "keep" if cache == "auto" else cache
+
+    def keep_out_of_cache(self) -> None:
+        """Drop what hashing reads from the page cache (whole-file copies that bypass it).
+
+        A hint: a file without a page cache of ours ignores it.
+        """
+
+    def can_copy_from(self, other: "FileEndpoint") -> bool:
+        """Whether :meth:`copy_ranges_from` and :meth:`copy_all_from` can take data from ``other``.
+
+        True only where the data need not pass through this process (two local files).
+        """
+        return False
+
+    def copy_ranges_from(self, other: "FileEndpoint", ranges: Iterable[ByteRange]) -> int:
+        """Copy ``ranges`` of ``other`` into this file, inside the kernel; return the bytes written.
+
+        :raises Unsupported: Unless :meth:`can_copy_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def copy_all_from(self, other: "FileEndpoint", size: int, cache: str,
+                      progress: Optional[Callable[[int], None]] = None,
+                      on_step: Optional[Callable[[int, str], None]] = None) -> str:
+        """Copy the whole of ``other`` into this file, the fastest way there is; return the way used.
+
+        ``progress`` and ``on_step`` are passed to :func:`pdiffcopy.fastcopy.copy_into`.
+
+        :raises Unsupported: Unless :meth:`can_copy_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def is_same_file(self, other: "FileEndpoint") -> bool:
+        """Whether ``other`` is this very file (a sync onto itself); False when that cannot be told."""
+        return False
 
     def check_readable(self) -> None:
         """Fail now, with a clear message, if the file cannot be read.

@@ -140,6 +140,13 @@ class VerificationFailed(PdiffcopyError):
     exit_code = 3
 
 
+class Unsupported(PdiffcopyError):
+    """An endpoint was asked for an optional capability it does not have (see :mod:`pdiffcopy.endpoints`).
+
+    The engine asks first (``can_copy_from``) and falls back; seeing this is a bug.
+    """
+
+
 def describe_os_error(error: OSError, what: str) -> str:
     """Turn an :class:`OSError` into a short sentence naming the file.
 

@@ -7,20 +7,21 @@ descriptors it opened safely beneath its root, and the client to its own.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
-import re
-import secrets
-import signal
 import stat
 import time
 from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from pdiffcopy.blocks import ByteRange
-
-#: Bytes moved per read or write system call. BENCHMARKING.md: writes into
-#: new files of 128 KiB to 1 MiB are several times faster here than 4 MiB ones.
-TRANSFER_CHUNK_SIZE = 1024 * 1024
+# The temporary-name scheme and the transfer chunk are the protocol's (the client names
+# the server's temporaries); they are imported here for this module's many users.
+from pdiffcopy.protocol import (  # noqa: F401
+    _TEMPORARY_NAME,
+    TRANSFER_CHUNK_SIZE,
+    is_temporary_name,
+    temporary_name,
+    unique_suffix,
+)
 
 #: The FICLONE ioctl (linux/fs.h): make the target share the source's extents.
 FICLONE = 0x40049409
@@ -59,8 +60,6 @@ def fast_paths_enabled() -> bool:
     return os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
 
 
-_TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
-
 #: A temporary file untouched for this long is left over from a run that
 #: ended without cleaning up (killed, crashed, the host rebooted), whoever
 #: made it: no sync leaves its temporary unwritten for a day. The resume of
@@ -79,35 +78,6 @@ SWEEP_MAX_ENTRIES = 1_000_000
 
 #: Seconds the server's start-up sweep may take, at most (same reason).
 SWEEP_MAX_SECONDS = 10.0
-
-
-#: This process's serials of temporary names: a counter (one ``getrandom``
-#: per small file of a tree showed in profiles) from a random start, so that
-#: processes of the same id on two hosts naming temporaries in one directory
-#: (a push names the server's) rarely meet; the exclusive create catches it
-#: when they do. A forked child goes on from its parent's count under its own id.
-_temporary_serials = itertools.count(secrets.randbits(24))
-
-
-def temporary_name(name: str) -> str:
-    """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``).
-
-    Every temporary pdiffcopy makes, anywhere, is named here, so that
-    :func:`is_temporary_name` and the leftovers sweep know them all. The 12
-    hex digits hold the process id (above a 24-bit serial), so a later run
-    can tell a temporary of a dead process (:func:`is_stale_temporary`).
-    """
-    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
-
-
-def unique_suffix(serial: int) -> str:
-    """The 12 hex digits of a temporary name: this process's id, then 24 bits of ``serial``."""
-    return f"{((os.getpid() << 24) | (serial & 0xFFFFFF)) & 0xFFFFFFFFFFFF:012x}"
-
-
-def is_temporary_name(name: str) -> bool:
-    """Whether ``name`` (a last path component) is one :func:`temporary_name` makes."""
-    return bool(_TEMPORARY_NAME.match(name))
 
 
 def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = None) -> bool:
@@ -310,7 +280,6 @@ class _Libc:
     _loaded = False
     sync_file_range: Callable[..., int] | None = None
     fallocate: Callable[..., int] | None = None
-    prctl: Callable[..., int] | None = None
 
     @classmethod
     def load(cls) -> type[_Libc]:
@@ -328,12 +297,6 @@ class _Libc:
                             [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
                         function.restype = ctypes.c_int
                         setattr(cls, name, function)
-                prctl = getattr(libc, "prctl", None)
-                if prctl is not None:
-                    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                                      ctypes.c_ulong]
-                    prctl.restype = ctypes.c_int
-                    cls.prctl = prctl
             except (ImportError, OSError):
                 pass  # no ctypes or no libc: the callers have fallbacks
         return cls
@@ -409,28 +372,6 @@ def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> None:
         pass
 
 
-#: prctl(2) option (linux/prctl.h): the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
-    """In a forked worker: get ``signum`` as soon as the parent process dies.
-
-    A client killed outright (SIGKILL, or a signal it cannot clean up after)
-    would otherwise leave its hashing and tree workers running on, adopted by
-    init. ``prctl(PR_SET_PDEATHSIG)`` makes the kernel send the signal; the
-    check of ``getppid`` afterwards covers a parent that died before the call.
-    Without prctl (not Linux, no ctypes) nothing is set.
-
-    :param parent_pid: The parent's process id, read before the fork.
-    """
-    function = _Libc.load().prctl
-    if function is not None:
-        function(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signum)
-
-
 def _read_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -501,7 +442,7 @@ def etag(stat: os.stat_result) -> str:
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
     "is_stale_temporary",
-    "sweep_stale_temporaries", "die_with_parent", "raise_open_file_limit", "read_chunks", "write_all",
+    "sweep_stale_temporaries", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
     "fsync_directory", "replace_atomically", "free_space", "etag",
 ]

@@ -39,7 +39,8 @@ from pdiffcopy.blocks import DEFAULT_SEGMENT_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZ
 from pdiffcopy.bodyreader import open_body
 from pdiffcopy.exceptions import AccessDenied, BadRequest, RangeNotSatisfiable, ServerBusy, storage_error
 from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, start_writeback, write_all
-from pdiffcopy.hashing import digest_size, hash_region, validate_method
+from pdiffcopy.filehash import hash_region
+from pdiffcopy.hashing import digest_size, validate_method
 from pdiffcopy.leases import Leases
 from pdiffcopy.paths import Root
 from pdiffcopy.slots import FairSlots

@@ -23,7 +23,6 @@ from pdiffcopy.exceptions import (
 )
 from pdiffcopy.fileops import (
     copy_range,
-    die_with_parent,
     etag,
     free_space,
     fsync_directory,
@@ -36,8 +35,9 @@ from pdiffcopy.fileops import (
     temporary_name,
     write_all,
 )
-from pdiffcopy.hashing import hash_file_ranges, hash_region
+from pdiffcopy.filehash import hash_file_ranges, hash_region
 from pdiffcopy.paths import Root, clean_relative_path, open_regular_path
+from pdiffcopy.workers import die_with_parent
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -213,7 +213,16 @@ class LocalFile(FileEndpoint):
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
         if self.pool is None:
-            raise RuntimeError("LocalFile needs a hash pool to hash")
+            # No pool given (a tree's worker, a caller of its own): hashed
+            # here, the future already done.
+            from concurrent.futures import Future
+
+            done: "Future[bytes]" = Future()
+            try:
+                done.set_result(self.hash_ranges(ranges, block_size, method))
+            except PdiffcopyError as error:
+                done.set_exception(error)
+            return done
         if self._root is not None:
             return self.pool.submit(_hash_below, self._root.directory, self._relative, list(ranges),
                                     block_size, method)
@@ -228,6 +237,34 @@ class LocalFile(FileEndpoint):
                             for offset, length in ranges)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
+
+    def hashes_here(self) -> bool:
+        return True
+
+    def use_hash_pool(self, pool: "Executor") -> None:
+        self.pool = pool
+
+    def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+        return start_hash_pool(concurrency)
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        from pdiffcopy.fastcopy import resolve_cache  # as copy_all_from imports fastcopy: when needed
+
+        return resolve_cache(cache, size)
+
+    def keep_out_of_cache(self) -> None:
+        self.drop_cache = True
+
+    def can_copy_from(self, other: FileEndpoint) -> bool:
+        return isinstance(other, LocalFile)
+
+    def is_same_file(self, other: FileEndpoint) -> bool:
+        if not isinstance(other, LocalFile):
+            return False
+        try:
+            return os.path.samefile(self.path, other.path)
+        except OSError:
+            return False
 
     def check_readable(self) -> None:
         fd = self._reader()
@@ -284,8 +321,9 @@ class LocalFile(FileEndpoint):
             start_writeback(fd, offset, length)  # the final fsync then has little left
         return written
 
-    def copy_ranges_from(self, source: "LocalFile", ranges: Iterable[ByteRange]) -> int:
+    def copy_ranges_from(self, source: FileEndpoint, ranges: Iterable[ByteRange]) -> int:
         """Copy ranges of another local file into this one inside the kernel."""
+        assert isinstance(source, LocalFile), "the engine asks can_copy_from first"
         source_fd, target_fd = source._reader(), self._writer()
         written = 0
         for offset, length in ranges:
@@ -299,12 +337,13 @@ class LocalFile(FileEndpoint):
             written += length
         return written
 
-    def copy_all_from(self, source: "LocalFile", size: int, cache: str, progress=None,
+    def copy_all_from(self, source: FileEndpoint, size: int, cache: str, progress=None,
                       on_step=None) -> str:
         """Copy the whole of another local file into this one, the fastest way there is.
 
         ``progress`` and ``on_step`` are passed to :func:`pdiffcopy.fastcopy.copy_into`.
         """
+        assert isinstance(source, LocalFile), "the engine asks can_copy_from first"
         from pdiffcopy.fastcopy import copy_into
 
         try:

@@ -702,6 +702,19 @@ class LocalTree(TreeEndpoint):
         finally:
             os.close(parent)
 
+    def sweep_while_listing(self) -> None:
+        self.sweep = True
+
+    def enter_worker(self) -> None:
+        # No umask in a worker, so new files get their modes without a chmod each.
+        clear_umask()
+
+    def walks_here(self) -> bool:
+        return True
+
+    def can_copy_files_from(self, other: TreeEndpoint) -> bool:
+        return isinstance(other, LocalTree)
+
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local import LocalFile
 
@@ -710,11 +723,6 @@ class LocalTree(TreeEndpoint):
 
     def file_path(self, path: str) -> str:
         return os.path.join(self.directory, path)
-
-
-def exact_permissions() -> None:
-    """In a worker process: no umask, so new files need no chmod."""
-    clear_umask()
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:

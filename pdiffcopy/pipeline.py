@@ -27,8 +27,6 @@ from pdiffcopy.blocks import (
     Segment,
     Similarity,
     batch_ranges,
-    changed_blocks,
-    coalesce,
     parse_block_size,
     split_digests,
     split_ranges,
@@ -45,7 +43,17 @@ from pdiffcopy.exceptions import (
     UsageError,
     VerificationFailed,
 )
-from pdiffcopy.fastcopy import resolve_cache
+from pdiffcopy.segments import (
+    TRANSFER_REQUEST_BYTES,
+    FileOptions,
+    changed_ranges,
+    check_blocks,
+    check_size,
+    final_digests,
+    move_ranges,
+    readback_ranges,
+    source_unchanged,
+)
 from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.hashing import (
     DEFAULT_HASH_METHOD,
@@ -59,11 +67,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
 logger = logging.getLogger(__name__)
-
-#: Largest byte range one transfer request carries. 16 MiB keeps a 100 %
-#: changed 1 GiB file spread over 64 requests, so every connection stays
-#: busy until the end, while per-request overhead stays under 1 %.
-TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
 
 #: Most worker processes or connections a user may ask for.
 MAX_CONCURRENCY = 256
@@ -108,12 +111,12 @@ class SyncResult:
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: str = "auto") -> "_Options":
+                 compress: str = "auto") -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :raises UsageError: For a value that makes no sense.
     """
-    return _Options(
+    return FileOptions(
         block_size=parse_block_size(block_size),
         hash_method=validate_method(hash_method),
         whole_file=whole_file,
@@ -126,7 +129,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
     )
 
 
-def run_sync(source: FileEndpoint, target: FileEndpoint, options: "_Options",
+def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
              progress: Optional[Progress] = None) -> SyncResult:
     """Bring the endpoint ``target`` to exactly the bytes of the endpoint ``source``.
 
@@ -143,19 +146,6 @@ def sync(source: str, target: str, **options) -> SyncResult:
     from pdiffcopy.api import sync as api_sync  # the one import upwards: see the import contracts
 
     return api_sync(source, target, **options)
-
-
-@dataclass(frozen=True)
-class _Options:
-    block_size: int
-    hash_method: str
-    whole_file: bool
-    concurrency: int
-    dry_run: bool
-    atomic: bool
-    cache: str
-    bwlimit: Optional[int] = None
-    compress: str = "auto"
 
 
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
@@ -183,7 +173,7 @@ def check_concurrency(value: Optional[int]) -> int:
 class _SyncJob:
     """One run of :func:`run_sync`: owns the pools and the counters, and closes the endpoints."""
 
-    def __init__(self, source: FileEndpoint, target: FileEndpoint, options: _Options,
+    def __init__(self, source: FileEndpoint, target: FileEndpoint, options: FileOptions,
                  progress: Progress) -> None:
         self.options = options
         self.progress = progress
@@ -200,8 +190,8 @@ class _SyncJob:
             for endpoint in (self.source, self.target):
                 endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
-        local = [e for e in (self.source, self.target) if not e.is_remote]
-        if len(local) == 2 and (options.whole_file or not os.path.lexists(target.location)):
+        local = [e for e in (self.source, self.target) if e.hashes_here()]
+        if self.target.can_copy_from(self.source) and (options.whole_file or not os.path.lexists(target.location)):
             # A whole-file copy between local files hashes in a thread beside
             # the copy: the hash functions release the GIL, forking processes
             # (and importing multiprocessing) costs more than it saves, and
@@ -212,12 +202,10 @@ class _SyncJob:
             # --cache drop 9.6 / 6.7 s and 5.7 / 3.0 CPU seconds.
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="hash")
         elif local:
-            from pdiffcopy.local import start_hash_pool
-
-            # Forked before any thread exists (see start_hash_pool).
-            self.pool = start_hash_pool(options.concurrency)
+            # Forked before any thread exists (see FileEndpoint.start_hash_pool).
+            self.pool = local[0].start_hash_pool(options.concurrency)
         for endpoint in local:
-            endpoint.pool = self.pool  # type: ignore[attr-defined]
+            endpoint.use_hash_pool(self.pool)
         self.transfers: Optional[ThreadPoolExecutor] = None
         self.bytes_moved = 0
         #: The ranges written, by segment index: they are read back to verify.
@@ -228,6 +216,8 @@ class _SyncJob:
         self.cloned = False
         self.lock = threading.Lock()
         self.prepared = False
+        #: What the sync writes into: the target, or its temporary sibling.
+        self.work: Optional[FileEndpoint] = None
 
     def run(self) -> SyncResult:
         try:
@@ -244,8 +234,9 @@ class _SyncJob:
     def _shutdown(self) -> None:
         try:
             self._stop_transfers()
-            for endpoint in (self.source, self.target, getattr(self, "work", self.target)):
-                endpoint.close()  # the temporary too: its connections would wait for the GC
+            for endpoint in (self.source, self.target, self.work):
+                if endpoint is not None:
+                    endpoint.close()  # the temporary too: its connections would wait for the GC
         finally:
             # Even when a close fails: no hashing thread may outlive the sync.
             if self.pool is not None:
@@ -345,8 +336,7 @@ class _SyncJob:
         info = self.target.stat()
         if info is not None and info.kind != "file":
             raise NotAFile(f"Target is not a regular file: {self.target.location}")
-        if info is not None and not self.source.is_remote and not self.target.is_remote:
-            if os.path.samefile(self.source.location, self.target.location):
+        if info is not None and self.target.is_same_file(self.source):
                 raise UsageError(f"Source and target are the same file: {self.source.location}")
         return info
 
@@ -391,9 +381,9 @@ class _SyncJob:
             target_digests.extend(theirs or [])
             if segment.index == len(segments) - 1:
                 self._log_phase("hashed both sides")
-            changed = changed_blocks(segment, ours, theirs)
-            changed_count += len(changed)
-            ranges = coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
+            ranges = changed_ranges(plan, segment, ours, theirs)
+            changed_count += sum(-(-(offset % plan.block_size + length) // plan.block_size)
+                                 for offset, length in ranges)
             changed_bytes += sum(length for _, length in ranges)
             if transfer_to is not None and ranges:
                 self.progress.move_total = changed_bytes
@@ -428,14 +418,15 @@ class _SyncJob:
         method = verify_method(self.options.hash_method)
         self.progress.hash_total = 2 * plan.size
         self.progress.move_total = plan.size
-        both_local = self._both_local()
-        if both_local and resolve_cache(self.options.cache, plan.size) == "drop":
+        both_local = work.can_copy_from(self.source)
+        if both_local and work.cache_mode(self.options.cache, plan.size) == "drop":
             # The verification's reads must not fill the cache the copy keeps clean.
-            self.source.drop_cache = work.drop_cache = True  # type: ignore[attr-defined]
+            self.source.keep_out_of_cache()
+            work.keep_out_of_cache()
         source_futures = self._hash_all(self.source, segments, method)
         if both_local:
-            early = resolve_cache(self.options.cache, plan.size) == "keep"
-            used = work.copy_all_from(  # type: ignore[attr-defined]
+            early = work.cache_mode(self.options.cache, plan.size) == "keep"
+            used = work.copy_all_from(
                 self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
                 on_step=self._read_back_early(segments, work) if early else None)
             logger.debug("Copied %s with %s", self.source.location, used)
@@ -479,23 +470,11 @@ class _SyncJob:
         assert self.transfers is not None, "transfers start after the pool does"
         return self.transfers.submit(self._transfer, batch, work)
 
-    def _both_local(self) -> bool:
-        return not self.source.is_remote and not self.target.is_remote
-
     def _transfer(self, batch, work: FileEndpoint) -> None:
         """Move one batch of ranges from the source to ``work`` (runs in a transfer thread)."""
-        if self._both_local():
-            written = work.copy_ranges_from(self.source, batch)  # type: ignore[attr-defined]
-            self.progress.add_moved(written)
-        else:
-            written = work.write_ranges(batch, self._count_moved(self.source.read_ranges(batch)))
+        written = move_ranges(self.source, work, batch, self.progress.add_moved)
         with self.lock:
             self.bytes_moved += written
-
-    def _count_moved(self, chunks):
-        for offset, data in chunks:
-            yield offset, data
-            self.progress.add_moved(len(data))
 
     @staticmethod
     def _raise_failures(pending: List[Future]) -> None:
@@ -523,15 +502,13 @@ class _SyncJob:
         futures: Dict[int, tuple] = {}
         if self.cloned:
             return futures
+        known = target_digests is not None and method == self.options.hash_method
         for segment in segments:
             if segment.index in self.readback:
                 futures[segment.index] = self.readback[segment.index]  # started during the copy
                 continue
-            if target_digests is None or method != self.options.hash_method:
-                ranges = [(segment.offset, segment.length)]
-            elif segment.index in self.written:
-                ranges = self.written[segment.index]
-            else:
+            ranges = readback_ranges(segment, self.written.get(segment.index, []), known)
+            if not ranges:
                 continue
             self.progress.hash_total += sum(length for _, length in ranges)
             futures[segment.index] = (ranges, [self._hash_ranges(work, batch, method)
@@ -546,44 +523,28 @@ class _SyncJob:
         The digest hashes every block digest in order (a one-level hash tree).
         """
         method = verify_method(self.options.hash_method)
-        size = digest_size(method)
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
             source_digests = _segment_digests(futures, segments, method)
-        if self.cloned:
-            final_digests: List[bytes] = list(source_digests)
-        elif target_digests is None or method != self.options.hash_method:
-            final_digests = [b""] * plan.block_count
-        else:
-            final_digests = list(target_digests)
-        for ranges, futures in readback.values():
-            blocks = [block for offset, length in ranges
-                      for block in range(offset // plan.block_size,
-                                         -(-(offset + length) // plan.block_size))]
-            digests = [d for future in futures for d in split_digests(future.result(), size)]
-            if len(digests) != len(blocks):
-                raise VerificationFailed("Verification failed: the read-back digests are incomplete")
-            for block, digest in zip(blocks, digests):
-                final_digests[block] = digest
-        info = work.stat()
-        if info is None or info.size != plan.size:
-            raise VerificationFailed(
-                f"Verification failed: {self.target.location} has "
-                f"{'no file' if info is None else f'{info.size} bytes'}, expected {plan.size}")
-        source_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
-                                                             source_digests))
-        target_tree = digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
-                                                             final_digests))
-        if source_tree != target_tree:
-            differing = sum(1 for a, b in zip(source_digests, final_digests) if a != b)
-            raise VerificationFailed(
-                f"Verification failed: {differing} block(s) of {self.target.location} differ from "
-                f"the source after the sync")
-        return source_tree.hex()
+        known = target_digests is not None and method == self.options.hash_method
+        final: List[bytes] = []
+        for segment in segments:
+            if self.cloned:  # the clone shares the source's extents: its digests are the source's
+                final += source_digests[segment.first_block:segment.first_block + segment.block_count]
+                continue
+            ranges, futures = readback.get(segment.index, ([], []))
+            final += final_digests(
+                plan, segment,
+                target_digests[segment.first_block:segment.first_block + segment.block_count]
+                if known and target_digests is not None else None,
+                ranges, b"".join(future.result() for future in futures), method)
+        check_size(work, plan.size, self.target.location)
+        check_blocks(source_digests, final, self.target.location)
+        return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
+                                                      source_digests)).hex()
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
-        after = self.source.stat()
-        if after is None or (after.size, after.mtime_ns) != (before.size, before.mtime_ns):
+        if not source_unchanged(self.source, before.size, before.mtime_ns):
             raise Conflict(f"Source changed during the sync: {self.source.location}; run again")
 
     def _result(self, plan: BlockPlan, similarity: Similarity, verified: bool, digest: str

@@ -59,9 +59,8 @@ from pdiffcopy.exceptions import (
     StorageError,
     UsageError,
 )
-from pdiffcopy.fileops import TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.hashing import digest_count, digest_size
-from pdiffcopy.protocol import LEASE_HEADER, NO_FOLLOW_HEADER
+from pdiffcopy.protocol import LEASE_HEADER, NO_FOLLOW_HEADER, TRANSFER_CHUNK_SIZE, temporary_name
 from pdiffcopy.ratelimit import TokenBucket
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a

@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from pdiffcopy import wire
 from pdiffcopy.exceptions import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.jsonstream import JsonStream
 from pdiffcopy.ratelimit import TokenBucket
@@ -255,6 +256,9 @@ class RemoteTree(TreeEndpoint):
             failures.extend(self._failures_of(response))
         return failures
 
+    def may_change_root(self) -> bool:
+        return self.path != ""  # the server keeps its root directory as it is
+
     def file_endpoint(self, path: str) -> RemoteFile:
         # A member's path is relative; an absolute one is refused as a local
         # tree refuses it (the URL would quietly make it relative again).
@@ -266,6 +270,12 @@ class RemoteTree(TreeEndpoint):
         return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
                           self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False,
                           compress=self.compression)
+
+    def traffic(self) -> Tuple[int, int]:
+        return wire.totals()
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        wire.add(sent, received)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket

@@ -77,7 +77,8 @@ from pdiffcopy.fileops import (
     start_writeback,
     write_all,
 )
-from pdiffcopy.hashing import accepted_methods, digest_size, hash_region, validate_method
+from pdiffcopy.filehash import hash_region
+from pdiffcopy.hashing import accepted_methods, digest_size, validate_method
 from pdiffcopy.leases import LEASE_SECONDS, Leases
 from pdiffcopy.legacyapi import add_legacy_api
 from pdiffcopy.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics

@@ -21,37 +21,19 @@ from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.endpoints import FileEndpoint
 from pdiffcopy.ratelimit import TokenBucket
-from pdiffcopy.treeplan import Entry
-
-#: A path (relative to the tree's root) and why it failed, in one line.
-Failure = Tuple[str, str]
-
-#: Operations of :meth:`TreeEndpoint.apply`.
-MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is fine
-SYMLINK = "symlink"  # make or replace a symlink pointing at entry.target
-METADATA = "metadata"  # set permissions, and times/owner as the options say
-DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
-REMOVE = "remove"  # remove whatever is there, a whole directory tree included
-OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE)
-
-
-@dataclass(frozen=True)
-class Operation:
-    """One change :meth:`TreeEndpoint.apply` makes, described by the source's entry."""
-
-    name: str
-    entry: Entry
-
-    def to_wire(self) -> list:
-        return [self.name, self.entry.to_wire()]
-
-    @classmethod
-    def from_wire(cls, value: Sequence) -> "Operation":
-        name, entry = value
-        if name not in OPERATIONS:
-            raise ValueError(f"unknown operation {name!r}")
-        return cls(str(name), Entry.from_wire(entry))
-
+from pdiffcopy.exceptions import Unsupported
+# The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
+from pdiffcopy.treeplan import (  # noqa: F401
+    DELETE,
+    METADATA,
+    MKDIR,
+    OPERATIONS,
+    REMOVE,
+    SYMLINK,
+    Entry,
+    Failure,
+    Operation,
+)
 
 @dataclass(frozen=True)
 class MetadataOptions:
@@ -125,6 +107,52 @@ class TreeEndpoint(ABC):
 
         A local tree moves nothing over a network: it ignores it.
         """
+
+    # -- optional capabilities, with defaults for a tree that has none --------
+
+    def enter_worker(self) -> None:
+        """Prepare a forked worker process of the sync for this tree; by default nothing."""
+
+    def traffic(self) -> "Tuple[int, int]":
+        """Bytes this process has sent and received on the wire for trees of this kind; (0, 0) by default.
+
+        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
+        """
+        return (0, 0)
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
+
+    def sweep_while_listing(self) -> None:
+        """Have :meth:`list` also remove the temporaries that killed runs left.
+
+        By default nothing: a server sweeps its own root when it starts.
+        """
+
+    def walks_here(self) -> bool:
+        """Whether :meth:`list` walks a file system in this process (then a forked child can walk it
+        beside another tree's walk); a tree behind a server is listed by the server."""
+        return False
+
+    def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
+        """Whether :meth:`copy_files_from` can take files from ``other`` (two local trees: the kernel copies)."""
+        return False
+
+    def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
+                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
+        """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
+
+        :raises Unsupported: Unless :meth:`can_copy_files_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+        return False
+
+    def may_change_root(self) -> bool:
+        """Whether a sync may set the root directory's own permissions and times (not a server's root)."""
+        return True
 
     def close(self) -> None:
         """Release connections and descriptors."""

@@ -586,4 +586,41 @@ __all__ = [
     "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "is_under", "kind_of", "plan_tree",
     "printable",
     "removal_order",
+    "Failure",
+    "MKDIR",
+    "METADATA",
+    "DELETE",
+    "REMOVE",
+    "OPERATIONS",
+    "Operation",
 ]
+
+
+#: A path (relative to the tree's root) and why it failed, in one line.
+Failure = Tuple[str, str]
+
+#: Operations of :meth:`~pdiffcopy.treeendpoints.TreeEndpoint.apply`.
+MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is fine
+# SYMLINK (the entry kind above, the same word): make or replace a symlink pointing at entry.target
+METADATA = "metadata"  # set permissions, and times/owner as the options say
+DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
+REMOVE = "remove"  # remove whatever is there, a whole directory tree included
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One change :meth:`~pdiffcopy.treeendpoints.TreeEndpoint.apply` makes, described by the source's entry."""
+
+    name: str
+    entry: Entry
+
+    def to_wire(self) -> list:
+        return [self.name, self.entry.to_wire()]
+
+    @classmethod
+    def from_wire(cls, value: Sequence) -> "Operation":
+        name, entry = value
+        if name not in OPERATIONS:
+            raise ValueError(f"unknown operation {name!r}")
+        return cls(str(name), Entry.from_wire(entry))

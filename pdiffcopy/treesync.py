@@ -35,24 +35,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from pdiffcopy import wire
-from pdiffcopy.blocks import (
-    DEFAULT_SEGMENT_SIZE,
-    BlockPlan,
-    ByteRange,
-    Segment,
-    batch_ranges,
-    changed_blocks,
-    coalesce,
-    split_digests,
-    split_ranges,
-)
+from pdiffcopy.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.compression import check_mode
 from pdiffcopy.endpoints import FileEndpoint
-from pdiffcopy.exceptions import PdiffcopyError, UsageError
-from pdiffcopy.fileops import die_with_parent
-from pdiffcopy.hashing import digest_size, verify_method
+from pdiffcopy.exceptions import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
+from pdiffcopy.hashing import verify_method
 from pdiffcopy.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.segments import TRANSFER_REQUEST_BYTES, FileOptions, check_size, source_unchanged, sync_segment
 from pdiffcopy.treeendpoints import (
     DELETE,
     METADATA,
@@ -65,6 +54,7 @@ from pdiffcopy.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
+from pdiffcopy.workers import die_with_parent
 from pdiffcopy.treeplan import (
     DIR,
     REASON_NEW,
@@ -89,9 +79,10 @@ DELTA_MIN_SIZE = 8 * 1024 * 1024
 RANGE_SIZE = DEFAULT_SEGMENT_SIZE
 
 #: A batch of small files: at most this many, or this many bytes (one request
-#: each way for remote trees: big enough to hide the round trip).
+#: each way for remote trees: big enough to hide the round trip; the same
+#: bound as one transfer of a big file's ranges).
 BATCH_FILES = 256
-BATCH_BYTES = 16 * 1024 * 1024
+BATCH_BYTES = TRANSFER_REQUEST_BYTES
 
 #: Deletions and metadata changes per batch.
 BATCH_OPERATIONS = 512
@@ -100,35 +91,24 @@ BATCH_OPERATIONS = 512
 INLINE_BYTES = 4 * 1024 * 1024
 INLINE_FILES = 64
 
-#: Transfers of big files: the bytes one read or write call carries.
-TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
-
 
 @dataclass(frozen=True)
-class TreeOptions:
-    """Everything a tree sync can be asked to do differently."""
+class TreeOptions(FileOptions):
+    """Everything a tree sync can be asked to do differently: a file's options, and these.
+
+    Of the file options, ``cache`` is not used: big members go by ranges, never by a whole-file copy.
+    """
 
     times: bool = False
     owner: bool = False
     checksum: bool = False
     delete: bool = False
     force: bool = False
-    dry_run: bool = False
-    whole_file: bool = False
-    atomic: bool = False
     fsync: bool = False
-    block_size: int = 1024 * 1024
-    hash_method: str = "xxh3_128"
-    concurrency: int = 2
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
     files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
-    #: Most bytes per second on the network, both directions, all workers together: an int or
-    #: rsync's ``--bwlimit`` syntax (``"50M"``); None or 0: no limit. Local trees ignore it.
-    bwlimit: "int | str | None" = None
-    #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
-    compress: str = "auto"
 
     @property
     def metadata(self) -> MetadataOptions:
@@ -194,9 +174,10 @@ class Unit(NamedTuple):
 
 @dataclass
 class _BigFile:
-    """A file moved in several units; the unit finishing last completes it."""
+    """A file moved in several units (its segments); the unit finishing last completes it."""
 
     action: FileAction
+    plan: BlockPlan
     source: FileEndpoint
     work: FileEndpoint  # the target itself, or a temporary sibling
     target: FileEndpoint
@@ -253,14 +234,14 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if check_mode(options.compress) != "auto":
         for tree in (source, target):
             tree.compress_with(options.compress)
-    if not options.dry_run and not target.is_remote:
+    if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
-        target.sweep = True  # type: ignore[attr-defined]
+        target.sweep_while_listing()
     source_listing, target_listing = _list_both(source, target)
     _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
                len(target_listing.entries))
     if source_listing.root is None:
-        raise PdiffcopyError(f"Source does not exist: {source.location}")
+        raise FileMissing(f"Source does not exist: {source.location}")
     if source_listing.root.kind != DIR:
         raise UsageError(f"Source is not a directory: {source.location}")
     if target_listing.root is not None and target_listing.root.kind != DIR:
@@ -315,7 +296,7 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
     path_filter = _filter(options)
     listing = tree.list()
     if listing.root is None:
-        raise PdiffcopyError(f"Nothing to remove: {tree.location} does not exist")
+        raise FileMissing(f"Nothing to remove: {tree.location} does not exist")
     result = TreeResult(tree.location, tree.location, dry_run=options.dry_run,
                         failures=list(listing.failures))
     plan = plan_tree([], listing.entries, PlanOptions(delete=True), path_filter)
@@ -353,9 +334,7 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
     one at a time (64,000 entries: 0.38 s each; the child's list costs
     ~0.1 s to pickle and 0.03 s to read back).
     """
-    from pdiffcopy.localtree import LocalTree
-
-    if isinstance(source, LocalTree) and isinstance(target, LocalTree):
+    if source.walks_here() and target.walks_here():
         receive = _list_in_child(target)
         try:
             source_listing = source.list()
@@ -366,13 +345,14 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
                 pass
             raise
         return source_listing, receive()
-    box: Dict[str, object] = {}
+    listed: List[Listing] = []
+    errors: List[BaseException] = []
 
     def list_target() -> None:
         try:
-            box["listing"] = target.list()
+            listed.append(target.list())
         except BaseException as error:  # handed to the caller below
-            box["error"] = error
+            errors.append(error)
 
     thread = threading.Thread(target=list_target, name="list-target")
     thread.start()
@@ -380,9 +360,9 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
         source_listing = source.list()
     finally:
         thread.join()
-    if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return source_listing, box["listing"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return source_listing, listed[0]
 
 
 def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
@@ -398,7 +378,7 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
             try:
                 listing = tree.list()
                 answer: tuple = ("ok", listing.root and tuple(listing.root),
-                                 [tuple(e) for e in listing.entries], listing.failures, wire.totals())
+                                 [tuple(e) for e in listing.entries], listing.failures, tree.traffic())
             except BaseException as error:
                 answer = ("error", error)
             with os.fdopen(writer, "wb") as stream:
@@ -416,12 +396,12 @@ def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
         finally:
             os.waitpid(pid, 0)
         if not data:
-            raise PdiffcopyError(f"Listing {tree.location} failed: the listing process died")
+            raise StorageError(f"Listing {tree.location} failed: the listing process died")
         answer = pickle.loads(data)
         if answer[0] == "error":
             raise answer[1]
         _, root, entries, failures, child_wire = answer
-        wire.add(*child_wire)  # the child's bytes on the wire are this sync's too
+        tree.add_traffic(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
         return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
 
@@ -450,21 +430,12 @@ def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan
             continue
         try:
             ranges = [(0, action.source.size)] if action.source.size else []
-            ours = _digests(source.file_endpoint(action.path), ranges, options.block_size, method)
-            theirs = _digests(target.file_endpoint(action.path), ranges, options.block_size, method)
+            ours = source.file_endpoint(action.path).hash_ranges(ranges, options.block_size, method)
+            theirs = target.file_endpoint(action.path).hash_ranges(ranges, options.block_size, method)
             differs[action.path] = ours != theirs
         except PdiffcopyError:
             continue  # unknown: listed without "content"
     return differs
-
-
-def _digests(endpoint: FileEndpoint, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
-    """Block digests of some ranges, hashed here for a local file, by the server for a remote one."""
-    if not ranges:
-        return b""
-    if endpoint.is_remote:
-        return endpoint.submit_hashes(ranges, block_size, method).result()
-    return endpoint.hash_ranges(ranges, block_size, method)  # type: ignore[attr-defined]
 
 
 # -- running a plan --------------------------------------------------------
@@ -496,7 +467,7 @@ class _Runner:
         if target_missing:
             failures = self.target.apply([Operation(MKDIR, Entry("", DIR, 0, 0, 0o40755))], self.meta)
             if failures:
-                raise PdiffcopyError(f"Cannot create {self.target.location}: {failures[0][1]}")
+                raise StorageError(f"Cannot create {self.target.location}: {failures[0][1]}")
         operations = [Operation(REMOVE, entry) for entry in plan.removals] + \
             [Operation(MKDIR, entry) for entry in plan.directories]
         failed_directories = self._apply(operations)
@@ -567,7 +538,7 @@ class _Runner:
         Not for a server's root directory, which the server keeps as it is.
         """
         root = self.source_root
-        if root is None or getattr(self.target, "path", None) == "":
+        if root is None or not self.target.may_change_root():
             return []
         return [Operation(METADATA, root._replace(path=""))]
 
@@ -594,7 +565,7 @@ class _Runner:
             size = action.source.size
             if size >= DELTA_MIN_SIZE and action.reason != REASON_NEW and not self.options.whole_file:
                 self._add_big(action, delta=True)
-            elif size >= RANGE_SIZE and not (action.source.sparse and self._both_local):
+            elif size >= RANGE_SIZE and not (action.source.sparse and self._copies_locally):
                 self._add_big(action, delta=False)
             elif size >= RANGE_SIZE:  # copied whole, hole by hole, as one unit
                 self.units.append(Unit(size, "files", (action,)))
@@ -625,8 +596,9 @@ class _Runner:
         self.units.sort(key=lambda unit: unit.weight, reverse=True)
 
     @property
-    def _both_local(self) -> bool:
-        return not self.source.is_remote and not self.target.is_remote
+    def _copies_locally(self) -> bool:
+        """Whether files go from the source tree to the target by the kernel (whole, holes kept)."""
+        return self.target.can_copy_files_from(self.source)
 
     def _add_big(self, action: FileAction, delta: bool) -> None:
         """Prepare a big file (temporary, size) and queue its parts."""
@@ -651,17 +623,14 @@ class _Runner:
             self.result.failures.append((action.path, str(error)))
             return
         index = len(self.big)
-        size = action.source.size
-        if delta:
-            segments = BlockPlan(size, self.options.block_size).segments()
-            self.big.append(_BigFile(action, source, work, target, temporary, len(segments) or 1))
-            for segment in segments or [Segment(0, 0, 0, 0, 0)]:
-                self.units.append(Unit(segment.length, "delta", (index, segment.index)))
-        else:
-            pieces = split_ranges([(0, size)], RANGE_SIZE) or [(0, 0)]
-            self.big.append(_BigFile(action, source, work, target, temporary, len(pieces)))
-            for offset, length in pieces:
-                self.units.append(Unit(length, "range", (index, offset, length)))
+        # A changed file goes by segments of the block engine; a new one by
+        # segments of RANGE_SIZE, copied whole and read back.
+        plan = BlockPlan(action.source.size, self.options.block_size,
+                         *(() if delta else (max(RANGE_SIZE, self.options.block_size),)))
+        segments = plan.segments()
+        self.big.append(_BigFile(action, plan, source, work, target, temporary, len(segments) or 1))
+        for segment in segments or [Segment(0, 0, 0, 0, 0)]:
+            self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
 
     def _run_units(self) -> None:
         if not self.units:
@@ -712,9 +681,8 @@ class _Runner:
                     # written loses its temporary instead of leaving it behind.
                     for signum in _STOP_SIGNALS:
                         signal.signal(signum, _request_stop)
-                    from pdiffcopy.localtree import exact_permissions
-
-                    exact_permissions()
+                    for tree in (self.source, self.target):
+                        tree.enter_worker()
                     state = _WorkerState(self, slot, parts_left, parts_failed)
                     while True:
                         with next_unit.get_lock():
@@ -726,7 +694,7 @@ class _Runner:
                         if state.full:  # no worker takes another unit
                             with next_unit.get_lock():
                                 next_unit.value = len(self.units)
-                    state.counts["wire_sent"], state.counts["wire_received"] = wire.totals()
+                    state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
                     with os.fdopen(writer, "wb") as stream:
                         pickle.dump((state.failures, state.counts), stream)
                 except BaseException:  # never run the parent's code in a child
@@ -759,7 +727,14 @@ class _Runner:
         self.result.deleted += counts.get("deleted", 0)
         self.result.metadata_fixed += counts.get("metadata", 0)
         self.result.unchanged += counts.get("unchanged", 0)
-        wire.add(counts.get("wire_sent", 0), counts.get("wire_received", 0))  # a worker's, counted here
+        for tree in (self.source, self.target):  # a worker's bytes on the wire, counted here
+            tree.add_traffic(counts.get("wire_sent", 0), counts.get("wire_received", 0))
+
+
+def _traffic(*trees: TreeEndpoint) -> Tuple[int, int]:
+    """Bytes this process sent and received on the wire for ``trees`` (a local tree's are none)."""
+    sent, received = zip(*(tree.traffic() for tree in trees))
+    return sum(sent), sum(received)
 
 
 class _WorkerState:
@@ -773,13 +748,17 @@ class _WorkerState:
         self.failures: List[Failure] = []
         self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0,
                                        "unchanged": 0, "full": 0}
+        #: What runs each kind of unit (Unit.kind).
+        self._runs: Dict[str, Callable[[Unit], None]] = {
+            "files": self._run_files, "range": self._run_range, "delta": self._run_delta,
+            "links": self._run_links, "metadata": self._run_metadata, "delete": self._run_delete}
 
     def run(self, unit: Unit) -> None:
         if _Stop.requested:
             raise KeyboardInterrupt
         known = len(self.failures)
         try:
-            getattr(self, f"_run_{unit.kind}")(unit)
+            self._runs[unit.kind](unit)
         except PdiffcopyError as error:
             self.failures.append(("", str(error)))
         if any(full in message for _, message in self.failures[known:] for full in _NO_SPACE):
@@ -796,14 +775,12 @@ class _WorkerState:
 
     def _run_files(self, unit: Unit) -> None:
         """A batch of small files: new ones, rewritten ones, and ones to compare first."""
-        from pdiffcopy.localtree import LocalTree
-
         actions: Sequence[FileAction] = unit.items
         fresh = {a.path for a in actions if a.target is None}
         compare = {a.path for a in actions if a.target is not None
                    and a.target.size == a.source.size}
         source, target = self.runner.source, self.runner.target
-        if isinstance(source, LocalTree) and isinstance(target, LocalTree):
+        if target.can_copy_files_from(source):
             self._copy_locally(source, target, [a.source for a in actions], fresh, compare)
         else:
             self._transfer(source, target, [a.source for a in actions], fresh, compare)
@@ -824,15 +801,12 @@ class _WorkerState:
 
     def _transfer(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
         """Through a server: one request reads the batch, one (or two) write it."""
-        from pdiffcopy.localtree import LocalTree
-
         meta = self.runner.meta
         to_write: List[Tuple[Entry, bytes]] = []
         for entry, data, error in source.read_files(entries):
             if data is None:
                 self.failures.append((entry.path, error))
-            elif entry.path in compare and isinstance(target, LocalTree) and \
-                    target.same_content(entry, data):
+            elif entry.path in compare and target.same_content(entry, data):
                 # Pulled and already right: only its metadata (its time, say) differs.
                 self.failures += target.apply([Operation(METADATA, entry)], meta)
                 self._count("unchanged")
@@ -869,75 +843,27 @@ class _WorkerState:
     # -- big files ---------------------------------------------------------
 
     def _run_range(self, unit: Unit) -> None:
-        index, offset, length = unit.items
-        big = self.runner.big[index]
-        try:
-            if length:
-                self._copy_ranges(big, [(offset, length)])
-                self._check_copied(big, [(offset, length)], None)
-            self._count("bytes", length)
-        except PdiffcopyError as error:
-            self._part_failed(index, str(error))
-        self.runner.progress.add(self.slot, 0, length)
-        self._part_done(index)
+        """A segment of a big new file: copied whole, then read back."""
+        self._run_segment(unit, compare=False)
 
     def _run_delta(self, unit: Unit) -> None:
+        """A segment of a big changed file: its changed blocks moved, then read back."""
+        self._run_segment(unit, compare=True)
+
+    def _run_segment(self, unit: Unit, compare: bool) -> None:
         index, segment_index = unit.items
         big = self.runner.big[index]
-        options = self.runner.options
-        method = options.hash_method
-        size = digest_size(method)
-        length = unit.weight
         moved = 0
         try:
-            plan = BlockPlan(big.action.source.size, options.block_size)
-            if not plan.size:
-                raise _Empty()
-            segment = plan.segments()[segment_index]
-            whole = [(segment.offset, segment.length)]
-            ours = split_digests(_digests(big.source, whole, plan.block_size, method), size)
-            theirs = split_digests(_digests(big.work, whole, plan.block_size, method), size)
-            changed = changed_blocks(segment, ours, theirs)
-            ranges = coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
-            if ranges:
-                self._copy_ranges(big, ranges)
-                self._check_copied(big, ranges, (ours, segment.first_block) if
-                                   verify_method(method) == method else None)
-            moved = sum(n for _, n in ranges)
+            segments = big.plan.segments()
+            if segments:
+                moved = sync_segment(big.source, big.work, big.plan, segments[segment_index],
+                                     self.runner.options.hash_method, big.action.path, compare)
             self._count("bytes", moved)
-        except _Empty:
-            pass
         except PdiffcopyError as error:
             self._part_failed(index, str(error))
-        self.runner.progress.add(self.slot, 0, length, moved)
+        self.runner.progress.add(self.slot, 0, unit.weight, moved)
         self._part_done(index)
-
-    def _copy_ranges(self, big: _BigFile, ranges: List[ByteRange]) -> None:
-        if not big.source.is_remote and not big.work.is_remote:
-            big.work.copy_ranges_from(big.source, ranges)  # type: ignore[attr-defined]
-            return
-        for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
-            big.work.write_ranges(batch, big.source.read_ranges(batch))
-
-    def _check_copied(self, big: _BigFile, ranges: List[ByteRange],
-                      known: Optional[Tuple[List[bytes], int]]) -> None:
-        """Read back what was written and compare it with the source's digests."""
-        options = self.runner.options
-        method = verify_method(options.hash_method)
-        bs = options.block_size
-        aligned = [(o - o % bs, min(big.action.source.size, -(-(o + n) // bs) * bs) - (o - o % bs))
-                   for o, n in ranges]
-        written = _digests(big.work, aligned, bs, method)
-        if known is not None:
-            digests, first = known
-            size = digest_size(method)
-            wanted = b"".join(digests[o // bs - first + i]
-                              for o, n in aligned for i in range(-(-n // bs)))
-            if written != wanted or len(written) != sum(-(-n // bs) for _, n in aligned) * size:
-                raise PdiffcopyError(f"Verification failed: {big.action.path} differs after the copy")
-            return
-        if written != _digests(big.source, aligned, bs, method):
-            raise PdiffcopyError(f"Verification failed: {big.action.path} differs after the copy")
 
     def _part_failed(self, index: int, message: str) -> None:
         with self.parts_failed.get_lock():
@@ -960,12 +886,9 @@ class _WorkerState:
             if self.parts_failed[index]:
                 raise _AlreadyReported()
             big.work.flush()
-            info = big.work.stat()
-            if info is None or info.size != entry.size:
-                raise PdiffcopyError(f"{entry.path} has the wrong size after the copy")
-            now = big.source.stat()
-            if now is None or (now.size, now.mtime_ns) != (entry.size, entry.mtime_ns):
-                raise PdiffcopyError("changed while copying")
+            check_size(big.work, entry.size, entry.path)
+            if not source_unchanged(big.source, entry.size, entry.mtime_ns):
+                raise Conflict("changed while copying")
             if big.temporary:
                 big.work.replace(big.target)
             else:
@@ -1046,10 +969,6 @@ _FULL_STOP = "The target file system is full: stopped"
 
 
 class _AlreadyReported(Exception):
-    pass
-
-
-class _Empty(Exception):
     pass
 
 

@@ -34,8 +34,7 @@ import xxhash
 
 from pdiffcopy.exceptions import AccessDenied, BadRequest
 from pdiffcopy.protocol import MAX_PATH_LENGTH
-from pdiffcopy.treeendpoints import OPERATIONS, Operation
-from pdiffcopy.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
+from pdiffcopy.treeplan import DIR, FILE, OPERATIONS, OTHER, SYMLINK, Entry, Operation
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.

@@ -19,6 +19,7 @@ from typing import List
 import pytest
 
 from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_server
+import pdiffcopy
 from pdiffcopy import fileops
 from pdiffcopy.exceptions import AccessDenied, NotAFile
 from pdiffcopy.local import LocalFile
@@ -243,19 +244,23 @@ def test_every_temporary_any_path_makes_is_one_the_sweep_recognises(tmp_path):
 
 
 def test_one_temporary_name_generator(tmp_path):
-    """Temporary names come from fileops.temporary_name alone: no module keeps a copy of its own."""
-    package = Path(fileops.__file__).parent
-    makers = [path.name for path in sorted(package.glob("*.py"))
+    """Temporary names come from protocol.temporary_name alone (the client names the server's
+    temporaries, so the scheme is the protocol's): no module keeps a copy of its own."""
+    makers = [path.name for path in package_modules()
               if re.search(r"""f["']\.\{[^}]*\}\.pdiffcopy-""", path.read_text())]
-    assert makers == ["fileops.py"]
+    assert makers == ["protocol.py"]
     first, second = fileops.temporary_name("x"), fileops.temporary_name("x")
     assert first != second and fileops.is_temporary_name(first)
 
 
+def package_modules() -> List[Path]:
+    """Every module of the package, in its subpackages too."""
+    return sorted(Path(pdiffcopy.__file__).parent.rglob("*.py"))
+
+
 def calls_in_package(call: str) -> List[str]:
     """The package's modules that make the call ``call`` (a source scan)."""
-    package = Path(fileops.__file__).parent
-    return [path.name for path in sorted(package.glob("*.py")) if call in path.read_text()]
+    return [path.name for path in package_modules() if call in path.read_text()]
 
 
 def test_one_umask_reader_and_one_range_copy_loop():
