@@ -20,7 +20,7 @@ Five parts, chosen with ``--parts`` (default: warm,cold):
 ``cold``
     One big file (``--cold-size``, default 6 GiB) copied with its page cache emptied
     first, timed up to and including the flush of the target: ``cp`` then ``sync TARGET``,
-    and ``pdiffcopy.fastcopy.copy_file`` (atomic, fsyncs) with ``cache="drop"`` and with
+    and ``pdiffcopy.local.fastcopy.copy_file`` (atomic, fsyncs) with ``cache="drop"`` and with
     ``cache="keep"``, each as a process. While it runs, the peak of Dirty + Writeback
     from /proc/meminfo (the whole machine) and of the target's own dirty and writeback
     pages (the ``cachestat`` system call, Linux 6.5+) are sampled; after it, ``fincore``
@@ -85,7 +85,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from pdiffcopy import copyfile as pdiffcopy_copyfile
-from pdiffcopy.fileops import is_temporary_name
+from pdiffcopy.local.fileops import is_temporary_name
 
 #: The original, whatever patching happens elsewhere.
 SHUTIL_COPYFILE = shutil.copyfile
@@ -422,7 +422,7 @@ def cold_command(name: str, source: Path, target: Path) -> list[str]:
         return ["sh", "-c", 'cp "$1" "$2" && sync "$2"', "cp+sync", str(source), str(target)]
     # pdiffcopy-CACHE or pdiffcopy-CACHE-METHOD, e.g. pdiffcopy-drop-readwrite.
     _, cache, *method = name.split("-", 2)
-    script = ("import sys; from pdiffcopy.fastcopy import copy_file; "
+    script = ("import sys; from pdiffcopy.local.fastcopy import copy_file; "
               f"r = copy_file(sys.argv[1], sys.argv[2], cache={cache!r}, "
               f"method={method[0] if method else None!r}); print(r.method)")
     return [sys.executable, "-c", script, str(source), str(target)]
@@ -469,7 +469,7 @@ def cold_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
     lines = [f"\n## Cold cache, {format_size(size)}, time including the final flush\n"]
     lines.append(f"Before each run: {eviction}; every run follows an untimed warm-up run of the "
                f"same tool. cp+sync = `cp SRC DST && sync DST`; pdiffcopy-drop / -keep = a "
-               f"`python3 -c` process calling pdiffcopy.fastcopy.copy_file(SRC, DST, cache=...)"
+               f"`python3 -c` process calling pdiffcopy.local.fastcopy.copy_file(SRC, DST, cache=...)"
                f" (atomic: temporary file, fsync, rename). Dirty peak: machine = max of "
                f"Dirty + Writeback in /proc/meminfo (includes other programs), file = max of "
                f"the target's dirty + writeback pages (cachestat). Cached after = fincore RES "
@@ -520,7 +520,7 @@ def reflink_part(args: argparse.Namespace, work: Path, out: list[str]) -> None:
         tools: dict[str, Callable[[Path, Path], object]] = {
             "pdiffcopy.copyfile": pdiffcopy_copyfile.copyfile,
             "fastcopy.copy_file": lambda s, t: __import__(
-                "pdiffcopy.fastcopy", fromlist=["copy_file"]).copy_file(str(s), str(t)),
+                "pdiffcopy.local.fastcopy", fromlist=["copy_file"]).copy_file(str(s), str(t)),
             "cp": lambda s, t: run_command(["cp", str(s), str(t)]),
             "shutil.copyfile": SHUTIL_COPYFILE,
         }

@@ -1,4 +1,4 @@
-"""Write docs/openapi.json from the code (pdiffcopy.openapi.build_document).
+"""Write docs/openapi.json from the code (pdiffcopy.server.openapi.build_document).
 
 Run this after changing an endpoint; tests/test_openapi.py fails until the
 copy in docs/ is current. ``--check`` only reports whether it is.
@@ -7,7 +7,7 @@ copy in docs/ is current. ``--check`` only reports whether it is.
 import sys
 from pathlib import Path
 
-from pdiffcopy.openapi import render_document
+from pdiffcopy.server.openapi import render_document
 
 DOCUMENT = Path(__file__).resolve().parent / "openapi.json"
 

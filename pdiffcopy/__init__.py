@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in ("SyncResult", "Progress"):
-        from pdiffcopy import pipeline
+        from pdiffcopy.engine import pipeline
 
         return getattr(pipeline, name)
     if name in ("patch_copyfile", "unpatch_copyfile"):
@@ -34,9 +34,9 @@ def __getattr__(name: str):
         # The module is callable with shutil.copyfile's signature (see copyfile.py).
         import importlib
 
-        return importlib.import_module("pdiffcopy.copyfile")
+        return importlib.import_module("pdiffcopy.local.copyfile")
     if name == "PdiffcopyError":
-        from pdiffcopy.exceptions import PdiffcopyError
+        from pdiffcopy.errors import PdiffcopyError
 
         return PdiffcopyError
     raise AttributeError(f"module 'pdiffcopy' has no attribute {name!r}")

@@ -1,28 +1,28 @@
 """The library's face: paths and URLs in, endpoints built, the engine run.
 
-The engine (:mod:`pdiffcopy.pipeline`, :mod:`pdiffcopy.treesync`) works on
+The engine (:mod:`pdiffcopy.engine.pipeline`, :mod:`pdiffcopy.engine.treesync`) works on
 endpoints and never builds one: this module turns a path into a local
 endpoint and an ``http(s)://`` URL into a remote one, and hands both over
 (dependency inversion, see docs/design.rst). It is also where the rule that
 holds for every caller lives: at most one side may be a URL.
 
 A token is what the caller passes: the library never reads ``$PDIFFCOPY_TOKEN``
-or a token file (the command line does, see :mod:`pdiffcopy.cli`).
+or a token file (the command line does, see :mod:`pdiffcopy.cli.main`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional
 
-from pdiffcopy.blocks import DEFAULT_BLOCK_SIZE
-from pdiffcopy.endpoints import FileEndpoint, is_url
-from pdiffcopy.exceptions import UsageError
-from pdiffcopy.hashing import DEFAULT_HASH_METHOD
-from pdiffcopy.pipeline import Progress, SyncResult, file_options, run_sync
+from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
+from pdiffcopy.engine.endpoints import FileEndpoint, is_url
+from pdiffcopy.errors import UsageError
+from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+from pdiffcopy.engine.pipeline import Progress, SyncResult, file_options, run_sync
 
 if TYPE_CHECKING:
-    from pdiffcopy.treeendpoints import TreeEndpoint
-    from pdiffcopy.treesync import TreeOptions, TreeProgress, TreeResult
+    from pdiffcopy.engine.treeendpoints import TreeEndpoint
+    from pdiffcopy.engine.treesync import TreeOptions, TreeProgress, TreeResult
 
 
 def check_locations(source: str, target: str) -> None:
@@ -36,18 +36,18 @@ def check_locations(source: str, target: str) -> None:
 
 def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
                   timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
-    """The endpoint of one file: a :class:`~pdiffcopy.remote.RemoteFile` for a URL, else a local file.
+    """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
     :param token: The server's shared secret (None: send none).
     :param concurrency: Connections the remote file may open at once.
     :raises UsageError: For a path that names no file or a URL that names no server.
     """
     if is_url(location):
-        from pdiffcopy.remote import DEFAULT_TIMEOUT, RemoteFile
+        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
 
         return RemoteFile(location, token=token, concurrency=concurrency,
                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
-    from pdiffcopy.local import LocalFile
+    from pdiffcopy.local.file import LocalFile
 
     if not location or location.endswith("/"):
         raise UsageError(f"Not a file name: {location!r}")
@@ -56,14 +56,14 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
                   timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
-    """The endpoint of a directory tree: a :class:`~pdiffcopy.remotetree.RemoteTree` for a URL, else local."""
+    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local."""
     if is_url(location):
-        from pdiffcopy.remote import DEFAULT_TIMEOUT
-        from pdiffcopy.remotetree import RemoteTree
+        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.remotetree import RemoteTree
 
         return RemoteTree(location, token=token, concurrency=concurrency,
                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
-    from pdiffcopy.localtree import LocalTree
+    from pdiffcopy.local.localtree import LocalTree
 
     return LocalTree(location)
 
@@ -103,7 +103,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
                     None or 0: no limit. A sync between local files ignores it.
     :param compress: zstd on the wire: ``"always"`` (``-z``), ``"never"``, or ``"auto"``: when
                      the data shrinks and the link, not the CPU, is the bottleneck.
-    :returns: A :class:`~pdiffcopy.pipeline.SyncResult`.
+    :returns: A :class:`~pdiffcopy.engine.pipeline.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
     options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
@@ -130,20 +130,20 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
 
     The locations are taken as given: ``source`` is the directory whose
     contents are synced into ``target`` (the command line's rsync rule for a
-    trailing slash is the command line's, see :mod:`pdiffcopy.treecli`).
+    trailing slash is the command line's, see :mod:`pdiffcopy.cli.treecli`).
 
-    :param options: A :class:`~pdiffcopy.treesync.TreeOptions`; ``fields``
+    :param options: A :class:`~pdiffcopy.engine.treesync.TreeOptions`; ``fields``
                     (``delete=True``, ``concurrency=4``...) replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
-    :returns: A :class:`~pdiffcopy.treesync.TreeResult`; failures of single
+    :returns: A :class:`~pdiffcopy.engine.treesync.TreeResult`; failures of single
               files are in its ``failures``.
     :raises PdiffcopyError: When the sync cannot start.
     """
     import dataclasses
 
-    from pdiffcopy.pipeline import check_concurrency
-    from pdiffcopy.treesync import TreeOptions, sync_tree as run_tree
+    from pdiffcopy.engine.pipeline import check_concurrency
+    from pdiffcopy.engine.treesync import TreeOptions, sync_tree as run_tree
 
     options = dataclasses.replace(options or TreeOptions(), **fields)
     check_concurrency(options.concurrency)

@@ -195,8 +195,8 @@ class TreeEnds:
 
     def trees(self):
         """(source, target) as tree endpoints, for the tests that call the library's engine."""
-        from pdiffcopy.localtree import LocalTree
-        from pdiffcopy.remotetree import RemoteTree
+        from pdiffcopy.local.localtree import LocalTree
+        from pdiffcopy.transport.remotetree import RemoteTree
 
         source = RemoteTree(f"{self.source_url}/", concurrency=2, timeout=30) if self.source_url \
             else LocalTree(f"{self.source}/")

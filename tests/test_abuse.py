@@ -20,7 +20,7 @@ import pytest
 
 from conftest import random_bytes, run_cli, start_server
 
-#: Short limits, so that each test takes seconds (pdiffcopy/guard.py reads them).
+#: Short limits, so that each test takes seconds (pdiffcopy/server/guard.py reads them).
 LIMITS = {
     "PDIFFCOPY_HEADER_TIMEOUT": "1",
     "PDIFFCOPY_STALL_GRACE": "1",

@@ -16,11 +16,11 @@ import pytest
 from conftest import http_get, mutate, random_bytes, run_cli, start_server
 
 from pdiffcopy import sync
-from pdiffcopy.exceptions import RemoteError
-from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED, parse_range_header
-from pdiffcopy.remote import RemoteFile
-from pdiffcopy.remotetree import RemoteTree
-from pdiffcopy.slots import FairSlots
+from pdiffcopy.errors import RemoteError
+from pdiffcopy.core.byteranges import MAX_RANGES_ACCEPTED, parse_range_header
+from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.transport.remotetree import RemoteTree
+from pdiffcopy.server.slots import FairSlots
 
 
 # -- item 9: range amplification -----------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 
 from conftest import random_bytes, run_cli, start_server
 from test_compat_101 import original_server  # noqa: F401 (a fixture)
-from pdiffcopy.exceptions import UsageError
-from pdiffcopy.ratelimit import MIN_CLIENT_RATE, TokenBucket, bandwidth_limit
+from pdiffcopy.errors import UsageError
+from pdiffcopy.core.ratelimit import MIN_CLIENT_RATE, TokenBucket, bandwidth_limit
 
 #: The file moved by the timed tests, and the limit they move it at.
 SIZE = 6 * 1024 * 1024
@@ -173,8 +173,8 @@ def test_a_shared_bucket_is_one_bucket_for_forked_processes():
 
 
 def test_sync_tree_takes_rsync_syntax_and_refuses_garbage(tmp_path):
-    from pdiffcopy.localtree import LocalTree
-    from pdiffcopy.treesync import TreeOptions, sync_tree
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"x")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdiffcopy import chunks
+from pdiffcopy.core import chunks
 
 pytest.importorskip("pyfastcdc")
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import free_port, pdiffcopy_command, run_cli, start_server
-from pdiffcopy.exceptions import PdiffcopyError, RemoteError
+from pdiffcopy.errors import PdiffcopyError, RemoteError
 
 #: Long enough for the command line to start and refuse; a server started by
 #: mistake would still be running then.
@@ -106,7 +106,7 @@ def test_missing_ca_file_is_named(tmp_path):
 def test_missing_server_extra_says_what_to_install(tmp_path):
     """With flask and gunicorn not importable (as without the server extra)."""
     script = ("import sys; sys.modules['flask'] = sys.modules['gunicorn'] = None; "
-              "from pdiffcopy.cli import main; main()")
+              "from pdiffcopy.cli.main import main; main()")
     try:
         completed = subprocess.run([sys.executable, "-c", script, "--listen", f"127.0.0.1:{free_port()}"],
                                    capture_output=True, text=True, timeout=REFUSAL_SECONDS, cwd=tmp_path)
@@ -120,7 +120,7 @@ def test_missing_server_extra_says_what_to_install(tmp_path):
 def test_missing_client_extra_for_benchmark_says_what_to_install(tmp_path):
     (tmp_path / "a").write_bytes(os.urandom(64 * 1024))
     (tmp_path / "b").write_bytes(os.urandom(64 * 1024))
-    script = "import sys; sys.modules['executor'] = None; from pdiffcopy.cli import main; main()"
+    script = "import sys; sys.modules['executor'] = None; from pdiffcopy.cli.main import main; main()"
     completed = subprocess.run([sys.executable, "-c", script, "-q", "-B", "1", "a", "b"],
                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode == 1, completed.stderr
@@ -156,7 +156,7 @@ def kill_while_streaming(server, rest, expected=PdiffcopyError) -> None:
 @pytest.mark.parametrize("parts", [1, 2])
 def test_interrupted_pull_says_the_server_closed_the_connection(tmp_path, parts):
     """The server killed while an answer streams: the client's error is plain words."""
-    from pdiffcopy.remote import RemoteFile
+    from pdiffcopy.transport.remote import RemoteFile
 
     size = 256 * 1024 * 1024  # sparse: far more than socket buffers hold
     with open(tmp_path / "big.img", "wb") as handle:
@@ -175,8 +175,8 @@ def test_interrupted_pull_says_the_server_closed_the_connection(tmp_path, parts)
 
 def test_interrupted_tree_pull_says_the_server_closed_the_connection(tmp_path):
     """The same for a tree's files, which arrive as a chunked stream."""
-    from pdiffcopy.remotetree import RemoteTree
-    from pdiffcopy.treewire import MAX_FILE_BYTES
+    from pdiffcopy.transport.remotetree import RemoteTree
+    from pdiffcopy.core.treewire import MAX_FILE_BYTES
 
     root = tmp_path / "root"
     root.mkdir()

@@ -270,9 +270,9 @@ def test_location_parsing():
     1.0.1 took the URL's path as an absolute file name; ours is a path below the
     server's --root (the leading slash only separates it from the host).
     """
-    from pdiffcopy.endpoints import is_url
-    from pdiffcopy.exceptions import UsageError
-    from pdiffcopy.remote import parse_url
+    from pdiffcopy.engine.endpoints import is_url
+    from pdiffcopy.errors import UsageError
+    from pdiffcopy.transport.remote import parse_url
 
     assert not is_url("/foo/bar")
     assert is_url("http://server:12345/foo/bar")
@@ -296,7 +296,7 @@ def test_hashes_serial_parallel_and_http_agree(server, unique):
 
     from conftest import http_get
 
-    from pdiffcopy.local import LocalFile, start_hash_pool
+    from pdiffcopy.local.file import LocalFile, start_hash_pool
 
     data = random_bytes(SIZE, seed=18)
     path = server.root / unique

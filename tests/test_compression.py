@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from pdiffcopy import compression
-from pdiffcopy.compression import AdaptivePolicy, CompressionError
+from pdiffcopy.core import compression
+from pdiffcopy.core.compression import AdaptivePolicy, CompressionError
 
 pytest.importorskip("zstandard")
 

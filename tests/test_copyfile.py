@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from pdiffcopy import copyfile as module
-from pdiffcopy import fastcopy
-from pdiffcopy.copyfile import (
+from pdiffcopy.local import fastcopy
+from pdiffcopy.local.copyfile import (
     CIFS_IOC_COPYCHUNK_FILE,
     cifs_copychunk,
     copyfile,
@@ -260,7 +260,7 @@ def test_debug_log_names_the_path(tmp_path, debug_log):
 def test_debug_variable_prints_to_stderr(tmp_path):
     source = tmp_path / "source"
     source.write_bytes(b"x" * 10)
-    script = "import sys; from pdiffcopy.copyfile import copyfile; copyfile(sys.argv[1], sys.argv[2])"
+    script = "import sys; from pdiffcopy.local.copyfile import copyfile; copyfile(sys.argv[1], sys.argv[2])"
     env = dict(os.environ, **{module.DEBUG_VARIABLE: "1"})
     result = subprocess.run([sys.executable, "-c", script, str(source), str(tmp_path / "t")],
                             capture_output=True, text=True, env=env, check=True)

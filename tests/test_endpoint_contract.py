@@ -1,8 +1,8 @@
 """One contract for every endpoint kind, restic's backend test suite being the model.
 
-Each test below runs against every kind of :class:`~pdiffcopy.endpoints.FileEndpoint`
+Each test below runs against every kind of :class:`~pdiffcopy.engine.endpoints.FileEndpoint`
 (a local file, a file behind a real server) or of
-:class:`~pdiffcopy.treeendpoints.TreeEndpoint` (a local tree, a tree behind a
+:class:`~pdiffcopy.engine.treeendpoints.TreeEndpoint` (a local tree, a tree behind a
 real server), built over a temporary directory by the fixtures. A sync only
 sees these interfaces, so whatever one kind does the others must do too: the
 same digests for the same bytes, the same exception class for the same
@@ -21,16 +21,25 @@ from typing import Callable, Iterator
 
 import pytest
 
-from pdiffcopy.endpoints import FileEndpoint
-from pdiffcopy.exceptions import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError
-from pdiffcopy.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
-from pdiffcopy.local import LocalFile
-from pdiffcopy.localtree import LocalTree
-from pdiffcopy.remote import RemoteFile
-from pdiffcopy.remotetree import RemoteTree
-from pdiffcopy.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation, TreeEndpoint
-from pdiffcopy.treeplan import DIR, FILE, Entry
-from pdiffcopy.treeplan import SYMLINK as SYMLINK_KIND
+from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.errors import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError
+from pdiffcopy.core.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
+from pdiffcopy.local.file import LocalFile
+from pdiffcopy.local.localtree import LocalTree
+from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.transport.remotetree import RemoteTree
+from pdiffcopy.engine.treeendpoints import (
+    DELETE,
+    METADATA,
+    MKDIR,
+    REMOVE,
+    SYMLINK,
+    MetadataOptions,
+    Operation,
+    TreeEndpoint,
+)
+from pdiffcopy.core.treeplan import DIR, FILE, Entry
+from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 
 from conftest import random_bytes
 

@@ -32,7 +32,7 @@ import pytest
 from conftest import free_port, pdiffcopy_command, random_bytes, start_server
 
 from pdiffcopy import sync
-from pdiffcopy.exceptions import FileMissing, NotAFile, UsageError
+from pdiffcopy.errors import FileMissing, NotAFile, UsageError
 
 #: The token the ``token_server`` fixture requires.
 TOKEN = "s3cret-token"
@@ -387,7 +387,7 @@ def test_bad_url_leaves_no_hashing_process_behind(tmp_path):
     script = (
         "import multiprocessing, sys\n"
         "from pdiffcopy import sync\n"
-        "from pdiffcopy.exceptions import UsageError\n"
+        "from pdiffcopy.errors import UsageError\n"
         "for source, target in ((sys.argv[1], 'http://127.0.0.1:1/'), (sys.argv[1], 'http://h:x/y'),"
         " ('http://127.0.0.1:1/', sys.argv[2]), (sys.argv[1], sys.argv[2] + '/')):\n"
         "    try:\n"

@@ -1,4 +1,4 @@
-"""Whole-file local copies (pdiffcopy.fastcopy) on real files and real file systems.
+"""Whole-file local copies (pdiffcopy.local.fastcopy) on real files and real file systems.
 
 Every copy method is exercised twice: where the kernel takes it by itself
 (ext4 for copy_file_range, ext4 to tmpfs for sendfile, a loop-mounted XFS
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from pdiffcopy import fastcopy
-from pdiffcopy.exceptions import Conflict, FileMissing, NotAFile, StorageError, UsageError
-from pdiffcopy.fastcopy import METHODS, copy_file, copy_into
-from pdiffcopy.fileops import FICLONE, is_temporary_name
+from pdiffcopy.local import fastcopy
+from pdiffcopy.errors import Conflict, FileMissing, NotAFile, StorageError, UsageError
+from pdiffcopy.local.fastcopy import METHODS, copy_file, copy_into
+from pdiffcopy.local.fileops import FICLONE, is_temporary_name
 
 MiB = 1024 * 1024
 
@@ -296,7 +296,7 @@ def test_sync_of_a_new_file_on_xfs_is_a_clone_not_read_back(xfs, caplog):
     content = data(REFLINK_FILE_SIZE // 4, seed=5)
     source.write_bytes(content)
     try:
-        with caplog.at_level(logging.DEBUG, logger="pdiffcopy.pipeline"):
+        with caplog.at_level(logging.DEBUG, logger="pdiffcopy.engine.pipeline"):
             result = sync(str(source), str(target))
         assert f"Copied {source} with reflink" in caplog.text
         assert result.verified and result.digest
@@ -347,7 +347,7 @@ def test_auto_cache_by_size(tmp_path):
 #: and sleeps, so that the test can interrupt it half-way.
 SLOW_COPY = """
 import sys, time
-from pdiffcopy.fastcopy import copy_file
+from pdiffcopy.local.fastcopy import copy_file
 def progress(count):
     print("copied", count, flush=True)
     time.sleep(0.05)

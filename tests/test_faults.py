@@ -28,7 +28,7 @@ from test_errors import (
 )
 
 from pdiffcopy import Progress, sync
-from pdiffcopy.exceptions import Conflict, VerificationFailed
+from pdiffcopy.errors import Conflict, VerificationFailed
 
 BIG = 64 * 1024 * 1024
 

@@ -36,8 +36,8 @@ from test_errors import assert_json_error, raw_request, snapshot
 from test_openapi import openapi_path
 from werkzeug.exceptions import HTTPException
 
-from pdiffcopy.openapi import DOCUMENT_PATH, build_document
-from pdiffcopy.server import ServerConfig, create_app
+from pdiffcopy.server.openapi import DOCUMENT_PATH, build_document
+from pdiffcopy.server.app import ServerConfig, create_app
 
 schemathesis = pytest.importorskip("schemathesis", reason="fuzzing needs schemathesis (extra: test)")
 checks = pytest.importorskip("schemathesis.specs.openapi.checks")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from conftest import random_bytes, run_cli
 
-from pdiffcopy.pipeline import Progress, sync
+from pdiffcopy.engine.pipeline import Progress, sync
 
 #: Big enough for several 1 MiB blocks, small enough to sync in a blink.
 SIZE = 4 * 1024 * 1024
@@ -158,7 +158,7 @@ class TreeHook:
     """Tree progress counters that run ``action`` once, after the first unit."""
 
     def __init__(self, action) -> None:
-        from pdiffcopy.treesync import TreeProgress
+        from pdiffcopy.engine.treesync import TreeProgress
 
         self.progress = TreeProgress(1)
         original = self.progress.add
@@ -175,9 +175,9 @@ class TreeHook:
 
 
 def test_tree_push_of_a_big_changed_file_refuses_a_plain_write(server, tmp_path):
-    from pdiffcopy.localtree import LocalTree
-    from pdiffcopy.remotetree import RemoteTree
-    from pdiffcopy.treesync import TreeOptions, sync_tree
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.transport.remotetree import RemoteTree
+    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 
     name = f"tree-{os.getpid()}"
     remote, source = server.root / name, tmp_path / "src"
@@ -320,7 +320,7 @@ def test_tree_push_fsync_is_honoured_by_the_server(tmp_path):
 
 def test_lease_files_do_not_pile_up(tmp_path):
     """Every write consults a lease file; an empty one is removed, so months of writes leave none."""
-    from pdiffcopy.server import ServerConfig, create_app
+    from pdiffcopy.server.app import ServerConfig, create_app
 
     root, leases = tmp_path / "root", tmp_path / "leases"
     root.mkdir()
@@ -349,7 +349,7 @@ def test_lease_files_do_not_pile_up(tmp_path):
 def test_a_killed_servers_lease_directory_is_swept_at_start(tmp_path, monkeypatch):
     import subprocess
 
-    from pdiffcopy.leases import Leases
+    from pdiffcopy.local.leases import Leases
 
     gone = subprocess.Popen(["true"])
     gone.wait()

@@ -8,8 +8,8 @@ import subprocess
 import time
 
 from conftest import pdiffcopy_command, process_stats, random_bytes
-from pdiffcopy.pipeline import Progress
-from pdiffcopy.progress import ProgressDisplay
+from pdiffcopy.engine.pipeline import Progress
+from pdiffcopy.cli.progress import ProgressDisplay
 
 
 def session_processes(session_id: int):

@@ -1,8 +1,9 @@
-"""The layers of issue 11 on today's flat layout: who may import whom, who reads the token, who failed.
+"""The layers of issue 11: who may import whom, who reads the token, who failed.
 
-docs/design.rst and ARCHITECTURE.md name the layers; until the modules move into
-subpackages (and import-linter checks them), this file checks the rules that the
-flat layout can already keep, by reading every import statement (lazy ones too).
+docs/design.rst and ARCHITECTURE.md name the layers; import-linter's contracts
+(pyproject.toml, ``lint-imports`` in CI) check the subpackages. This file checks
+that those contracts hold and bite, and the rules the linter cannot see, by
+reading every import statement (lazy ones too).
 """
 
 import ast
@@ -15,7 +16,7 @@ import pytest
 
 import pdiffcopy
 from conftest import random_bytes, run_cli, start_server
-from pdiffcopy.exceptions import AuthenticationFailed, RemoteError, RemoteProtocolError, UsageError
+from pdiffcopy.errors import AuthenticationFailed, RemoteError, RemoteProtocolError, UsageError
 
 #: Module -> modules it must never import, at the top or inside a function.
 #: The engine (pipeline, treesync) never starts a server nor reads a token; the
@@ -25,32 +26,32 @@ from pdiffcopy.exceptions import AuthenticationFailed, RemoteError, RemoteProtoc
 #: names, so that they follow the modules into their layers (import-linter's
 #: contracts then say the rest).
 FORBIDDEN = {
-    "pdiffcopy.pipeline": {
-        "pdiffcopy.service",
-        "pdiffcopy.server",
-        "pdiffcopy.cli",
-        "pdiffcopy.treecli",
+    "pdiffcopy.engine.pipeline": {
+        "pdiffcopy.server.service",
+        "pdiffcopy.server.app",
+        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.treecli",
     },
-    "pdiffcopy.treesync": {
-        "pdiffcopy.service",
-        "pdiffcopy.server",
-        "pdiffcopy.cli",
-        "pdiffcopy.treecli",
-        "pdiffcopy.remote",
+    "pdiffcopy.engine.treesync": {
+        "pdiffcopy.server.service",
+        "pdiffcopy.server.app",
+        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.treecli",
+        "pdiffcopy.transport.remote",
     },
-    "pdiffcopy.server": {
-        "pdiffcopy.service",
-        "pdiffcopy.cli",
-        "pdiffcopy.remote",
+    "pdiffcopy.server.app": {
+        "pdiffcopy.server.service",
+        "pdiffcopy.cli.main",
+        "pdiffcopy.transport.remote",
     },
-    "pdiffcopy.remote": {
-        "pdiffcopy.leases",
-        "pdiffcopy.server",
-        "pdiffcopy.service",
-        "pdiffcopy.cli",
+    "pdiffcopy.transport.remote": {
+        "pdiffcopy.local.leases",
+        "pdiffcopy.server.app",
+        "pdiffcopy.server.service",
+        "pdiffcopy.cli.main",
     },
-    "pdiffcopy.treewire": {
-        "pdiffcopy.paths",
+    "pdiffcopy.core.treewire": {
+        "pdiffcopy.local.paths",
     },
 }
 
@@ -74,7 +75,7 @@ def test_a_layer_does_not_import_what_it_must_not(module):
 
 
 def test_the_server_imports_without_its_launcher():
-    code = "import sys, pdiffcopy.server; assert 'pdiffcopy.service' not in sys.modules, sorted(sys.modules)"
+    code = "import sys, pdiffcopy.server.app; assert 'pdiffcopy.server.service' not in sys.modules, sorted(sys.modules)"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
 
@@ -120,3 +121,38 @@ def test_sync_tree_takes_paths_and_urls_from_the_top_level(server, tmp_path):
     assert pushed.files_copied == 2 and (server.root / "layers-tree" / "b.txt").read_text() == "hello\n"
     with pytest.raises(UsageError, match="both"):
         pdiffcopy.sync_tree(server.url("layers-tree") + "/", server.url("layers-tree2"))
+
+
+def run_lint_imports(package_parent: Path) -> subprocess.CompletedProcess:
+    """import-linter's contracts (pyproject.toml) over the package found in ``package_parent``."""
+    script = Path(sys.executable).with_name("lint-imports")
+    command = [str(script)] if script.exists() else ["lint-imports"]
+    repository = Path(pdiffcopy.__file__).resolve().parent.parent
+    return subprocess.run(command + ["--config", str(repository / "pyproject.toml"), "--no-cache"],
+                          cwd=package_parent, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(package_parent)},
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def lint_imports_available():
+    if importlib.util.find_spec("importlinter") is None:
+        pytest.skip("import-linter is not installed (pip install 'pdiffcopy[test]')")
+
+
+def test_the_import_contracts_hold(lint_imports_available):
+    result = run_lint_imports(Path(pdiffcopy.__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_the_import_contracts_catch_a_core_module_importing_the_transport(lint_imports_available, tmp_path):
+    import shutil
+
+    shutil.copytree(Path(pdiffcopy.__file__).resolve().parent, tmp_path / "pdiffcopy",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    blocks = tmp_path / "pdiffcopy" / "core" / "blocks.py"
+    blocks.write_text(blocks.read_text() + "\nfrom pdiffcopy.transport.remote import RemoteFile  # noqa\n")
+    result = run_lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "pdiffcopy.core.blocks -> pdiffcopy.transport.remote" in result.stdout
+

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pdiffcopy_command, process_stats, random_bytes, run_cli, start_server
-from pdiffcopy import fileops
-from pdiffcopy.fileops import is_temporary_name
+from pdiffcopy.local import fileops
+from pdiffcopy.local.fileops import is_temporary_name
 from test_interrupt import session_processes
 
 #: Big enough (hashed with a slow method) that the sync is still running when the signal comes.

@@ -39,7 +39,7 @@ def load_module():
 @pytest.mark.parametrize("workers", [1, 2], ids=["1-worker", "2-workers"])
 def test_sixteen_clients_and_a_slow_one(tmp_path, workers, monkeypatch):
     # The server cuts a trickling body off after its stall grace (30 s; see
-    # pdiffcopy/guard.py): longer than the load here, so the slow client
+    # pdiffcopy/server/guard.py): longer than the load here, so the slow client
     # holds its thread the whole time, as this test wants.
     monkeypatch.setenv("PDIFFCOPY_STALL_GRACE", str(2 * DEADLINE))
     load = load_module()

@@ -71,7 +71,7 @@ def test_source_and_target_the_same_file_is_refused(tmp_path):
 # --------------------------------------------------------------------------- verification of whole-file copies
 
 #: More than one 64 MiB segment, so the read-back of a finished segment runs
-#: while the next one is copied (pdiffcopy.blocks.DEFAULT_SEGMENT_SIZE).
+#: while the next one is copied (pdiffcopy.core.blocks.DEFAULT_SEGMENT_SIZE).
 TWO_SEGMENTS = 64 * 1024 * 1024 + 3 * 1024 * 1024 + 11
 
 
@@ -81,7 +81,7 @@ def _corrupt_writes(monkeypatch, method: str, where: int, data: bytes) -> None:
     The byte is flipped in the target right after the call that wrote it
     returns, as a kernel or file system bug in a fast path would leave it.
     """
-    from pdiffcopy import fastcopy
+    from pdiffcopy.local import fastcopy
 
     monkeypatch.setenv(fastcopy.METHOD_VARIABLE, method)
     real = {"copy_file_range": os.copy_file_range, "sendfile": os.sendfile, "readwrite": os.pwrite}
@@ -122,7 +122,7 @@ def test_whole_file_copy_detects_a_wrong_byte(tmp_path, monkeypatch, method, whe
     landed, would let the wrong byte through.
     """
     from pdiffcopy import sync
-    from pdiffcopy.exceptions import VerificationFailed
+    from pdiffcopy.errors import VerificationFailed
 
     data = random_bytes(TWO_SEGMENTS, seed=8)
     (tmp_path / "a").write_bytes(data)
@@ -135,7 +135,7 @@ def test_whole_file_copy_detects_a_wrong_byte(tmp_path, monkeypatch, method, whe
 def test_whole_file_copy_in_place_detects_a_wrong_byte(tmp_path, monkeypatch):
     """-W over an existing target (in place, no temporary file): the same check, the same error."""
     from pdiffcopy import sync
-    from pdiffcopy.exceptions import VerificationFailed
+    from pdiffcopy.errors import VerificationFailed
 
     data = random_bytes(TWO_SEGMENTS, seed=9)
     (tmp_path / "a").write_bytes(data)
@@ -151,19 +151,20 @@ def test_whole_file_copy_reads_back_every_segment_but_not_a_clone(tmp_path, monk
     The clone shares the source's extents, so reading it would read the very
     blocks the source's digests came from. Every other method's result is read.
     """
-    import pdiffcopy.local
-    from pdiffcopy import fastcopy, sync
+    import pdiffcopy.local.file
+    from pdiffcopy import sync
+    from pdiffcopy.local import fastcopy
 
     data = random_bytes(TWO_SEGMENTS, seed=10)
     (tmp_path / "a").write_bytes(data)
     hashed = []
-    real_hash = pdiffcopy.local.hash_file_ranges
+    real_hash = pdiffcopy.local.file.hash_file_ranges
 
     def spy(path, ranges, *args):
         hashed.append((os.path.basename(path), tuple(ranges)))
         return real_hash(path, ranges, *args)
 
-    monkeypatch.setattr(pdiffcopy.local, "hash_file_ranges", spy)
+    monkeypatch.setattr(pdiffcopy.local.file, "hash_file_ranges", spy)
     result = sync(str(tmp_path / "a"), str(tmp_path / "b"), cache="keep")
     assert result.verified and (tmp_path / "b").read_bytes() == data
     target_reads = sorted(ranges for name, ranges in hashed if name != "a")
@@ -195,7 +196,8 @@ def test_ctrl_c_during_a_whole_file_copy_leaves_no_temporary_and_no_thread(tmp_p
     """
     import threading
 
-    from pdiffcopy import fastcopy, sync
+    from pdiffcopy import sync
+    from pdiffcopy.local import fastcopy
 
     data = random_bytes(TWO_SEGMENTS, seed=11)
     (tmp_path / "a").write_bytes(data)

@@ -24,7 +24,7 @@ from typing import Dict, Optional
 import pytest
 from conftest import free_port, http_get, random_bytes, run_cli, start_server
 
-from pdiffcopy.metrics import DIRECTORY_PREFIX, METRICS_PATH
+from pdiffcopy.server.metrics import DIRECTORY_PREFIX, METRICS_PATH
 
 TOKEN = "metrics-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -20,10 +20,10 @@ import pytest
 
 from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_server
 import pdiffcopy
-from pdiffcopy import fileops
-from pdiffcopy.exceptions import AccessDenied, NotAFile
-from pdiffcopy.local import LocalFile
-from pdiffcopy.paths import Root
+from pdiffcopy.local import fileops
+from pdiffcopy.errors import AccessDenied, NotAFile
+from pdiffcopy.local.file import LocalFile
+from pdiffcopy.local.paths import Root
 
 #: System calls that are fast paths: none of them may be tried with the kill switch on.
 FAST_CALLS = ("copy_file_range", "sendfile", "openat2", "fadvise64", "sync_file_range")

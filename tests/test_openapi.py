@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import http_get
 
-from pdiffcopy import exceptions
-from pdiffcopy.openapi import DOCUMENT_PATH, ERROR_STATUSES, build_document, render_document
-from pdiffcopy.server import ServerConfig, create_app
+from pdiffcopy import errors as exceptions
+from pdiffcopy.server.openapi import DOCUMENT_PATH, ERROR_STATUSES, build_document, render_document
+from pdiffcopy.server.app import ServerConfig, create_app
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -48,8 +48,8 @@ def operations_of(document: dict) -> set:
 
 def test_every_route_is_described_and_nothing_else(tmp_path):
     routes, described = routes_of_app(tmp_path), operations_of(build_document())
-    assert routes - described == set(), "routes of server.py missing from pdiffcopy/openapi.py"
-    assert described - routes == set(), "operations in pdiffcopy/openapi.py the server lacks"
+    assert routes - described == set(), "routes of server.py missing from pdiffcopy/server/openapi.py"
+    assert described - routes == set(), "operations in pdiffcopy/server/openapi.py the server lacks"
     # The comparison is not vacuous: the API has all these operations.
     assert len(routes) >= 18
 

@@ -7,9 +7,9 @@ import io
 import pytest
 
 from conftest import random_bytes, run_cli
-from pdiffcopy.pipeline import Progress
-from pdiffcopy.progress import ProgressDisplay, TreeProgressDisplay
-from pdiffcopy.treesync import TreeProgress
+from pdiffcopy.engine.pipeline import Progress
+from pdiffcopy.cli.progress import ProgressDisplay, TreeProgressDisplay
+from pdiffcopy.engine.treesync import TreeProgress
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3

@@ -5,7 +5,7 @@ Hypothesis draws source sizes, block sizes and ways to damage the target
 checks that every sync, local or through the real server in either direction,
 leaves the target byte-identical to the source, reports what it did
 truthfully, and leaves nothing behind. The second half checks the pure
-functions of pdiffcopy/blocks.py and pdiffcopy/byteranges.py against simple
+functions of pdiffcopy/core/blocks.py and pdiffcopy/core/byteranges.py against simple
 reference implementations.
 """
 
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pdiffcopy import sync
-from pdiffcopy.blocks import (
+from pdiffcopy.core.blocks import (
     BlockPlan,
     Similarity,
     batch_ranges,
@@ -35,7 +35,7 @@ from pdiffcopy.blocks import (
     split_digests,
     split_ranges,
 )
-from pdiffcopy.byteranges import (
+from pdiffcopy.core.byteranges import (
     boundary_of,
     closing_delimiter,
     format_content_range,
@@ -49,7 +49,7 @@ from pdiffcopy.byteranges import (
     part_header,
     read_parts,
 )
-from pdiffcopy.exceptions import BadRequest, RangeNotSatisfiable, UsageError
+from pdiffcopy.errors import BadRequest, RangeNotSatisfiable, UsageError
 
 # -- the sync, end to end ---------------------------------------------------------------
 
@@ -458,7 +458,7 @@ def test_split_ranges_preserves_bytes_and_order(data, max_length):
 def test_batch_ranges_preserves_ranges_and_order(ranges, max_bytes, max_count):
     if max_count is None:
         batches = list(batch_ranges(ranges, max_bytes))
-        from pdiffcopy.blocks import MAX_RANGES_PER_REQUEST as limit
+        from pdiffcopy.core.blocks import MAX_RANGES_PER_REQUEST as limit
     else:
         batches, limit = list(batch_ranges(ranges, max_bytes, max_count)), max_count
     assert [r for batch in batches for r in batch] == ranges
@@ -476,7 +476,7 @@ def test_batch_ranges_preserves_ranges_and_order(ranges, max_bytes, max_count):
 @settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_changed_blocks_against_reference(data):
-    from pdiffcopy.blocks import Segment
+    from pdiffcopy.core.blocks import Segment
 
     count = data.draw(st.integers(0, 50))
     first = data.draw(st.integers(0, 10**6))
@@ -655,7 +655,7 @@ def test_merged_ranges_cover_the_same_bytes_once_in_order(ranges):
 
 
 def test_parse_range_header_limits_the_number_of_ranges():
-    from pdiffcopy.byteranges import MAX_RANGES_ACCEPTED
+    from pdiffcopy.core.byteranges import MAX_RANGES_ACCEPTED
 
     header = "bytes=" + ",".join("0-0" for _ in range(MAX_RANGES_ACCEPTED + 1))
     with pytest.raises(BadRequest):
@@ -679,7 +679,7 @@ def reference_explicit_ranges(specs):
 @example(case=("bytes=0-", 10, [(0, None)]))
 @example(case=("bytes=-5", 10, [(None, 5)]))
 def test_parse_explicit_ranges_against_reference(case):
-    from pdiffcopy.byteranges import parse_explicit_ranges
+    from pdiffcopy.core.byteranges import parse_explicit_ranges
 
     header, _, specs = case
     expected = reference_explicit_ranges(specs)
@@ -694,7 +694,7 @@ def test_parse_explicit_ranges_against_reference(case):
 @given(header=st.one_of(st.text(max_size=40), st.from_regex(r"\Abytes=[0-9 ,-]{0,30}\Z")))
 @example(header="bytes=0-" + "9" * 5000)
 def test_parse_explicit_ranges_never_crashes(header):
-    from pdiffcopy.byteranges import parse_explicit_ranges
+    from pdiffcopy.core.byteranges import parse_explicit_ranges
 
     try:
         ranges = parse_explicit_ranges(header)

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from pdiffcopy.ratelimit import TokenBucket, parse_rate
+from pdiffcopy.core.ratelimit import TokenBucket, parse_rate
 
 
 class FakeClock:

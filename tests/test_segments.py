@@ -1,10 +1,10 @@
 """The one segment engine: a file sync and a tree sync share its rules, and it sees only interfaces.
 
 A tree's big files and a single-file sync go through the same hashing,
-comparison, move and verification (pdiffcopy.segments). These tests pin what
+comparison, move and verification (pdiffcopy.engine.segments). These tests pin what
 that buys: the same (stronger) verification rule on both paths, one set of
 errors, one options object, and an engine that works with any
-:class:`~pdiffcopy.endpoints.FileEndpoint` / :class:`~pdiffcopy.treeendpoints.TreeEndpoint`,
+:class:`~pdiffcopy.engine.endpoints.FileEndpoint` / :class:`~pdiffcopy.engine.treeendpoints.TreeEndpoint`,
 not only the two it was written beside.
 """
 
@@ -17,13 +17,13 @@ import pytest
 
 from conftest import random_bytes
 
-from pdiffcopy.endpoints import FileEndpoint
-from pdiffcopy.exceptions import FileMissing, VerificationFailed
-from pdiffcopy.hashing import digest_bytes
-from pdiffcopy.localtree import LocalTree
-from pdiffcopy.pipeline import sync
-from pdiffcopy.treeendpoints import TreeEndpoint
-from pdiffcopy.treesync import TreeOptions, sync_tree
+from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.errors import FileMissing, VerificationFailed
+from pdiffcopy.core.hashing import digest_bytes
+from pdiffcopy.local.localtree import LocalTree
+from pdiffcopy.engine.pipeline import sync
+from pdiffcopy.engine.treeendpoints import TreeEndpoint
+from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 
 #: The smallest block size: many blocks in a small file.
 BLOCK = 1024
@@ -175,7 +175,7 @@ def test_a_missing_source_tree_is_file_missing(tmp_path):
 
 
 def test_file_options_are_a_subset_of_tree_options():
-    from pdiffcopy.segments import FileOptions
+    from pdiffcopy.engine.segments import FileOptions
 
     assert issubclass(TreeOptions, FileOptions)
     file_fields = {field.name for field in dataclasses.fields(FileOptions)}
@@ -189,8 +189,9 @@ def test_the_engine_imports_no_kind_of_endpoint():
     import importlib.util
     from pathlib import Path
 
-    tree = ast.parse(Path(importlib.util.find_spec("pdiffcopy.segments").origin).read_text())
+    tree = ast.parse(Path(importlib.util.find_spec("pdiffcopy.engine.segments").origin).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
         {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert not imported & {"pdiffcopy.local", "pdiffcopy.remote", "pdiffcopy.localtree", "pdiffcopy.remotetree",
-                           "pdiffcopy.server", "pdiffcopy.service", "pdiffcopy.api", "pdiffcopy.cli"}
+    assert not imported & {"pdiffcopy.local.file", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
+                           "pdiffcopy.transport.remotetree", "pdiffcopy.server.app", "pdiffcopy.server.service",
+                           "pdiffcopy.api", "pdiffcopy.cli.main"}

@@ -18,8 +18,8 @@ import urllib.request
 import pytest
 
 from conftest import run_cli, start_server
-from pdiffcopy.remotetree import RemoteTree
-from pdiffcopy.treeplan import FILE, Entry
+from pdiffcopy.transport.remotetree import RemoteTree
+from pdiffcopy.core.treeplan import FILE, Entry
 
 #: Seconds a refusal may take: it is immediate, a hang is not.
 QUICK = 5

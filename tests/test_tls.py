@@ -9,7 +9,7 @@ import pytest
 
 from conftest import random_bytes, run_cli, start_server
 from pdiffcopy import sync
-from pdiffcopy.exceptions import RemoteError
+from pdiffcopy.errors import RemoteError
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
 
@@ -96,7 +96,7 @@ def test_an_unusable_ca_file_is_a_usage_error_with_its_reason(tls_server, tmp_pa
 
 
 def test_an_unusable_ca_file_given_to_the_api_says_why(tls_server, tmp_path):
-    from pdiffcopy.exceptions import UsageError
+    from pdiffcopy.errors import UsageError
 
     (tmp_path / "not-a-ca.pem").write_text("hello\n")
     with pytest.raises(UsageError, match="Cannot use the CA file .*: no certificate"):

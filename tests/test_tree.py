@@ -222,7 +222,7 @@ def test_remove_missing_path_fails_cleanly(tmp_path):
 
 def small_engine(monkeypatch):
     """Make "big" small, so ranges and block deltas run on files of a few MiB."""
-    from pdiffcopy import treesync
+    from pdiffcopy.engine import treesync
 
     monkeypatch.setattr(treesync, "RANGE_SIZE", 1024 * 1024)
     monkeypatch.setattr(treesync, "DELTA_MIN_SIZE", 256 * 1024)
@@ -231,7 +231,7 @@ def small_engine(monkeypatch):
 
 def test_file_growing_while_copied_is_reported_and_not_left_half_written(tmp_path, monkeypatch):
     treesync = small_engine(monkeypatch)
-    from pdiffcopy.localtree import LocalTree
+    from pdiffcopy.local.localtree import LocalTree
 
     source = tmp_path / "src"
     source.mkdir()
@@ -286,9 +286,9 @@ def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path
 
 
 def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, monkeypatch):
-    from pdiffcopy import treesync
-    from pdiffcopy.localtree import LocalTree
-    from pdiffcopy.progress import TreeProgressDisplay
+    from pdiffcopy.engine import treesync
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.cli.progress import TreeProgressDisplay
 
     monkeypatch.setattr(treesync, "INLINE_FILES", 1)  # force the forked workers
     source = tmp_path / "src"

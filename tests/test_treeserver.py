@@ -24,15 +24,15 @@ import pytest
 from conftest import http_get
 from test_errors import assert_json_error, raw_request, snapshot
 
-from pdiffcopy import remotetree
-from pdiffcopy.exceptions import AccessDenied, AuthenticationFailed, RemoteError
-from pdiffcopy.localtree import LocalTree
-from pdiffcopy.protocol import NO_FOLLOW_HEADER
-from pdiffcopy.remote import RemoteFile, quote_path
-from pdiffcopy.remotetree import RemoteTree
-from pdiffcopy.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation
-from pdiffcopy.treeplan import DIR, FILE, Entry
-from pdiffcopy.treewire import (
+from pdiffcopy.transport import remotetree
+from pdiffcopy.errors import AccessDenied, AuthenticationFailed, RemoteError
+from pdiffcopy.local.localtree import LocalTree
+from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
+from pdiffcopy.transport.remote import RemoteFile, quote_path
+from pdiffcopy.transport.remotetree import RemoteTree
+from pdiffcopy.engine.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation
+from pdiffcopy.core.treeplan import DIR, FILE, Entry
+from pdiffcopy.core.treewire import (
     END_MARKER,
     MAX_FILE_BYTES,
     MAX_HEADER_BYTES,

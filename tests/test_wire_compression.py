@@ -12,7 +12,7 @@ from conftest import random_bytes, run_cli, start_server
 
 zstandard = pytest.importorskip("zstandard")
 
-from pdiffcopy import compression  # noqa: E402
+from pdiffcopy.core import compression  # noqa: E402
 
 MiB = 1024 ** 2
 
@@ -138,7 +138,7 @@ def test_z_and_no_compress_together_are_a_usage_error(tmp_path):
 
 def test_a_bad_mode_is_a_usage_error(tmp_path):
     from pdiffcopy.api import sync
-    from pdiffcopy.exceptions import UsageError
+    from pdiffcopy.errors import UsageError
 
     (tmp_path / "a").write_bytes(b"x")
     with pytest.raises(UsageError):
@@ -262,8 +262,8 @@ def _tree_write(server, name: str, body: bytes):
 
 @pytest.mark.parametrize("how", ["corrupt", "truncate"])
 def test_a_damaged_compressed_tree_write_writes_nothing(server, unique, how):
-    from pdiffcopy.treeplan import FILE, Entry
-    from pdiffcopy.treewire import encode_files
+    from pdiffcopy.core.treeplan import FILE, Entry
+    from pdiffcopy.core.treewire import encode_files
 
     (server.root / unique).mkdir()
     data = text(300 * 1024, seed=20)

@@ -1,0 +1,1 @@
+"""The command line: options, the token, what SOURCE and TARGET mean, reports, progress, benchmark."""

@@ -1,0 +1,628 @@
+"""The ``pdiffcopy`` command: argument parsing, logging and error reporting.
+
+Every :class:`~pdiffcopy.errors.PdiffcopyError` ends the program with one
+line on stderr and a non-zero exit status; tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import time
+from typing import List, Optional, Tuple
+
+from pdiffcopy import __version__
+from pdiffcopy.transport import wire
+from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.errors import PdiffcopyError, UsageError
+
+logger = logging.getLogger("pdiffcopy")
+
+USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET | --remove PATH...]"
+
+DESCRIPTION = """\
+Synchronise a large file between Linux hosts at high speed, by hashing both
+copies in fixed-size blocks on many cores and moving only the blocks that
+differ, over HTTP.
+
+One of SOURCE and TARGET is a local path and the other a URL of a file on a
+pdiffcopy server (http://HOST:PORT/path): a URL SOURCE pulls, a URL TARGET
+pushes. Both may be local paths. TARGET ends up with exactly SOURCE's bytes
+and size, verified with a whole-file digest on both sides. rsync's HOST:PATH
+form is refused: a server is named by its URL, and a local name with a colon
+is written ./NAME.
+
+When SOURCE is a directory, the whole tree is copied or updated, as rsync
+does: SOURCE/ (with a trailing slash) syncs the contents of SOURCE into
+TARGET, SOURCE without it syncs the directory itself into TARGET/NAME. Files
+of the same size and modification time are skipped (--checksum compares
+their contents instead), changed big files go through the block delta,
+new and small ones are copied whole, by -c worker processes at once. When
+SOURCE is a file and TARGET an existing directory, the file goes into it.
+
+Without SOURCE and TARGET, the server starts: it serves the files below
+--root (default: the current directory) on --listen (default 127.0.0.1:8080);
+the sync and tree options are then refused, since a server ignores them.
+When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
+require and send it."""
+
+EPILOG = """\
+exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
+  23 some files of a tree failed (the rest was synced), 130 interrupted.
+examples:
+  pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
+  pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
+  pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd
+  pdiffcopy -a --delete /srv/photos/ http://storage2:8080/photos/
+  pdiffcopy --remove /srv/scratch/old-run"""
+
+
+#: The longest --timeout accepted: a week. Longer is a hang, not a timeout,
+#: and a socket timeout must fit the C types below settimeout().
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+#: rsync's remote forms, HOST:PATH, USER@HOST:PATH and HOST::MODULE: a colon
+#: with no slash before it (rsync's own rule: ``./a:b`` and ``/x/a:b`` are local).
+_RSYNC_REMOTE = re.compile(r"^[^/:]+:")
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's layout, with the help starting ``Usage:`` as 1.0.1's did (scripts and its tests look for it)."""
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+
+class _Parser(argparse.ArgumentParser):
+    #: The options that only mean something to a sync (set by build_parser).
+    sync_only: List[argparse.Action] = []
+
+    def error(self, message: str):  # one line, like every other error
+        sys.stderr.write(f"pdiffcopy: {message} (see pdiffcopy --help)\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; its help text is the usage documented in README.rst."""
+    parser = _Parser(
+        prog="pdiffcopy", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=_Formatter, add_help=False)
+    parser.add_argument("paths", nargs="*", metavar="SOURCE TARGET", help=argparse.SUPPRESS)
+    sync = parser.add_argument_group("sync options")
+    sync.add_argument("-b", "--block-size", metavar="BYTES", default="1MiB",
+                      help="block size of the delta transfer: bytes or 5K, 1MiB, 4M... "
+                           "(K/M/G are 1024-based; default 1MiB)")
+    sync.add_argument("-m", "--hash-method", metavar="NAME", default=None,
+                      help="block hash: any hashlib algorithm, xxh3_64, xxh3_128, blake3... "
+                           "(default xxh3_128)")
+    sync.add_argument("-W", "--whole-file", action="store_true",
+                      help="copy every block without comparing (still verified)")
+    sync.add_argument("-c", "--concurrency", metavar="COUNT", type=_positive_int, default=None,
+                      help="hashing processes, connections and tree workers (default: number "
+                           "of CPUs); for the server, worker processes")
+    sync.add_argument("-n", "--dry-run", action="store_true",
+                      help="report the similarity index and what would move; change nothing")
+    sync.add_argument("--atomic", action="store_true",
+                      help="write a temporary copy and rename it over TARGET when complete")
+    sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
+                      help="page cache use of whole-file copies between local files: drop "
+                           "keeps big copies from flushing the cache, keep leaves it alone "
+                           "(default auto: drop from the kernel's writeback threshold up)")
+    sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
+                      help="mutate the local TARGET and resync it COUNT times at varying "
+                           "similarity, then print an overview (next to rsync if installed)")
+    sync.add_argument("--stats", action="store_true",
+                      help="end with a line of figures: bytes moved, bytes on the wire (remote "
+                           "syncs), elapsed time and rate (also with -v)")
+    sync.add_argument("--timeout", metavar="SECONDS", type=_timeout, default=None,
+                      help="how long any network call may wait, in seconds above 0 (default 60)")
+    sync.add_argument("--ca-file", metavar="FILE", default=None,
+                      help="CA bundle to verify an https:// server with")
+    sync.add_argument("--bwlimit", metavar="RATE", type=_bwlimit, default=None,
+                      help="at most RATE bytes per second on the network, both directions and all "
+                           "connections together, in rsync's units: a bare number is KiB/s, K/M/G "
+                           "1024-based, KB/MB/GB 1000-based, 0 no limit (e.g. 50M; from 32K). "
+                           "Copies between local paths ignore it")
+    squeeze = sync.add_mutually_exclusive_group()
+    squeeze.add_argument("-z", "--compress", dest="compress", action="store_const", const="always",
+                         default="auto",
+                         help="always compress the data on the wire (zstd); by default a remote sync "
+                              "compresses when the data shrinks and the link, not the CPU, is the bottleneck")
+    squeeze.add_argument("--no-compress", dest="compress", action="store_const", const="never",
+                         default="auto", help="never compress the data on the wire")
+    tree = parser.add_argument_group("tree options (SOURCE is a directory)")
+    tree.add_argument("-a", "--archive", action="store_true",
+                      help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
+    tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
+    tree.add_argument("-o", "--owner", action="store_true",
+                      help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("--fsync", action="store_true",
+                      help="flush every file written, and its directory, to disk before reporting "
+                           "success (as rsync --fsync; a server does it per request). Single "
+                           "files and big files in a tree are always flushed")
+    tree.add_argument("--checksum", action="store_true",
+                      help="compare files of the same size by content, not by modification time")
+    tree.add_argument("--delete", action="store_true",
+                      help="delete what TARGET has and SOURCE does not (never excluded paths)")
+    tree.add_argument("--force", action="store_true",
+                      help="let --delete empty TARGET when SOURCE has nothing to sync")
+    tree.add_argument("--include", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: take paths matching GLOB even if a later rule excludes "
+                           "them (repeatable; rules apply in order, the first match wins)")
+    tree.add_argument("--exclude", metavar="GLOB", action=_Rule, dest="rules", default=[],
+                      help="rsync's glob: leave out paths matching GLOB (a leading / anchors it to "
+                           "the tree, a trailing / matches directories, ** crosses /; repeatable)")
+    tree.add_argument("--exclude-from", metavar="FILE", action=_Rule, dest="rules", default=[],
+                      help="read --exclude globs from FILE, one a line ('+ GLOB' includes; "
+                           "'#' and ';' comments; - reads stdin)")
+    tree.add_argument("--files-from", metavar="FILE", action=_FilesFrom, default=None,
+                      help="sync only the paths listed in FILE (relative to SOURCE, one a line, "
+                           "with what is below them; - reads stdin)")
+    tree.add_argument("-i", "--include-regex", metavar="REGEX", dest="include", action="append", default=[],
+                      help="only sync paths (relative to the tree) matching REGEX (repeatable)")
+    tree.add_argument("-e", "--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
+                      help="leave out paths matching REGEX, and directories' contents (repeatable)")
+    tree.add_argument("--diff", action="store_true",
+                      help="list the differences between the trees, item by item; change nothing")
+    tree.add_argument("--remove", action="store_true",
+                      help="delete the trees (or files) given as arguments, in parallel: files "
+                           "first, then directories deepest first; the filters and -n apply")
+    server = parser.add_argument_group("server options")
+    server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
+                        help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
+    server.add_argument("--root", metavar="DIR", default=".",
+                        help="directory the server serves and is confined to (default: .)")
+    server.add_argument("--certfile", metavar="FILE", default=None,
+                        help="serve https with this certificate (PEM); needs --keyfile")
+    server.add_argument("--keyfile", metavar="FILE", default=None,
+                        help="the private key of --certfile (PEM)")
+    server.add_argument("--hash-methods", metavar="LIST", default=None,
+                        help="hash methods the server accepts, comma-separated, or 'all' "
+                             "(default: the fast ones: xxh*, blake3, sha256, sha1)")
+    server.add_argument("--metrics-listen", metavar="ADDRESS", default=None,
+                        help="also answer GET /metrics (Prometheus) on this PORT or HOST:PORT, without "
+                             "the token: keep it on loopback or a private network")
+    server.add_argument("--max-rate", metavar="RATE", type=_max_rate, default=None,
+                        help="at most RATE bytes per second of file data served and received, all "
+                             "clients and worker processes together (--bwlimit's units; 0 no limit)")
+    server.add_argument("--insecure", action="store_true",
+                        help="allow listening on a non-loopback address without a token")
+    server.add_argument("--trust-clients", action="store_true",
+                        help="let clients set owners and setuid/setgid bits (tree syncs with -o, "
+                             "-a); without it they are ignored with a warning")
+    server.add_argument("--write-hard-links", action="store_true",
+                        help="let clients change files with several hard links in place (data, "
+                             "size, metadata): every name of such a file changes, also outside "
+                             "--root; without it that is refused and --atomic replaces them")
+    server.add_argument("--legacy-api", action="store_true",
+                        help="also serve the API of pdiffcopy 1.0.1 clients (below --root, and only "
+                             "without a token: they cannot send one); without it they get an error "
+                             "saying so")
+    # Without SOURCE and TARGET pdiffcopy starts a server, which would ignore
+    # these: refused instead (-c is also the server's worker count).
+    parser.sync_only = [action for group in (sync, tree) for action in group._group_actions
+                        if action.dest != "concurrency"]
+    common = parser.add_argument_group("common options")
+    common.add_argument("--token-file", metavar="FILE", default=None,
+                        help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
+    common.add_argument("--progress", "-P", action="store_true",
+                        help="show the progress line even when stderr is not a terminal, and keep its "
+                             "last state (rsync's -P also resumes partial files: not yet here)")
+    common.add_argument("--no-progress", action="store_true", help="no progress display")
+    common.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (repeatable)")
+    common.add_argument("-q", "--quiet", action="count", default=0,
+                        help="less logging and no progress display (repeatable)")
+    common.add_argument("--version", action="version", version=f"pdiffcopy {__version__}")
+    common.add_argument("-h", "--help", action="help", help="show this message and exit")
+    return parser
+
+
+def _read_list(name: str) -> List[str]:
+    """The lines of a --exclude-from or --files-from FILE (``-`` is stdin), without blanks and comments.
+
+    :raises argparse.ArgumentError: (through the caller) when FILE cannot be read.
+    """
+    if name == "-":
+        text = sys.stdin.read()
+    else:
+        with open(name, encoding="utf-8", errors="surrogateescape") as handle:
+            text = handle.read()
+    return [line.rstrip("\r") for line in text.split("\n")
+            if line.strip() and not line.startswith(("#", ";"))]
+
+
+class _Rule(argparse.Action):
+    """--include/--exclude/--exclude-from: one ordered list of (action, glob), as rsync keeps it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        rules = list(getattr(namespace, self.dest) or [])
+        if option_string == "--exclude-from":
+            try:
+                lines = _read_list(value)
+            except OSError as error:
+                raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
+            for line in lines:  # rsync's "+ GLOB" / "- GLOB" prefixes; a bare line excludes
+                if line[:2] in ("+ ", "- "):
+                    rules.append((line[0], line[2:]))
+                else:
+                    rules.append(("-", line))
+        else:
+            rules.append(("+" if option_string == "--include" else "-", value))
+        setattr(namespace, self.dest, rules)
+
+
+class _FilesFrom(argparse.Action):
+    """--files-from FILE: the list of relative paths to sync."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        try:
+            setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + _read_list(value))
+        except OSError as error:
+            raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    return value
+
+
+def _bwlimit(text: str) -> Optional[int]:
+    """A --bwlimit value in bytes per second (None for 0), or a usage error."""
+    from pdiffcopy.core.ratelimit import bandwidth_limit
+
+    try:
+        return bandwidth_limit(text)
+    except UsageError as error:
+        raise argparse.ArgumentTypeError(str(error).partition(": ")[2]) from None
+
+
+def _max_rate(text: str) -> Optional[int]:
+    """A --max-rate value in bytes per second (None for 0), or a usage error."""
+    from pdiffcopy.core.ratelimit import parse_rate
+
+    try:
+        return parse_rate(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _timeout(text: str) -> float:
+    """A --timeout value: a finite number of seconds above 0 (``nan``, ``-1``, ``inf`` are refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_SECONDS):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and at most {MAX_TIMEOUT_SECONDS}, "
+                                         f"not {text!r}")
+    return value
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Run the command line; return (and as a script, exit with) its status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose - args.quiet)
+    try:
+        status = run(parser, args)
+    except PdiffcopyError as error:
+        logger.error("%s", error)
+        status = error.exit_code
+    except KeyboardInterrupt as interrupt:
+        status = _report_interrupt(interrupt)
+    except Exception as error:
+        behind = _interrupt_behind(error)
+        if behind is not None:
+            # The interrupt landed inside a lock's bookkeeping (a signal
+            # handler raises between any two bytecodes), and the unwinding
+            # tripped over the half-released lock: still an interruption.
+            logger.debug("Interrupted, then %s while unwinding", type(error).__name__, exc_info=True)
+            status = _report_interrupt(behind)
+        else:  # a bug: still one line, the details with -v
+            logger.debug("Unexpected error", exc_info=True)
+            logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
+            status = 1
+    if argv is None:
+        sys.exit(status)
+    return status
+
+
+def _report_interrupt(interrupt: KeyboardInterrupt) -> int:
+    how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
+    logger.error("Interrupted%s", how)
+    return 130
+
+
+def _interrupt_behind(error: BaseException) -> Optional[KeyboardInterrupt]:
+    """The Ctrl-C or clean-up signal during whose handling ``error`` was raised, if any."""
+    seen = set()
+    cause: Optional[BaseException] = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__context__
+    return None
+
+
+#: Signals that end a client run the way Ctrl-C does: SIGTERM (kill, systemd,
+#: a job scheduler) and SIGHUP (the terminal or ssh session went away).
+CLEAN_UP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class Terminated(KeyboardInterrupt):
+    """A clean-up signal arrived: unwind (removing temporaries) as after Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def handle_termination() -> None:
+    """Make :data:`CLEAN_UP_SIGNALS` raise :class:`Terminated` in the main thread (client runs only)."""
+    for signum in CLEAN_UP_SIGNALS:
+        signal.signal(signum, _terminate)
+
+
+#: One format for every log line, coloured or not.
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
+
+
+def setup_logging(verbosity: int) -> None:
+    """Log to stderr: INFO by default, -v for DEBUG, -q for WARNING.
+
+    On a terminal coloredlogs colours the lines; elsewhere (pipes, files,
+    services) colours are no use and plain logging spares the import (~40 ms
+    of every run).
+    """
+    level = logging.INFO - 10 * verbosity
+    level = max(logging.DEBUG, min(logging.CRITICAL, level))
+    if sys.stderr.isatty():
+        import coloredlogs
+
+        coloredlogs.install(level=level, fmt=LOG_FORMAT, stream=sys.stderr)
+    else:
+        logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+        logging.getLogger().setLevel(level)
+    # Keep third-party chatter out of normal output.
+    logging.getLogger("urllib3").setLevel(max(level, logging.WARNING))
+
+
+def read_token(token_file: Optional[str] = None) -> Optional[str]:
+    """The shared secret from ``token_file`` or ``$PDIFFCOPY_TOKEN`` (None if neither).
+
+    Only the command line reads them: the library and the server take the
+    token they are given.
+
+    :raises UsageError: When the file cannot be read or is empty.
+    """
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as error:
+            raise UsageError(f"Cannot read token file {token_file}: {error.strerror}") from None
+        if not token:
+            raise UsageError(f"Token file {token_file} is empty")
+        return token
+    from pdiffcopy.core.protocol import TOKEN_VARIABLE
+
+    return os.environ.get(TOKEN_VARIABLE) or None
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Dispatch to the server, the benchmark or a sync."""
+    token = read_token(args.token_file)
+    if not args.paths:
+        if args.remove:
+            raise UsageError("--remove needs the PATHs to remove")
+        refuse_sync_options(parser, args)
+        require_extra(("flask", "gunicorn", "prometheus_client"), "server", "The server")
+        from pdiffcopy.server.service import DEFAULT_LISTEN, ServerOptions, run_server
+
+        run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
+                                 insecure=args.insecure, workers=args.concurrency,
+                                 trust_clients=args.trust_clients,
+                                 write_hard_links=args.write_hard_links,
+                                 legacy_api=args.legacy_api,
+                                 certfile=args.certfile, keyfile=args.keyfile,
+                                 hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
+                                 max_rate=args.max_rate,
+                                 log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
+        return 0
+    if args.listen:
+        raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.hash_methods:
+        raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
+    if args.metrics_listen:
+        raise UsageError("--metrics-listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.legacy_api:
+        raise UsageError("--legacy-api is a server option; it makes no sense with SOURCE and TARGET")
+    if args.max_rate:
+        raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
+    handle_termination()
+    from pdiffcopy.local.fileops import raise_open_file_limit
+
+    raise_open_file_limit()  # deep trees hold a descriptor per level
+    if args.remove:
+        from pdiffcopy.cli.treecli import run_remove
+
+        return run_remove(args, token)
+    if len(args.paths) != 2:
+        raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
+                         f"see pdiffcopy --help")
+    source, target = args.paths
+    for location in (source, target):
+        refuse_rsync_remote(location)
+    if args.ca_file:
+        check_ca_file(args.ca_file)
+    if args.benchmark:
+        require_extra(("executor",), "client", "The benchmark (-B)")
+    from pdiffcopy.cli.treecli import resolve
+
+    source, target, is_tree = resolve(source, target, args, token)
+    if is_tree:
+        from pdiffcopy.cli.treecli import run_tree
+
+        return run_tree(source, target, args, token)
+    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+
+    options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+                   whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
+                   token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
+                   bwlimit=args.bwlimit, compress=args.compress)
+    if args.benchmark:
+        from pdiffcopy.cli.benchmark import run_benchmark
+
+        run_benchmark(source, target, rounds=args.benchmark, **options)
+        return 0
+    if args.diff:
+        args.dry_run = True
+    started, wire_before = time.monotonic(), wire.totals()
+    result = run_sync(source, target, dry_run=args.dry_run, show_progress=show_progress(args),
+                      keep_last=args.progress, **options)
+    report(result)
+    if wants_stats(args) and not result.dry_run:
+        print_stats(result.bytes_moved, None, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
+    return 0
+
+
+def refuse_sync_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse options that only mean something to a sync when there is none (the server starts).
+
+    A user who typed ``pdiffcopy -a --delete`` and forgot the paths would
+    otherwise get a read-write server on the current directory.
+    """
+    given = ["/".join(action.option_strings) for action in getattr(parser, "sync_only", [])
+             if getattr(args, action.dest) != action.default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: only for a sync, with SOURCE and TARGET; without them "
+                         f"pdiffcopy starts a server (see pdiffcopy --help)")
+
+
+def refuse_rsync_remote(location: str) -> None:
+    """Refuse rsync's ``HOST:PATH`` form, which would otherwise be taken for a local name.
+
+    :raises UsageError: For ``host:path``, ``user@host:path`` or ``host::module``.
+    """
+    from pdiffcopy.engine.endpoints import is_url
+
+    if _RSYNC_REMOTE.match(location) and not is_url(location):
+        raise UsageError(f"{location} looks like rsync's HOST:PATH (ssh) form: pdiffcopy talks to a "
+                         f"pdiffcopy server by URL, http(s)://HOST:PORT/PATH (for a local name with a "
+                         f"colon, write ./{location})")
+
+
+def check_ca_file(name: str) -> None:
+    """Refuse a --ca-file that cannot be read or holds no certificate, naming it."""
+    import ssl
+
+    try:
+        ssl.create_default_context(cafile=name)
+    except ssl.SSLError as error:  # before OSError: it is one
+        raise UsageError(f"--ca-file {name} holds no usable CA certificate: "
+                         f"{error.reason or error}") from None
+    except OSError as error:
+        raise UsageError(f"Cannot read the --ca-file {name}: {error.strerror or error}") from None
+
+
+def require_extra(modules, extra: str, what: str) -> None:
+    """Say which extra to install when a module of an optional feature is missing.
+
+    :raises PdiffcopyError: Naming the missing module and the ``pip install`` that brings it.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
+                                 f"pip install 'pdiffcopy[{extra}]'") from None
+
+
+def wants_stats(args: argparse.Namespace) -> bool:
+    """Whether to end with the stats line: --stats or -v (as rsync's -v prints its summary)."""
+    return bool(args.stats or args.verbose)
+
+
+def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
+                wire_before: Tuple[int, int] = (0, 0)) -> None:
+    """Print rsync's --stats figures on one line of stdout.
+
+    :param moved: Bytes moved (sent, received or written) to bring the target up to date.
+    :param files: Files copied or updated (tree syncs), or None (a single file).
+    :param seconds: Elapsed time of the whole sync.
+    :param remote: Whether a server took part: then the bytes on the wire are shown, counted
+                   by :mod:`pdiffcopy.transport.wire` since ``wire_before``.
+    """
+    from humanfriendly import format_size
+
+    parts = [f"stats: moved {moved} bytes" + ("" if files is None else
+                                                 f" in {files} file{'' if files == 1 else 's'}")]
+    sent, received = (now - before for now, before in zip(wire.totals(), wire_before))
+    if remote and (sent or received):
+        parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
+    seconds = max(seconds, 1e-6)
+    parts += [f"{seconds:.2f} s", f"{format_size(moved / seconds, binary=True)}/s"]
+    sys.stdout.write(", ".join(parts) + "\n")
+    sys.stdout.flush()
+
+
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw the progress line: on a terminal unless -q or --no-progress; always with -P."""
+    if args.no_progress:
+        return False
+    return args.progress or (not args.quiet and sys.stderr.isatty())
+
+
+def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
+    """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
+    from pdiffcopy.api import sync
+    from pdiffcopy.engine.pipeline import Progress
+
+    progress = Progress()
+    if not show_progress:
+        return sync(source, target, progress=progress, **options)
+    from pdiffcopy.cli.progress import ProgressDisplay
+
+    with ProgressDisplay(progress, keep_last=keep_last):
+        return sync(source, target, progress=progress, **options)
+
+
+def report(result) -> None:
+    """Print what a sync did: the similarity for a dry run, a summary otherwise."""
+    from humanfriendly import format_size, format_timespan
+
+    moved = format_size(result.bytes_moved, binary=True)
+    if result.dry_run:
+        print(f"Similarity index: {result.similarity:.2f}% "
+              f"({result.changed_blocks} of {result.total_blocks} blocks differ, "
+              f"{moved} would be transferred)")
+        return
+    logger.info("Synchronised %s to %s: %s moved, %d of %d blocks differed "
+                "(similarity %.2f%%), verified in %s", result.source, result.target, moved,
+                result.changed_blocks, result.total_blocks, result.similarity,
+                format_timespan(result.seconds))
+
+
+if __name__ == "__main__":
+    main()
+
+
+__all__ = ["main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]

@@ -1,0 +1,275 @@
+"""The command line's tree half: what SOURCE and TARGET mean, running and reporting a tree sync.
+
+:mod:`pdiffcopy.cli.main` parses the options and calls :func:`resolve`; a
+directory SOURCE comes here, a file SOURCE stays with the single-file sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Optional, Tuple
+
+from pdiffcopy.transport import wire
+from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
+from pdiffcopy.engine.treeendpoints import TreeEndpoint
+from pdiffcopy.core.treeplan import printable
+
+logger = logging.getLogger("pdiffcopy")
+
+#: Failures listed one per line before the rest are counted only.
+MAX_FAILURES_LISTED = 50
+
+
+def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Optional[str]:
+    """"file", "directory", "other" or None (missing), following a symlink at the top."""
+    if is_url(location):
+        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile, split_server_url
+
+        if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
+            return "directory"  # the server's root
+        endpoint = RemoteFile(location.rstrip("/"), token=token, concurrency=1,
+                              timeout=args.timeout or DEFAULT_TIMEOUT, ca_file=args.ca_file)
+        try:
+            info = endpoint.stat()
+        finally:
+            endpoint.close()
+        return info.kind if info is not None else None
+    if os.path.isdir(location):
+        return "directory"
+    if os.path.exists(location):
+        return "file"
+    return None
+
+
+def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[str]
+            ) -> Tuple[str, str, bool]:
+    """What to sync to what: ``(source, target, is_tree)``.
+
+    A directory SOURCE is a tree (rsync's trailing-slash rule decides where it
+    goes); a file SOURCE with an existing directory TARGET goes into it, as
+    with cp; anything else is the single-file sync, unchanged.
+    """
+    if is_url(source) and is_url(target):
+        return source, target, False  # the single-file sync says why not
+    source_kind = _kind(source, token, args)
+    if source_kind == "directory":
+        target_kind = _kind(target, token, args)
+        if target_kind is not None and target_kind != "directory":
+            raise UsageError(f"Cannot sync the directory {source} onto {target}: it is not a directory")
+        source_tree, target_tree = tree_locations(source, target)
+        check_not_nested(source_tree, target_tree)
+        return source_tree, target_tree, True
+    if source_kind is None and (source.endswith("/") or args.delete):
+        raise FileMissing(f"Source does not exist: {source}")
+    if source_kind is not None and (_kind(target, token, args) == "directory" or target.endswith("/")):
+        return source, join_location(target, last_name(source)), False
+    return source, target, False
+
+
+# -- what SOURCE and TARGET mean -------------------------------------------
+
+
+def tree_locations(source: str, target: str) -> Tuple[str, str]:
+    """rsync's convention: ``SRC/`` syncs the contents of SRC into TARGET,
+    ``SRC`` syncs the directory itself into TARGET (as TARGET/SRC).
+
+    :returns: The source and target tree locations to sync.
+    """
+    name = last_name(source)
+    if source.endswith("/") or name in ("", ".", ".."):  # "." has no name to go by
+        return source.rstrip("/") + "/", target
+    return source + "/", join_location(target, name)
+
+
+def last_name(location: str) -> str:
+    """The last component of a path or URL (percent-decoded, bytes kept as file names keep them)."""
+    if is_url(location):
+        from urllib.parse import unquote_to_bytes, urlsplit
+
+        return os.fsdecode(unquote_to_bytes(urlsplit(location).path.rstrip("/").rpartition("/")[2]))
+    return os.path.basename(location.rstrip("/"))
+
+
+def join_location(directory: str, name: str) -> str:
+    """``directory/name`` for a path or a URL (the name percent-encoded)."""
+    if is_url(directory):
+        from pdiffcopy.transport.remote import quote_path
+
+        return directory.rstrip("/") + "/" + quote_path(name)
+    return os.path.join(directory, name)
+
+
+def check_not_nested(source: str, target: str) -> None:
+    """Refuse a local target inside its local source (it would copy itself forever)."""
+    if is_url(source) or is_url(target):
+        return
+    source_real = os.path.realpath(source)
+    target_real = os.path.realpath(target)
+    if target_real == source_real or target_real.startswith(source_real.rstrip("/") + "/"):
+        raise UsageError(f"The target {target} is inside the source {source}")
+
+
+def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:
+    from pdiffcopy.api import tree_endpoint as endpoint
+
+    return endpoint(location, token=token, concurrency=_concurrency(args), timeout=args.timeout,
+                    ca_file=args.ca_file)
+
+
+def _concurrency(args: argparse.Namespace) -> int:
+    from pdiffcopy.engine.pipeline import check_concurrency
+
+    return check_concurrency(args.concurrency)
+
+
+def tree_options(args: argparse.Namespace):
+    from pdiffcopy.core.blocks import parse_block_size
+    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, validate_method
+    from pdiffcopy.engine.treesync import TreeOptions
+
+    owner = args.owner or args.archive
+    if owner and os.geteuid() != 0:
+        logger.warning("Not running as root: user and group are not kept (-o)")
+        owner = False
+    return TreeOptions(
+        times=args.times or args.archive, owner=owner, checksum=args.checksum,
+        delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
+        whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
+        block_size=parse_block_size(args.block_size),
+        hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
+        concurrency=_concurrency(args), includes=tuple(args.include),
+        excludes=tuple(args.exclude), rules=tuple(args.rules),
+        files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
+        compress=args.compress)
+
+
+def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:
+    """Sync a tree and report; exit status 23 when some paths failed."""
+    from pdiffcopy.engine.treesync import TreeProgress, sync_tree
+
+    if args.benchmark:
+        raise UsageError("--benchmark works on a file, not on a directory")
+    options = tree_options(args)
+    source_tree = tree_endpoint(source, args, token)
+    target_tree = tree_endpoint(target, args, token)
+    progress = TreeProgress(options.concurrency)
+    started, wire_before = time.monotonic(), wire.totals()
+    try:
+        with _display(progress, args):
+            result = sync_tree(source_tree, target_tree, options, progress, report_line=_print)
+    finally:
+        source_tree.close()
+        target_tree.close()
+    if options.dry_run:
+        if not args.diff:
+            _summarise_dry_run(result)
+        return _finish(result)
+    from humanfriendly import format_size, format_timespan
+
+    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, "
+                "%d deleted, %d unchanged, in %s", source, target, result.files_copied,
+                format_size(result.bytes_moved, binary=True), result.directories_made,
+                "y" if result.directories_made == 1 else "ies", result.deleted, result.unchanged,
+                format_timespan(result.seconds))
+    from pdiffcopy.cli.main import print_stats, wants_stats
+
+    if wants_stats(args):
+        print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
+                    remote=is_url(source) or is_url(target), wire_before=wire_before)
+    return _finish(result)
+
+
+def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
+    """``--remove PATH...``: delete trees (or single files) in parallel."""
+    from pdiffcopy.engine.treeendpoints import DELETE, Operation
+    from pdiffcopy.core.treeplan import FILE, Entry
+    from pdiffcopy.engine.treesync import TreeProgress, TreeResult, remove_tree
+
+    if not args.paths:
+        raise UsageError("--remove needs at least one PATH")
+    options = tree_options(args)
+    status = 0
+    for location in args.paths:
+        kind = _kind(location, token, args)
+        if kind is None:
+            raise FileMissing(f"Nothing to remove: {location} does not exist")
+        if kind != "directory":
+            parent, _, name = location.rstrip("/").rpartition("/")
+            tree = tree_endpoint(parent or ".", args, token)
+            try:
+                if args.dry_run:
+                    _print(f"{'delete':<10} {FILE:<7} {location}")
+                    continue
+                result = TreeResult(location, location)
+                result.failures = tree.apply([Operation(DELETE, Entry(name, FILE, 0, 0, 0))],
+                                             options.metadata)
+            finally:
+                tree.close()
+        else:
+            tree = tree_endpoint(location, args, token)
+            progress = TreeProgress(options.concurrency)
+            try:
+                with _display(progress, args):
+                    result = remove_tree(tree, options, progress, report_line=_print)
+            finally:
+                tree.close()
+            if not args.dry_run:
+                logger.info("Removed %d entries of %s", result.deleted, location)
+        try:
+            _finish(result)
+        except PdiffcopyError as error:
+            logger.error("%s", error)
+            status = max(status, error.exit_code)
+    return status
+
+
+def _print(line: str) -> None:
+    sys.stdout.write(line + "\n")
+
+
+def _summarise_dry_run(result) -> None:
+    counts: dict = {}
+    for difference in result.differences:
+        counts[difference.change] = counts.get(difference.change, 0) + 1
+    parts = [f"{count} {change}" for change, count in sorted(counts.items())]
+    _print(f"Dry run: {', '.join(parts) or 'nothing to do'}; {result.unchanged} unchanged; "
+           f"nothing was changed")
+
+
+def _finish(result) -> int:
+    if not result.failures:
+        return 0
+    for path, message in result.failures[:MAX_FAILURES_LISTED]:
+        logger.error("%s: %s", printable(path) if path else printable(result.target), message)
+    if len(result.failures) > MAX_FAILURES_LISTED:
+        logger.error("... and %d more", len(result.failures) - MAX_FAILURES_LISTED)
+    raise PartialTransfer(f"{len(result.failures)} path(s) failed; everything else was synced; "
+                          f"run again once they are fixed")
+
+
+class _display:
+    """The tree progress line (see :func:`pdiffcopy.cli.main.show_progress`; never with -n or --diff)."""
+
+    def __init__(self, progress, args: argparse.Namespace) -> None:
+        self.display = None
+        from pdiffcopy.cli.main import show_progress
+
+        if show_progress(args) and not (args.dry_run or args.diff):
+            from pdiffcopy.cli.progress import TreeProgressDisplay
+
+            self.display = TreeProgressDisplay(progress, keep_last=args.progress)
+
+    def __enter__(self):
+        if self.display is not None:
+            self.display.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.display is not None:
+            self.display.__exit__(*exc_info)
+        return False

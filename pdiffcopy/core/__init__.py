@@ -1,0 +1,3 @@
+"""The core: block plans, digests, tree plans and filters, the wire codecs and protocol constants. No
+I/O; imports only core and errors.
+"""

@@ -1,0 +1,70 @@
+"""Names and limits the client and the server share: the protocol's constants and names.
+
+They live apart from both ends so that the HTTP client does not import the
+server's lease store, nor the batch codec the file system helpers, to learn
+a header's name or a length (the layers of docs/design.rst).
+"""
+
+import itertools
+import os
+import re
+import secrets
+
+#: Bytes moved per read or write system call. BENCHMARKING.md: writes into
+#: new files of 128 KiB to 1 MiB are several times faster here than 4 MiB ones.
+TRANSFER_CHUNK_SIZE = 1024 * 1024
+
+#: The first path component reserved for the server's API (``/.pdiffcopy/...``);
+#: no file of that name at the top of the root can be read or written.
+RESERVED_NAME = ".pdiffcopy"
+
+#: Longest relative path accepted (Linux's PATH_MAX).
+MAX_PATH_LENGTH = 4096
+
+#: The request header that carries a lease's id.
+LEASE_HEADER = "X-Pdiffcopy-Lease"
+
+#: The request header that asks the server not to follow a symlink in the
+#: file's last name (value ``1``): a tree's member is a file only if it is
+#: one, as a local tree opens it with O_NOFOLLOW; a plain file URL follows a
+#: symlink that stays beneath the root.
+NO_FOLLOW_HEADER = "X-Pdiffcopy-No-Follow"
+
+#: The environment variable holding the shared secret, read by the command
+#: line only (server and client): the library takes ``token=``.
+TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
+
+_TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
+
+#: This process's serials of temporary names: a counter (one ``getrandom``
+#: per small file of a tree showed in profiles) from a random start, so that
+#: processes of the same id on two hosts naming temporaries in one directory
+#: (a push names the server's) rarely meet; the exclusive create catches it
+#: when they do. A forked child goes on from its parent's count under its own id.
+_temporary_serials = itertools.count(secrets.randbits(24))
+
+
+def temporary_name(name: str) -> str:
+    """A hidden sibling name for writing ``name`` atomically (``.name.pdiffcopy-xxxx``).
+
+    Every temporary pdiffcopy makes, anywhere, is named here, so that
+    :func:`is_temporary_name` and the leftovers sweep know them all. The 12
+    hex digits hold the process id (above a 24-bit serial), so a later run
+    can tell a temporary of a dead process
+    (:func:`pdiffcopy.local.fileops.is_stale_temporary`).
+    """
+    return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
+
+
+def unique_suffix(serial: int) -> str:
+    """The 12 hex digits of a temporary name: this process's id, then 24 bits of ``serial``."""
+    return f"{((os.getpid() << 24) | (serial & 0xFFFFFF)) & 0xFFFFFFFFFFFF:012x}"
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether ``name`` (a last path component) is one :func:`temporary_name` makes."""
+    return bool(_TEMPORARY_NAME.match(name))
+
+
+__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "RESERVED_NAME", "TOKEN_VARIABLE",
+           "TRANSFER_CHUNK_SIZE", "is_temporary_name", "temporary_name", "unique_suffix"]

@@ -1,0 +1,411 @@
+"""The wire format of a batch of whole files, in either direction.
+
+A tree sync moves small files many at a time: ``POST /.pdiffcopy/tree-read``
+answers with such a stream and ``POST /.pdiffcopy/tree-write`` takes one
+(docs/protocol.rst, section Trees). A stream is a sequence of records and an
+end marker::
+
+    record   = LENGTH HEADER DATA DIGEST
+    LENGTH   = 4 bytes, big-endian, N > 0: the size of HEADER
+    HEADER   = N bytes of UTF-8 JSON: {"entry": ENTRY, "size": n}
+               or {"entry": ENTRY, "size": 0, "error": "why, in one line"}
+    DATA     = n bytes: the file's content (none for an error record)
+    DIGEST   = 8 bytes: the xxh3_64 digest of DATA, big-endian
+    end      = 4 zero bytes, and nothing after them
+
+``ENTRY`` is :meth:`Entry.to_wire`. Headers are written with
+``ensure_ascii``: a name that is not UTF-8 travels as the ``\\udcXX``
+surrogate escapes :func:`os.fsdecode` gives it, and comes back as the same
+``str``. The decoder verifies every digest before it hands a record out,
+so a record that is corrupt or cut short is never written anywhere, and it
+bounds each header and each file so that a hostile stream cannot make it
+allocate without limit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
+
+import xxhash
+
+from pdiffcopy.errors import AccessDenied, BadRequest
+from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+from pdiffcopy.core.treeplan import DIR, FILE, OPERATIONS, OTHER, SYMLINK, Entry, Operation
+
+#: Largest header accepted: an entry with a 4,096-byte path escaped six
+#: bytes per byte fits many times over.
+MAX_HEADER_BYTES = 1024 * 1024
+
+#: Largest file one record may carry. Bigger files go through the block
+#: engine (:meth:`~pdiffcopy.engine.treeendpoints.TreeEndpoint.file_endpoint`).
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
+#: Most files one request may read or write, and most bytes all of them may
+#: hold together: bounds the work and the time one request stands for.
+MAX_BATCH_FILES = 10_000
+MAX_BATCH_BYTES = 256 * 1024 * 1024
+
+#: Most operations one apply request may carry.
+MAX_BATCH_OPERATIONS = 10_000
+
+#: Largest JSON request body (a read's entries, an apply's operations):
+#: 10,000 entries with long paths fit, and it bounds what one request can
+#: make the server hold. The body is read and checked one item at a time
+#: (:mod:`~pdiffcopy.core.jsonstream`), so a worker holds the parsed items, not the
+#: whole text and its raw objects (json.loads on 64 MiB of ``[[],[],...]``
+#: took 1.7 GiB).
+MAX_JSON_BODY_BYTES = 64 * 1024 * 1024
+
+#: Longest JSON text of one item of such a body, or of a listing: an entry
+#: with a path and a symlink target of 4,096 bytes each, escaped as six
+#: characters per byte (``\udcff``), and its numbers, fits.
+MAX_JSON_ITEM_CHARS = 64 * 1024
+
+DIGEST_SIZE = 8
+_LENGTH = struct.Struct(">I")
+END_MARKER = _LENGTH.pack(0)
+
+#: Files smaller than this are sent as one chunk with their header and digest
+#: (one write instead of three); bigger ones are passed on without a copy.
+_COALESCE_BYTES = 64 * 1024
+
+#: Bounds of the numbers in an entry: what the system calls that use them take.
+_MAX_UINT32 = 2 ** 32 - 1
+_MAX_INT64 = 2 ** 63 - 1
+
+#: A file read or written as a whole: the entry, its content (None when it
+#: could not be read) and why not ("" when it could).
+Record = Tuple[Entry, Optional[bytes], str]
+
+
+class TreeWireError(BadRequest):
+    """A batch stream or a tree request is malformed, corrupt, cut short or out of bounds.
+
+    The server answers it with 400; the client reports it as the server's fault.
+    """
+
+
+def digest(data: bytes) -> bytes:
+    """The 8-byte digest a record carries after its data."""
+    return xxhash.xxh3_64_digest(data)
+
+
+# -- entries -------------------------------------------------------------------
+
+
+def _integer(value: Any, name: str, minimum: int, maximum: int) -> int:
+    # bool is an int in Python, and JSON's true must not pass for 1.
+    if type(value) is not int or not minimum <= value <= maximum:
+        raise TreeWireError(f"Invalid entry: {name} must be an integer from {minimum} to {maximum}")
+    return value
+
+
+def _encodable(text: str, what: str) -> None:
+    """Refuse strings no file name can be: NUL, and surrogates other than fsdecode's escapes."""
+    if "\x00" in text:
+        raise TreeWireError(f"Invalid entry: its {what} contains a NUL byte")
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        raise TreeWireError(f"Invalid entry: its {what} is not a file name") from None
+    if len(encoded) > MAX_PATH_LENGTH:
+        raise TreeWireError(f"Invalid entry: its {what} is too long")
+
+
+def check_relative_path(path: str, allow_root: bool = False) -> str:
+    """Insist that ``path`` is a tree-relative path as :class:`Entry` writes them.
+
+    ``/``-separated, no leading or trailing slash, no empty, ``.`` or ``..``
+    component: the one spelling of each path, so the same file never goes
+    by two names and nothing climbs out of the tree.
+
+    :raises AccessDenied: For ``..`` components and absolute paths.
+    :raises TreeWireError: For anything else that is not such a path.
+    """
+    if not isinstance(path, str):
+        raise TreeWireError("Invalid entry: its path must be a string")
+    if path == "" and allow_root:
+        return path
+    _encodable(path, "path")
+    if path.startswith("/"):
+        raise AccessDenied(f"Path outside the tree: {path[:200]!r}")
+    parts = path.split("/")
+    if ".." in parts:
+        raise AccessDenied(f"Path outside the tree: {path[:200]!r}")
+    if any(part in ("", ".") for part in parts):
+        raise TreeWireError(f"Invalid entry path {path[:200]!r}: empty or '.' component")
+    return path
+
+
+#: A "." or ".." component, or an empty one, anywhere in a path.
+_ODD_COMPONENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+_KINDS = frozenset((FILE, DIR, SYMLINK, OTHER))
+_UINT32 = range(0, _MAX_UINT32 + 1)
+
+
+def _plainly_valid(value: Any) -> Optional[Entry]:
+    """The entry, when every check passes the cheap way (the common case:
+    ASCII names, sane numbers); ``None`` sends it through the field-by-field
+    checks, which also say what is wrong. A listing of 64,000 entries spent
+    0.8 s in those."""
+    if type(value) is not list or len(value) != 10:
+        return None
+    path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
+    if not (type(path) is str and path.isascii() and 0 < len(path) <= MAX_PATH_LENGTH
+            and path[0] != "/" and "\x00" not in path and not _ODD_COMPONENT.search(path)
+            and type(target) is str and target.isascii() and "\x00" not in target
+            and len(target) <= MAX_PATH_LENGTH and kind in _KINDS
+            and type(size) is int and 0 <= size <= _MAX_INT64
+            and type(mtime_ns) is int and -_MAX_INT64 - 1 <= mtime_ns <= _MAX_INT64
+            and type(mode) is int and mode in _UINT32 and type(uid) is int and uid in _UINT32
+            and type(gid) is int and gid in _UINT32 and type(nlink) is int and nlink in _UINT32
+            and type(sparse) is int and sparse in (0, 1)):
+        return None
+    return tuple.__new__(Entry, (path, kind, size, mtime_ns, mode, uid, gid, target, nlink,
+                                 bool(sparse)))
+
+
+def parse_entry(value: Any, allow_root: bool = False) -> Entry:
+    """An :class:`Entry` from its wire form, checked field by field.
+
+    Stricter than :meth:`Entry.from_wire` (which converts what it is given):
+    the values come from the network and end up in system calls.
+
+    :param allow_root: Accept the path ``""`` (a listing's root entry).
+    :raises TreeWireError: (or :class:`AccessDenied` for a path leading out)
+                           with a one-line message.
+    """
+    quick = _plainly_valid(value)
+    if quick is not None:
+        return quick
+    if not isinstance(value, list) or len(value) != 10:
+        raise TreeWireError("Invalid entry: expected a list of 10 values")
+    path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
+    check_relative_path(path, allow_root)
+    if not isinstance(kind, str) or not isinstance(target, str):
+        raise TreeWireError("Invalid entry: its kind and target must be strings")
+    if target:
+        _encodable(target, "symlink target")
+    _integer(size, "size", 0, _MAX_INT64)
+    _integer(mtime_ns, "mtime_ns", -_MAX_INT64 - 1, _MAX_INT64)
+    _integer(mode, "mode", 0, _MAX_UINT32)
+    _integer(uid, "uid", 0, _MAX_UINT32)
+    _integer(gid, "gid", 0, _MAX_UINT32)
+    _integer(nlink, "nlink", 0, _MAX_UINT32)
+    if sparse not in (0, 1) or isinstance(sparse, float):
+        raise TreeWireError("Invalid entry: sparse must be 0 or 1")
+    try:
+        return Entry.from_wire(value)
+    except ValueError as error:  # an unknown kind
+        raise TreeWireError(f"Invalid entry: {error}") from None
+
+
+def parse_operation(value: Any) -> Operation:
+    """An :class:`~pdiffcopy.engine.treeendpoints.Operation` from its wire form, checked.
+
+    Its entry may be the tree's root (path ``""``): making the tree's
+    directory is an operation like any other.
+    """
+    if not isinstance(value, list) or len(value) != 2:
+        raise TreeWireError("Invalid operation: expected [name, entry]")
+    name, entry = value
+    if name not in OPERATIONS:
+        raise TreeWireError(f"Unknown operation {str(name)[:100]!r}")
+    return Operation(name, parse_entry(entry, allow_root=True))
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+def encode_header(entry: Entry, size: int, error: str = "") -> bytes:
+    """One record's length prefix and JSON header."""
+    header: dict = {"entry": entry.to_wire(), "size": size}
+    if error:
+        header["error"] = " ".join(error.splitlines()) or "unreadable"
+    text = json.dumps(header, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return _LENGTH.pack(len(text)) + text
+
+
+def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
+    """The stream of ``records``, as chunks of bytes (ending with the end marker).
+
+    :param records: ``(entry, content, "")`` per file, or ``(entry, None, why)``
+                    for one that could not be read.
+    :raises TreeWireError: For a file larger than :data:`MAX_FILE_BYTES` or
+                           whose content is not as long as its entry says
+                           (the receiver would refuse the whole stream).
+    """
+    # Small records go out together, in pieces of at least _COALESCE_BYTES:
+    # one HTTP chunk (and one send) per small file would cost more than the file.
+    pending: List[bytes] = []
+    pending_size = 0
+    for entry, data, error in records:
+        if data is None:
+            pending.append(encode_header(entry, 0, error or "unreadable") + digest(b""))
+            pending_size += len(pending[-1])
+            continue
+        if len(data) != entry.size:
+            raise TreeWireError(f"{entry.path!r} has {len(data)} bytes, its entry says {entry.size}")
+        if len(data) > MAX_FILE_BYTES:
+            raise TreeWireError(f"{entry.path!r} is larger than {MAX_FILE_BYTES} bytes, too large "
+                                f"to travel whole")
+        header = encode_header(entry, len(data))
+        if len(data) < _COALESCE_BYTES:
+            pending += (header, data, digest(data))
+            pending_size += len(header) + len(data) + DIGEST_SIZE
+            if pending_size >= _COALESCE_BYTES:
+                yield b"".join(pending)
+                pending, pending_size = [], 0
+        else:
+            pending.append(header)
+            yield b"".join(pending)
+            pending, pending_size = [], 0
+            yield data
+            yield digest(data)
+    pending.append(END_MARKER)
+    yield b"".join(pending)
+
+
+# -- decoding ------------------------------------------------------------------
+
+
+#: Bytes a decoder reads from its source at a time (more when a record needs it).
+READ_AHEAD_BYTES = 256 * 1024
+
+
+class _Source:
+    """Exactly-``n``-bytes reads over a file-like object or an iterator of chunks.
+
+    Reads are served from a read-ahead buffer: a record is four reads
+    (length, header, data, digest), and four calls into a chunked HTTP
+    response per small file cost more than the file itself.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self._read = getattr(source, "read", None)
+        self._readinto = getattr(source, "readinto", None)
+        self._chunks: Optional[Iterator[bytes]] = None
+        if self._read is None and self._readinto is None:
+            self._chunks = iter(source)
+        self._buffer = b""  # read ahead; handed out from _position on
+        self._position = 0
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes; fewer only at the end of the stream."""
+        if size <= 0:
+            return b""
+        start = self._position
+        if len(self._buffer) - start >= size:
+            self._position = start + size
+            return self._buffer[start:start + size]
+        parts = [self._buffer[start:]]
+        have = len(parts[0])
+        while have < size:
+            more = self._raw(max(READ_AHEAD_BYTES, size - have))
+            if not more:
+                break
+            parts.append(more)
+            have += len(more)
+        joined = b"".join(parts)
+        self._buffer, self._position = joined, min(size, len(joined))
+        return joined[:size]
+
+    def _raw(self, size: int) -> bytes:
+        """The next bytes of the underlying stream, at most ``size`` (empty at its end)."""
+        if self._chunks is not None:
+            return next(self._chunks, b"")
+        if self._read is not None:
+            return bytes(self._read(size))
+        buffer = bytearray(size)
+        count = self._readinto(memoryview(buffer))  # type: ignore[misc]
+        return bytes(buffer[:count]) if count else b""
+
+
+def decode_files(source: Any, max_files: Optional[int] = None,
+                 max_total_bytes: Optional[int] = None) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+    """The records of a stream, each checked against its digest before it is yielded.
+
+    :param source: An object with ``read(n)`` or ``readinto(buffer)`` (a
+                   response, a request body, a file), or an iterable of
+                   ``bytes`` chunks.
+    :param max_files: Most records accepted (None: no limit).
+    :param max_total_bytes: Most data bytes accepted in all (None: no limit).
+    :returns: ``(entry, content, "")`` per file and ``(entry, None, why)`` per
+              error record; every file record's entry is a regular file
+              whose size is the content's.
+    :raises TreeWireError: With a one-line message when the stream is
+                           malformed, corrupt, cut short or out of bounds,
+                           at the first record where that shows.
+    """
+    reader = _Source(source)
+    files = 0
+    total = 0
+    while True:
+        prefix = _exactly(reader, _LENGTH.size, "a record's length")
+        (length,) = _LENGTH.unpack(prefix)
+        if length == 0:
+            if reader.read(1):
+                raise TreeWireError("Invalid batch stream: data after its end marker")
+            return
+        if length > MAX_HEADER_BYTES:
+            raise TreeWireError(f"Invalid batch stream: a header of {length} bytes "
+                                f"(at most {MAX_HEADER_BYTES})")
+        entry, size, error = _parse_header(_exactly(reader, length, "a record's header"))
+        files += 1
+        if max_files is not None and files > max_files:
+            raise TreeWireError(f"Too many files in one batch (at most {max_files})")
+        total += size
+        if max_total_bytes is not None and total > max_total_bytes:
+            raise TreeWireError(f"Too much data in one batch (at most {max_total_bytes} bytes)")
+        data = _exactly(reader, size, f"the data of {entry.path!r}")
+        if _exactly(reader, DIGEST_SIZE, f"the digest of {entry.path!r}") != digest(data):
+            raise TreeWireError(f"Digest mismatch: the data of {entry.path!r} arrived corrupted")
+        yield (entry, None, error) if error else (entry, data, "")
+
+
+def _exactly(reader: _Source, size: int, what: str) -> bytes:
+    data = reader.read(size)
+    if len(data) != size:
+        raise TreeWireError(f"The batch stream was cut short in {what}")
+    return data
+
+
+def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise TreeWireError("Invalid batch stream: a record's header is not UTF-8 JSON") from None
+    if not isinstance(header, dict) or "entry" not in header:
+        raise TreeWireError("Invalid batch stream: a record's header has no entry")
+    entry = parse_entry(header["entry"])
+    size = header.get("size", 0)
+    if type(size) is not int or size < 0:
+        raise TreeWireError(f"Invalid batch stream: the size of {entry.path!r} is not a byte count")
+    if size > MAX_FILE_BYTES:
+        raise TreeWireError(f"Invalid batch stream: {entry.path!r} has {size} bytes, more than the "
+                            f"{MAX_FILE_BYTES} one record may carry")
+    error = header.get("error", "")
+    if not isinstance(error, str):
+        raise TreeWireError(f"Invalid batch stream: the error of {entry.path!r} is not a string")
+    if error:
+        if size:
+            raise TreeWireError(f"Invalid batch stream: the error record of {entry.path!r} has data")
+        return entry, 0, " ".join(error.splitlines())[:1000] or "unreadable"
+    if entry.kind != FILE:
+        raise TreeWireError(f"Invalid batch stream: {entry.path!r} is a {entry.kind}, not a file")
+    if size != entry.size:
+        raise TreeWireError(f"Invalid batch stream: the record of {entry.path!r} has {size} bytes, "
+                            f"its entry says {entry.size}")
+    return entry, size, ""
+
+
+__all__ = [
+    "DIGEST_SIZE", "END_MARKER", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
+    "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS",
+    "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_relative_path", "decode_files",
+    "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
+]

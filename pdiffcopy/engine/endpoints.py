@@ -1,0 +1,223 @@
+"""One interface for a file, wherever it is.
+
+A sync talks to its source and its target through :class:`FileEndpoint`:
+a local file (:mod:`pdiffcopy.local.file`) and a file behind a pdiffcopy server
+(:mod:`pdiffcopy.transport.remote`) offer the same few operations, so the sync logic
+is written once and one test suite exercises both.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+
+from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.errors import Unsupported
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+#: A piece of file data and where it belongs: (offset, bytes-like).
+Chunk = Tuple[int, "bytes | memoryview"]
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a sync needs to know about a file."""
+
+    kind: str  # "file", "directory" or "other"
+    size: int
+    mtime_ns: int
+    etag: str
+
+
+class FileEndpoint(ABC):
+    """A file that can be hashed, read and written by byte ranges."""
+
+    #: The path or URL the user gave, for messages.
+    location: str
+    #: Whether the file lives behind a server (for messages and logs; the
+    #: engine asks for capabilities instead: :meth:`can_copy_from`, ...).
+    is_remote: bool = False
+
+    @abstractmethod
+    def stat(self) -> Optional[FileInfo]:
+        """Describe the file, or return None when it does not exist."""
+
+    @abstractmethod
+    def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                      ) -> "Future[bytes]":
+        """Start hashing the blocks of block-aligned ``ranges``; the future gives the digests.
+
+        Blocks the file does not (fully) have hash what there is of them.
+        """
+
+    @abstractmethod
+    def prepare(self, size: int) -> None:
+        """Create the file if needed and make it exactly ``size`` bytes long."""
+
+    @abstractmethod
+    def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
+        """Yield the data of ``ranges`` as chunks, in order.
+
+        A chunk may be a view of a buffer that the next chunk reuses (a local
+        file's and a remote file's both are: no copy per chunk): use or copy
+        each chunk before asking for the next one.
+        """
+
+    @abstractmethod
+    def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
+        """Write ``chunks`` (exactly the data of ``ranges``) in place; return bytes written."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make written data durable (fsync)."""
+
+    @abstractmethod
+    def create_temporary(self, clone: bool) -> "FileEndpoint":
+        """Create a hidden sibling to write into, as a copy of this file when ``clone``."""
+
+    @abstractmethod
+    def replace(self, other: "FileEndpoint") -> None:
+        """Atomically rename this (temporary) file over ``other``."""
+
+    @abstractmethod
+    def remove_temporary(self) -> None:
+        """Remove this temporary file (after a failure)."""
+
+    # -- optional capabilities: each has a default that says "unsupported"
+    # or does the portable thing, so the engine asks instead of checking types.
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of ``ranges``, waited for (a tree's worker hashes one segment at a time).
+
+        By default through :meth:`submit_hashes`; a local file hashes in this thread.
+        """
+        if not ranges:
+            return b""
+        return self.submit_hashes(ranges, block_size, method).result()
+
+    def hashes_here(self) -> bool:
+        """Whether hashing this file runs in this process (and so wants :meth:`use_hash_pool`).
+
+        A remote file is hashed by its server: no.
+        """
+        return False
+
+    def use_hash_pool(self, pool: "Executor") -> None:
+        """Hash in ``pool`` from now on (see :meth:`hashes_here`); by default there is nothing to do."""
+
+    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+        """Start ``concurrency`` processes that hash files of this kind here; None where nothing hashes here.
+
+        Called before the sync starts any thread (forking a process with threads can deadlock it).
+        """
+        return None
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        """``"drop"`` or ``"keep"``: what the page cache policy ``cache`` means for a copy of ``size`` bytes.
+
+        Only a local whole-file copy decides by size (``"auto"``); elsewhere the cache is kept.
+        """
+        return "keep" if cache == "auto" else cache
+
+    def keep_out_of_cache(self) -> None:
+        """Drop what hashing reads from the page cache (whole-file copies that bypass it).
+
+        A hint: a file without a page cache of ours ignores it.
+        """
+
+    def can_copy_from(self, other: "FileEndpoint") -> bool:
+        """Whether :meth:`copy_ranges_from` and :meth:`copy_all_from` can take data from ``other``.
+
+        True only where the data need not pass through this process (two local files).
+        """
+        return False
+
+    def copy_ranges_from(self, other: "FileEndpoint", ranges: Iterable[ByteRange]) -> int:
+        """Copy ``ranges`` of ``other`` into this file, inside the kernel; return the bytes written.
+
+        :raises Unsupported: Unless :meth:`can_copy_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def copy_all_from(self, other: "FileEndpoint", size: int, cache: str,
+                      progress: Optional[Callable[[int], None]] = None,
+                      on_step: Optional[Callable[[int, str], None]] = None) -> str:
+        """Copy the whole of ``other`` into this file, the fastest way there is; return the way used.
+
+        ``progress`` and ``on_step`` are passed to :func:`pdiffcopy.local.fastcopy.copy_into`.
+
+        :raises Unsupported: Unless :meth:`can_copy_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def is_same_file(self, other: "FileEndpoint") -> bool:
+        """Whether ``other`` is this very file (a sync onto itself); False when that cannot be told."""
+        return False
+
+    def check_readable(self) -> None:
+        """Fail now, with a clear message, if the file cannot be read.
+
+        A remote file's server checks when it first reads; a local file is
+        opened here.
+        """
+
+    def pin(self, info: FileInfo) -> None:
+        """Fail later operations if the file no longer matches ``info``.
+
+        Remote endpoints send ``If-Match``; local ones re-check at the end.
+        """
+
+    def sweep_temporaries(self) -> int:
+        """Remove stale temporaries that killed runs left beside this file; return how many.
+
+        Optional: a server sweeps its own root when it starts, so a remote file does nothing.
+        """
+        return 0
+
+    def take_lease(self) -> None:
+        """Keep every other writer out of this file until :meth:`end_lease` (for in-place updates).
+
+        A sync that updates a file in place trusts its first digests of the
+        blocks it does not write; a second writer would make that a lie.
+
+        :raises Locked: When another client is writing the file.
+        """
+
+    def end_lease(self) -> None:
+        """Let other writers in again.
+
+        :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
+        """
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        """Take every byte this endpoint moves over the network from ``bucket`` (``--bwlimit``).
+
+        A local file moves nothing over a network: it ignores the limit, as rsync's does.
+        """
+
+    def compress_with(self, mode: str) -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+
+        A local file moves nothing over a network: it ignores it.
+        """
+
+    def close(self) -> None:
+        """Release descriptors, connections and workers."""
+
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(location: str) -> bool:
+    """Whether a SOURCE or TARGET argument is a URL (``scheme://...``), not a local path.
+
+    Any scheme counts, so that ``ftp://host/file`` is refused as an
+    unsupported URL instead of being taken for a local path.
+    """
+    return bool(_SCHEME.match(location))

@@ -1,0 +1,231 @@
+"""The segment engine: one segment of one file, brought from a source to a target.
+
+A single-file sync (:mod:`pdiffcopy.engine.pipeline`) and a tree sync's big files
+(:mod:`pdiffcopy.engine.treesync`) both go through these steps, segment by segment::
+
+    hash both sides -> compare (changed ranges) -> move the changed ranges
+      -> read back what must be read back -> verify every block
+
+The pipeline runs them overlapped on futures (transfers start while later
+segments are still hashed); a tree worker runs them one after another with
+:func:`sync_segment`. Either way the rules are the ones below: which ranges
+move, which are read back, and when a segment counts as verified. The
+engine sees only the :class:`~pdiffcopy.engine.endpoints.FileEndpoint` interface;
+an optional capability an endpoint lacks (a kernel copy, hashing in this
+thread) has a fallback here.
+
+The verification rule (docs/design.rst): after the move, every block of the
+target must have the source's digest under the *verify method*, the block
+hash itself when it is strong enough (:func:`~pdiffcopy.core.hashing.verify_method`),
+else a strong one. A block moved is read back from the target; a block left
+alone keeps the digest hashed from the target in this run, but only when that
+digest was taken with the verify method; with a weak block hash every block
+of both sides is hashed again with the strong one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, List, Optional, Sequence
+
+from pdiffcopy.core.blocks import (
+    DEFAULT_BLOCK_SIZE,
+    BlockPlan,
+    ByteRange,
+    Segment,
+    batch_ranges,
+    changed_blocks,
+    coalesce,
+    split_digests,
+    split_ranges,
+)
+from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
+from pdiffcopy.errors import VerificationFailed
+from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
+
+#: Largest byte range one transfer (one request, one read or write call)
+#: carries. 16 MiB keeps a 100 % changed 1 GiB file spread over 64 requests,
+#: so every connection stays busy until the end, while per-request overhead
+#: stays under 1 %.
+TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
+
+#: Workers (processes, connections) when the caller names none: two keeps a
+#: tree sync's listing, planning and first units overlapped on the smallest
+#: machines; the command line and :func:`pdiffcopy.sync` default to the CPU count.
+DEFAULT_CONCURRENCY = 2
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How one file is synced; a tree sync's options (:class:`~pdiffcopy.engine.treesync.TreeOptions`) extend these."""
+
+    block_size: int = DEFAULT_BLOCK_SIZE
+    hash_method: str = DEFAULT_HASH_METHOD
+    #: Skip the comparison and copy every block.
+    whole_file: bool = False
+    concurrency: int = DEFAULT_CONCURRENCY
+    #: Only compare and report; change nothing.
+    dry_run: bool = False
+    #: Write a temporary sibling and rename it over the target at the end.
+    atomic: bool = False
+    #: Page cache policy of whole-file copies between local files (auto, drop or keep).
+    cache: str = "auto"
+    #: Most bytes per second on the network, both directions, all workers together: an int or
+    #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
+    #: no limit. Local files and trees ignore it.
+    bwlimit: "int | str | None" = None
+    #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
+    compress: str = "auto"
+
+
+# -- compare ---------------------------------------------------------------
+
+
+def changed_ranges(plan: BlockPlan, segment: Segment, source_digests: Sequence[bytes],
+                   target_digests: Optional[Sequence[bytes]]) -> List[ByteRange]:
+    """The byte ranges of ``segment`` to move: its blocks whose digests differ, merged.
+
+    :param target_digests: None when the target has no data there (every block moves).
+    """
+    changed = changed_blocks(segment, source_digests, target_digests)
+    return coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
+
+
+# -- move ------------------------------------------------------------------
+
+
+def move_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteRange],
+                on_moved: Optional[Callable[[int], None]] = None) -> int:
+    """Copy ``ranges`` of ``source`` into ``work``; return the bytes written.
+
+    Inside the kernel where ``work`` can copy from ``source`` (two local
+    files), else read and written in batches of :data:`TRANSFER_REQUEST_BYTES`.
+
+    :param on_moved: Called with byte counts as data is written (progress).
+    """
+    if not ranges:
+        return 0
+    if work.can_copy_from(source):
+        written = work.copy_ranges_from(source, ranges)
+        if on_moved is not None:
+            on_moved(written)
+        return written
+    written = 0
+    for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
+        chunks = source.read_ranges(batch)
+        written += work.write_ranges(batch, _counted(chunks, on_moved) if on_moved else chunks)
+    return written
+
+
+def _counted(chunks: Iterator[Chunk], on_moved: Callable[[int], None]) -> Iterator[Chunk]:
+    for offset, data in chunks:
+        yield offset, data
+        on_moved(len(data))
+
+
+# -- read back and verify --------------------------------------------------
+
+
+def readback_ranges(segment: Segment, moved: Sequence[ByteRange], target_known: bool) -> List[ByteRange]:
+    """What of ``segment`` the verification reads back from the target.
+
+    :param moved: The ranges written into the segment.
+    :param target_known: Whether the target's digests of this segment were
+                         hashed in this run *with the verify method*. Then the
+                         blocks left alone are known and only the moved ones
+                         are read back; else the whole segment is.
+    """
+    if not target_known:
+        return [(segment.offset, segment.length)] if segment.length else []
+    return list(moved)
+
+
+def final_digests(plan: BlockPlan, segment: Segment, target_digests: Optional[Sequence[bytes]],
+                  read_back: Sequence[ByteRange], read_back_digests: bytes, method: str) -> List[bytes]:
+    """The target's digest of every block of ``segment`` after the move (under ``method``).
+
+    :param target_digests: The target's digests of the segment from before the
+                           move (only when hashed with the verify method), or None.
+    :param read_back: The ranges read back (block-aligned but for the file's end).
+    :param read_back_digests: Their digests, concatenated in order.
+    :raises VerificationFailed: When the read-back digests do not cover the ranges.
+    """
+    digests = list(target_digests) if target_digests is not None else [b""] * segment.block_count
+    bs = plan.block_size
+    blocks = [block for offset, length in read_back for block in range(offset // bs, -(-(offset + length) // bs))]
+    got = split_digests(read_back_digests, digest_size(method))
+    if len(got) != len(blocks) or any(not segment.first_block <= b < segment.first_block + segment.block_count
+                                       for b in blocks):
+        raise VerificationFailed("Verification failed: the read-back digests are incomplete")
+    for block, digest in zip(blocks, got):
+        digests[block - segment.first_block] = digest
+    return digests
+
+
+def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes], location: str) -> None:
+    """The verification itself: every block of the target has the source's digest.
+
+    :raises VerificationFailed: Naming how many blocks differ.
+    """
+    if len(source_digests) != len(target_digests) or list(source_digests) != list(target_digests):
+        differing = sum(1 for a, b in zip(source_digests, target_digests) if a != b) + \
+            abs(len(source_digests) - len(target_digests))
+        raise VerificationFailed(f"Verification failed: {differing} block(s) of {location} differ from "
+                                 f"the source after the sync")
+
+
+def check_size(work: FileEndpoint, size: int, location: str) -> None:
+    """The target has exactly the source's size (the block digests cannot see a longer tail)."""
+    info = work.stat()
+    if info is None or info.size != size:
+        raise VerificationFailed(
+            f"Verification failed: {location} has "
+            f"{'no file' if info is None else f'{info.size} bytes'}, expected {size}")
+
+
+def source_unchanged(source: FileEndpoint, size: int, mtime_ns: int) -> bool:
+    """Whether the source still has the size and time it had when the sync began (or was listed)."""
+    after = source.stat()
+    return after is not None and (after.size, after.mtime_ns) == (size, mtime_ns)
+
+
+# -- one segment, start to end (a tree's worker) ---------------------------
+
+
+def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segment: Segment,
+                 method: str, location: str, compare: bool = True) -> int:
+    """Bring one segment of ``work`` to the source's bytes, verified; return the bytes moved.
+
+    Hashing runs in this thread (:meth:`FileEndpoint.hash_ranges`): a tree
+    sync runs many of these at once, one per worker process.
+
+    :param compare: False when the target has no data there yet (a new file):
+                    every block moves and nothing of the target is hashed first.
+    :raises VerificationFailed: When a block of the target differs afterwards.
+    """
+    if not segment.length:
+        return 0
+    strong = verify_method(method)
+    whole = [(segment.offset, segment.length)]
+    bs = plan.block_size
+    if compare:
+        ours = split_digests(source.hash_ranges(whole, bs, method), digest_size(method))
+        theirs: Optional[List[bytes]] = split_digests(work.hash_ranges(whole, bs, method), digest_size(method))
+        ranges = changed_ranges(plan, segment, ours, theirs)
+    else:
+        ours, theirs = [], None
+        ranges = split_ranges(whole, TRANSFER_REQUEST_BYTES)
+    moved = move_ranges(source, work, ranges)
+    if not compare or strong != method:
+        ours = split_digests(source.hash_ranges(whole, bs, strong), digest_size(strong))
+        theirs = None
+    read_back = readback_ranges(segment, ranges, theirs is not None)
+    final = final_digests(plan, segment, theirs, read_back,
+                          work.hash_ranges(read_back, bs, strong) if read_back else b"", strong)
+    check_blocks(ours, final, location)
+    return moved
+
+
+__all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "TRANSFER_REQUEST_BYTES", "changed_ranges", "check_blocks",
+           "check_size", "final_digests", "move_ranges", "readback_ranges", "source_unchanged",
+           "sync_segment"]

@@ -1,0 +1,162 @@
+"""One interface for a directory tree, wherever it is.
+
+A tree sync talks to its source and target trees through :class:`TreeEndpoint`,
+as a file sync talks to its files through
+:class:`~pdiffcopy.engine.endpoints.FileEndpoint`: :class:`~pdiffcopy.local.localtree.LocalTree`
+works on a local directory, :class:`~pdiffcopy.transport.remotetree.RemoteTree` on a
+directory behind a pdiffcopy server (which runs a ``LocalTree`` for it).
+
+Small files move whole, many per call (:meth:`TreeEndpoint.read_files`,
+:meth:`TreeEndpoint.write_files`), so 60,000 files are not 60,000 requests;
+big ones go through :meth:`TreeEndpoint.file_endpoint` and the block engine.
+Every call that changes many things reports the ones that failed and goes
+on with the rest: one unreadable file never stops a tree sync.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.errors import Unsupported
+# The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
+from pdiffcopy.core.treeplan import (  # noqa: F401
+    DELETE,
+    METADATA,
+    MKDIR,
+    OPERATIONS,
+    REMOVE,
+    SYMLINK,
+    Entry,
+    Failure,
+    Operation,
+)
+
+@dataclass(frozen=True)
+class MetadataOptions:
+    """Which metadata besides permissions (always kept) a write or an operation sets."""
+
+    times: bool = False
+    owner: bool = False
+    #: Flush each file written, and the directory holding it, before reporting
+    #: success (rsync's --fsync): what was reported copied survives a crash.
+    fsync: bool = False
+
+
+@dataclass
+class Listing:
+    """A tree's root entry (``None`` when missing), everything below it, and what could not be listed."""
+
+    root: Optional[Entry]
+    entries: List[Entry]
+    failures: List[Failure]
+
+
+class TreeEndpoint(ABC):
+    """A directory tree that can be listed, read and changed in batches."""
+
+    #: The path or URL the user gave, for messages.
+    location: str
+    #: Whether the tree lives behind a server.
+    is_remote: bool = False
+
+    @abstractmethod
+    def list(self) -> Listing:
+        """Everything below the root, recursively; symlinks are listed, never followed."""
+
+    @abstractmethod
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        """Yield ``(entry, content, "")`` per file, or ``(entry, None, why)`` when it cannot be read.
+
+        A file whose size is no longer the listed one is a failure ("changed
+        while copying"): the listing's size is what the plan promised.
+        """
+
+    @abstractmethod
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
+        """Write each file whole under its path, with its permissions (and times, owner).
+
+        Each file replaces the old one complete or not at all (a temporary
+        sibling renamed into place); a sparse entry is written with holes.
+        With ``fresh`` the files are new (nothing had their names when the
+        tree was listed): each is created under its name, exclusively, and
+        removed again if writing it fails, which saves the rename; a name
+        that exists after all gets the temporary and rename.
+        """
+
+    @abstractmethod
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        """Run the operations in order; a failed one is reported and the rest still run."""
+
+    @abstractmethod
+    def file_endpoint(self, path: str) -> FileEndpoint:
+        """The file at ``path`` below the root, for the block engine (big files)."""
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        """Take every byte this tree moves over the network from ``bucket`` (``--bwlimit``).
+
+        A local tree moves nothing over a network: it ignores the limit, as rsync's does.
+        """
+
+    def compress_with(self, mode: str) -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+
+        A local tree moves nothing over a network: it ignores it.
+        """
+
+    # -- optional capabilities, with defaults for a tree that has none --------
+
+    def enter_worker(self) -> None:
+        """Prepare a forked worker process of the sync for this tree; by default nothing."""
+
+    def traffic(self) -> "Tuple[int, int]":
+        """Bytes this process has sent and received on the wire for trees of this kind; (0, 0) by default.
+
+        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
+        """
+        return (0, 0)
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
+
+    def sweep_while_listing(self) -> None:
+        """Have :meth:`list` also remove the temporaries that killed runs left.
+
+        By default nothing: a server sweeps its own root when it starts.
+        """
+
+    def walks_here(self) -> bool:
+        """Whether :meth:`list` walks a file system in this process (then a forked child can walk it
+        beside another tree's walk); a tree behind a server is listed by the server."""
+        return False
+
+    def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
+        """Whether :meth:`copy_files_from` can take files from ``other`` (two local trees: the kernel copies)."""
+        return False
+
+    def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
+                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
+        """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
+
+        :raises Unsupported: Unless :meth:`can_copy_files_from` says yes.
+        """
+        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+        return False
+
+    def may_change_root(self) -> bool:
+        """Whether a sync may set the root directory's own permissions and times (not a server's root)."""
+        return True
+
+    def close(self) -> None:
+        """Release connections and descriptors."""
+
+
+__all__ = ["DELETE", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
+           "MetadataOptions", "Operation", "TreeEndpoint"]

@@ -1,0 +1,1 @@
+"""This machine: platform calls, confinement, fd helpers, fastcopy, LocalFile, LocalTree, copyfile."""

@@ -1,0 +1,533 @@
+"""A file on this machine, as a :class:`~pdiffcopy.engine.endpoints.FileEndpoint`."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import stat as stat_module
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+
+from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
+from pdiffcopy.errors import (
+    AccessDenied,
+    Conflict,
+    FileMissing,
+    NotAFile,
+    Locked,
+    PdiffcopyError,
+    StorageError,
+    storage_error,
+)
+from pdiffcopy.local.fileops import (
+    copy_range,
+    etag,
+    free_space,
+    fsync_directory,
+    process_umask,
+    read_chunks,
+    replace_atomically,
+    resize,
+    start_writeback,
+    sweep_stale_temporaries,
+    temporary_name,
+    write_all,
+)
+from pdiffcopy.local.filehash import hash_file_ranges, hash_region
+from pdiffcopy.local.paths import Root, clean_relative_path, open_regular_path
+from pdiffcopy.engine.workers import die_with_parent
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future, ProcessPoolExecutor
+
+
+def _ready() -> bool:
+    return True
+
+
+def _start_worker(parent_pid: int) -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it and stops
+    # the pool; a worker printing its own KeyboardInterrupt traceback would
+    # only bury the one-line message.
+    # SIGTERM and SIGHUP too: the parent cleans up and shuts the pool down.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    # A parent killed outright must not leave its hashing processes behind.
+    die_with_parent(parent_pid)
+
+
+def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
+    """Start the processes that hash local files.
+
+    The processes are forked now, before the sync starts any thread, because
+    forking a process with running threads can deadlock the child. ``fork``
+    (not spawn) keeps start-up to milliseconds.
+    """
+    import multiprocessing  # here: whole-file copies hash in threads and never need it
+    from concurrent.futures import ProcessPoolExecutor
+
+    context: "multiprocessing.context.BaseContext"
+    try:
+        context = multiprocessing.get_context("fork")
+    except ValueError:  # no fork on this platform
+        context = multiprocessing.get_context()
+    pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context,
+                               initializer=_start_worker, initargs=(os.getpid(),))
+    # With fork, the first submit starts every worker at once.
+    pool.submit(_ready).result()
+    return pool
+
+
+class LocalFile(FileEndpoint):
+    """A regular file on a local file system.
+
+    ``LocalFile(path)`` is a file the user named: its path is resolved as
+    given, symlinks included. :meth:`below` makes a file confined beneath a
+    directory (a tree's member): every open goes through
+    :class:`~pdiffcopy.local.paths.Root` (``openat2`` with ``RESOLVE_BENEATH``,
+    ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
+    removed through a descriptor of its directory, so a directory swapped
+    for a symlink after the tree was listed can never lead a read or a write
+    out of the tree. The server's file views open every file they serve
+    this way too (with ``follow``: a symlink that stays in the root is
+    served). Either way only regular files are opened for reading or
+    writing (FIFOs and devices are refused, never waited on).
+    """
+
+    def __init__(self, path: str, pool: "Optional[Executor]" = None,
+                 temporary: bool = False) -> None:
+        self.location = path
+        self.path = path
+        self.pool = pool
+        self.temporary = temporary
+        self._read_fd: Optional[int] = None
+        self._write_fd: Optional[int] = None
+        self._created = False
+        self._closed = False
+        #: A descriptor holding an flock on the file while we update it in place.
+        self._lease_fd: Optional[int] = None
+        #: Drop what hashing reads from the page cache (set for --cache drop copies).
+        self.drop_cache = False
+        #: Set by :meth:`below`: the root, and the path relative to it.
+        self._root: Optional[Root] = None
+        self._relative = ""
+        self._follow = False
+        #: How the last copy into a temporary was made (:meth:`create_temporary`'s clone).
+        self.clone_method = ""
+
+    @classmethod
+    def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
+              name: Optional[str] = None) -> "LocalFile":
+        """The file at ``relative`` beneath ``root``, opened only beneath it.
+
+        :param root: The directory the file must stay in (a tree's root, a server's).
+        :param relative: The file's path relative to ``root``.
+        :param follow: Follow a symlink in the last name if it stays beneath the
+                       root (a server's files); a tree's member is opened without.
+        :param name: What messages call the file (default: its full path; a
+                     server names the path its client asked for, not its root).
+        """
+        file = cls(name if name is not None else os.path.join(root.directory, relative), pool)
+        file._root, file._relative, file._follow = root, relative, follow
+        return file
+
+    # -- opening -----------------------------------------------------------
+
+    def _open(self, flags: int, mode: int = 0o666) -> int:
+        """Open the file, a regular one only; beneath the root when there is one."""
+        if self._root is None:
+            return open_regular_path(self.path, flags, mode)
+        return self._root.open_regular(self._relative, flags, mode, follow=self._follow)
+
+    def open_descriptor(self, flags: int) -> int:
+        """A new descriptor of the file (a regular one only, beneath the root if any); the caller closes it.
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.errors.NotAFile` for FIFOs, devices
+                and the like, :class:`~pdiffcopy.errors.AccessDenied` for escapes.
+        """
+        return self._open(flags)
+
+    def open_writer(self) -> "tuple[int, bool]":
+        """A new descriptor for writing, the file created if missing; and whether it was."""
+        if self._root is None:
+            created = not os.path.lexists(self.path)
+            return self._open(os.O_WRONLY | os.O_CREAT), created
+        try:
+            return self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL), True
+        except Conflict:  # it exists: update it in place
+            return self._open(os.O_WRONLY), False
+
+    def status(self) -> os.stat_result:
+        """The file's ``stat`` (whatever kind it is), symlinks followed as :meth:`below` says.
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.errors.FileMissing` when there is none.
+        """
+        if self._root is None:
+            try:
+                return os.stat(self.path)
+            except OSError as error:
+                raise storage_error(error, f"access {self.path}") from None
+        fd = self._root.open(self._relative, os.O_PATH | (0 if self._follow else os.O_NOFOLLOW))
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def _parent(self) -> "tuple[int, str]":
+        """A descriptor of the confined file's directory (``O_RDONLY``: it can be flushed) and its name.
+
+        :raises AccessDenied: For the root itself, which has no name to rename or remove.
+        """
+        assert self._root is not None
+        relative = clean_relative_path(self._relative, self._root.reserve)
+        if not relative:
+            raise AccessDenied("The root directory itself cannot be changed")
+        parent, _, name = relative.rpartition("/")
+        return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
+
+    def flush_directory(self) -> None:
+        """Flush the directory holding the file, so that its name survives a crash."""
+        try:
+            if self._root is None:
+                fsync_directory(os.path.dirname(self.path))
+                return
+            directory, _ = self._parent()
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as error:
+            raise storage_error(error, f"flush the directory of {self.path}") from None
+
+    def stat(self) -> Optional[FileInfo]:
+        try:
+            info = self.status()
+        except FileMissing:
+            return None
+        kind = "file" if stat_module.S_ISREG(info.st_mode) else (
+            "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
+        return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info))
+
+    def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                      ) -> "Future[bytes]":
+        if self.pool is None:
+            # No pool given (a tree's worker, a caller of its own): hashed
+            # here, the future already done.
+            from concurrent.futures import Future
+
+            done: "Future[bytes]" = Future()
+            try:
+                done.set_result(self.hash_ranges(ranges, block_size, method))
+            except PdiffcopyError as error:
+                done.set_exception(error)
+            return done
+        if self._root is not None:
+            return self.pool.submit(_hash_below, self._root.directory, self._relative, list(ranges),
+                                    block_size, method)
+        return self.pool.submit(hash_file_ranges, self.path, list(ranges), block_size, method,
+                                self.drop_cache)
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of some ranges, hashed in this thread from the open file."""
+        fd = self._reader()
+        try:
+            return b"".join(hash_region(fd, offset, length, block_size, method)
+                            for offset, length in ranges)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+
+    def hashes_here(self) -> bool:
+        return True
+
+    def use_hash_pool(self, pool: "Executor") -> None:
+        self.pool = pool
+
+    def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+        return start_hash_pool(concurrency)
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        from pdiffcopy.local.fastcopy import resolve_cache  # as copy_all_from imports fastcopy: when needed
+
+        return resolve_cache(cache, size)
+
+    def keep_out_of_cache(self) -> None:
+        self.drop_cache = True
+
+    def can_copy_from(self, other: FileEndpoint) -> bool:
+        return isinstance(other, LocalFile)
+
+    def is_same_file(self, other: FileEndpoint) -> bool:
+        if not isinstance(other, LocalFile):
+            return False
+        try:
+            return os.path.samefile(self.path, other.path)
+        except OSError:
+            return False
+
+    def check_readable(self) -> None:
+        fd = self._reader()
+        # A /proc or /sys file says it has 0 bytes and makes its content up on
+        # each read: copied by its size it would arrive empty and "verified".
+        # Refused rather than read to the end: the block plan, the verification
+        # and a server all need a size that holds, and such content changes.
+        try:
+            generated = os.fstat(fd).st_size == 0 and os.pread(fd, 1, 0) != b""
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        if generated:
+            raise NotAFile(f"Cannot sync {self.path}: it says it has 0 bytes but has content "
+                           f"(a /proc or /sys file?); copy it with cat")
+
+    def _reader(self) -> int:
+        if self._read_fd is None:
+            self._read_fd = self._open(os.O_RDONLY)
+        return self._read_fd
+
+    def _writer(self) -> int:
+        if self._closed:
+            raise StorageError(f"Cannot write {self.path}: the sync was stopped")
+        if self._write_fd is None:
+            self._write_fd, self._created = self.open_writer()
+        return self._write_fd
+
+    def prepare(self, size: int) -> None:
+        fd = self._writer()
+        try:
+            resize(fd, size)
+        except OSError as error:
+            raise storage_error(error, f"resize {self.path}") from None
+
+    def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
+        fd = self._reader()
+        try:
+            yield from read_chunks(fd, ranges)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        except EOFError:
+            raise StorageError(f"Cannot read {self.path}: it became shorter during the sync") from None
+
+    def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
+        fd = self._writer()
+        written = 0
+        try:
+            for offset, data in chunks:
+                write_all(fd, data, offset)
+                written += len(data)
+        except OSError as error:
+            raise storage_error(error, f"write {self.path}") from None
+        for offset, length in ranges:
+            start_writeback(fd, offset, length)  # the final fsync then has little left
+        return written
+
+    def copy_ranges_from(self, source: FileEndpoint, ranges: Iterable[ByteRange]) -> int:
+        """Copy ranges of another local file into this one inside the kernel."""
+        assert isinstance(source, LocalFile), "the engine asks can_copy_from first"
+        source_fd, target_fd = source._reader(), self._writer()
+        written = 0
+        for offset, length in ranges:
+            try:
+                copy_range(source_fd, target_fd, offset, length)
+            except OSError as error:
+                raise storage_error(error, f"copy {source.path} to {self.path}") from None
+            except EOFError:
+                raise StorageError(f"Cannot read {source.path}: it became shorter during the sync") from None
+            start_writeback(target_fd, offset, length)
+            written += length
+        return written
+
+    def copy_all_from(self, source: FileEndpoint, size: int, cache: str, progress=None,
+                      on_step=None) -> str:
+        """Copy the whole of another local file into this one, the fastest way there is.
+
+        ``progress`` and ``on_step`` are passed to :func:`pdiffcopy.local.fastcopy.copy_into`.
+        """
+        assert isinstance(source, LocalFile), "the engine asks can_copy_from first"
+        from pdiffcopy.local.fastcopy import copy_into
+
+        try:
+            return copy_into(source._reader(), self._writer(), size, cache=cache, durable=True,
+                             progress=progress, on_step=on_step)
+        except OSError as error:
+            raise storage_error(error, f"copy {source.path} to {self.path}") from None
+
+    def flush(self) -> None:
+        try:
+            os.fsync(self._writer())
+            # A temporary file's name needs no flush: replace() renames it and
+            # then flushes the directory, which makes the final name durable.
+        except OSError as error:
+            raise storage_error(error, f"flush {self.path}") from None
+        if self._created and not self.temporary:
+            self.flush_directory()
+
+    def take_lease(self) -> None:
+        # An flock: other pdiffcopy runs (and anything else that asks for
+        # one) are kept out; writers that do not ask are not, as ever locally.
+        fd = self._open(os.O_RDONLY)
+        try:
+            _lock_or_refuse(fd, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lease_fd = fd
+
+    def end_lease(self) -> None:
+        fd, self._lease_fd = self._lease_fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def create_temporary(self, clone: bool, relative: Optional[str] = None) -> "LocalFile":
+        """A new temporary sibling (named by :func:`~pdiffcopy.core.protocol.temporary_name`); a copy with ``clone``.
+
+        :param relative: For a confined file: the temporary's path beneath the
+                         root instead (a server's client names it).
+        """
+        parent, name = os.path.split(self.path)
+        if self._root is None:
+            path = os.path.join(parent, temporary_name(name))
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except OSError as error:
+                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
+            temporary = LocalFile(path, self.pool, temporary=True)
+        else:
+            display: Optional[str] = relative
+            if relative is None:
+                head, temporary_file = self._relative.rpartition("/")[0], temporary_name(name)
+                relative = f"{head}/{temporary_file}" if head else temporary_file
+            temporary = LocalFile.below(self._root, relative, self.pool, name=display)
+            temporary.temporary = True
+            # Made, renamed and removed by name in its directory, the
+            # directory opened beneath the root each time (not held open: a
+            # tree sync prepares every big file's temporary up front).
+            directory, temporary_file = temporary._parent()
+            try:
+                fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
+            except OSError as error:
+                where = os.path.dirname(temporary.path) or "."
+                raise storage_error(error, f"create a temporary file in {where}") from None
+            finally:
+                os.close(directory)
+        temporary._write_fd = fd
+        try:
+            source = self._reader() if clone else None
+            if source is not None:
+                if os.fstat(source).st_size > free_space(fd):
+                    raise StorageError(f"Cannot copy {self.path}: not enough free space")
+                from pdiffcopy.local.fastcopy import copy_into
+
+                # A reflink where the file system can (milliseconds, no new
+                # blocks), else the fastest copy the kernel offers.
+                temporary.clone_method = copy_into(source, fd, os.fstat(source).st_size, cache="keep")
+            # The final file gets the old file's mode, or the usual default.
+            mode = stat_module.S_IMODE(os.fstat(source).st_mode) if source is not None \
+                else 0o666 & ~process_umask()
+            os.fchmod(fd, mode)
+        except OSError as error:
+            temporary.remove_temporary()
+            raise storage_error(error, f"copy {self.path} to a temporary file") from None
+        except BaseException:  # PdiffcopyError, KeyboardInterrupt: leave nothing behind
+            temporary.remove_temporary()
+            raise
+        return temporary
+
+    def sweep_temporaries(self) -> int:
+        return sweep_stale_temporaries(os.path.dirname(self.path) or ".")
+
+    def replace(self, other: FileEndpoint) -> None:
+        assert isinstance(other, LocalFile)
+        try:
+            # Not over a file another pdiffcopy is updating in place.
+            held: Optional[int] = other._open(os.O_RDONLY)
+        except (OSError, PdiffcopyError):
+            held = None  # missing, not a regular file, unreadable: there is no lock to respect
+        try:
+            if held is not None:
+                _lock_or_refuse(held, other.path)
+            if self._root is None or other._root is None:
+                replace_atomically(self.path, other.path)
+                return
+            source_directory, source_name = self._parent()
+            try:
+                directory, name = other._parent()
+                try:
+                    replace_atomically(source_name, name, source_directory, directory)
+                finally:
+                    os.close(directory)
+            finally:
+                os.close(source_directory)
+        except OSError as error:
+            raise storage_error(error, f"rename {self.path} to {other.path}") from None
+        finally:
+            if held is not None:
+                os.close(held)
+
+    def remove_temporary(self) -> None:
+        self.close()
+        self._closed = True
+        try:
+            self.unlink()
+        except PdiffcopyError:
+            pass  # already gone (renamed): nothing to clean up
+
+    def unlink(self) -> None:
+        """Remove the file's name (beneath the root, never following the last name).
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.errors.FileMissing` when it is gone, and the like.
+        """
+        try:
+            if self._root is None:
+                os.unlink(self.path)
+            else:
+                directory, name = self._parent()
+                try:
+                    os.unlink(name, dir_fd=directory)
+                finally:
+                    os.close(directory)
+        except OSError as error:
+            raise storage_error(error, f"remove {self.path}") from None
+
+    def close(self) -> None:
+        for name in ("_read_fd", "_write_fd", "_lease_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+#: The roots a hashing process has opened, by directory (one descriptor each, kept).
+_roots: "dict[str, Root]" = {}
+
+
+def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], block_size: int,
+                method: str) -> bytes:
+    """:func:`hash_file_ranges` for a file confined beneath ``directory`` (run in a hashing process)."""
+    root = _roots.get(directory)
+    if root is None:
+        root = _roots[directory] = Root(directory, reserve=False)
+    fd = root.open_regular(relative, os.O_RDONLY, follow=False)
+    try:
+        return b"".join(hash_region(fd, offset, length, block_size, method) for offset, length in ranges)
+    except OSError as error:
+        raise storage_error(error, f"read {relative}") from None
+    finally:
+        os.close(fd)
+
+
+def _lock_or_refuse(fd: int, path: str) -> None:
+    """Take an exclusive flock on ``fd`` at once, or say who is in the way."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise Locked(f"{path} is being written by another pdiffcopy; try again when it is done") \
+                from None
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            raise storage_error(error, f"lock {path}") from None
+        # A file system without locks (some network mounts): nothing to respect.

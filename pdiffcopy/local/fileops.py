@@ -1,0 +1,448 @@
+"""Low-level operations on open files, shared by the client, the server and fastcopy.
+
+Everything here works on file descriptors, so the server can apply it to
+descriptors it opened safely beneath its root, and the client to its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from typing import Callable, Iterable, Iterator, Optional, Tuple
+
+from pdiffcopy.core.blocks import ByteRange
+# The temporary-name scheme and the transfer chunk are the protocol's (the client names
+# the server's temporaries); they are imported here for this module's many users.
+from pdiffcopy.core.protocol import (  # noqa: F401
+    _TEMPORARY_NAME,
+    TRANSFER_CHUNK_SIZE,
+    is_temporary_name,
+    temporary_name,
+    unique_suffix,
+)
+
+#: The FICLONE ioctl (linux/fs.h): make the target share the source's extents.
+FICLONE = 0x40049409
+
+# sync_file_range(2) flags (linux/fs.h). Python's os module has no binding.
+SYNC_FILE_RANGE_WAIT_BEFORE = 1
+SYNC_FILE_RANGE_WRITE = 2
+SYNC_FILE_RANGE_WAIT_AFTER = 4
+
+#: errno values with which the kernel says "not this way, try another": the file
+#: systems differ (EXDEV), the file system or kernel lacks the operation
+#: (EOPNOTSUPP, ENOSYS, ENOTTY), or refuses these particular files (EINVAL);
+#: ENOTSOCK is sendfile on systems where it only writes to sockets.
+REFUSALS = frozenset({
+    errno.EXDEV, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
+    errno.EINVAL, errno.ENOSYS, errno.ENOTTY, errno.ENOTSOCK,
+})
+
+#: Environment variable that, set to a non-empty value other than ``0``, turns
+#: off every fast path (see :func:`fast_paths_enabled`): for users who hit a
+#: kernel or file system bug in one, and for tests of the plain paths.
+NO_FASTPATH_VARIABLE = "PDIFFCOPY_NO_FASTPATH"
+
+
+def fast_paths_enabled() -> bool:
+    """Whether the fast paths may be used; the one place :data:`NO_FASTPATH_VARIABLE` is read.
+
+    Every fast path asks here first and takes its plain way when told no:
+    ``copy_file_range``, ``sendfile`` and ``FICLONE`` copy by reading and
+    writing, ``openat2`` confinement walks the path one ``O_NOFOLLOW``
+    component at a time (just as safe, stricter: it refuses every symlink),
+    and the advisory ``posix_fadvise`` and ``sync_file_range`` are left out.
+    Read at each use (a dictionary look-up), so a process's whole life obeys
+    its environment and a test can flip it.
+    """
+    return os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
+
+
+#: A temporary file untouched for this long is left over from a run that
+#: ended without cleaning up (killed, crashed, the host rebooted), whoever
+#: made it: no sync leaves its temporary unwritten for a day. The resume of
+#: partial temporaries (a later feature) would keep them for up to this long.
+STALE_TEMPORARY_SECONDS = 24 * 3600
+
+#: A temporary whose maker (the process id in its name) is no longer alive on
+#: this host is swept once it has been untouched for this long: long enough
+#: that one written from another host (a shared file system, a push whose
+#: client named it) and still in use would have been written to meanwhile.
+ORPHAN_TEMPORARY_SECONDS = 15 * 60
+
+#: Entries the server's start-up sweep looks at, at most: a root of millions
+#: of files must not delay the start by minutes; the rest waits for the next start.
+SWEEP_MAX_ENTRIES = 1_000_000
+
+#: Seconds the server's start-up sweep may take, at most (same reason).
+SWEEP_MAX_SECONDS = 10.0
+
+
+def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = None) -> bool:
+    """Whether the temporary file ``name`` (with ``lstat`` result ``info``) is left over.
+
+    Stale means untouched for :data:`STALE_TEMPORARY_SECONDS`, or for
+    :data:`ORPHAN_TEMPORARY_SECONDS` when the process that named it is dead.
+    Directories are never stale temporaries (no pdiffcopy temporary is one).
+    """
+    match = _TEMPORARY_NAME.match(name)
+    if match is None or stat.S_ISDIR(info.st_mode):
+        return False
+    age = (time.time() if now is None else now) - info.st_mtime
+    if age >= STALE_TEMPORARY_SECONDS:
+        return True
+    return age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
+
+
+def _is_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (possibly another user's)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, it is someone else's
+    return True
+
+
+def sweep_stale_temporaries(directory: str, recursive: bool = False,
+                            max_entries: int = SWEEP_MAX_ENTRIES,
+                            max_seconds: float = SWEEP_MAX_SECONDS) -> int:
+    """Remove the stale temporary files (:func:`is_stale_temporary`) in ``directory``.
+
+    Iterative, by directory descriptors, never following a symlink; bounded
+    by ``max_entries`` and ``max_seconds``. Failures are ignored: the sweep
+    is housekeeping and must never stop a sync or the server's start.
+
+    :returns: How many files were removed.
+    """
+    removed = seen = 0
+    deadline = time.monotonic() + max_seconds
+    now = time.time()
+    try:
+        top = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    pending = [top]
+    try:
+        while pending:
+            fd = pending.pop()
+            try:
+                with os.scandir(fd) as scanner:
+                    for item in scanner:
+                        seen += 1
+                        if seen > max_entries or (seen % 1024 == 0 and time.monotonic() > deadline):
+                            return removed
+                        try:
+                            if item.name.startswith(".") and is_temporary_name(item.name):
+                                if is_stale_temporary(item.name, item.stat(follow_symlinks=False), now):
+                                    os.unlink(item.name, dir_fd=fd)
+                                    removed += 1
+                            elif recursive and item.is_dir(follow_symlinks=False):
+                                pending.append(os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                                       | os.O_CLOEXEC, dir_fd=fd))
+                        except OSError:
+                            continue  # gone meanwhile, or not ours to remove
+            except OSError:
+                pass  # an unreadable directory: nothing to sweep there
+            finally:
+                os.close(fd)
+    finally:
+        for fd in pending:
+            os.close(fd)
+    return removed
+
+
+def read_chunks(fd: int, ranges: Iterable[ByteRange],
+                chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Tuple[int, memoryview]]:
+    """Read ranges of a file as (offset, chunk) pairs.
+
+    The chunks are views of one reused buffer: consume each before asking for
+    the next.
+
+    :raises OSError: When reading fails.
+    :raises EOFError: When the file is shorter than a range (it shrank).
+    """
+    buffer = bytearray(chunk_size)
+    view = memoryview(buffer)
+    for offset, length in ranges:
+        position, end = offset, offset + length
+        while position < end:
+            got = os.preadv(fd, [view[: min(chunk_size, end - position)]], position)
+            if got <= 0:
+                raise EOFError(f"file ended at {position} bytes, before {end}")
+            yield position, view[:got]
+            position += got
+
+
+def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``pwrite`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def resize(fd: int, size: int) -> None:
+    """Make an open file exactly ``size`` bytes long.
+
+    Growth beyond the free space is refused up front (also where the file
+    system cannot reserve space, and so that a bogus size cannot make a huge
+    sparse file), then reserved with :func:`reserve`: a full disk fails now,
+    with nothing written, instead of half-way through.
+
+    :raises OSError: ENOSPC when the growth does not fit, and other failures.
+    """
+    current = os.fstat(fd).st_size
+    if size > current:
+        if size - current > free_space(fd):
+            raise OSError(errno.ENOSPC, f"No space left on device ({size - current} more bytes needed)")
+        reserve(fd, current, size - current)
+    if os.fstat(fd).st_size != size:
+        os.ftruncate(fd, size)
+
+
+def copy_range(source_fd: int, target_fd: int, offset: int, length: int) -> None:
+    """Copy bytes between the same offsets of two files, inside the kernel where it can.
+
+    ``copy_file_range`` moves the data without passing it through user space
+    (and lets file systems share blocks); a read/write loop takes over where
+    the kernel refuses.
+
+    :raises OSError: When copying fails.
+    :raises EOFError: When the source is shorter than the range.
+    """
+    copied = copy_available(source_fd, target_fd, offset, length)
+    if copied < length:
+        raise EOFError(f"file ended at {offset + copied} bytes, before {offset + length}")
+
+
+#: errno values after which ``copy_file_range`` gives way to reading and
+#: writing: :data:`REFUSALS`, and what it refuses that ``pwrite`` may not
+#: (EPERM, EBADF: an immutable or append-only file; ETXTBSY: a swap file),
+#: so that the plain write says what is really wrong, if anything.
+KERNEL_COPY_REFUSALS = REFUSALS | {errno.EPERM, errno.EBADF, errno.ETXTBSY}
+
+
+def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
+                   probe_last_byte: bool = False) -> int:
+    """Copy up to ``length`` bytes between the same offsets of two files; the one copy loop.
+
+    ``copy_file_range`` first (unless :func:`fast_paths_enabled` says no),
+    then a read/write loop where the kernel refuses or copies nothing.
+
+    :param probe_last_byte: The last byte asked is only there to tell a file
+                            that grew: a copy ending one byte short is the
+                            end, with no ``fstat`` to check (a tree's small files).
+    :returns: How many bytes the source had there (less than ``length`` at its end).
+    :raises OSError: When copying fails.
+    """
+    end = offset + length
+    position = offset
+    kernel = fast_paths_enabled() and hasattr(os, "copy_file_range")
+    while position < end:
+        if kernel:
+            try:
+                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+            except OSError as error:
+                if error.errno not in KERNEL_COPY_REFUSALS:
+                    raise
+                kernel = False
+                continue
+            if copied == 0:
+                if position == offset:  # some file systems copy nothing: read and write
+                    kernel = False
+                    continue
+                break
+            if copied < end - position:  # short: the end of the file (small files: one call)
+                position += copied
+                if (probe_last_byte and position >= end - 1) or os.fstat(source_fd).st_size <= position:
+                    break
+                continue
+        else:
+            data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not data:
+                break
+            write_all(target_fd, data, position)
+            copied = len(data)
+        position += copied
+    return position - offset
+
+
+class _Libc:
+    """The few libc functions Python's os module lacks, loaded on first use."""
+
+    _loaded = False
+    sync_file_range: Callable[..., int] | None = None
+    fallocate: Callable[..., int] | None = None
+
+    @classmethod
+    def load(cls) -> type[_Libc]:
+        if not cls._loaded:
+            cls._loaded = True
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                for name in ("sync_file_range", "fallocate"):
+                    function = getattr(libc, name, None)
+                    if function is not None:
+                        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                                             ctypes.c_uint] if name == "sync_file_range" else \
+                            [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+                        function.restype = ctypes.c_int
+                        setattr(cls, name, function)
+            except (ImportError, OSError):
+                pass  # no ctypes or no libc: the callers have fallbacks
+        return cls
+
+
+def _call_libc(function: Callable[..., int], *args: int) -> None:
+    import ctypes
+
+    if function(*args) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing a just-written range to disk, without waiting for it.
+
+    A sync that fsyncs at the end then finds little left to write: the disk
+    works while the transfer goes on instead of after it. Advisory: a file
+    system that refuses it (or a system without sync_file_range) is simply
+    left to write back later.
+    """
+    function = _Libc.load().sync_file_range
+    if function is not None and length > 0 and fast_paths_enabled():
+        function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+def reserve(fd: int, offset: int, length: int) -> None:
+    """Reserve disk space for a range of a file before writing it.
+
+    This calls ``fallocate(2)`` directly rather than ``posix_fallocate``:
+    where the file system cannot allocate (NFS before 4.2, older CIFS), glibc's
+    ``posix_fallocate`` falls back to writing a byte into every block, which
+    would cost more than the copy (and defeat a server-side copy).
+
+    :param fd: A file open for writing.
+    :param offset: Where the range starts.
+    :param length: How long it is; the file grows to at least ``offset + length``.
+    :raises OSError: ENOSPC when the space is not there; refusals are ignored.
+    """
+    if length <= 0:
+        return
+    function = _Libc.load().fallocate
+    try:
+        if function is not None:
+            _call_libc(function, fd, 0, offset, length)
+        elif hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, offset, length)
+    except OSError as error:
+        if error.errno not in REFUSALS:
+            raise
+
+
+#: Open descriptors a client run may use: tree walks hold one per directory
+#: level (a path of 4,096 bytes can name 2,048 levels) beside connections and
+#: files. The usual soft limit of 1,024 exists for select(2), which nothing here uses.
+OPEN_FILES_WANTED = 65536
+
+
+def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> None:
+    """Raise the soft limit of open descriptors towards ``wanted``, within the hard limit.
+
+    Advisory: where the limit cannot be read or raised, it stays, and a walk
+    too deep for it fails per entry ("Too many open files").
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, OSError, ValueError):
+        pass
+
+
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The process umask, read once, at import: reading it means setting it, and
+#: a thread creating a file meanwhile would get the wrong mode, so never per file.
+_umask = _read_umask()
+
+
+def process_umask() -> int:
+    """The umask new files get (read at import; :func:`clear_umask` changes it)."""
+    return _umask
+
+
+def clear_umask() -> None:
+    """Create files with exactly the permissions asked for (in forked tree workers)."""
+    global _umask
+    os.umask(0)
+    _umask = 0
+
+
+def fsync_directory(path: str, dir_fd: Optional[int] = None) -> None:
+    """Flush a directory's entries (after a create or rename) to disk.
+
+    :param dir_fd: A descriptor (``O_PATH`` will do) that ``path`` is relative to.
+    """
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_atomically(source: str, target: str, source_dir: Optional[int] = None,
+                       target_dir: Optional[int] = None, flush: bool = True) -> None:
+    """Rename ``source`` over ``target`` in one step; the one atomic replace of every writer.
+
+    Readers see the old file or the new one, never a mix. With descriptors
+    the names are last components in those directories, so that no symlink
+    on the way is followed; without, they are paths.
+
+    :param flush: Flush the target's directory afterwards, so that the new
+                  name survives a crash (a tree flushes its directories once
+                  per batch instead).
+    :raises OSError: When the rename or the flush fails.
+    """
+    os.replace(source, target, src_dir_fd=source_dir, dst_dir_fd=target_dir)
+    if flush:
+        if target_dir is None:
+            fsync_directory(os.path.dirname(target))
+        else:
+            fsync_directory(".", dir_fd=target_dir)
+
+
+def free_space(fd: int) -> int:
+    """Bytes available to unprivileged users on the file system of ``fd``."""
+    stats = os.fstatvfs(fd)
+    return stats.f_bavail * stats.f_frsize
+
+
+def etag(stat: os.stat_result) -> str:
+    """An entity tag that changes whenever the file's identity, size or mtime does."""
+    return f'"{stat.st_ino:x}-{stat.st_size:x}-{stat.st_mtime_ns:x}"'
+
+
+__all__ = [
+    "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
+    "is_stale_temporary",
+    "sweep_stale_temporaries", "raise_open_file_limit", "read_chunks", "write_all",
+    "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
+    "fsync_directory", "replace_atomically", "free_space", "etag",
+]

@@ -1,0 +1,895 @@
+"""A directory tree on a local file system (:class:`LocalTree`).
+
+Every access is confined beneath the tree's directory, the way the server
+confines requests (:mod:`pdiffcopy.local.paths`): a directory is opened relative
+to the root with ``openat2(RESOLVE_BENEATH)`` and a file by its last name
+relative to that directory with ``O_NOFOLLOW``. A symlink in the target
+tree, planted or swapped in, can therefore never send a write outside it,
+and symlinks are listed and recreated, never followed.
+
+Directory descriptors are cached per thread: a tree sync works through
+files in path order, so most files land in a directory opened just before.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import threading
+from collections import OrderedDict
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
+from pdiffcopy.local.fileops import (
+    TRANSFER_CHUNK_SIZE,
+    clear_umask,
+    copy_available,
+    is_stale_temporary,
+    is_temporary_name,
+    process_umask,
+    replace_atomically,
+    temporary_name,
+)
+from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
+from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+from pdiffcopy.engine.treeendpoints import (
+    DELETE,
+    METADATA,
+    MKDIR,
+    REMOVE,
+    SYMLINK,
+    Failure,
+    Listing,
+    MetadataOptions,
+    Operation,
+    TreeEndpoint,
+)
+from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
+from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
+
+logger = logging.getLogger(__name__)
+
+#: Paths of at most this many characters are at most MAX_PATH_LENGTH bytes
+#: (a character is at most 4 bytes in UTF-8): only longer ones are encoded to check.
+_SURELY_SHORT = MAX_PATH_LENGTH // 4
+
+#: Directory descriptors kept open per thread.
+DIRECTORY_CACHE_SIZE = 64
+
+#: Entries a walk gathers before it hands them on (:meth:`LocalTree.walk`):
+#: the server sends a listing in pieces of this many, so that it holds a few
+#: hundred KB of it rather than the whole (200,000 entries took 128 MiB).
+WALK_BATCH_ENTRIES = 2048
+
+_IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+class TreeFailure(PdiffcopyError):
+    """One path of a batch could not be handled; the batch goes on."""
+
+
+def _why(error: OSError) -> str:
+    return os.strerror(error.errno) if error.errno else str(error)
+
+
+def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
+    """An :class:`Entry` from an ``lstat`` result."""
+    kind = kind_of(info.st_mode)
+    size = info.st_size if kind == FILE else 0
+    sparse = kind == FILE and info.st_blocks * 512 < size
+    return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
+                 target, info.st_nlink, sparse)
+
+
+#: A directory a walk is in: its descriptor, its path below the tree, and the
+#: names of its subdirectories still to walk (None until it has been scanned).
+_Frame = Tuple[int, str, Optional[List[str]]]
+
+
+class Directories:
+    """A walk's batches (:meth:`LocalTree.walk`); :meth:`close` releases its directories.
+
+    Closing works even before the first batch was asked for (a HEAD request,
+    a client gone at once), which closing a generator that never started
+    would not: the directories still to read are closed either way.
+    """
+
+    def __init__(self, batches: Iterator[Tuple[List[Entry], List[Failure]]],
+                 pending: List[_Frame]) -> None:
+        self._batches = batches
+        self._pending = pending
+
+    def __iter__(self) -> "Directories":
+        return self
+
+    def __next__(self) -> Tuple[List[Entry], List[Failure]]:
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._batches.close()  # type: ignore[attr-defined]
+        _close_pending(self._pending)
+
+
+def _close_pending(pending: List[_Frame]) -> None:
+    """Close the descriptors of the directories a walk has not read (an abandoned walk leaks none)."""
+    while pending:
+        os.close(pending.pop()[0])
+
+
+class LocalTree(TreeEndpoint):
+    """The tree below a local directory (which need not exist yet)."""
+
+    is_remote = False
+
+    #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
+    sweep = False
+
+    def __init__(self, directory: str) -> None:
+        self.location = directory
+        self.directory = os.path.abspath(directory)
+        self._root: Optional[Root] = None
+        self._prefix = ""
+        self._local = threading.local()
+        #: Change the metadata of files with several hard links (a server
+        #: refuses unless started with --write-hard-links; see paths.refuse_hard_links).
+        self.write_hard_links = True
+        #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
+        self.entries_from_client = False
+
+    @classmethod
+    def below(cls, root: Root, relative: str) -> "LocalTree":
+        """The tree at ``relative`` beneath an already confined ``root`` (the server's)."""
+        tree = cls(os.path.join(root.directory, relative))
+        tree._root, tree._prefix = root, relative.strip("/")
+        return tree
+
+    # -- descriptors -------------------------------------------------------
+
+    @property
+    def root(self) -> Root:
+        if self._root is None:
+            self._root = Root(self.directory, reserve=False)
+        return self._root
+
+    def _full(self, relative: str) -> str:
+        if not self._prefix:
+            return relative
+        return f"{self._prefix}/{relative}" if relative else self._prefix
+
+    def _directory(self, relative: str) -> int:
+        """A descriptor (``O_PATH``) of a directory of the tree, from the per-thread cache."""
+        # Descriptors inherited by a forked worker stay valid there: no pid check
+        # (getpid is a system call, and this runs twice per file).
+        cache = getattr(self._local, "directories", None)
+        if cache is None:
+            cache = self._local.directories = OrderedDict()
+        fd = cache.get(relative)
+        if fd is not None:
+            cache.move_to_end(relative)
+            return fd
+        if self._prefix or relative:
+            fd = self.root.open(self._full(relative), os.O_PATH | os.O_DIRECTORY)
+        else:
+            fd = os.dup(self.root.fd)
+        cache[relative] = fd
+        if len(cache) > DIRECTORY_CACHE_SIZE:
+            _, oldest = cache.popitem(last=False)
+            os.close(oldest)
+        return fd
+
+    def _forget_directories(self) -> None:
+        """Close the cached descriptors (a directory was removed or replaced)."""
+        cache = getattr(self._local, "directories", None)
+        if cache:
+            for fd in cache.values():
+                os.close(fd)
+            cache.clear()
+
+    def _parent(self, path: str) -> Tuple[int, str]:
+        parent, _, name = path.rpartition("/")
+        if not name or name in (".", ".."):
+            raise TreeFailure(f"Invalid path {path!r}")
+        return self._directory(parent), name
+
+    def close(self) -> None:
+        self._forget_directories()
+
+    # -- listing -----------------------------------------------------------
+
+    def root_entry(self) -> Optional[Entry]:
+        """What the root itself is (following a symlink to it), or ``None`` when missing."""
+        try:
+            if self._prefix:
+                fd = self.root.open(self._prefix, os.O_PATH)
+                try:
+                    info = os.fstat(fd)
+                finally:
+                    os.close(fd)
+            else:
+                info = os.stat(self.directory)
+        except (FileNotFoundError, FileMissing):
+            return None
+        except (NotADirectoryError, NotAFile):  # a parent is a file: nothing here either
+            return None
+        return entry_from_stat("", info)
+
+    def list(self) -> Listing:
+        root, directories = self.walk()
+        entries: List[Entry] = []
+        failures: List[Failure] = []
+        for found, failed in directories:
+            entries.extend(found)
+            failures.extend(failed)
+        return Listing(root, entries, failures)
+
+    def walk(self) -> Tuple[Optional[Entry], "Directories"]:
+        """The tree's root entry, and what :meth:`list` finds, one batch at a time.
+
+        The root is looked at now (its errors are raised here); the
+        directories are read as the iterator is consumed, so a listing can be
+        sent while it is made (the server's tree endpoint) instead of held
+        whole. The tree must stay open until the iterator is done; a consumer
+        that stops early closes the iterator.
+        """
+        root = self._root_or_none()
+        frames: List[_Frame] = []
+        if root is not None and root.kind == DIR:
+            frames.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), "", None))
+        return root, Directories(self._walk_from(frames), frames)
+
+    def _walk_from(self, frames: List[_Frame]) -> Iterator[Tuple[List[Entry], List[Failure]]]:
+        """Yield what the walk found, at most about :data:`WALK_BATCH_ENTRIES` entries at a time.
+
+        Depth first without recursion: a frame per directory on the current
+        path, with the names of its subdirectories still to list, so one
+        descriptor is open per level, not per pending directory (a directory
+        of thousands of subdirectories would exhaust the descriptors). The
+        lists yielded are emptied and reused afterwards: a consumer takes
+        what it needs from them before it asks for more.
+        """
+        entries: List[Entry] = []
+        failures: List[Failure] = []
+        swept: Optional[List[str]] = [] if self.sweep else None
+        try:
+            while frames:
+                fd, relative, names = frames[-1]
+                if names is None:  # not scanned yet
+                    names = []
+                    for _ in self._scan(fd, relative, entries, failures, names, swept):
+                        yield entries, failures
+                        entries.clear()
+                        failures.clear()
+                    frames[-1] = (fd, relative, names)
+                if not names:
+                    os.close(fd)
+                    frames.pop()
+                    continue
+                name = names.pop()
+                path = f"{relative}/{name}" if relative else name
+                try:
+                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except FileNotFoundError:
+                    continue  # deleted while listed
+                except OSError as error:
+                    failures.append((path, f"cannot list: {_why(error)}"))
+                    continue
+                frames.append((child, path, None))
+            if entries or failures:
+                yield entries, failures
+        finally:
+            _close_pending(frames)
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left in %s by interrupted runs, e.g. %s",
+                        len(swept), self.location, swept[0])
+
+    def _root_or_none(self) -> Optional[Entry]:
+        try:
+            return self.root_entry()
+        except PdiffcopyError:
+            raise
+        except OSError as error:
+            raise TreeFailure(f"Cannot open {self.location}: {_why(error)}") from None
+
+    @staticmethod
+    def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
+              subdirectories: List[str], swept: Optional[List[str]] = None) -> Iterator[None]:
+        """Add a directory's entries to ``entries`` and the names of its
+        subdirectories to ``subdirectories``; pause (yield) whenever ``entries``
+        holds a batch.
+
+        With ``swept``, remove its stale temporaries and name them there. An
+        entry whose path is longer than :data:`~pdiffcopy.core.protocol.MAX_PATH_LENGTH`
+        bytes is a failure of its own, not listed: no path-based call (nor
+        the server's protocol) can name it; the rest of the tree goes on.
+        """
+        prefix = relative + "/" if relative else ""
+        try:
+            scanner = os.scandir(fd)
+        except OSError as error:
+            failures.append((relative, f"cannot list: {_why(error)}"))
+            return
+        new = tuple.__new__
+        is_file = stat.S_ISREG
+        with scanner:
+            for item in scanner:
+                if len(entries) >= WALK_BATCH_ENTRIES:
+                    yield  # the walk hands them on: a directory of a million files is not held whole
+                path = prefix + item.name
+                if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
+                    failures.append((relative, f"{item.name!r} left out: its path is longer than "
+                                               f"{MAX_PATH_LENGTH} bytes"))
+                    continue
+                if item.name[0] == "." and is_temporary_name(item.name):
+                    # A pdiffcopy temporary is never data: a file being written (by
+                    # this run or another), or left by a run that was killed.
+                    if swept is not None:
+                        _sweep(fd, item, path, swept)
+                    continue
+                try:
+                    info = item.stat(follow_symlinks=False)
+                    mode = info.st_mode
+                    if is_file(mode):  # most entries: built inline, as a plain tuple is
+                        size = info.st_size
+                        entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
+                                                   info.st_gid, "", info.st_nlink,
+                                                   info.st_blocks * 512 < size)))
+                        continue
+                    if stat.S_ISLNK(mode):
+                        entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))
+                        continue
+                    entries.append(entry_from_stat(path, info))
+                    if stat.S_ISDIR(mode):
+                        subdirectories.append(item.name)
+                except FileNotFoundError:
+                    continue  # deleted while listed: it is simply not there
+                except OSError as error:
+                    failures.append((path, f"cannot list: {_why(error)}"))
+
+    # -- reading -----------------------------------------------------------
+
+    def open_file(self, entry: Entry) -> int:
+        """Open a listed regular file for reading, never through a symlink.
+
+        The open cannot block on a FIFO (:data:`PROBING_FLAGS`), and only a
+        regular file is read. For a server's tree, whose client names the
+        entries it wants ("listed" is its claim), the kind is checked first
+        too, with ``fstatat``, which opens nothing: opening some devices has
+        effects. A tree we listed ourselves skips that (3 us a file, measured
+        here, on a 4 us open): only a swap since the listing can put a
+        device there.
+        """
+        directory, name = self._parent(entry.path)
+        if self.entries_from_client:
+            mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotAFile(f"Not a regular file: {entry.path} is {describe_kind(mode)}")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        check_regular(fd, entry.path)
+        return fd
+
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        for entry in entries:
+            try:
+                fd = self.open_file(entry)
+            except (OSError, PdiffcopyError) as error:
+                yield entry, None, _message(error)
+                continue
+            try:
+                data = _read_exactly(fd, entry.size)
+            except (OSError, TreeFailure) as error:
+                yield entry, None, _message(error)
+                continue
+            finally:
+                os.close(fd)
+            yield entry, data, ""
+
+    # -- writing -----------------------------------------------------------
+
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
+        failures: List[Failure] = []
+        written: List[str] = []
+        for entry, data in files:
+            try:
+                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
+                                 fresh)
+                written.append(entry.path)
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+                if is_full(error):
+                    break  # the rest would fail the same way
+        if options.fsync:
+            failures += self._flush_directories(written)
+        return failures
+
+    def copy_files_from(self, source: "LocalTree", entries: Iterable[Entry],
+                        options: MetadataOptions, compare: bool = False, fresh: bool = False
+                        ) -> Tuple[List[Failure], int, int]:
+        """Copy files from another local tree, by the kernel where it can.
+
+        :param compare: Write only the files whose content differs (the others
+                        only get their metadata); for files whose times differ.
+        :param fresh: The files do not exist in this tree yet (see :meth:`_write_file`).
+        :returns: The failures, the number of bytes written and of files written.
+        """
+        failures: List[Failure] = []
+        written = files = 0
+        sizes: Dict[str, int] = {}
+        for entry in entries:
+            try:
+                source_fd = source.open_file(entry)
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+                continue
+            try:
+                if compare and self._same_content(entry, source_fd):
+                    self.set_metadata(entry, options)
+                    continue
+                self._write_file(entry, options,
+                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e), fresh)
+                written += entry.size
+                files += 1
+                sizes[entry.path] = entry.size
+            except (OSError, PdiffcopyError) as error:
+                failures.append((entry.path, _message(error)))
+                if is_full(error):
+                    break  # the rest would fail the same way
+            finally:
+                os.close(source_fd)
+        if options.fsync:
+            unflushed = self._flush_directories(list(sizes))
+            failures += unflushed
+            files -= len(unflushed)
+            written -= sum(sizes[path] for path, _ in unflushed)
+        return failures, written, files
+
+    def _flush_directories(self, paths: List[str]) -> List[Failure]:
+        """Flush the directories holding ``paths`` (once each); the paths whose directory failed.
+
+        After a create or a rename, only this makes the name itself durable.
+        """
+        members: Dict[str, List[str]] = {}
+        for path in paths:
+            members.setdefault(path.rpartition("/")[0], []).append(path)
+        failures: List[Failure] = []
+        for parent, names in members.items():
+            try:
+                # The cached descriptors are O_PATH, which cannot be flushed.
+                fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                             dir_fd=self._directory(parent))
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except (FileNotFoundError, FileMissing):
+                continue  # removed later in the same batch: its parent's flush records that
+            except (OSError, PdiffcopyError) as error:
+                failures += [(path, f"cannot flush its directory: {_message(error)}") for path in names]
+        return failures
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether the tree's file at ``entry.path`` holds exactly ``data``."""
+        try:
+            fd = self.open_file(entry)
+        except (OSError, PdiffcopyError):
+            return False
+        try:
+            return _read_exactly(fd, len(data), strict=False) == data
+        except (OSError, TreeFailure):
+            return False
+        finally:
+            os.close(fd)
+
+    def _same_content(self, entry: Entry, source_fd: int) -> bool:
+        wanted = _read_exactly(source_fd, entry.size)
+        os.lseek(source_fd, 0, os.SEEK_SET)
+        return self.same_content(entry, wanted)
+
+    def _write_file(self, entry: Entry, options: MetadataOptions, fill, fresh: bool = False) -> None:
+        """Write a file as a temporary sibling, set its metadata, rename it into place.
+
+        A ``fresh`` file (nothing had its name) is written under its name
+        directly, created exclusively, and removed again if anything fails:
+        a rename per file is a fifth of the cost of copying a small one, and
+        an interrupted run leaves nothing behind either way (a tree sync stops
+        between units, never inside this method; killed outright, it leaves a
+        file with a newer time than the source's, which the next run's quick
+        check sees).
+        """
+        directory, name = self._parent(entry.path)
+        if fresh:
+            created = False
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             entry.permissions & 0o777, dir_fd=directory)
+                created = True
+                try:
+                    fill(fd)
+                    self._set_metadata_fd(fd, entry, options, created=True)
+                    if options.fsync:
+                        os.fsync(fd)
+                finally:
+                    os.close(fd)
+                return
+            except FileExistsError:
+                if created:
+                    raise
+                # Something appeared under the name since the listing: replace it safely.
+            except BaseException:
+                if created:
+                    _unlink_quietly(name, directory)
+                raise
+        temporary = temporary_name(name)
+        try:
+            # Opened inside the try: an interrupt lands right after a call
+            # returns, and the clean-up below must cover the file just made.
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         entry.permissions & 0o777, dir_fd=directory)
+            try:
+                fill(fd)
+                self._set_metadata_fd(fd, entry, options, created=True)
+                if options.fsync:  # before the rename: the name never points at unflushed data
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            # Unflushed: the batch flushes each directory once (_flush_directories).
+            replace_atomically(temporary, name, directory, directory, flush=False)
+        except BaseException:
+            _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
+            raise
+
+    @staticmethod
+    def _set_metadata_fd(fd: int, entry: Entry, options: MetadataOptions, created: bool = False
+                         ) -> None:
+        """Owner, permissions and times of an open file.
+
+        A file this process ``created`` got its permissions from ``open``:
+        chmod is needed only for what the umask took away and for set-id and
+        sticky bits (which open does not set and chown clears).
+        """
+        if options.owner and _IS_ROOT:
+            os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
+        if not created or entry.permissions & (0o7000 | process_umask()):
+            os.fchmod(fd, entry.permissions)
+        if options.times:
+            os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+
+    def set_metadata(self, entry: Entry, options: MetadataOptions) -> None:
+        """Set permissions (and times, owner) of an existing entry without following it.
+
+        The path ``""`` is the tree's own directory (rsync -a sets it too).
+        """
+        if not entry.path:
+            fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._directory(""))
+            try:
+                self._set_metadata_fd(fd, entry, options)
+            finally:
+                os.close(fd)
+            return
+        directory, name = self._parent(entry.path)
+        if entry.kind == SYMLINK_KIND:
+            if options.owner and _IS_ROOT:
+                os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
+            if options.times:
+                os.utime(name, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=directory,
+                         follow_symlinks=False)
+            return
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS
+        if entry.kind == DIR:
+            flags |= os.O_DIRECTORY
+        elif kind_of(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode) != entry.kind:
+            # Checked before opening: a device named as a file is never opened.
+            raise TreeFailure(f"is no longer a {entry.kind}")
+        try:
+            fd = os.open(name, flags, dir_fd=directory)
+        except PermissionError:
+            # Unreadable (mode 000 and not root): O_PATH cannot chmod, so set by name;
+            # the name was just listed as this kind, not as a symlink.
+            fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+            try:
+                self._check_links(_check_kind(fd, entry))
+                os.chmod(f"/proc/self/fd/{fd}", entry.permissions)
+                if options.times:
+                    os.utime(f"/proc/self/fd/{fd}", ns=(entry.mtime_ns, entry.mtime_ns))
+            finally:
+                os.close(fd)
+            return
+        try:
+            self._check_links(_check_kind(fd, entry))
+            self._set_metadata_fd(fd, entry, options)
+        finally:
+            os.close(fd)
+
+    def _check_links(self, info: os.stat_result) -> None:
+        """Refuse a metadata change of a file with several hard links, unless allowed.
+
+        Its other names, maybe outside the tree, would change too.
+        """
+        if has_other_names(info) and not self.write_hard_links:
+            raise TreeFailure(f"has {info.st_nlink} hard links: its metadata is left alone "
+                              f"(the server does not change such files in place)")
+
+    # -- operations --------------------------------------------------------
+
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        failures: List[Failure] = []
+        named: List[str] = []  # entries made, replaced or removed: their directories change
+        for operation in operations:
+            try:
+                self._apply(operation, options)
+                if operation.name != METADATA and operation.entry.path:
+                    named.append(operation.entry.path)
+            except (OSError, PdiffcopyError) as error:
+                failures.append((operation.entry.path, _message(error)))
+        if options.fsync and named:
+            failures += self._flush_directories(named)
+        return failures
+
+    def _apply(self, operation: Operation, options: MetadataOptions) -> None:
+        entry = operation.entry
+        if operation.name == METADATA:
+            self.set_metadata(entry, options)
+            return
+        if not entry.path and operation.name in (MKDIR, DELETE):
+            self._root_itself(operation.name)
+            return
+        directory, name = self._parent(entry.path)
+        if operation.name == MKDIR:
+            try:
+                # Writable by us until the directory metadata step sets the real mode.
+                os.mkdir(name, entry.permissions | 0o700, dir_fd=directory)
+            except FileExistsError:
+                info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode):
+                    raise TreeFailure("exists and is not a directory") from None
+            if options.owner and _IS_ROOT:
+                os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
+        elif operation.name == SYMLINK:
+            temporary = temporary_name(name)
+            try:
+                os.symlink(entry.target, temporary, dir_fd=directory)
+                replace_atomically(temporary, name, directory, directory, flush=False)
+            except BaseException:
+                try:
+                    os.unlink(temporary, dir_fd=directory)
+                except OSError:
+                    pass  # not created, or already renamed
+                raise
+            self.set_metadata(entry, options)
+        elif operation.name == DELETE:
+            if entry.kind == DIR:
+                os.rmdir(name, dir_fd=directory)
+                self._forget_directories()
+            else:
+                os.unlink(name, dir_fd=directory)
+        elif operation.name == REMOVE:
+            remove_all(directory, name)
+            self._forget_directories()
+        else:
+            raise TreeFailure(f"Unknown operation {operation.name!r}")
+
+    def _root_itself(self, name: str) -> None:
+        """Make the tree's directory (parents too), or remove it once it is empty."""
+        self._forget_directories()
+        if not self._prefix:
+            if name == MKDIR:
+                os.makedirs(self.directory, exist_ok=True)
+            else:
+                os.rmdir(self.directory)
+            return
+        parts = self._prefix.split("/")
+        parent = os.dup(self.root.fd)
+        try:
+            for part in parts[:-1]:
+                if name == MKDIR:
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=parent)
+                    except FileExistsError:
+                        pass
+                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+                os.close(parent)
+                parent = following
+            if name == MKDIR:
+                try:
+                    os.mkdir(parts[-1], 0o777, dir_fd=parent)
+                except FileExistsError:
+                    pass
+            else:
+                os.rmdir(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def sweep_while_listing(self) -> None:
+        self.sweep = True
+
+    def enter_worker(self) -> None:
+        # No umask in a worker, so new files get their modes without a chmod each.
+        clear_umask()
+
+    def walks_here(self) -> bool:
+        return True
+
+    def can_copy_files_from(self, other: TreeEndpoint) -> bool:
+        return isinstance(other, LocalTree)
+
+    def file_endpoint(self, path: str) -> FileEndpoint:
+        from pdiffcopy.local.file import LocalFile
+
+        # Beneath the root, like every other access of the tree (docs/trees.rst).
+        return LocalFile.below(self.root, self._full(path))
+
+    def file_path(self, path: str) -> str:
+        return os.path.join(self.directory, path)
+
+
+def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
+    """Remove a temporary file left behind by an earlier run (:func:`~pdiffcopy.local.fileops.is_stale_temporary`)."""
+    try:
+        if is_stale_temporary(item.name, item.stat(follow_symlinks=False)):
+            os.unlink(item.name, dir_fd=directory)
+            swept.append(path)
+    except OSError:
+        pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync
+
+
+def _unlink_quietly(name: str, directory: int) -> None:
+    try:
+        os.unlink(name, dir_fd=directory)
+    except OSError:
+        pass
+
+
+#: Errors that mean no further write can succeed: a tree sync stops on them.
+FULL_ERRORS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_full(error: BaseException) -> bool:
+    """Whether ``error`` says the file system (or the quota) is full."""
+    return isinstance(error, OSError) and error.errno in FULL_ERRORS
+
+
+def _message(error: BaseException) -> str:
+    """A failure's reason in one line (the path is reported next to it)."""
+    if isinstance(error, OSError):
+        return _why(error)
+    return str(error)
+
+
+def _check_kind(fd: int, entry: Entry) -> os.stat_result:
+    info = os.fstat(fd)
+    if kind_of(info.st_mode) != entry.kind:
+        raise TreeFailure(f"is no longer a {entry.kind}")
+    return info
+
+
+def _read_exactly(fd: int, size: int, strict: bool = True) -> bytes:
+    """All of a file that must be ``size`` bytes long (strict: no more, no less)."""
+    data = os.read(fd, size + 1) if size < TRANSFER_CHUNK_SIZE else _read_all(fd, size + 1)
+    if len(data) != size:
+        if strict:
+            raise TreeFailure(f"changed while copying ({len(data)} bytes, expected {size})")
+        return b""
+    return data
+
+
+def _read_all(fd: int, limit: int) -> bytes:
+    pieces = []
+    total = 0
+    while total < limit:
+        piece = os.read(fd, min(TRANSFER_CHUNK_SIZE, limit - total))
+        if not piece:
+            break
+        pieces.append(piece)
+        total += len(piece)
+    return b"".join(pieces)
+
+
+#: Granularity of holes kept in sparse files written from memory.
+_HOLE_BLOCK = 4096
+
+
+def _write_data(fd: int, entry: Entry, data: bytes) -> None:
+    if len(data) != entry.size:
+        raise TreeFailure(f"got {len(data)} bytes, expected {entry.size}")
+    if entry.sparse:
+        _write_sparse(fd, data)
+        return
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_sparse(fd: int, data: bytes) -> None:
+    """Write only the blocks that are not all zeros; the rest stays a hole."""
+    zeros = bytes(_HOLE_BLOCK)
+    view = memoryview(data)
+    for offset in range(0, len(data), _HOLE_BLOCK):
+        block = view[offset:offset + _HOLE_BLOCK]
+        if block != zeros[:len(block)]:
+            os.pwrite(fd, block, offset)
+    os.ftruncate(fd, len(data))
+
+
+def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
+    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one.
+
+    One byte more than the size is asked for: getting it means the file grew.
+    """
+    if entry.sparse:
+        _copy_sparse(source_fd, target_fd, entry.size)
+        copied = entry.size + len(os.pread(source_fd, 1, entry.size))
+    else:
+        copied = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
+    if copied != entry.size:
+        raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
+                          f"than {entry.size} bytes)")
+
+
+def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
+    position = 0
+    while position < size:
+        try:
+            start = os.lseek(source_fd, position, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno == errno.ENXIO:  # only a hole is left
+                break
+            raise
+        end = min(os.lseek(source_fd, start, os.SEEK_HOLE), size)
+        if copy_available(source_fd, target_fd, start, end - start) < end - start:
+            raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
+        position = end
+    os.ftruncate(target_fd, size)
+
+
+def remove_all(directory: int, name: str) -> None:
+    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
+
+    Iterative (a frame per level being emptied), so a tree of any depth is
+    removed: recursion stopped at Python's limit of about 1,000 levels. An
+    entry that cannot be removed fails the whole call, after the rest below
+    its directory is gone.
+    """
+    try:
+        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=directory)
+        return
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top = os.open(name, flags, dir_fd=directory)
+    stack = [(directory, name, top, iter(os.listdir(top)))]
+    first_error: Optional[OSError] = None
+    try:
+        while stack:
+            parent, current, fd, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                os.close(fd)
+                try:
+                    os.rmdir(current, dir_fd=parent)
+                except OSError as error:
+                    first_error = first_error or error
+                continue
+            try:
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    below = os.open(child, flags, dir_fd=fd)
+                    stack.append((fd, child, below, iter(os.listdir(below))))
+                else:
+                    os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # gone meanwhile
+            except OSError as error:
+                first_error = first_error or error  # the rest still goes; the parents stay
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
+    if first_error is not None:
+        raise first_error
+
+
+__all__ = ["LocalTree", "entry_from_stat", "remove_all"]

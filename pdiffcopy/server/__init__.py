@@ -1,0 +1,1 @@
+"""The server: the Flask app and its views, body reader, OpenAPI, the gunicorn runner."""

@@ -1,0 +1,589 @@
+"""The server's API as an OpenAPI 3 document.
+
+:func:`build_document` returns the description of every endpoint of
+:mod:`pdiffcopy.server.app`: its paths, parameters, request bodies, answers
+(with the JSON error body every failure has) and the bearer token. The
+server answers ``GET /.pdiffcopy/openapi.json`` with it, and
+``docs/openapi.json`` is a copy written by ``docs/write_openapi.py``.
+tests/test_openapi.py fails when the document and the application's routes
+drift apart, or when the copy in docs/ is stale; tests/test_fuzz.py feeds
+requests generated from it to a running server.
+
+The document is plain data built by pure functions: no I/O, no Flask.
+Prose lives in docs/protocol.rst; the descriptions here are one sentence
+each and point there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Dict, List, Optional
+
+from pdiffcopy import __version__
+from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from pdiffcopy.server.metrics import METRICS_PATH
+from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
+from pdiffcopy.engine.treeendpoints import OPERATIONS
+from pdiffcopy.core.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS
+
+#: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
+#: (schemathesis, Swagger UI, code generators), and nothing here needs 3.1.
+OPENAPI_VERSION = "3.0.3"
+
+#: Where the server serves the document: under the reserved prefix, so it
+#: can never hide a file called ``openapi.json`` at the top of the root.
+DOCUMENT_PATH = "/.pdiffcopy/openapi.json"
+
+#: The status code of every kind of error and the sentence describing it
+#: (the classes in pdiffcopy/errors.py, plus 405 from the framework).
+ERROR_STATUSES: Dict[int, str] = {
+    400: "Malformed or out-of-bounds request (BadRequest), or malformed HTTP",
+    401: "Missing or wrong token (AuthenticationFailed)",
+    403: "Path outside the root or reserved, or access refused (AccessDenied)",
+    404: "The file or a directory on its path does not exist (FileMissing)",
+    405: "The endpoint does not support this method",
+    409: "Not a regular file, or a non-directory on the path (NotAFile)",
+    412: "If-Match failed, or the file exists already (Conflict)",
+    413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
+    414: "The request line is too long (from the HTTP layer)",
+    416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
+    408: "The request body came too slowly (ClientTooSlow); the connection is closed",
+    423: "Another client holds the file's write lease (Locked)",
+    431: "The headers are too many or too long (from the HTTP layer)",
+    503: "Too many hash requests at once: retry after Retry-After seconds (ServerBusy)",
+    507: "Reading or writing failed: no space left, an I/O error (StorageError)",
+}
+
+#: Errors every request can meet: malformed HTTP, a missing token, a request
+#: line or headers beyond the HTTP layer's limits.
+_ANY_ERRORS = (400, 401, 414, 431)
+
+#: Errors any request on a path can meet besides: a bad path, a missing
+#: file, something other than a file on the way, a failing disk.
+_PATH_ERRORS = _ANY_ERRORS + (403, 404, 409, 507)
+
+_JSON = "application/json"
+_BYTES = "application/octet-stream"
+_MULTIPART = "multipart/byteranges"
+
+_INTEGER = {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1}
+
+#: An entry of a tree: a JSON array (OpenAPI 3.0 cannot type its positions).
+_ENTRY: Dict[str, Any] = {
+    "type": "array", "minItems": 10, "maxItems": 10,
+    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+    "description": "[path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse]: path "
+                   "relative to the tree, kind file, dir, symlink or other, the whole st_mode, "
+                   "a symlink's target, sparse 0 or 1",
+    "example": ["db/small.txt", "file", 6, 1795369760261932937, 33188, 0, 0, "", 1, 0],
+}
+
+_FAILURE_LIST: Dict[str, Any] = {
+    "type": "array", "description": "[path, message] per entry that failed",
+    "items": {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "string"}},
+}
+
+
+def _ref(kind: str, name: str) -> Dict[str, str]:
+    return {"$ref": f"#/components/{kind}/{name}"}
+
+
+def _json_answer(description: str, schema: str) -> Dict[str, Any]:
+    return {"description": description, "content": {_JSON: {"schema": _ref("schemas", schema)}}}
+
+
+def _errors(*statuses: int) -> Dict[str, Any]:
+    return {str(status): _ref("responses", f"Error{status}") for status in sorted(statuses)}
+
+
+def _operation(operation_id: str, summary: str, answers: Dict[str, Any], errors=_ANY_ERRORS,
+               parameters: Optional[List[Dict[str, Any]]] = None,
+               body: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    operation: Dict[str, Any] = {
+        "operationId": operation_id,
+        "summary": summary,
+        "description": f"{summary}. See docs/protocol.rst for the details.",
+        "parameters": parameters or [],
+        # A request with a body can be cut off for sending it too slowly.
+        "responses": {**answers, **_errors(*errors, *((408,) if body is not None else ()))},
+    }
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+def _head_of(get: Dict[str, Any], operation_id: str, summary: str) -> Dict[str, Any]:
+    """The HEAD twin of a GET operation: the same answers, without bodies."""
+    head = copy.deepcopy(get)
+    head["operationId"] = operation_id
+    head["summary"] = summary
+    head["description"] = f"{summary}: the answer of GET without its body."
+    for status, answer in head["responses"].items():
+        if "$ref" in answer:
+            answer = head["responses"][status] = copy.deepcopy(
+                _error_response(int(status)))
+        answer.pop("content", None)
+    return head
+
+
+def _query(name: str, description: str, schema: Dict[str, Any], required: bool = True,
+           example: Any = None) -> Dict[str, Any]:
+    parameter = {"name": name, "in": "query", "required": required, "description": description,
+                 "schema": schema}
+    if example is not None:
+        parameter["example"] = example
+    return parameter
+
+
+def _error_response(status: int) -> Dict[str, Any]:
+    response: Dict[str, Any] = {
+        "description": ERROR_STATUSES[status],
+        "content": {_JSON: {"schema": _ref("schemas", "Error")}},
+    }
+    if status == 401:
+        response["headers"] = {"WWW-Authenticate": {
+            "description": 'Always Bearer realm="pdiffcopy"', "schema": {"type": "string"}}}
+    if status == 416:
+        response["headers"] = {"Content-Range": {
+            "description": "bytes */SIZE: the file's current size (RFC 9110, section 15.5.17)",
+            "schema": {"type": "string"}, "example": "bytes */3000000"}}
+    if status == 503:
+        response["headers"] = {"Retry-After": {
+            "description": "Seconds to wait before asking again", "required": True,
+            "schema": {"type": "integer", "minimum": 0}}}
+    return response
+
+
+def _components() -> Dict[str, Any]:
+    string = {"type": "string"}
+    schemas = {
+        "Error": {
+            "type": "object",
+            "description": "The body of every error answer: a one-line message and the status.",
+            "required": ["error", "status"],
+            "properties": {"error": {"type": "string", "minLength": 1},
+                           "status": {"type": "integer", "minimum": 400, "maximum": 599}},
+        },
+        "Health": {
+            "type": "object", "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["ok"]}},
+        },
+        "ServerInfo": {
+            "type": "object", "required": ["server", "version"],
+            "properties": {"server": {"type": "string", "enum": ["pdiffcopy"]}, "version": string},
+        },
+        "Version": {
+            "type": "object", "required": ["version", "methods"],
+            "properties": {"version": string,
+                           "methods": {"type": "array", "items": string,
+                                       "description": "Hash methods the server accepts "
+                                                      "(--hash-methods), sorted by name"}},
+        },
+        "FileDescription": {
+            "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
+            "properties": {
+                "type": {"type": "string", "enum": ["file", "directory", "other"]},
+                "size": {**_INTEGER, "description": "Size in bytes"},
+                "mtime_ns": {"type": "integer",
+                             "description": "Modification time, nanoseconds since the epoch"},
+                "mode": {"type": "integer", "minimum": 0, "maximum": 4095,
+                         "description": "Permission bits (420 is 0644)"},
+                "etag": {"type": "string", "description": "The ETag, as in ETag headers"},
+            },
+        },
+        "Written": {"type": "object", "required": ["written"],
+                    "properties": {"written": _INTEGER}},
+        "Flushed": {"type": "object", "required": ["flushed"],
+                    "properties": {"flushed": {"type": "boolean", "enum": [True]}}},
+        "Cloned": {"type": "object", "required": ["method"],
+                   "properties": {"method": {"type": "string",
+                                             "enum": ["reflink", "copy_file_range",
+                                                      "sendfile", "readwrite"]}}},
+        "Renamed": {"type": "object", "required": ["renamed"],
+                    "properties": {"renamed": {"type": "boolean", "enum": [True]}}},
+        "Leased": {"type": "object", "required": ["lease", "seconds"],
+                   "properties": {"lease": {"type": "string", "pattern": "^[0-9a-f]{32}$",
+                                            "description": "The id to send as X-Pdiffcopy-Lease"},
+                                  "seconds": {"type": "integer", "minimum": 1,
+                                              "description": "How long it lives after each "
+                                                             "request that sends it"}}},
+        "Released": {"type": "object", "required": ["released"],
+                     "properties": {"released": {"type": "boolean", "enum": [True]}}},
+        "Removed": {"type": "object", "required": ["removed"],
+                    "properties": {"removed": {"type": "boolean", "enum": [True]}}},
+        "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
+                    "description": "This document."},
+        "Entry": _ENTRY,
+        "Failures": {
+            "type": "object", "required": ["failures"],
+            "properties": {
+                "failures": _FAILURE_LIST,
+                "ignored": {"type": "array", "items": {"type": "string"},
+                            "description": "What the server did not do because it does not trust "
+                                           "its clients with it (owners, setuid/setgid bits); "
+                                           "absent when nothing was ignored."},
+            },
+        },
+        "Listing": {
+            "type": "object", "required": ["root", "entries", "failures", "complete"],
+            "description": "Streamed in this key order while the tree is walked; a walk that "
+                           "fails midway ends the text with \"error\" and no closing brace",
+            "properties": {
+                "root": {**_ENTRY, "nullable": True,
+                         "description": "The tree's directory itself (path \"\"), null when missing"},
+                "entries": {"type": "array", "items": _ref("schemas", "Entry"),
+                            "description": "Everything below it, recursively"},
+                "failures": _FAILURE_LIST,
+                "complete": {"type": "boolean", "enum": [True],
+                             "description": "Last: the listing is whole"},
+            },
+        },
+        "ReadRequest": {
+            "type": "object", "required": ["entries"],
+            "properties": {"entries": {
+                "type": "array", "maxItems": MAX_BATCH_FILES, "items": _ref("schemas", "Entry"),
+                "description": "Regular files from a listing, each at most 64 MiB, at most "
+                               "256 MiB in all"}},
+        },
+        "ApplyRequest": {
+            "type": "object", "required": ["operations"],
+            "properties": {"operations": {
+                "type": "array", "maxItems": MAX_BATCH_OPERATIONS,
+                "items": {"type": "array", "minItems": 2, "maxItems": 2,
+                          "items": {"anyOf": [{"type": "string", "enum": list(OPERATIONS)},
+                                              _ref("schemas", "Entry")]},
+                          "description": "[operation, entry]: mkdir, symlink, metadata, delete "
+                                         "or remove"}}},
+        },
+    }
+    parameters = {
+        "Path": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A file's path relative to the server's root, percent-encoded "
+                           "(slashes may stay). NUL bytes and over 4,096 bytes get 400; "
+                           "'..', a leading .pdiffcopy and symlinks out of the root get 403.",
+            "schema": {"type": "string", "minLength": 1}, "example": "db/big.ibd",
+        },
+        "TemporaryPath": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A pdiffcopy temporary file: the last component is "
+                           ".NAME.pdiffcopy- and 12 lowercase hex digits; any other name gets "
+                           "403.",
+            "schema": {"type": "string", "minLength": 1},
+            "example": "db/.big.ibd.pdiffcopy-1a2b3c4d5e6f",
+        },
+        "TreePath": {
+            "name": "path", "in": "path", "required": True,
+            "description": "A directory's path relative to the server's root, percent-encoded "
+                           "(slashes may stay); the variant without it is the root itself. "
+                           "Checked like a file's path: '..' and symlinks out of the root get "
+                           "403.",
+            "schema": {"type": "string", "minLength": 1}, "example": "db",
+        },
+        "Times": {
+            "name": "times", "in": "query", "required": False,
+            "description": "1: set modification times from the entries; 0 (the default): do not",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Owner": {
+            "name": "owner", "in": "query", "required": False,
+            "description": "1: set user and group from the entries (when the server runs as "
+                           "root); 0 (the default): do not",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Fsync": {
+            "name": "fsync", "in": "query", "required": False,
+            "description": "1: flush every file written and every directory that got a new "
+                           "name to disk before answering; 0 (the default): leave them to the "
+                           "kernel's writeback",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Fresh": {
+            "name": "fresh", "in": "query", "required": False,
+            "description": "1: the files are new; each is created under its name exclusively "
+                           "(no temporary and rename) and removed if writing it fails; a name "
+                           "that exists gets the temporary and rename after all. 0 (the "
+                           "default): every file goes through a temporary",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Lease": {
+            "name": "X-Pdiffcopy-Lease", "in": "header", "required": False,
+            "description": "The id of the client's write lease on the file (POST "
+                           "/.pdiffcopy/lease): renews it; 412 when it lapsed and somebody else "
+                           "wrote. Without it, writes are refused with 423 while another client "
+                           "holds a lease.",
+            "schema": string,
+        },
+        "NoFollow": {
+            "name": NO_FOLLOW_HEADER, "in": "header", "required": False,
+            "description": "1: a symlink in the file's last name is not followed (a stat "
+                           "describes the link, type other; anything else answers 409), as a "
+                           "tree's member is opened; 0 or absent: followed when it stays beneath "
+                           "the root.",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "IfMatch": {
+            "name": "If-Match", "in": "header", "required": False,
+            "description": "ETags the file must still have (or *); otherwise 412.",
+            "schema": string,
+        },
+    }
+    responses = {f"Error{status}": _error_response(status) for status in ERROR_STATUSES}
+    return {
+        "schemas": schemas,
+        "parameters": parameters,
+        "responses": responses,
+        "securitySchemes": {"bearerAuth": {
+            "type": "http", "scheme": "bearer",
+            "description": "The shared secret ($PDIFFCOPY_TOKEN or --token-file). Required on "
+                           "every request, this document included, when the server has one; "
+                           "a server without one accepts every request.",
+        }},
+    }
+
+
+def _paths() -> Dict[str, Dict[str, Any]]:
+    path, temporary, if_match = (_ref("parameters", "Path"), _ref("parameters", "TemporaryPath"),
+                                 _ref("parameters", "IfMatch"))
+    lease, no_follow = _ref("parameters", "Lease"), _ref("parameters", "NoFollow")
+    file_headers = {
+        "ETag": {"description": "The file's ETag", "schema": {"type": "string"}},
+        "Accept-Ranges": {"description": "Always bytes", "schema": {"type": "string"}},
+    }
+    index = _operation("serverInfo", "Tell a client that this is a pdiffcopy server",
+                       {"200": _json_answer("Who we are", "ServerInfo")})
+    health = _operation("health", "Liveness, answered without the token and saying nothing about files",
+                        {"200": _json_answer("The server answers", "Health")}, errors=(400, 414, 431))
+    health["security"] = []  # the one operation a probe without the token may call
+    version = _operation("version", "The server's version and the hash methods it accepts",
+                         {"200": _json_answer("Version and methods", "Version")})
+    document = _operation("openapi", "This OpenAPI document",
+                          {"200": _json_answer("The document", "OpenAPI")})
+    metrics = _operation(
+        "metrics", "Prometheus metrics, added up over the worker processes",
+        {"200": {"description": "The text exposition format: requests by endpoint and status, file "
+                                "bytes served and received, hash jobs running, 503 refusals",
+                 "content": {"text/plain": {"schema": {"type": "string"},
+                                            "example": "pdiffcopy_served_bytes_total 1.048576e+06\n"}}}})
+    stat = _operation("stat", "Describe a file: type, size, mtime, mode and ETag",
+                      {"200": _json_answer("The description", "FileDescription")},
+                      errors=_PATH_ERRORS, parameters=[path, no_follow])
+    hashes = _operation(
+        "hashes", "The digests of the blocks of block-aligned ranges of a file",
+        {"200": {
+            "description": "One digest per block of every range, concatenated in the order asked",
+            "headers": {
+                "X-Digest-Size": {"description": "Bytes per digest", "required": True,
+                                  "schema": {"type": "integer", "minimum": 1}},
+                "ETag": file_headers["ETag"],
+            },
+            "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}},
+        }},
+        errors=_PATH_ERRORS + (412, 416, 503),
+        parameters=[
+            path,
+            _query("method", "A hash method from GET /.pdiffcopy/version",
+                   {"type": "string", "minLength": 1}, example="xxh3_128"),
+            _query("block_size", "The block size in bytes",
+                   {"type": "integer", "minimum": MIN_BLOCK_SIZE, "maximum": MAX_BLOCK_SIZE},
+                   example=1048576),
+            _query("offset", "Where the one range starts, a multiple of block_size "
+                             "(required without Range)", _INTEGER, required=False, example=0),
+            _query("length", "How many bytes the range covers, at most 1 GiB "
+                             "(required without Range)", _INTEGER, required=False,
+                   example=3000000),
+            {"name": "Range", "in": "header", "required": False,
+             "description": "Several ranges instead of offset and length: "
+                            "bytes=FIRST-LAST,... (both ends given, at most 4,096, none overlapping)",
+             "schema": {"type": "string"}, "example": "bytes=0-1048575,2097152-3145727"},
+            if_match, lease, no_follow,
+        ])
+    read = _operation(
+        "read", "The file's bytes: all of them, one range or several",
+        {"200": {"description": "The whole file (also for many tiny ranges whose part headers "
+                                "would outweigh it)", "headers": file_headers,
+                 "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}},
+         "206": {"description": "One range (with Content-Range), or several as "
+                                "multipart/byteranges (overlapping or touching ranges merged, "
+                                "ascending)", "headers": file_headers,
+                 "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
+                             _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}},
+         "304": {"description": "Not modified: If-None-Match holds the file's ETag (or *), or, "
+                                "without If-None-Match, If-Modified-Since is not older than "
+                                "Last-Modified; no body", "headers": file_headers}},
+        errors=_PATH_ERRORS + (412, 416),
+        parameters=[
+            path,
+            {"name": "Range", "in": "header", "required": False,
+             "description": "bytes=FIRST-LAST, FIRST- or -N, comma-separated (at most 4,096; "
+                            "overlapping or touching ones are merged); a Range in another unit "
+                            "is ignored (RFC 9110, section 14.2)",
+             "schema": {"type": "string"}, "example": "bytes=0-1048575"},
+            {"name": "If-Range", "in": "header", "required": False,
+             "description": "An ETag: when it is not the file's, Range is ignored",
+             "schema": {"type": "string"}},
+            if_match,
+            {"name": "If-None-Match", "in": "header", "required": False,
+             "description": "ETags (or *): 304 when one of them is the file's (weak comparison)",
+             "schema": {"type": "string"}},
+            {"name": "If-Modified-Since", "in": "header", "required": False,
+             "description": "An HTTP date: 304 when the file is not newer (ignored with "
+                            "If-None-Match, or when it is not a valid date)",
+             "schema": {"type": "string"}, "example": "Sun, 22 Nov 2026 17:49:20 GMT"},
+            no_follow,
+        ])
+    head = _head_of(read, "readHeaders", "The headers of a download")
+    head["responses"].pop("206")
+    head["responses"].pop("416")
+    head["description"] = ("The headers of a download, without its body; Range is ignored and "
+                           "the status is 200.")
+    write = _operation(
+        "write", "Write byte ranges into an existing file, in place (403 for a file with several "
+                 "hard links, unless the server runs with --write-hard-links)",
+        {"200": _json_answer("The bytes written", "Written")},
+        errors=_PATH_ERRORS + (412, 416, 423),
+        parameters=[
+            path,
+            {"name": "Content-Range", "in": "header", "required": False,
+             "description": "bytes FIRST-LAST/SIZE (SIZE may be *): where a one-range body "
+                            "goes; required unless the body is multipart/byteranges",
+             "schema": {"type": "string"}, "example": "bytes 0-4/*"},
+            if_match, lease, no_follow,
+        ],
+        body={"required": True,
+              "description": "One range's bytes (Content-Length must match Content-Range), or "
+                             "several as multipart/byteranges (each part with Content-Range)",
+              "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}},
+                          _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}})
+    resize = _operation(
+        "resize", "Create the file if missing and make it exactly size bytes long (403 for an "
+                  "existing file with several hard links, unless --write-hard-links)",
+        {"200": _json_answer("The new description", "FileDescription")},
+        errors=_PATH_ERRORS + (412, 423),
+        parameters=[path, _query("size", "The new size in bytes",
+                                 {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
+                                 example=4096), lease, no_follow])
+    fsync = _operation("fsync", "Flush the file's data and its directory entry to disk",
+                       {"200": _json_answer("Flushed", "Flushed")},
+                       errors=_PATH_ERRORS + (412,), parameters=[path, lease, no_follow])
+    take_lease = _operation(
+        "takeLease", "Take the write lease on a file: nobody else may write it until it ends",
+        {"200": _json_answer("The lease", "Leased")},
+        errors=_PATH_ERRORS + (423,), parameters=[path, no_follow])
+    end_lease = _operation(
+        "endLease", "End a write lease (412 when it lapsed and somebody else wrote meanwhile)",
+        {"200": _json_answer("Ended", "Released")},
+        errors=_PATH_ERRORS + (412, 423), parameters=[path, lease, no_follow])
+    clone = _operation(
+        "clone", "Create a temporary file as a copy of another (reflink where possible)",
+        {"200": _json_answer("How it was copied", "Cloned")},
+        errors=_PATH_ERRORS + (412,),
+        parameters=[temporary, _query("from", "The file to copy", {"type": "string"},
+                                      example="db/big.ibd"), no_follow])
+    rename = _operation(
+        "rename", "Atomically replace another file with a temporary file",
+        {"200": _json_answer("Renamed", "Renamed")},
+        errors=_PATH_ERRORS + (412, 423),
+        parameters=[temporary, _query("to", "The path the file gets", {"type": "string"},
+                                      example="db/big.ibd"), lease, no_follow])
+    remove = _operation("removeTemporary", "Remove a temporary file left by an aborted sync",
+                        {"200": _json_answer("Removed", "Removed")},
+                        errors=_PATH_ERRORS, parameters=[temporary])
+    return {
+        "/": {"get": index, "head": _head_of(index, "serverInfoHeaders", "Server headers")},
+        "/.pdiffcopy/health": {
+            "get": health, "head": _head_of(health, "healthHeaders", "Health headers")},
+        "/.pdiffcopy/version": {
+            "get": version, "head": _head_of(version, "versionHeaders", "Version headers")},
+        DOCUMENT_PATH: {
+            "get": document, "head": _head_of(document, "openapiHeaders", "Document headers")},
+        METRICS_PATH: {
+            "get": metrics, "head": _head_of(metrics, "metricsHeaders", "Metrics headers")},
+        "/.pdiffcopy/stat/{path}": {
+            "get": stat, "head": _head_of(stat, "statHeaders", "Stat headers")},
+        "/.pdiffcopy/hashes/{path}": {
+            "get": hashes, "head": _head_of(hashes, "hashesHeaders", "Hash headers")},
+        "/{path}": {"get": read, "head": head, "patch": write},
+        "/.pdiffcopy/resize/{path}": {"post": resize},
+        "/.pdiffcopy/fsync/{path}": {"post": fsync},
+        "/.pdiffcopy/clone/{path}": {"post": clone},
+        "/.pdiffcopy/rename/{path}": {"post": rename},
+        "/.pdiffcopy/lease/{path}": {"post": take_lease, "delete": end_lease},
+        "/.pdiffcopy/temporary/{path}": {"delete": remove},
+        **_tree_paths(),
+    }
+
+
+def _tree_paths() -> Dict[str, Dict[str, Any]]:
+    """The tree endpoints, each for a directory below the root and for the root itself."""
+    tree = _ref("parameters", "TreePath")
+    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner"), _ref("parameters", "Fsync")]
+    binary = {"schema": {"type": "string", "format": "binary"}}
+    paths: Dict[str, Dict[str, Any]] = {}
+    for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):
+        listing = _operation(
+            f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
+            {"200": _json_answer("The listing", "Listing")},
+            errors=_PATH_ERRORS, parameters=list(parameters))
+        read = _operation(
+            f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",
+            {"200": {"description": "The files in the order asked, as a batch stream (records "
+                                    "of a JSON header, the data and its xxh3_64 digest)",
+                     "content": {_BYTES: binary}}},
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters),
+            body={"required": True, "description": "The files to read (at most 64 MiB of JSON, "
+                                                   "read item by item)",
+                  "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
+        write = _operation(
+            f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
+            {"200": _json_answer("The files that could not be written", "Failures")},
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Fresh")],
+            body={"required": True, "description": "The files, as a batch stream (at most "
+                                                   "10,000 files and 256 MiB)",
+                  "content": {_BYTES: binary}})
+        apply = _operation(
+            f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
+            {"200": _json_answer("The operations that failed", "Failures")},
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
+            body={"required": True, "description": "The operations, run in order (at most 64 MiB "
+                                                   "of JSON, read item by item)",
+                  "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
+        paths[f"/.pdiffcopy/tree{suffix}"] = {
+            "get": listing,
+            "head": _head_of(listing, f"treeListHeaders{name}", "Listing headers")}
+        paths[f"/.pdiffcopy/tree-read{suffix}"] = {"post": read}
+        paths[f"/.pdiffcopy/tree-write{suffix}"] = {"post": write}
+        paths[f"/.pdiffcopy/tree-apply{suffix}"] = {"post": apply}
+    return paths
+
+
+def build_document() -> Dict[str, Any]:
+    """The OpenAPI 3 document of the server's API.
+
+    :returns: The document as plain JSON-compatible data (a new copy each call).
+    """
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "pdiffcopy server",
+            "version": __version__,
+            "description": "Ranged reads and writes of the files below the server's root, "
+                           "block hashes, and the few operations a delta sync needs. Every "
+                           "error answer is a JSON object {error, status}. The prose "
+                           "description is docs/protocol.rst.",
+            "license": {"name": "MIT"},
+        },
+        "security": [{"bearerAuth": []}],
+        "paths": _paths(),
+        "components": _components(),
+    }
+
+
+def render_document() -> str:
+    """The document as the JSON text served and kept in docs/openapi.json."""
+    return json.dumps(build_document(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_document(), end="")

@@ -1,0 +1,246 @@
+"""Running the server: gunicorn started from Python, listen addresses, start-up checks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from pdiffcopy.core.addresses import is_loopback
+from pdiffcopy.errors import PdiffcopyError, UsageError
+from pdiffcopy.core.protocol import TOKEN_VARIABLE
+
+logger = logging.getLogger(__name__)
+
+#: Default listen address: loopback only, so a server started by accident
+#: exposes nothing; the original pdiffcopy's port.
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+#: Seconds a worker may take to finish its requests on shutdown; short, so
+#: Ctrl-C stops the server promptly.
+GRACEFUL_TIMEOUT = 5
+
+#: Seconds an idle keep-alive connection stays open; the client reuses its
+#: connections between the hashing and transfer phases.
+KEEPALIVE_SECONDS = 30
+
+
+def parse_listen_address(value: str) -> Tuple[str, int]:
+    """Parse ``PORT``, ``HOST:PORT`` or ``[IPv6]:PORT``.
+
+    :returns: (host, port); the host defaults to 127.0.0.1.
+    :raises UsageError: For anything else.
+    """
+    text = (value or "").strip()
+    host, port_text = "127.0.0.1", text
+    if text.startswith("["):
+        closing = text.find("]")
+        if closing < 0 or text[closing + 1 : closing + 2] != ":":
+            raise UsageError(f"Invalid listen address: {value!r} (expected [IPv6]:PORT)")
+        host, port_text = text[1:closing], text[closing + 2 :]
+    elif ":" in text:
+        host, _, port_text = text.rpartition(":")
+        if ":" in host:
+            raise UsageError(f"Invalid listen address: {value!r} (write IPv6 as [ADDRESS]:PORT)")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535 or not host:
+        raise UsageError(f"Invalid listen address: {value!r} (expected PORT, HOST:PORT or [IPv6]:PORT)")
+    return host, int(port_text)
+
+
+@dataclass
+class ServerOptions:
+    """Everything the ``pdiffcopy`` server command takes."""
+
+    listen: str = DEFAULT_LISTEN
+    root: str = "."
+    token: Optional[str] = None
+    insecure: bool = False
+    workers: Optional[int] = None
+    log_level: str = "info"
+    certfile: Optional[str] = None
+    keyfile: Optional[str] = None
+    #: ``--hash-methods``: a comma-separated list or ``all``; None for the default.
+    hash_methods: Optional[str] = None
+    trust_clients: bool = False
+    write_hard_links: bool = False
+    #: ``--metrics-listen``: a second address answering only the metrics, without the token.
+    metrics_listen: Optional[str] = None
+    #: ``--legacy-api``: serve pdiffcopy 1.0.1's clients too.
+    legacy_api: bool = False
+    #: ``--max-rate``: most bytes per second of file data, all clients and workers together.
+    max_rate: Optional[int] = None
+
+
+def run_server(options: ServerOptions) -> None:
+    """Serve ``options.root`` until SIGINT or SIGTERM.
+
+    :raises UsageError: For a bad address, a missing root, or a public
+                        address without a token (unless ``insecure``).
+    """
+    host, port = parse_listen_address(options.listen)
+    root = os.path.abspath(options.root)
+    if not os.path.isdir(root):
+        raise UsageError(f"Root directory does not exist: {root}")
+    if not options.token and not is_loopback(host) and not options.insecure:
+        raise UsageError(
+            f"Refusing to listen on {host} without a token: anyone on the network could read and "
+            f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure."
+        )
+    if bool(options.certfile) != bool(options.keyfile):
+        raise UsageError("TLS needs both --certfile and --keyfile")
+    for name in (options.certfile, options.keyfile):
+        if name and not os.access(name, os.R_OK):
+            raise UsageError(f"Cannot read {name}")
+    check_address_free(host, port)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    binds = [bind]
+    metrics_port = None
+    if options.metrics_listen:
+        metrics_host, metrics_port = parse_listen_address(options.metrics_listen)
+        # The application tells the metrics address by the port a request came in on.
+        if metrics_port in (0, port):
+            raise UsageError(f"--metrics-listen needs a port of its own (not 0, not {port} of --listen)")
+        check_address_free(metrics_host, metrics_port)
+        binds.append(f"[{metrics_host}]:{metrics_port}" if ":" in metrics_host else
+                     f"{metrics_host}:{metrics_port}")
+    workers = options.workers or os.cpu_count() or 2
+    from pdiffcopy.core.hashing import accepted_methods
+
+    hash_methods = accepted_methods(options.hash_methods)
+    from gunicorn.app.base import BaseApplication
+
+    from pdiffcopy.server.guard import MAX_CONNECTIONS, REQUEST_THREADS
+
+    from pdiffcopy.server.metrics import SCRAPE_PATH, make_directory
+
+    # Before the application (and prometheus-client) is loaded, and before gunicorn forks.
+    metrics_directory = make_directory()
+    from pdiffcopy.server.app import ServerConfig, create_app
+
+    app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
+                                  write_hard_links=options.write_hard_links, hash_methods=hash_methods,
+                                  metrics_directory=metrics_directory, metrics_port=metrics_port,
+                                  legacy_api=options.legacy_api, max_rate=options.max_rate))
+    metrics = app.extensions["pdiffcopy.server.metrics"]
+    if options.legacy_api and options.token:
+        logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
+                       "requests are refused (401)")
+    settings = {
+        "bind": binds,
+        "workers": workers,
+        # gthread with handshakes and headers read in the event loop and paced
+        # body reads and answer writes: see pdiffcopy/server/guard.py and
+        # docs/service.rst, "Hostile clients and timeouts".
+        "worker_class": "pdiffcopy.server.guard.GuardedThreadWorker",
+        "threads": REQUEST_THREADS,
+        "worker_connections": MAX_CONNECTIONS,
+        "graceful_timeout": GRACEFUL_TIMEOUT,
+        "keepalive": KEEPALIVE_SECONDS,
+        # A worker busy with a long hash still heartbeats from its main thread.
+        "timeout": 120,
+        "loglevel": options.log_level,
+        "errorlog": "-",
+        "accesslog": None,
+        "preload_app": True,
+        "proc_name": "pdiffcopy-server",
+        # gunicorn >= 25.1 opens a control socket at one fixed path per user,
+        # which several pdiffcopy servers on one host would fight over.
+        "control_socket_disable": True,
+        # A worker that died runs no hash jobs any more: drop its live gauge.
+        "child_exit": lambda _arbiter, worker: metrics.worker_exited(worker.pid),
+    }
+    if options.certfile:
+        settings.update(certfile=options.certfile, keyfile=options.keyfile)
+
+    class Application(BaseApplication):  # gunicorn's documented embedding API
+        def load_config(self) -> None:
+            for key, value in settings.items():
+                if key in self.cfg.settings:  # older gunicorns lack some settings
+                    self.cfg.set(key, value)
+
+        def load(self):
+            return app
+
+    answer_protocol_errors_in_json()
+    from pdiffcopy.local.fileops import raise_open_file_limit
+
+    # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
+    # walks hold one per level; the workers inherit the limit.
+    raise_open_file_limit()
+    sweep_root(root)
+    scheme = "https" if options.certfile else "http"
+    logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
+    if options.max_rate:
+        logger.info("File data limited to %d bytes per second, all clients together", options.max_rate)
+    if metrics_port is not None:
+        logger.info("Metrics without the token on %s://%s%s", scheme, binds[1], SCRAPE_PATH)
+    Application().run()
+
+
+def sweep_root(root: str) -> int:
+    """Remove the stale temporaries (of pushes whose client was killed, say) below ``root``.
+
+    Before the workers start, so none of this server's writes is in flight;
+    bounded by :data:`~pdiffcopy.local.fileops.SWEEP_MAX_ENTRIES` and
+    :data:`~pdiffcopy.local.fileops.SWEEP_MAX_SECONDS`.
+    """
+    from pdiffcopy.local.fileops import sweep_stale_temporaries
+
+    removed = sweep_stale_temporaries(root, recursive=True)
+    if removed:
+        logger.info("Removed %d stale temporary file(s) below %s left by interrupted runs", removed, root)
+    return removed
+
+
+def check_address_free(host: str, port: int) -> None:
+    """Fail at once, in one line, when the address cannot be listened on (a busy port).
+
+    gunicorn would log an error and retry for five seconds before giving up.
+    The probe binds as gunicorn does, with SO_REUSEADDR, so a port whose old
+    connections linger in TIME_WAIT still counts as free.
+
+    :raises PdiffcopyError: Naming the address and the reason.
+    """
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        hint = " (is another server running there?)" if error.errno == errno.EADDRINUSE else ""
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise PdiffcopyError(f"Cannot listen on {shown}: {error.strerror or error}{hint}") from None
+
+
+def answer_protocol_errors_in_json() -> None:
+    """Make gunicorn's own error answers JSON ``{"error", "status"}`` like the application's.
+
+    gunicorn refuses some requests before the application sees them: a
+    malformed request line or header (400), a request line or headers that
+    are too long (414, 431). It writes those answers with
+    ``gunicorn.util.write_error`` as HTML; replacing that one function (in
+    the master, before the workers fork) gives every error a client can
+    provoke the same JSON shape. A gunicorn without it keeps its HTML.
+    """
+    from gunicorn import util
+
+    original = getattr(util, "write_error", None)
+    if original is None or getattr(original, "pdiffcopy", False) \
+            or not hasattr(util, "write_nonblock"):
+        return
+
+    def write_error(sock, status_int: int, reason: str, mesg: str) -> None:
+        from pdiffcopy.server.app import one_line
+
+        message = one_line(f"{reason}: {mesg}" if mesg else reason)[:1000]
+        body = json.dumps({"error": message, "status": status_int}).encode("ascii") + b"\n"
+        head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        util.write_nonblock(sock, head.encode("latin-1") + body)
+
+    write_error.pdiffcopy = True  # type: ignore[attr-defined]
+    util.write_error = write_error

@@ -1,0 +1,469 @@
+"""The server's tree endpoints: list, read, write and change a directory tree in batches.
+
+:func:`add_tree_routes` adds four endpoints to the application of
+:mod:`pdiffcopy.server.app`, each for the tree at ``{path}`` below the server's
+root (or the root itself, without ``{path}``):
+
+* ``GET /.pdiffcopy/tree/{path}``: the listing, as compact JSON;
+* ``POST /.pdiffcopy/tree-read/{path}``: files, whole, as a :mod:`~pdiffcopy.core.treewire` stream;
+* ``POST /.pdiffcopy/tree-write/{path}``: a treewire stream in, files written;
+* ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions.
+
+The work is done by a :class:`~pdiffcopy.local.localtree.LocalTree` confined
+beneath the server's :class:`~pdiffcopy.local.paths.Root`; the views check what
+the client sent (entries, operations, bounds) before it reaches it, so a
+malformed request is a 400 (a path leading out a 403), never a 500. The
+token check and the JSON error answers are the application's (server.py).
+docs/protocol.rst, section Trees, describes the endpoints and the format.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import stat
+from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Set, Tuple
+
+from flask import Flask, Response, request
+
+from pdiffcopy.core import compression
+from pdiffcopy.server.bodyreader import open_body
+from pdiffcopy.errors import (
+    AccessDenied,
+    BadRequest,
+    FileMissing,
+    NotAFile,
+    PayloadTooLarge,
+    PdiffcopyError,
+    StorageError,
+    storage_error,
+)
+from pdiffcopy.core.jsonstream import JsonStream
+from pdiffcopy.local.localtree import Directories, LocalTree
+from pdiffcopy.server.metrics import ServerMetrics
+from pdiffcopy.local.paths import Root, clean_relative_path
+from pdiffcopy.core.protocol import RESERVED_NAME
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
+from pdiffcopy.core.treeplan import DIR, FILE, Entry
+from pdiffcopy.core.treewire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_FILES,
+    MAX_BATCH_OPERATIONS,
+    MAX_FILE_BYTES,
+    MAX_JSON_BODY_BYTES,
+    MAX_JSON_ITEM_CHARS,
+    TreeWireError,
+    decode_files,
+    encode_files,
+    parse_entry,
+    parse_operation,
+)
+
+#: The prefix of the server's own endpoints (server.API_PREFIX).
+PREFIX = f"/{RESERVED_NAME}"
+
+#: Bytes of listing text gathered before they are sent: large enough that a
+#: listing of 200,000 entries goes out in a few hundred writes, small enough
+#: that a worker holds little of it (the whole text of such a listing is
+#: about 30 MB, and its objects took 128 MiB).
+LISTING_PIECE_BYTES = 256 * 1024
+
+_COMPACT = json.JSONEncoder(ensure_ascii=True, separators=(",", ":"))
+
+logger = logging.getLogger(__name__)
+
+
+#: Permission bits a client may set only on a server that trusts it
+#: (``--trust-clients``): a set-user-ID or set-group-ID program made by a
+#: client would run with the identity of its owner (root, for a root server)
+#: for anyone on the server who runs it. A directory's set-group-ID bit only
+#: passes its group on to new files and stays.
+SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
+
+
+def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
+                    write_hard_links: bool = False, metrics: Optional[ServerMetrics] = None,
+                    rate_limit: Optional[TokenBucket] = None) -> None:
+    """Add the tree endpoints, serving the trees below ``root``, to ``app``.
+
+    :param trust_clients: Let clients set owners and set-id bits (else they are
+                          ignored, and the answer says so).
+    :param write_hard_links: Let clients change the metadata of files with
+                             several hard links (else refused per file).
+    :param metrics: Where the file bytes read and written are counted.
+    :param rate_limit: The server's ``--max-rate``, which those bytes are taken from.
+    """
+    policy = _Policy(trust_clients)
+
+    @app.get(f"{PREFIX}/tree/")
+    @app.get(f"{PREFIX}/tree/<path:path>")
+    @storage_failures
+    def tree_list(path: str = ""):
+        """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
+        tree = open_tree(root, path, write_hard_links)
+        try:
+            # The root now: a missing or unreadable tree is an error status.
+            top, directories = tree.walk()
+        except BaseException:
+            tree.close()
+            raise
+
+        def release() -> None:
+            directories.close()
+            tree.close()
+
+        return Response(_ClosingBody(listing_stream(tree, top, directories), release),
+                        mimetype="application/json")
+
+    @app.post(f"{PREFIX}/tree-read/")
+    @app.post(f"{PREFIX}/tree-read/<path:path>")
+    @storage_failures
+    def tree_read(path: str = ""):
+        """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
+        entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
+        check_files_to_read(entries)
+        tree = open_tree(root, path, write_hard_links)
+
+        def stream() -> Iterator[bytes]:
+            # Runs after the view has returned; closes the tree when the
+            # answer is done or abandoned (a client gone mid-stream).
+            try:
+                records = tree.read_files(entries)
+                if metrics is not None:
+                    records = metrics.served(records, size=lambda record: len(record[1] or b""))
+                if rate_limit is not None:
+                    records = _limited(records, rate_limit)
+                if coded:
+                    if metrics is not None:
+                        records = _counted(records, metrics.compressed_bytes.labels("sent"))
+                    yield from compression.compressed_stream(encode_files(records))
+                else:
+                    yield from encode_files(records)
+            finally:
+                tree.close()
+
+        # Compressed when the client asks (RFC 9110 content coding of the answer).
+        coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
+        response = Response(stream(), mimetype="application/octet-stream")
+        response.headers["Vary"] = "Accept-Encoding"
+        if coded:
+            response.headers["Content-Encoding"] = compression.ENCODING
+        return response
+
+    @app.post(f"{PREFIX}/tree-write/")
+    @app.post(f"{PREFIX}/tree-write/<path:path>")
+    @storage_failures
+    def tree_write(path: str = ""):
+        """Write the files of the treewire stream in the body, each whole or not at all."""
+        options, ignored = policy.options(metadata_options())
+        tree = open_tree(root, path, write_hard_links)
+        body = open_body(request.environ, request.content_length)
+        coding = (request.headers.get("Content-Encoding") or "").strip().lower()
+        if coding not in ("", "identity", compression.ENCODING):
+            raise BadRequest(f"Unsupported Content-Encoding: {coding[:100]!r}")
+        stream: Any = _ClientBody(body)
+        if coding == compression.ENCODING:
+            # Decompressed as read; every record's digest is checked before it is written.
+            stream = compression.DecompressingReader(stream, TreeWireError)
+        refusal: List[PdiffcopyError] = []
+
+        def files() -> Iterator[Tuple[Entry, bytes]]:
+            # Only records whose digest matched come out of decode_files: a
+            # corrupt or cut-off record stops the stream before it is written.
+            try:
+                for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
+                    if data is None:
+                        raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
+                    if metrics is not None:
+                        metrics.bytes_received.inc(len(data))
+                        if coding == compression.ENCODING:
+                            metrics.compressed_bytes.labels("received").inc(len(data))
+                    if rate_limit is not None:
+                        rate_limit.take(len(data))
+                    yield policy.entry(entry, ignored), data
+            except PdiffcopyError as problem:
+                refusal.append(problem)  # raised below, even if the tree took it for one failure
+                raise
+
+        try:
+            failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))
+        except PdiffcopyError:
+            if not refusal:
+                raise
+        finally:
+            body.finish()
+            tree.close()
+        if refusal:
+            raise refusal[0]
+        return failures_answer(failures, ignored)
+
+    @app.post(f"{PREFIX}/tree-apply/")
+    @app.post(f"{PREFIX}/tree-apply/<path:path>")
+    @storage_failures
+    def tree_apply(path: str = ""):
+        """Run the operations of the body in order; report the ones that failed."""
+        options, ignored = policy.options(metadata_options())
+        operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
+                      for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
+        if not clean_relative_path(path):
+            check_server_root_kept(operations)
+        tree = open_tree(root, path, write_hard_links)
+        try:
+            failures = tree.apply(operations, options)
+        finally:
+            tree.close()
+        return failures_answer(failures, ignored)
+
+
+def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: TokenBucket
+             ) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+    """``records`` as they are, each file's bytes taken from ``bucket`` before it goes out."""
+    for record in records:
+        bucket.take(len(record[1] or b""))
+        yield record
+
+
+class _Policy:
+    """What a server that does not trust its clients takes out of their requests (see SET_ID_BITS)."""
+
+    def __init__(self, trust_clients: bool) -> None:
+        self.trust_clients = trust_clients
+
+    def options(self, options: MetadataOptions) -> Tuple[MetadataOptions, Set[str]]:
+        """The options to apply, and a set that collects what was ignored."""
+        ignored: Set[str] = set()
+        if options.owner and not self.trust_clients:
+            ignored.add("owner")
+            options = MetadataOptions(times=options.times, owner=False)
+        return options, ignored
+
+    def entry(self, entry: Entry, ignored: Set[str]) -> Entry:
+        """The entry with the set-id bits the client may not set taken out."""
+        if self.trust_clients or not entry.mode & SET_ID_BITS:
+            return entry
+        bits = stat.S_ISUID if entry.kind == DIR else SET_ID_BITS
+        if not entry.mode & bits:
+            return entry
+        ignored.add("setid")
+        return entry._replace(mode=entry.mode & ~bits)
+
+
+#: The answer's words for what a server ignored, and why (the client shows them once).
+IGNORED_MESSAGES = {
+    "owner": "owners are not kept: the server does not trust clients with them (--trust-clients)",
+    "setid": "setuid/setgid bits are not kept: the server does not trust clients with them "
+             "(--trust-clients)",
+}
+
+
+def storage_failures(view: Callable) -> Callable:
+    """Answer a tree's failure that names no status of its own as a storage failure (507).
+
+    Such an error (``LocalTree``'s ``TreeFailure``) means the file system
+    failed; the default 500 would say that the server is broken.
+    """
+
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        try:
+            return view(*args, **kwargs)
+        except PdiffcopyError as error:
+            if error.http_status == 500:
+                raise StorageError(str(error)) from None
+            raise
+
+    return wrapper
+
+
+def open_tree(root: Root, path: str, write_hard_links: bool = False) -> LocalTree:
+    """The tree at a request's path, confined beneath the root; the caller closes it."""
+    relative = clean_relative_path(path)
+    check_confined(root, relative)
+    tree = LocalTree.below(root, relative)
+    tree.write_hard_links = write_hard_links
+    tree.entries_from_client = True
+    return tree
+
+
+def check_confined(root: Root, relative: str) -> None:
+    """Refuse a tree path that leads out of the root (403), before any work starts.
+
+    The tree confines every access anyway; this makes an escape a 403 for the
+    whole request rather than one failure per entry. A path that does not
+    exist (yet), or has a file on its way, is for the tree to report.
+    """
+    try:
+        fd = root.open(relative or ".", os.O_PATH)
+    except (FileMissing, NotAFile):
+        return
+    os.close(fd)
+
+
+def check_files_to_read(entries: List[Entry]) -> None:
+    """Bound a read request: regular files only, each and all of them small enough."""
+    total = 0
+    for entry in entries:
+        if entry.kind != FILE:
+            raise BadRequest(f"Not a regular file: {entry.path!r} is a {entry.kind}")
+        if entry.size > MAX_FILE_BYTES:
+            raise BadRequest(f"{entry.path!r} has {entry.size} bytes; at most {MAX_FILE_BYTES} "
+                             f"travel whole")
+        total += entry.size
+    if total > MAX_BATCH_BYTES:
+        raise BadRequest(f"At most {MAX_BATCH_BYTES} bytes per read request")
+
+
+def check_server_root_kept(operations: List[Operation]) -> None:
+    """Refuse to delete the server's root directory or change its metadata (a tree's own root is fair game)."""
+    for operation in operations:
+        if not operation.entry.path and operation.name in (DELETE, REMOVE, METADATA):
+            raise AccessDenied("The root directory itself cannot be changed")
+
+
+def metadata_options() -> MetadataOptions:
+    """The ``times``, ``owner`` and ``fsync`` query flags (0 or 1, 0 when missing)."""
+    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"), fsync=flag_arg("fsync"))
+
+
+def flag_arg(name: str) -> bool:
+    value = request.args.get(name, "0")
+    if value not in ("0", "1"):
+        raise BadRequest(f"Parameter {name} must be 0 or 1")
+    return value == "1"
+
+
+def json_list(key: str, limit: int, parse: Callable[[Any], Any]) -> List[Any]:
+    """The list under ``key`` of the request body's JSON object, each item checked by ``parse``.
+
+    Read and checked one item at a time (:class:`~pdiffcopy.core.jsonstream.JsonStream`):
+    only the parsed items are kept, never the whole text or its raw objects,
+    and the first bad item ends the request, with the rest left unread.
+
+    :raises PayloadTooLarge: For a body over :data:`MAX_JSON_BODY_BYTES` (by
+                             its Content-Length before reading, or as it is read).
+    :raises BadRequest: For anything but ``{key: [item, ...]}`` with at most
+                        ``limit`` items that ``parse`` accepts.
+    """
+    length = request.content_length
+    if length is not None and length > MAX_JSON_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body has {length} bytes; at most {MAX_JSON_BODY_BYTES} "
+                              f"are accepted")
+    reader = JsonStream(request.stream, MAX_JSON_ITEM_CHARS, MAX_JSON_BODY_BYTES)
+    shape = f"The request body must be a JSON object with a list {key!r}"
+    try:
+        reader.begin_object()
+        if reader.next_key() != key:
+            raise BadRequest(shape)
+        values = [parse(value) for value in reader.items(limit, key)]
+        if reader.next_key() is not None:
+            raise BadRequest(shape)
+        reader.end()
+    except PayloadTooLarge:
+        raise
+    except BadRequest as error:
+        if str(error).startswith("Malformed JSON"):
+            raise BadRequest(f"The request body is not valid JSON ({error})") from None
+        raise
+    return values
+
+
+def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories) -> Iterator[bytes]:
+    """A listing as JSON text, sent while the tree is walked; closes the tree.
+
+    The document is the one a client once received whole,
+    ``{"root": ..., "entries": [...], "failures": [...]}``, and ends with
+    ``"complete": true``: a listing cut short is never taken for a whole one.
+    Should the walk fail midway, after the status was sent, the text ends
+    with ``"error": MESSAGE`` and no closing brace, so that no client can
+    read it as a complete listing (ours reports the message). Text is sent in
+    pieces of about :data:`LISTING_PIECE_BYTES`; the failures, usually few,
+    are kept until the end.
+    """
+    encode = _COMPACT.encode
+    failures: List[Failure] = []
+    try:
+        pieces = [b'{"root":', encode(None if top is None else top.to_wire()).encode("ascii"),
+                  b',"entries":[']
+        size, first = 0, True
+        for entries, failed in directories:
+            failures.extend(failed)
+            if not entries:
+                continue
+            text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
+            if not first:
+                pieces.append(b",")
+            first = False
+            pieces.append(text)
+            size += len(text)
+            if size >= LISTING_PIECE_BYTES:
+                yield b"".join(pieces)
+                pieces, size = [], 0
+        pieces.append(b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+                      + b',"complete":true}')
+        yield b"".join(pieces)
+    except (OSError, PdiffcopyError) as error:
+        message = storage_error(error, "list the tree") if isinstance(error, OSError) else error
+        logger.warning("Listing of %s failed midway: %s", tree.location, message)
+        yield (b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+               + b',"error":' + encode(str(message)).encode("ascii"))
+    finally:
+        tree.close()
+
+
+def json_answer(document: Any) -> Response:
+    """A JSON answer written compactly: a listing of 60,000 entries takes a tenth of a second."""
+    text = json.dumps(document, ensure_ascii=True, separators=(",", ":"))
+    return Response(text, mimetype="application/json")
+
+
+def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozenset()) -> Response:
+    """The failures of a batch, and (``ignored``, when not empty) what the server did not do."""
+    document: dict = {"failures": [list(failure) for failure in failures]}
+    if ignored:
+        document["ignored"] = [IGNORED_MESSAGES[name] for name in sorted(ignored)]
+    return json_answer(document)
+
+
+class _ClosingBody:
+    """An answer's body that calls ``release`` when the server closes it (PEP 3333), even
+    unstarted: a HEAD request's body is never read, and a generator that never
+    started runs no ``finally``.
+    """
+
+    def __init__(self, body: Iterator[bytes], release: Callable[[], None]) -> None:
+        self._body = body
+        self._release = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._body
+
+    def close(self) -> None:
+        try:
+            self._body.close()  # type: ignore[attr-defined]
+        finally:
+            self._release()
+
+
+def _counted(records, counter):
+    for record in records:
+        counter.inc(len(record[1] or b""))
+        yield record
+
+
+class _ClientBody:
+    """A request body whose read errors (a client gone mid-body) are the client's: 400."""
+
+    def __init__(self, body: Any) -> None:
+        self._body = body
+
+    def readinto(self, view: memoryview) -> int:
+        try:
+            return self._body.readinto(view)
+        except OSError as error:
+            raise BadRequest(f"The request body could not be read: {error}") from None
+
+
+__all__ = ["add_tree_routes"]

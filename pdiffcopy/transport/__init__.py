@@ -1,0 +1,1 @@
+"""The HTTP client: connections, retries, one-line errors; RemoteFile, RemoteTree."""

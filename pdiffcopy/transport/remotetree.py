@@ -1,0 +1,411 @@
+"""A directory tree behind a pdiffcopy server, as a :class:`~pdiffcopy.engine.treeendpoints.TreeEndpoint`.
+
+:class:`RemoteTree` speaks the tree endpoints of :mod:`pdiffcopy.server.treeserver`
+(docs/protocol.rst, section Trees) through the transport of
+:mod:`pdiffcopy.transport.remote` (:class:`~pdiffcopy.transport.remote.HttpClient`): the same
+keep-alive connections, token, TLS, timeouts, 503 retries and one-line
+errors as a file sync. Batches larger than one request may carry are split
+into several requests, in order. Big files go through
+:meth:`RemoteTree.file_endpoint`, a :class:`~pdiffcopy.transport.remote.RemoteFile`.
+
+It may be used from several threads at once (each has its own connection)
+and from processes forked after it was made (each opens its own).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import time
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from pdiffcopy.transport import wire
+from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
+from pdiffcopy.core.jsonstream import JsonStream
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.core import compression
+from pdiffcopy.transport.remote import (
+    DEFAULT_TIMEOUT,
+    Compression,
+    HttpClient,
+    RemoteFile,
+    quote_path,
+    split_server_url,
+)
+from pdiffcopy.engine.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
+from pdiffcopy.core.treeplan import FILE, Entry
+from pdiffcopy.core.treewire import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_FILES,
+    MAX_BATCH_OPERATIONS,
+    MAX_FILE_BYTES,
+    MAX_JSON_BODY_BYTES,
+    MAX_JSON_ITEM_CHARS,
+    Record,
+    TreeWireError,
+    check_relative_path,
+    decode_files,
+    encode_files,
+    parse_entry,
+)
+
+logger = logging.getLogger(__name__)
+
+#: JSON bytes a read or apply request is kept under: half the server's limit,
+#: which leaves room for the escaping of odd names measured per item.
+_JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
+
+
+class RemoteTree(TreeEndpoint):
+    """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash)."""
+
+    is_remote = True
+
+    def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
+                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None) -> None:
+        self.location = url
+        self.base, path = split_server_url(url)
+        #: The tree's path below the server's root ("" for the root itself).
+        self.path = path.strip("/")
+        self.token = token
+        self.concurrency = concurrency
+        self.timeout = timeout
+        self.ca_file = ca_file
+        self.client = HttpClient(self.base, token, timeout, ca_file)
+        #: One for the tree's files: what the first big files showed of the link serves the next.
+        self.compression = Compression("auto", self.base)
+        self._warned: set = set()
+
+    def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
+        target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
+        if options is not None:
+            target += f"?times={int(options.times)}&owner={int(options.owner)}&fsync={int(options.fsync)}"
+        return target
+
+    # -- TreeEndpoint ----------------------------------------------------
+
+    def list(self) -> Listing:
+        """The listing, read and checked entry by entry as the server sends it.
+
+        The server streams it (docs/protocol.rst): the answer ends with
+        ``"complete": true``, or with ``"error"`` when the walk failed midway.
+        """
+        response = self.client.request("GET", self._target("tree"))
+        try:
+            reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
+            reader.begin_object()
+            root: Optional[Entry] = None
+            entries: List[Entry] = []
+            failures: List[Failure] = []
+            complete = False
+            while True:
+                key = reader.next_key()
+                if key is None:
+                    break
+                if key == "root":
+                    value = reader.value()
+                    root = None if value is None else parse_entry(value, allow_root=True)
+                elif key == "entries":
+                    entries.extend(parse_entry(value) for value in reader.items())
+                elif key == "failures":
+                    failures.extend(_failures(list(reader.items())))
+                elif key == "complete":
+                    complete = reader.value() is True
+                elif key == "error":
+                    message = " ".join(str(reader.value()).splitlines())[:1000]
+                    raise RemoteError(f"Server {self.client.base} could not list "
+                                      f"{self.location}: {message}")
+                else:
+                    reader.value()  # a key of a later version: ignored
+            reader.end()
+            if not complete:
+                raise _MalformedListing("it ended early")
+            return Listing(root, entries, failures)
+        except (_MalformedListing, PdiffcopyError, KeyError, TypeError, ValueError) as error:
+            if isinstance(error, RemoteError):
+                raise
+            raise self.client.malformed(f"listing: {error}" if str(error) else "listing") from None
+        except (OSError, http.client.HTTPException) as error:
+            raise self.client.lost(error) from None
+        finally:
+            response.close()
+
+    def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
+        """Yield each file as the server sends it, one request per batch the server accepts.
+
+        A file too large to travel whole, or not a regular file, is a
+        failure without a request; the block engine moves big files.
+        """
+        readable: List[Entry] = []
+        for entry in entries:
+            refusal = _leaves_the_tree(entry.path)
+            if refusal:
+                yield entry, None, refusal
+            elif entry.kind != FILE:
+                yield entry, None, f"not a regular file but a {entry.kind}"
+            elif entry.size > MAX_FILE_BYTES:
+                yield entry, None, f"too large to copy whole ({entry.size} bytes)"
+            else:
+                readable.append(entry)
+        for batch in _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES,
+                              lambda entry: entry.size, lambda entry: entry.to_wire()):
+            yield from self._read_batch(batch)
+
+    def _read_batch(self, entries: List[Entry]) -> Iterator[Record]:
+        """One read request, decoded as it arrives; the records come in the order asked."""
+        body = _json_bytes({"entries": [entry.to_wire() for entry in entries]})
+        # A connection of its own: the caller reads the answer at its pace,
+        # maybe from several threads, and may send other requests meanwhile.
+        connection = self.client.dedicated()
+        headers = {"Content-Type": "application/json"}
+        if self.compression.now():
+            headers["Accept-Encoding"] = compression.ENCODING
+        # A plain batch tells the adaptive rule how fast the link is and how the data shrinks.
+        learning = self.compression.learning()
+        started, moved, sample = time.perf_counter(), 0, b""
+        try:
+            response = self.client.request("POST", self._target("tree-read"), body=body,
+                                           headers=headers, connection=connection)
+        except BaseException:
+            self.client.release(connection)  # an error answer was read whole: still usable
+            raise
+        try:
+            position = 0
+            coded = (response.headers.get("Content-Encoding") or "").strip().lower() == compression.ENCODING
+            stream = compression.DecompressingReader(response.raw, TreeWireError) if coded else response.raw
+            for sent, data, error in decode_files(stream):
+                if position == len(entries) or sent.path != entries[position].path:
+                    raise self.client.malformed(f"it sent {sent.path!r}, which was not asked for "
+                                                f"at that point")
+                if learning and data:
+                    moved += len(data)
+                    if len(sample) < compression.SAMPLE_BYTES:
+                        sample += data[:compression.SAMPLE_BYTES - len(sample)]
+                yield entries[position], data, error
+                position += 1
+            if position != len(entries):
+                raise self.client.malformed(f"it left out {len(entries) - position} of the files")
+            if learning:
+                self.compression.observed(moved, time.perf_counter() - started, sample)
+        except TreeWireError as error:
+            raise self.client.malformed(str(error)) from None
+        except (OSError, http.client.HTTPException) as error:
+            raise self.client.lost(error) from None
+        finally:
+            response.close()  # closes the connection unless the answer was read to its end
+            self.client.release(connection)
+
+    def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
+                    fresh: bool = False) -> List[Failure]:
+        """Send the files, streamed, in as few requests as the server's bounds allow."""
+        failures: List[Failure] = []
+        pending = _Pending(files)
+        while pending.more():
+            body = encode_files(self._write_batch(pending, failures))
+            headers = {"Content-Type": "application/octet-stream"}
+            # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
+            learning = self.compression.learning()
+            if self.compression.now() and self.client.patch_frames:
+                body = compression.compressed_stream(body)
+                headers["Content-Encoding"] = compression.ENCODING
+            elif learning:
+                body = _measured(body)
+            started = time.perf_counter()
+            response = self.client.request(
+                "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
+                headers=headers, replayable=False)
+            failures.extend(self._failures_of(response))
+            if learning and isinstance(body, _measured):
+                self.compression.observed(body.count, time.perf_counter() - started, bytes(body.sample))
+        return failures
+
+    @staticmethod
+    def _write_batch(pending: "_Pending", failures: List[Failure]) -> Iterator[Record]:
+        """The records of one write request, taken from ``pending`` as the body is sent."""
+        count = total = 0
+        for entry, data in pending:
+            refusal = _leaves_the_tree(entry.path)
+            if refusal:
+                failures.append((entry.path, refusal))
+                continue
+            if len(data) != entry.size:
+                failures.append((entry.path, f"got {len(data)} bytes, expected {entry.size}"))
+                continue
+            if len(data) > MAX_FILE_BYTES:
+                failures.append((entry.path, f"too large to copy whole ({len(data)} bytes)"))
+                continue
+            if count and (count == MAX_BATCH_FILES or total + len(data) > MAX_BATCH_BYTES):
+                pending.put_back((entry, data))  # starts the next request
+                return
+            count += 1
+            total += len(data)
+            yield entry, data, ""
+
+    def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
+        """Send the operations in order; one whose path leaves the tree is a failure, never sent.
+
+        Such failures come first in the list, before those the server reports.
+        """
+        failures: List[Failure] = []
+        allowed: List[Operation] = []
+        for operation in operations:
+            refusal = _leaves_the_tree(operation.entry.path, allow_root=True)
+            if refusal:
+                failures.append((operation.entry.path, refusal))
+            else:
+                allowed.append(operation)
+        for batch in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
+                              lambda operation: operation.to_wire()):
+            body = _json_bytes({"operations": [operation.to_wire() for operation in batch]})
+            response = self.client.request("POST", self._target("tree-apply", options), body=body,
+                                           headers={"Content-Type": "application/json"})
+            failures.extend(self._failures_of(response))
+        return failures
+
+    def may_change_root(self) -> bool:
+        return self.path != ""  # the server keeps its root directory as it is
+
+    def file_endpoint(self, path: str) -> RemoteFile:
+        # A member's path is relative; an absolute one is refused as a local
+        # tree refuses it (the URL would quietly make it relative again).
+        if path.startswith("/"):
+            raise AccessDenied(f"Path outside the root: {path[:200]!r}")
+        full = f"{self.path}/{path}" if self.path else path
+        # Not followed, as a local tree's member is not: a member that became a
+        # symlink since the listing is refused (NotAFile), never read through.
+        return RemoteFile(f"{self.base}/{quote_path(full)}", self.token, self.concurrency,
+                          self.timeout, self.ca_file, rate_limit=self.client.rate_limit, follow=False,
+                          compress=self.compression)
+
+    def traffic(self) -> Tuple[int, int]:
+        return wire.totals()
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        wire.add(sent, received)
+
+    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
+        self.client.rate_limit = bucket
+
+    def compress_with(self, mode: str) -> None:
+        self.compression = Compression(mode, self.base)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _failures_of(self, response) -> List[Failure]:
+        document = self.client.json(response)
+        try:
+            failures = _failures(document["failures"])
+            ignored = [str(message) for message in document.get("ignored", ())]
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise self.client.malformed("failures") from None
+        self._warn(ignored)
+        return failures
+
+    def _warn(self, ignored: List[str]) -> None:
+        """Say once (per process) what the server did not do, such as keeping owners."""
+        for message in ignored:
+            if message not in self._warned:
+                self._warned.add(message)
+                logger.warning("%s: %s", self.base, message[:500])
+
+
+def _leaves_the_tree(path: str, allow_root: bool = False) -> str:
+    """Why ``path`` is refused without a request (a ``..`` component, an absolute path), or ``""``.
+
+    A local tree reports such a path as that entry's failure and goes on
+    (rsync's habit); the server refuses a whole batch that carries one (403),
+    as a request no client of ours sends. Checked here, the remote kind
+    reports it like the local one, and the server still never sees it.
+    """
+    try:
+        check_relative_path(path, allow_root)
+    except AccessDenied as error:
+        return str(error)
+    except TreeWireError:
+        pass  # malformed in another way: the server's 400 says what is wrong
+    return ""
+
+
+class _MalformedListing(ValueError):
+    """A listing's JSON text is malformed (reported as the server's fault)."""
+
+
+class _measured:
+    """A streamed body that counts its bytes and keeps the start of them (for the adaptive rule)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.count = 0
+        self.sample = bytearray()
+
+    def __iter__(self) -> Iterator[bytes]:
+        for chunk in self._chunks:
+            self.count += len(chunk)
+            if len(self.sample) < compression.SAMPLE_BYTES:
+                self.sample += chunk[:compression.SAMPLE_BYTES - len(self.sample)]
+            yield chunk
+
+
+class _Pending:
+    """The files still to write, with room to put back the one that starts the next request."""
+
+    def __init__(self, files: Iterable[Tuple[Entry, bytes]]) -> None:
+        self._files = iter(files)
+        self._back: List[Tuple[Entry, bytes]] = []
+
+    def more(self) -> bool:
+        """Whether another file waits (looks ahead by one, without losing it)."""
+        if not self._back:
+            try:
+                self._back.append(next(self._files))
+            except StopIteration:
+                return False
+        return True
+
+    def put_back(self, item: Tuple[Entry, bytes]) -> None:
+        self._back.append(item)
+
+    def __iter__(self) -> Iterator[Tuple[Entry, bytes]]:
+        while self.more():
+            yield self._back.pop()
+
+
+def _batches(items: List[Any], max_count: int, max_bytes: Optional[int], size_of,
+             wire_of) -> Iterator[List[Any]]:
+    """``items`` cut into lists within a request's bounds: count, data bytes and JSON bytes."""
+    batch: List[Any] = []
+    data = text = 0
+    for item in items:
+        item_data = size_of(item) if size_of else 0
+        item_text = len(json.dumps(wire_of(item))) + 1
+        if batch and (len(batch) == max_count or text + item_text > _JSON_BATCH_BYTES
+                      or (max_bytes is not None and data + item_data > max_bytes)):
+            yield batch
+            batch, data, text = [], 0, 0
+        batch.append(item)
+        data += item_data
+        text += item_text
+    if batch:
+        yield batch
+
+
+def _json_bytes(document: Any) -> bytes:
+    return json.dumps(document, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _failures(value: Any) -> List[Failure]:
+    """The ``[[path, message], ...]`` of an answer, checked."""
+    if not isinstance(value, list):
+        raise TypeError("failures must be a list")
+    failures: List[Failure] = []
+    for item in value:
+        if not (isinstance(item, list) and len(item) == 2
+                and isinstance(item[0], str) and isinstance(item[1], str)):
+            raise TypeError("a failure must be [path, message]")
+        failures.append((item[0], " ".join(item[1].splitlines())[:1000]))
+    return failures
+
+
+__all__ = ["RemoteTree"]
