@@ -295,11 +295,13 @@ def test_the_copy_loop_copies_what_there_is(tmp_path, monkeypatch, switch, lengt
 
 def test_the_servers_file_views_open_files_only_through_a_confined_local_file():
     """One implementation of a file on this machine: the views call LocalFile.below, not Root."""
-    source = (Path(fileops.__file__).parent / "server.py").read_text()
-    assert re.findall(r"root\.(open\w*)\(", source) == []
-    assert "LocalFile.below(" in source
-    for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
-        assert call not in source, call
+    views = Path(pdiffcopy.__file__).parent / "server"
+    for module in ("app.py", "legacyapi.py"):  # the file views of today's API and of 1.0.1's
+        source = (views / module).read_text()
+        assert re.findall(r"root\.(open\w*)\(", source) == [], module
+        for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
+            assert call not in source, (module, call)
+    assert "LocalFile.below(" in (views / "app.py").read_text()
 
 
 def test_every_atomic_replace_goes_through_one_helper():

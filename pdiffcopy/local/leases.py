@@ -180,6 +180,17 @@ class Leases:
                 self._write(fd, {"id": lease, "expires": time.monotonic() + LEASE_SECONDS})
             yield
             return
+        # Shared first: writes without a lease run side by side, however slow
+        # their bodies (a push's connections on a slow link each take seconds);
+        # nobody can take a lease while one is held, so the record cannot change.
+        with self._locked(info, fcntl.LOCK_SH) as fd:
+            record = self._read(fd)
+            if self._live(record):
+                raise Locked(f"{path} is being written by another client; try again later")
+            if not record:
+                yield
+                return
+        # A lapsed lease is on record: drop it, which takes the lock exclusively.
         with self._locked(info, fcntl.LOCK_EX) as fd:
             record = self._read(fd)
             if self._live(record):
