@@ -371,19 +371,14 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
         header = ["workload", "tool", "median s", "best s", "MiB on the link", "efficiency", "time / rsync"]
         rows = []
         for workload in workloads:
-            rsync_time = None
+            cells = {tool.name: results[(rate, workload.name, tool.name)] for tool in tools
+                     if results.get((rate, workload.name, tool.name))}
+            medians = {name: statistics.median(s.seconds for s in samples) for name, samples in cells.items()}
             for tool in tools:
-                samples = results.get((rate, workload.name, tool.name))
+                samples = cells.get(tool.name)
                 if not samples:
                     continue
-                seconds = statistics.median(s.seconds for s in samples)
-                if tool.name == "rsync-" + tool.direction:
-                    rsync_time = seconds
-            for tool in tools:
-                samples = results.get((rate, workload.name, tool.name))
-                if not samples:
-                    continue
-                seconds = statistics.median(s.seconds for s in samples)
+                seconds, rsync_time = medians[tool.name], medians.get("rsync-" + tool.direction)
                 wire = statistics.median(s.wire for s in samples)
                 rows.append([workload.name, tool.name, "%.2f" % seconds, "%.2f" % min(s.seconds for s in samples),
                              "%.1f" % (wire / 2**20), "%.0f %%" % (100 * wire * 8 / seconds / rate),
