@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="report the similarity index and what would move; change nothing")
     sync.add_argument("--atomic", action="store_true",
                       help="write a temporary copy and rename it over TARGET when complete")
+    sync.add_argument("--partial", action="store_true",
+                      help="keep what an interrupted sync wrote of a new (or --atomic) TARGET, in a hidden "
+                           ".NAME.pdiffcopy-partial beside it, and resume from it: the next run with "
+                           "--partial moves only what it lacks (rsync's --partial; swept after a day)")
     sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
                       help="page cache use of whole-file copies between local files: drop "
                            "keeps big copies from flushing the cache, keep leaves it alone "
@@ -211,9 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     common = parser.add_argument_group("common options")
     common.add_argument("--token-file", metavar="FILE", default=None,
                         help="read the shared secret from FILE instead of $PDIFFCOPY_TOKEN")
-    common.add_argument("--progress", "-P", action="store_true",
+    common.add_argument("--progress", action="store_true",
                         help="show the progress line even when stderr is not a terminal, and keep its "
-                             "last state (rsync's -P also resumes partial files: not yet here)")
+                             "last state")
+    common.add_argument("-P", dest="partial_progress", action="store_true",
+                        help="the same as --partial --progress, as rsync's -P")
     common.add_argument("--no-progress", action="store_true", help="no progress display")
     common.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (repeatable)")
@@ -314,6 +320,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run the command line; return (and as a script, exit with) its status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.partial_progress:  # -P: rsync's --partial --progress
+        args.partial = args.progress = True
     setup_logging(args.verbose - args.quiet)
     try:
         status = run(parser, args)
@@ -486,7 +494,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
                    token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
-                   bwlimit=args.bwlimit, compress=args.compress)
+                   bwlimit=args.bwlimit, compress=args.compress, partial=args.partial)
     if args.benchmark:
         from pdiffcopy.cli.benchmark import run_benchmark
 

@@ -36,6 +36,11 @@ TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
 
 _TEMPORARY_NAME = re.compile(r"^\..+\.pdiffcopy-([0-9a-f]{12})$", re.DOTALL)
 
+#: What ends the name of a partial file (:func:`partial_name`).
+PARTIAL_SUFFIX = ".pdiffcopy-partial"
+
+_PARTIAL_NAME = re.compile(r"^\..+" + re.escape(PARTIAL_SUFFIX) + "$", re.DOTALL)
+
 #: This process's serials of temporary names: a counter (one ``getrandom``
 #: per small file of a tree showed in profiles) from a random start, so that
 #: processes of the same id on two hosts naming temporaries in one directory
@@ -61,10 +66,28 @@ def unique_suffix(serial: int) -> str:
     return f"{((os.getpid() << 24) | (serial & 0xFFFFFF)) & 0xFFFFFFFFFFFF:012x}"
 
 
+def partial_name(name: str) -> str:
+    """The hidden sibling a ``--partial`` sync writes ``name`` into (``.name.pdiffcopy-partial``).
+
+    One stable name per target, with no process id in it: an interrupted
+    run leaves the file there, and the next ``--partial`` run to the same
+    target finds it and moves only what it lacks (rsync's ``--partial``).
+    It is a temporary like the others (:func:`is_temporary_name`): never
+    listed, copied or deleted as data, swept when untouched for a day.
+    """
+    return f".{name}{PARTIAL_SUFFIX}"
+
+
+def is_partial_name(name: str) -> bool:
+    """Whether ``name`` (a last path component) is one :func:`partial_name` makes."""
+    return bool(_PARTIAL_NAME.match(name))
+
+
 def is_temporary_name(name: str) -> bool:
-    """Whether ``name`` (a last path component) is one :func:`temporary_name` makes."""
-    return bool(_TEMPORARY_NAME.match(name))
+    """Whether ``name`` (a last path component) is one :func:`temporary_name` or :func:`partial_name` makes."""
+    return bool(_TEMPORARY_NAME.match(name) or _PARTIAL_NAME.match(name))
 
 
-__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "RESERVED_NAME", "TOKEN_VARIABLE",
-           "TRANSFER_CHUNK_SIZE", "is_temporary_name", "temporary_name", "unique_suffix"]
+__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "PARTIAL_SUFFIX", "RESERVED_NAME",
+           "TOKEN_VARIABLE", "TRANSFER_CHUNK_SIZE", "is_partial_name", "is_temporary_name", "partial_name",
+           "temporary_name", "unique_suffix"]

@@ -173,6 +173,21 @@ class FileEndpoint(ABC):
         Remote endpoints send ``If-Match``; local ones re-check at the end.
         """
 
+    def open_partial(self, clone: bool) -> "Tuple[FileEndpoint, bool]":
+        """The hidden ``--partial`` sibling to write into, kept when the sync is interrupted.
+
+        The one an earlier, interrupted run left (then the second value is
+        True and the sync resumes into it as into an existing target), else
+        a new one, a copy of this file when ``clone``. Its name is stable
+        (:func:`~pdiffcopy.core.protocol.partial_name`), so that the next run
+        finds it; it is removed only by its rename over this file and by the
+        sweeps of temporaries untouched for a day.
+
+        :raises Unsupported: Where there is no such sibling (a 1.0 server): the
+                             sync then writes a temporary, as without ``--partial``.
+        """
+        raise Unsupported(f"Cannot keep a partial file of {self.location}")
+
     def sweep_temporaries(self) -> int:
         """Remove stale temporaries that killed runs left beside this file; return how many.
 

@@ -37,9 +37,11 @@ from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.errors import (
     Conflict,
     FileMissing,
+    Locked,
     NotAFile,
     PdiffcopyError,
     StorageError,
+    Unsupported,
     UsageError,
     VerificationFailed,
 )
@@ -70,6 +72,15 @@ logger = logging.getLogger(__name__)
 
 #: Most worker processes or connections a user may ask for.
 MAX_CONCURRENCY = 256
+
+#: Seconds a --partial sync waits for the lease on the partial file it resumes: a server's
+#: lease outlives a killed client by a minute (pdiffcopy.local.leases.LEASE_SECONDS), and
+#: the run that resumes right after the kill must not fail for it. A local file's lock
+#: ends with its process, so locally only a run still going is waited for.
+PARTIAL_LEASE_WAIT_SECONDS = 65
+
+#: How often that wait tries again.
+PARTIAL_LEASE_POLL_SECONDS = 1.0
 
 
 class Progress:
@@ -111,7 +122,7 @@ class SyncResult:
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: str = "auto") -> FileOptions:
+                 compress: str = "auto", partial: bool = False) -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :raises UsageError: For a value that makes no sense.
@@ -126,6 +137,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         cache=_check_cache(cache),
         bwlimit=bandwidth_limit(bwlimit),
         compress=check_mode(compress),
+        partial=bool(partial),
     )
 
 
@@ -218,6 +230,8 @@ class _SyncJob:
         self.prepared = False
         #: What the sync writes into: the target, or its temporary sibling.
         self.work: Optional[FileEndpoint] = None
+        #: Whether ``work`` is a ``--partial`` file: kept (not removed) when the sync fails.
+        self.partial = False
 
     def run(self) -> SyncResult:
         try:
@@ -268,16 +282,24 @@ class _SyncJob:
             # writes it, so the digests of the blocks we leave alone stay true
             # and the read-back of the ones we write completes the check.
             self.target.take_lease()
-        work = self.target.create_temporary(clone=target_info is not None and not options.whole_file) \
-            if atomic else self.target
+        clone = target_info is not None and not options.whole_file
+        resumed = False
+        if not atomic:
+            work = self.target
+        elif options.partial:
+            work, resumed = self._open_partial(clone)
+        else:
+            work = self.target.create_temporary(clone=clone)
         self.work = work
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
-            if options.whole_file or target_info is None:
+            if options.whole_file or (target_info is None and not resumed):
                 source_digests = self._copy_everything(plan, segments, work)
                 target_digests = None
                 similarity = Similarity(plan.block_count, plan.block_count, plan.size, plan.size)
             else:
+                # An existing target, or the partial file an interrupted run
+                # left: hash both, move what differs.
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
             self._log_phase("transferred %d bytes", self.bytes_moved)
@@ -296,6 +318,9 @@ class _SyncJob:
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
             if work is not self.target:
+                if self.partial:
+                    # Fails if the lease lapsed and somebody else wrote the partial file meanwhile.
+                    work.end_lease()
                 work.replace(self.target)
             else:
                 self.target.end_lease()  # fails if the lease lapsed and somebody else wrote
@@ -303,21 +328,69 @@ class _SyncJob:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
             self._stop_transfers()
-            if work is not self.target:
+            if self.partial:
+                # Kept for the next run, whatever stopped this one (Ctrl-C, a
+                # lost connection, a full disk): it resumes from what is there.
+                self._end_lease_quietly(work)
+                logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume",
+                               self.target.location)
+            elif work is not self.target:
                 work.remove_temporary()
             else:
-                self._end_lease_quietly()
+                self._end_lease_quietly(self.target)
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish (or use --atomic)", self.target.location)
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
 
-    def _end_lease_quietly(self) -> None:
+    @staticmethod
+    def _end_lease_quietly(endpoint: FileEndpoint) -> None:
         try:
-            self.target.end_lease()
+            endpoint.end_lease()
         except PdiffcopyError:
             pass  # already failing; an unended lease lapses by itself
+
+    def _open_partial(self, clone: bool) -> "tuple[FileEndpoint, bool]":
+        """The ``--partial`` file to write into, leased; and whether an interrupted run left it.
+
+        Where the target cannot keep one (a 1.0 server), a temporary as without ``--partial``.
+        """
+        try:
+            partial, resumed = self.target.open_partial(clone)
+        except Unsupported:
+            logger.info("%s cannot keep a partial file; writing a temporary one", self.target.location)
+            return self.target.create_temporary(clone=clone), False
+        try:
+            # Before it is hashed, as for an in-place update: another run resuming
+            # the same partial file would make our digests of it a lie.
+            self._lease_partial(partial, resumed)
+        except BaseException:
+            partial.close()  # kept: it is the other run's, or the next one's
+            raise
+        self.partial = True
+        if resumed:
+            logger.info("Resuming from the partial file an interrupted run left for %s",
+                        self.target.location)
+        return partial, resumed
+
+    def _lease_partial(self, partial: FileEndpoint, resumed: bool) -> None:
+        """Take the partial file's lease, waiting for the lease of a killed run to lapse."""
+        deadline = time.monotonic() + PARTIAL_LEASE_WAIT_SECONDS
+        waiting = False
+        while True:
+            try:
+                partial.take_lease()
+                return
+            except Locked:
+                if not resumed or time.monotonic() >= deadline:
+                    raise
+            if not waiting:
+                logger.warning("The partial file of %s is leased by another run, or one that was killed; "
+                               "waiting up to %d s for its lease to lapse", self.target.location,
+                               PARTIAL_LEASE_WAIT_SECONDS)
+                waiting = True
+            time.sleep(PARTIAL_LEASE_POLL_SECONDS)
 
     def _log_phase(self, message: str, *args) -> None:
         logger.debug("%.3f s: " + message, time.monotonic() - self.started, *args)

@@ -76,6 +76,9 @@ class FileOptions:
     bwlimit: "int | str | None" = None
     #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
     compress: str = "auto"
+    #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
+    #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
+    partial: bool = False
 
 
 # -- compare ---------------------------------------------------------------

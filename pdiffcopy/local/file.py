@@ -26,6 +26,7 @@ from pdiffcopy.local.fileops import (
     etag,
     free_space,
     fsync_directory,
+    partial_name,
     process_umask,
     read_chunks,
     replace_atomically,
@@ -384,33 +385,72 @@ class LocalFile(FileEndpoint):
         :param relative: For a confined file: the temporary's path beneath the
                          root instead (a server's client names it).
         """
+        temporary, fd = self._create_sibling(temporary_name, relative)
+        self._fill(temporary, fd, clone)
+        return temporary
+
+    def open_partial(self, clone: bool) -> "tuple[LocalFile, bool]":
+        """The ``--partial`` sibling (:func:`~pdiffcopy.core.protocol.partial_name`): the one a
+        killed run left, or a new one (a copy with ``clone``); and whether it was there.
+
+        :raises PdiffcopyError: :class:`~pdiffcopy.errors.NotAFile` when the name is taken by
+                something else than a regular file (a symlink is never followed).
+        """
+        try:
+            partial, fd = self._create_sibling(partial_name)
+        except Conflict:
+            partial = self._sibling(partial_name)[0]
+            try:
+                info = os.lstat(partial.path) if partial._root is None else partial.status()
+            except OSError as error:
+                raise storage_error(error, f"open {partial.path}") from None
+            if not stat_module.S_ISREG(info.st_mode):
+                raise NotAFile(f"Cannot resume into {partial.path}: it is not a regular file; remove it")
+            return partial, True
+        self._fill(partial, fd, clone)
+        return partial, False
+
+    def _sibling(self, naming, relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
+        """The endpoint of a hidden sibling named by ``naming`` (or at ``relative`` beneath the root)."""
         parent, name = os.path.split(self.path)
         if self._root is None:
-            path = os.path.join(parent, temporary_name(name))
+            sibling = LocalFile(os.path.join(parent, naming(name)), self.pool, temporary=True)
+            return sibling, None
+        display: Optional[str] = relative
+        if relative is None:
+            head, sibling_name = self._relative.rpartition("/")[0], naming(name)
+            relative = f"{head}/{sibling_name}" if head else sibling_name
+        sibling = LocalFile.below(self._root, relative, self.pool, name=display)
+        sibling.temporary = True
+        return sibling, display
+
+    def _create_sibling(self, naming, relative: Optional[str] = None) -> "tuple[LocalFile, int]":
+        """Create the sibling :meth:`_sibling` names, exclusively (:class:`Conflict` when it exists)."""
+        sibling, _ = self._sibling(naming, relative)
+        if sibling._root is None:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                fd = os.open(sibling.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
             except OSError as error:
-                raise storage_error(error, f"create a temporary file in {parent or '.'}") from None
-            temporary = LocalFile(path, self.pool, temporary=True)
-        else:
-            display: Optional[str] = relative
-            if relative is None:
-                head, temporary_file = self._relative.rpartition("/")[0], temporary_name(name)
-                relative = f"{head}/{temporary_file}" if head else temporary_file
-            temporary = LocalFile.below(self._root, relative, self.pool, name=display)
-            temporary.temporary = True
-            # Made, renamed and removed by name in its directory, the
-            # directory opened beneath the root each time (not held open: a
-            # tree sync prepares every big file's temporary up front).
-            directory, temporary_file = temporary._parent()
-            try:
-                fd = os.open(temporary_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600, dir_fd=directory)
-            except OSError as error:
-                where = os.path.dirname(temporary.path) or "."
+                where = os.path.dirname(sibling.path) or "."
                 raise storage_error(error, f"create a temporary file in {where}") from None
-            finally:
-                os.close(directory)
+            return sibling, fd
+        # Made, renamed and removed by name in its directory, the
+        # directory opened beneath the root each time (not held open: a
+        # tree sync prepares every big file's temporary up front).
+        directory, sibling_name = sibling._parent()
+        try:
+            fd = os.open(sibling_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=directory)
+        except OSError as error:
+            where = os.path.dirname(sibling.path) or "."
+            raise storage_error(error, f"create a temporary file in {where}") from None
+        finally:
+            os.close(directory)
+        return sibling, fd
+
+    def _fill(self, temporary: "LocalFile", fd: int, clone: bool) -> None:
+        """Give a new sibling this file's data (with ``clone``) and mode; remove it on failure."""
         temporary._write_fd = fd
         try:
             source = self._reader() if clone else None
@@ -432,7 +472,6 @@ class LocalFile(FileEndpoint):
         except BaseException:  # PdiffcopyError, KeyboardInterrupt: leave nothing behind
             temporary.remove_temporary()
             raise
-        return temporary
 
     def sweep_temporaries(self) -> int:
         return sweep_stale_temporaries(os.path.dirname(self.path) or ".")

@@ -18,7 +18,9 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.protocol import (  # noqa: F401
     _TEMPORARY_NAME,
     TRANSFER_CHUNK_SIZE,
+    is_partial_name,
     is_temporary_name,
+    partial_name,
     temporary_name,
     unique_suffix,
 )
@@ -62,8 +64,8 @@ def fast_paths_enabled() -> bool:
 
 #: A temporary file untouched for this long is left over from a run that
 #: ended without cleaning up (killed, crashed, the host rebooted), whoever
-#: made it: no sync leaves its temporary unwritten for a day. The resume of
-#: partial temporaries (a later feature) would keep them for up to this long.
+#: made it: no sync leaves its temporary unwritten for a day. A ``--partial``
+#: file waits this long for the run that resumes it.
 STALE_TEMPORARY_SECONDS = 24 * 3600
 
 #: A temporary whose maker (the process id in its name) is no longer alive on
@@ -85,15 +87,19 @@ def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = N
 
     Stale means untouched for :data:`STALE_TEMPORARY_SECONDS`, or for
     :data:`ORPHAN_TEMPORARY_SECONDS` when the process that named it is dead.
+    A partial file (:func:`~pdiffcopy.core.protocol.partial_name`) names no
+    process: it is kept for the next run to resume until it is untouched for
+    :data:`STALE_TEMPORARY_SECONDS`.
     Directories are never stale temporaries (no pdiffcopy temporary is one).
     """
     match = _TEMPORARY_NAME.match(name)
-    if match is None or stat.S_ISDIR(info.st_mode):
+    partial = match is None and is_partial_name(name)
+    if (match is None and not partial) or stat.S_ISDIR(info.st_mode):
         return False
     age = (time.time() if now is None else now) - info.st_mtime
     if age >= STALE_TEMPORARY_SECONDS:
         return True
-    return age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
+    return match is not None and age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
 
 
 def _is_alive(pid: int) -> bool:
@@ -441,6 +447,7 @@ def etag(stat: os.stat_result) -> str:
 
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
+    "partial_name", "is_partial_name",
     "is_stale_temporary",
     "sweep_stale_temporaries", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",

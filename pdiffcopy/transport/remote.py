@@ -61,7 +61,13 @@ from pdiffcopy.errors import (
     UsageError,
 )
 from pdiffcopy.core.hashing import digest_count, digest_size
-from pdiffcopy.core.protocol import LEASE_HEADER, NO_FOLLOW_HEADER, TRANSFER_CHUNK_SIZE, temporary_name
+from pdiffcopy.core.protocol import (
+    LEASE_HEADER,
+    NO_FOLLOW_HEADER,
+    TRANSFER_CHUNK_SIZE,
+    partial_name,
+    temporary_name,
+)
 from pdiffcopy.core.ratelimit import TokenBucket
 
 #: Seconds to wait for the server to answer or to send more data. Hashing a
@@ -836,6 +842,27 @@ class RemoteFile(FileEndpoint):
             # full disk fails here (one round trip) rather than at the first write.
             temporary.prepare(0)
         return temporary
+
+    def open_partial(self, clone: bool) -> "tuple[RemoteFile, bool]":
+        # The client names it, as it names every temporary of a push: the server keeps
+        # it when the client goes away, and the next push to the same path finds it.
+        directory, _, name = self.path.rpartition("/")
+        path = f"{directory}/{partial_name(name)}" if directory else partial_name(name)
+        partial = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
+                             self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
+                             follow=False, compress=self.compression)
+        info = partial.stat()
+        if info is not None:
+            if info.kind != "file":
+                partial.close()
+                raise NotAFile(f"Cannot resume into the partial file {path} of {self.location}: it is not a "
+                               f"regular file; remove it")
+            return partial, True
+        if clone:
+            self._call("POST", "clone", path, params={"from": self.path})
+        else:
+            partial.prepare(0)  # made now, empty, as create_temporary does
+        return partial, False
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, RemoteFile)
