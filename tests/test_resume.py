@@ -126,7 +126,7 @@ def test_a_changed_source_replaces_what_the_partial_file_held(server, tmp_path, 
 
 
 @pytest.mark.parametrize("direction", ["pull", "push"])
-def test_without_partial_nothing_is_kept(server, tmp_path, unique, direction):
+def test_only_partial_keeps_what_an_interrupted_sync_wrote(server, tmp_path, unique, direction):
     source, target, source_arg, target_arg = ends(server, tmp_path, unique, direction)
     data = random_bytes(SIZE, seed=13)
     source.write_bytes(data)
@@ -138,6 +138,7 @@ def test_without_partial_nothing_is_kept(server, tmp_path, unique, direction):
         new = [p for p in watched.iterdir() if p not in before and fileops.is_temporary_name(p.name)]
         return new[0] if new else watched / "none-yet"
 
+    # Without --partial, as ever: the temporary goes with the interrupted sync.
     with open(tmp_path / "client.log", "w") as handle:
         process = subprocess.Popen(pdiffcopy_command("-c", "2", "--bwlimit", BWLIMIT, source_arg, target_arg),
                                    stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
@@ -148,7 +149,12 @@ def test_without_partial_nothing_is_kept(server, tmp_path, unique, direction):
     process.wait(timeout=60)
     assert process.returncode == 130, (tmp_path / "client.log").read_text()
     assert set(watched.iterdir()) == before
-    assert not partial_of(target).exists() and not target.exists()
+    # With it, the same interruption keeps the partial file, and says so.
+    interrupt_at(("--partial", source_arg, target_arg), partial_of(target), data, 1 / 3, signal.SIGINT,
+                 tmp_path / "client.log")
+    assert set(watched.iterdir()) == before | {partial_of(target)}
+    assert "run again with --partial" in (tmp_path / "client.log").read_text()
+    partial_of(target).unlink()
 
 
 def test_local_partial_resumes_and_stale_ones_are_swept(tmp_path):
@@ -221,6 +227,7 @@ def test_a_partial_name_that_leads_elsewhere_is_refused(server, tmp_path, unique
     completed = run_cli("--partial", str(source), target_arg)
     assert completed.returncode != 0
     assert "Traceback" not in completed.stderr and len(completed.stderr.strip().splitlines()) == 1
+    assert "not a regular file" in completed.stderr, completed.stderr
     assert outside.read_bytes() == b"not to be touched" and not target.exists()
     partial_of(target).unlink()
 
@@ -240,3 +247,11 @@ def test_the_server_refuses_partial_names_outside_its_root(server, tmp_path):
         assert 400 <= refused.value.code < 500
     assert outside.read_bytes() == b"outside the root"
     assert not (server.root / "stolen.img").exists()
+    # Inside the root a partial file is a temporary like any other: a client may remove it.
+    inside = server.root / ".inside.img.pdiffcopy-partial"
+    inside.write_bytes(b"left by a push")
+    request = urllib.request.Request(server.base + "/.pdiffcopy/temporary/.inside.img.pdiffcopy-partial",
+                                     method="DELETE")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+    assert not inside.exists()

@@ -204,6 +204,15 @@ class FileEndpoint(ABC):
         :raises Locked: When another client is writing the file.
         """
 
+    def leases_stop_other_writers(self) -> bool:
+        """Whether, while somebody holds this file's lease, writes without it are refused.
+
+        A server's files: yes (423), and a lease cannot be taken while such a
+        write is under way. A local file's lock is advisory: no, a writer that
+        does not ask for it is not stopped.
+        """
+        return False
+
     def end_lease(self) -> None:
         """Let other writers in again.
 

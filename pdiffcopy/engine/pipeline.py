@@ -232,6 +232,8 @@ class _SyncJob:
         self.work: Optional[FileEndpoint] = None
         #: Whether ``work`` is a ``--partial`` file: kept (not removed) when the sync fails.
         self.partial = False
+        #: Whether this run holds the partial file's lease (taken before any digest of it is trusted).
+        self.partial_leased = False
 
     def run(self) -> SyncResult:
         try:
@@ -303,6 +305,11 @@ class _SyncJob:
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
             self._log_phase("transferred %d bytes", self.bytes_moved)
+            if self.partial and not self.partial_leased:
+                # Before the read-back: from here on nobody else writes it unseen. A run
+                # that resumed it meanwhile holds the lease and this one fails (Locked).
+                self._lease_partial(work, resumed=False)
+                self.partial_leased = True
             self.progress.phase = "verifying"
             # Read back while the data is flushed: hashing and the disk overlap.
             readback = self._start_readback(segments, work, target_digests)
@@ -363,8 +370,13 @@ class _SyncJob:
             return self.target.create_temporary(clone=clone), False
         try:
             # Before it is hashed, as for an in-place update: another run resuming
-            # the same partial file would make our digests of it a lie.
-            self._lease_partial(partial, resumed)
+            # the same partial file would make our digests of it a lie. A new one
+            # written whole (not a clone to update) on a server, which stops unleased
+            # writers, is leased only before it is read back (in _run): a lease outlives
+            # a killed client by a minute, and the next run would wait for it.
+            if resumed or clone or not partial.leases_stop_other_writers():
+                self._lease_partial(partial, resumed)
+                self.partial_leased = True
         except BaseException:
             partial.close()  # kept: it is the other run's, or the next one's
             raise

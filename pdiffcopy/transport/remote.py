@@ -822,6 +822,9 @@ class RemoteFile(FileEndpoint):
             raise self.client.malformed()
         self._lease = lease
 
+    def leases_stop_other_writers(self) -> bool:
+        return True
+
     def end_lease(self) -> None:
         if self._lease:
             try:
