@@ -255,3 +255,29 @@ def test_the_server_refuses_partial_names_outside_its_root(server, tmp_path):
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200
     assert not inside.exists()
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_a_big_new_file_of_a_tree_resumes(server, tmp_path, unique, direction):
+    from pdiffcopy.api import sync_tree
+    from pdiffcopy.engine.treesync import RANGE_SIZE
+
+    size = RANGE_SIZE + 3 * BLOCK + 17  # a big file: copied by ranges, in two segments
+    data = random_bytes(size, seed=16)
+    if direction == "pull":
+        source, target = server.root / unique, tmp_path / "target"
+        source_arg, target_arg = server.url(unique) + "/", str(target)
+    else:
+        source, target = tmp_path / "source", server.root / unique
+        source_arg, target_arg = str(source) + "/", server.url(unique)
+    source.mkdir()
+    (source / "big.img").write_bytes(data)
+    (source / "small.txt").write_bytes(b"small")
+    seen = interrupt_at(("--partial", source_arg, target_arg), partial_of(target / "big.img"), data, 0.5,
+                        signal.SIGKILL, tmp_path / "client.log")
+    assert not (target / "big.img").exists()
+    result = sync_tree(source_arg.rstrip("/"), target_arg, partial=True, concurrency=2)
+    assert not result.failures
+    assert (target / "big.img").read_bytes() == data
+    assert result.bytes_moved <= size - seen + 4 * BLOCK + len(b"small"), (result.bytes_moved, seen)
+    assert sorted(p.name for p in target.iterdir()) == ["big.img", "small.txt"]

@@ -37,11 +37,9 @@ from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.errors import (
     Conflict,
     FileMissing,
-    Locked,
     NotAFile,
     PdiffcopyError,
     StorageError,
-    Unsupported,
     UsageError,
     VerificationFailed,
 )
@@ -52,7 +50,10 @@ from pdiffcopy.engine.segments import (
     check_blocks,
     check_size,
     final_digests,
+    keep_partial,
+    lease_partial,
     move_ranges,
+    open_partial,
     readback_ranges,
     source_unchanged,
 )
@@ -73,14 +74,6 @@ logger = logging.getLogger(__name__)
 #: Most worker processes or connections a user may ask for.
 MAX_CONCURRENCY = 256
 
-#: Seconds a --partial sync waits for the lease on the partial file it resumes: a server's
-#: lease outlives a killed client by a minute (pdiffcopy.local.leases.LEASE_SECONDS), and
-#: the run that resumes right after the kill must not fail for it. A local file's lock
-#: ends with its process, so locally only a run still going is waited for.
-PARTIAL_LEASE_WAIT_SECONDS = 65
-
-#: How often that wait tries again.
-PARTIAL_LEASE_POLL_SECONDS = 1.0
 
 
 class Progress:
@@ -289,7 +282,12 @@ class _SyncJob:
         if not atomic:
             work = self.target
         elif options.partial:
-            work, resumed = self._open_partial(clone)
+            # A new one written whole (not a clone to update) on a server, which stops
+            # unleased writers, is leased only before it is read back (below): a lease
+            # outlives a killed client by a minute, and the next run would wait for it.
+            late = not clone and self.target.leases_stop_other_writers()
+            work, resumed, self.partial = open_partial(self.target, clone, lease=not late)
+            self.partial_leased = resumed or not late
         else:
             work = self.target.create_temporary(clone=clone)
         self.work = work
@@ -308,7 +306,7 @@ class _SyncJob:
             if self.partial and not self.partial_leased:
                 # Before the read-back: from here on nobody else writes it unseen. A run
                 # that resumed it meanwhile holds the lease and this one fails (Locked).
-                self._lease_partial(work, resumed=False)
+                lease_partial(work, False, self.target.location)
                 self.partial_leased = True
             self.progress.phase = "verifying"
             # Read back while the data is flushed: hashing and the disk overlap.
@@ -338,9 +336,7 @@ class _SyncJob:
             if self.partial:
                 # Kept for the next run, whatever stopped this one (Ctrl-C, a
                 # lost connection, a full disk): it resumes from what is there.
-                self._end_lease_quietly(work)
-                logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume",
-                               self.target.location)
+                keep_partial(work, self.target.location)
             elif work is not self.target:
                 work.remove_temporary()
             else:
@@ -357,52 +353,6 @@ class _SyncJob:
             endpoint.end_lease()
         except PdiffcopyError:
             pass  # already failing; an unended lease lapses by itself
-
-    def _open_partial(self, clone: bool) -> "tuple[FileEndpoint, bool]":
-        """The ``--partial`` file to write into, leased; and whether an interrupted run left it.
-
-        Where the target cannot keep one (a 1.0 server), a temporary as without ``--partial``.
-        """
-        try:
-            partial, resumed = self.target.open_partial(clone)
-        except Unsupported:
-            logger.info("%s cannot keep a partial file; writing a temporary one", self.target.location)
-            return self.target.create_temporary(clone=clone), False
-        try:
-            # Before it is hashed, as for an in-place update: another run resuming
-            # the same partial file would make our digests of it a lie. A new one
-            # written whole (not a clone to update) on a server, which stops unleased
-            # writers, is leased only before it is read back (in _run): a lease outlives
-            # a killed client by a minute, and the next run would wait for it.
-            if resumed or clone or not partial.leases_stop_other_writers():
-                self._lease_partial(partial, resumed)
-                self.partial_leased = True
-        except BaseException:
-            partial.close()  # kept: it is the other run's, or the next one's
-            raise
-        self.partial = True
-        if resumed:
-            logger.info("Resuming from the partial file an interrupted run left for %s",
-                        self.target.location)
-        return partial, resumed
-
-    def _lease_partial(self, partial: FileEndpoint, resumed: bool) -> None:
-        """Take the partial file's lease, waiting for the lease of a killed run to lapse."""
-        deadline = time.monotonic() + PARTIAL_LEASE_WAIT_SECONDS
-        waiting = False
-        while True:
-            try:
-                partial.take_lease()
-                return
-            except Locked:
-                if not resumed or time.monotonic() >= deadline:
-                    raise
-            if not waiting:
-                logger.warning("The partial file of %s is leased by another run, or one that was killed; "
-                               "waiting up to %d s for its lease to lapse", self.target.location,
-                               PARTIAL_LEASE_WAIT_SECONDS)
-                waiting = True
-            time.sleep(PARTIAL_LEASE_POLL_SECONDS)
 
     def _log_phase(self, message: str, *args) -> None:
         logger.debug("%.3f s: " + message, time.monotonic() - self.started, *args)

@@ -25,8 +25,10 @@ of both sides is hashed again with the strong one.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
     DEFAULT_BLOCK_SIZE,
@@ -40,7 +42,7 @@ from pdiffcopy.core.blocks import (
     split_ranges,
 )
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
-from pdiffcopy.errors import VerificationFailed
+from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
 
 #: Largest byte range one transfer (one request, one read or write call)
@@ -48,6 +50,17 @@ from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_meth
 #: so every connection stays busy until the end, while per-request overhead
 #: stays under 1 %.
 TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a --partial sync waits for the lease on the partial file it resumes: a server's
+#: lease outlives a killed client by a minute (pdiffcopy.local.leases.LEASE_SECONDS), and
+#: the run that resumes right after the kill must not fail for it. A local file's lock
+#: ends with its process, so locally only a run still going is waited for.
+PARTIAL_LEASE_WAIT_SECONDS = 65
+
+#: How often that wait tries again.
+PARTIAL_LEASE_POLL_SECONDS = 1.0
 
 #: Workers (processes, connections) when the caller names none: two keeps a
 #: tree sync's listing, planning and first units overlapped on the smallest
@@ -79,6 +92,62 @@ class FileOptions:
     #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
     #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
     partial: bool = False
+
+
+# -- partial files (--partial) ----------------------------------------------
+
+
+def open_partial(target: FileEndpoint, clone: bool, lease: bool = True) -> "Tuple[FileEndpoint, bool, bool]":
+    """The file a ``--partial`` sync writes ``target`` into; whether a killed run left it; whether it is one.
+
+    The partial file (:meth:`FileEndpoint.open_partial`) comes leased when it
+    was left (it is hashed next: another run resuming it would make those
+    digests a lie) or when ``lease``. Where the target cannot keep one (a 1.0
+    server), a temporary as without ``--partial``: then the third value is False.
+    """
+    try:
+        partial, resumed = target.open_partial(clone)
+    except Unsupported:
+        logger.info("%s cannot keep a partial file; writing a temporary one", target.location)
+        return target.create_temporary(clone=clone), False, False
+    try:
+        if resumed or lease:
+            lease_partial(partial, resumed, target.location)
+    except BaseException:
+        partial.close()  # kept: it is the other run's, or the next one's
+        raise
+    if resumed:
+        logger.info("Resuming from the partial file an interrupted run left for %s", target.location)
+    return partial, resumed, True
+
+
+def lease_partial(partial: FileEndpoint, resumed: bool, location: str) -> None:
+    """Take a partial file's lease; for one a killed run left, wait for that run's lease to lapse."""
+    deadline = time.monotonic() + PARTIAL_LEASE_WAIT_SECONDS
+    waiting = False
+    while True:
+        try:
+            partial.take_lease()
+            return
+        except Locked:
+            if not resumed or time.monotonic() >= deadline:
+                raise
+        if not waiting:
+            logger.warning("The partial file of %s is leased by another run, or one that was killed; "
+                           "waiting up to %d s for its lease to lapse", location, PARTIAL_LEASE_WAIT_SECONDS)
+            waiting = True
+        time.sleep(PARTIAL_LEASE_POLL_SECONDS)
+
+
+def keep_partial(partial: FileEndpoint, location: str, announce: bool = True) -> None:
+    """After a failure: leave a partial file for the next run (its lease ended), and say so (``announce``)."""
+    try:
+        partial.end_lease()
+    except PdiffcopyError:
+        pass  # already failing; an unended lease lapses by itself
+    if not announce:
+        return
+    logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume", location)
 
 
 # -- compare ---------------------------------------------------------------
@@ -229,6 +298,6 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     return moved
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "TRANSFER_REQUEST_BYTES", "changed_ranges", "check_blocks",
-           "check_size", "final_digests", "move_ranges", "readback_ranges", "source_unchanged",
-           "sync_segment"]
+__all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
+           "changed_ranges", "check_blocks", "check_size", "final_digests", "keep_partial", "lease_partial",
+           "move_ranges", "open_partial", "readback_ranges", "source_unchanged", "sync_segment"]

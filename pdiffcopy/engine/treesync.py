@@ -41,7 +41,15 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
-from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, FileOptions, check_size, source_unchanged, sync_segment
+from pdiffcopy.engine.segments import (
+    TRANSFER_REQUEST_BYTES,
+    FileOptions,
+    check_size,
+    keep_partial,
+    open_partial,
+    source_unchanged,
+    sync_segment,
+)
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     METADATA,
@@ -183,6 +191,17 @@ class _BigFile:
     target: FileEndpoint
     temporary: bool
     parts: int
+    #: Whether ``work`` is a --partial file (a temporary kept when the sync fails).
+    partial: bool = False
+
+    def give_up(self, announce: bool = True) -> None:
+        """After a failure: keep a partial file, remove a temporary, or end the in-place lease."""
+        if self.partial:
+            keep_partial(self.work, self.action.path, announce)
+        elif self.temporary:
+            self.work.remove_temporary()
+        else:
+            _end_lease_quietly(self.work)
 
 
 # -- the entry points ------------------------------------------------------
@@ -482,10 +501,10 @@ class _Runner:
             self._run_units()
         except BaseException:
             for big in self.big:  # the ones a worker did not finish (renamed or removed)
-                if big.temporary:
-                    big.work.remove_temporary()
-                else:
-                    _end_lease_quietly(big.work)
+                big.give_up(announce=False)  # some may be done: not named one by one
+            if any(big.partial for big in self.big):
+                logger.warning("Kept the partial files of the big files not done; run again with "
+                               "--partial (-P) to resume")
             raise
         for big in self.big:
             big.work.close()  # forked workers ended the leases; our copies of them go too
@@ -606,18 +625,24 @@ class _Runner:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
             temporary = not delta or self.options.atomic
+            partial = False
             if not temporary:
                 # Updated in place: nobody else may write it until its last part is
                 # checked, or the blocks it leaves alone could change unseen.
                 target.take_lease()
-            work = target.create_temporary(clone=delta) if temporary else target
+            if temporary and self.options.partial:
+                # Leased from the start (its segments are read back by several
+                # workers as they finish): a killed push's next run may wait for it.
+                work, resumed, partial = open_partial(target, clone=delta)
+                delta = delta or resumed  # what a killed run left is compared, not copied again
+            else:
+                work = target.create_temporary(clone=delta) if temporary else target
+            big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
+                           partial)
             try:
                 work.prepare(action.source.size)
             except BaseException:
-                if temporary:
-                    work.remove_temporary()
-                else:
-                    _end_lease_quietly(work)
+                big.give_up()
                 raise
         except PdiffcopyError as error:
             self.result.failures.append((action.path, str(error)))
@@ -628,7 +653,7 @@ class _Runner:
         plan = BlockPlan(action.source.size, self.options.block_size,
                          *(() if delta else (max(RANGE_SIZE, self.options.block_size),)))
         segments = plan.segments()
-        self.big.append(_BigFile(action, plan, source, work, target, temporary, len(segments) or 1))
+        self.big.append(_BigFile(action, plan, source, work, target, temporary, len(segments) or 1, partial))
         for segment in segments or [Segment(0, 0, 0, 0, 0)]:
             self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
 
@@ -890,6 +915,8 @@ class _WorkerState:
             if not source_unchanged(big.source, entry.size, entry.mtime_ns):
                 raise Conflict("changed while copying")
             if big.temporary:
+                if big.partial:
+                    big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
                 big.work.replace(big.target)
             else:
                 big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
@@ -898,16 +925,10 @@ class _WorkerState:
             self._count("files")
             big.work.close()
         except _AlreadyReported:
-            if big.temporary:
-                big.work.remove_temporary()
-            else:
-                _end_lease_quietly(big.work)
+            big.give_up()
         except PdiffcopyError as error:
             self.failures.append((entry.path, str(error)))
-            if big.temporary:
-                big.work.remove_temporary()
-            else:
-                _end_lease_quietly(big.work)
+            big.give_up()
 
 
 def _end_lease_quietly(endpoint: FileEndpoint) -> None:
