@@ -268,8 +268,8 @@ def _components() -> Dict[str, Any]:
         "TemporaryPath": {
             "name": "path", "in": "path", "required": True,
             "description": "A pdiffcopy temporary file: the last component is "
-                           ".NAME.pdiffcopy- and 12 lowercase hex digits; any other name gets "
-                           "403.",
+                           ".NAME.pdiffcopy- and 12 lowercase hex digits, or the partial file "
+                           "of --partial, .NAME.pdiffcopy-partial; any other name gets 403.",
             "schema": {"type": "string", "minLength": 1},
             "example": "db/.big.ibd.pdiffcopy-1a2b3c4d5e6f",
         },
