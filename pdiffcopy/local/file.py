@@ -7,7 +7,7 @@ import fcntl
 import os
 import signal
 import stat as stat_module
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
@@ -404,13 +404,17 @@ class LocalFile(FileEndpoint):
                 info = os.lstat(partial.path) if partial._root is None else partial.status()
             except OSError as error:
                 raise storage_error(error, f"open {partial.path}") from None
+            # Checked by name here, and opened by name later: a race only someone who
+            # can write the target's directory can run, and they could replace the target.
             if not stat_module.S_ISREG(info.st_mode):
                 raise NotAFile(f"Cannot resume into {partial.path}: it is not a regular file; remove it")
+            if info.st_nlink > 1:  # writing it would change another file too
+                raise NotAFile(f"Cannot resume into {partial.path}: it has other hard links; remove it")
             return partial, True
         self._fill(partial, fd, clone)
         return partial, False
 
-    def _sibling(self, naming, relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
+    def _sibling(self, naming: Callable[[str], str], relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
         """The endpoint of a hidden sibling named by ``naming`` (or at ``relative`` beneath the root)."""
         parent, name = os.path.split(self.path)
         if self._root is None:
@@ -424,7 +428,7 @@ class LocalFile(FileEndpoint):
         sibling.temporary = True
         return sibling, display
 
-    def _create_sibling(self, naming, relative: Optional[str] = None) -> "tuple[LocalFile, int]":
+    def _create_sibling(self, naming: Callable[[str], str], relative: Optional[str] = None) -> "tuple[LocalFile, int]":
         """Create the sibling :meth:`_sibling` names, exclusively (:class:`Conflict` when it exists)."""
         sibling, _ = self._sibling(naming, relative)
         if sibling._root is None:
