@@ -318,24 +318,23 @@ def _limited_chunks(chunks, bucket: TokenBucket):
         yield chunk
 
 
-#: A test hook, not a setting: when set (bytes per second), the adaptive policy sees this link
-#: rate instead of the measured one, so a test can show the switch to compression on loopback.
-TEST_LINK_RATE_VARIABLE = "PDIFFCOPY_TEST_LINK_RATE"
-
-
 class Compression:
     """Whether a stream's ranges cross the wire compressed: the mode asked for, and for ``auto``
     the :class:`~pdiffcopy.core.compression.AdaptivePolicy` fed with what the stream's plain transfers showed.
 
     Shared by a file, its temporary, and the files of one tree, so what one measured serves all.
+
+    :param measure_loopback: Let the policy decide on a loopback address too. By default a
+                             loopback server stays plain (no link to spare: compressing only
+                             costs CPU); the near end of a tunnel (``ssh -L``) is loopback with
+                             a real link behind it, which a library caller can say here.
     """
 
-    def __init__(self, mode: str = "auto", base: str = "") -> None:
+    def __init__(self, mode: str = "auto", base: str = "", measure_loopback: bool = False) -> None:
         self.mode = compression.check_mode(mode)
         self.policy = AdaptivePolicy(os.cpu_count() or 1)
-        self._test_rate = float(os.environ.get(TEST_LINK_RATE_VARIABLE) or 0)
-        # No link to spare: on loopback compressing only costs CPU.
-        self._loopback = is_loopback(urlsplit(base).hostname or "") and not self._test_rate
+        self.measure_loopback = measure_loopback
+        self._loopback = is_loopback(urlsplit(base).hostname or "") and not measure_loopback
 
     def now(self) -> bool:
         """Whether the next request should compress."""
@@ -350,8 +349,6 @@ class Compression:
     def observed(self, count: int, seconds: float, sample: Optional[bytes]) -> None:
         if sample:
             self.policy.sample(sample)
-        if self._test_rate:
-            count, seconds = int(self._test_rate), 1.0
         self.policy.link_observed(count, seconds)
         logger.debug("Compression: ratio %s, one core %s B/s, link %s B/s: %s", self.policy.ratio,
                      self.policy.compress_rate, self.policy.link_rate, self.policy.compress())
@@ -657,7 +654,7 @@ class RemoteFile(FileEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: str) -> None:
-        self.compression = Compression(mode, self.base)
+        self.compression = Compression(mode, self.base, self.compression.measure_loopback)
 
     def stat(self) -> Optional[FileInfo]:
         response = self.request("GET", self._target("stat"), expected=(200, 404))
