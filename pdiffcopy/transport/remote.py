@@ -21,6 +21,7 @@ import re
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
@@ -498,7 +499,7 @@ class HttpClient:
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
                 connection.close()
                 if attempt == 2 or not reused or not replayable:
-                    raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+                    raise self.lost(error) from None
             except BaseException as error:
                 connection.close()
                 if isinstance(error, (OSError, http.client.HTTPException)):
@@ -716,7 +717,7 @@ class RemoteFile(FileEndpoint):
             yield from self._read_frames(response, ranges)
             return
         sample: Optional[bytes] = None
-        try:
+        with self._reading(response):
             stream = response.raw
             # The server merges ranges that touch (byteranges.parse_range_header);
             # an older one sends them as asked. Either is fine, as long as
@@ -750,16 +751,10 @@ class RemoteFile(FileEndpoint):
             if learning:
                 self.compression.observed(sum(length for _, length in received), time.perf_counter() - started,
                                           sample)
-        except BadRequest as error:
-            raise RemoteError(f"Server {self.base} sent a malformed answer: {error}") from None
-        except (OSError, ValueError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
-        finally:
-            response.close()
 
     def _read_frames(self, response: _Response, ranges: List[ByteRange]) -> Iterator[Chunk]:
         """The chunks of an answer of compressed pieces: exactly the pieces of the ranges asked for, in order."""
-        try:
+        with self._reading(response):
             expected = compression.pieces(merge_ranges(ranges))
             for offset, data, _ in compression.read_frames(response.raw.read):
                 if (offset, len(data)) != next(expected, None):
@@ -767,10 +762,22 @@ class RemoteFile(FileEndpoint):
                 yield offset, memoryview(data)
             if next(expected, None) is not None:
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
-        except CompressionError as error:
+
+    @contextmanager
+    def _reading(self, response: _Response) -> Iterator[None]:
+        """Read the body of ``response`` inside: a failure becomes one line, and the answer is closed after.
+
+        One place for what can go wrong in a body of ranges, plain or compressed: a malformed
+        answer, damaged frames, or the connection lost midway.
+        """
+        try:
+            yield
+        except BadRequest as error:
+            raise self.client.malformed(str(error)) from None
+        except CompressionError as error:  # (a ValueError: before the clause below)
             raise RemoteError(f"Server {self.base} sent damaged data: {error}") from None
         except (OSError, ValueError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+            raise self.client.lost(error) from None
         finally:
             response.close()
 
