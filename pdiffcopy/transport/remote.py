@@ -622,6 +622,8 @@ class RemoteFile(FileEndpoint):
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
         self.compression = compress if isinstance(compress, Compression) else Compression(compress, self.base)
+        #: The answer of the stat :meth:`on_legacy_server` sent, for the next :meth:`stat` (at most one).
+        self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
 
     # -- transport -------------------------------------------------------
 
@@ -658,14 +660,20 @@ class RemoteFile(FileEndpoint):
         self.compression = Compression(mode, self.base, self.compression.measure_loopback)
 
     def stat(self) -> Optional[FileInfo]:
+        answer = self._first_stat.pop() if self._first_stat else self._ask_stat()
+        if isinstance(answer, PdiffcopyError):
+            raise answer  # a 1.0.1 server: a file of it is a LegacyRemoteFile (see on_legacy_server)
+        return answer
+
+    def _ask_stat(self) -> "Optional[FileInfo] | RemoteError":
+        """The file's stat (None: missing), or the error naming a pdiffcopy 1.0.1 server."""
         response = self.request("GET", self._target("stat"), expected=(200, 404))
         if response.status == 404:
             response.close()
             if not _is_json(response):  # our server's 404 is JSON; 1.0.1's is an HTML page
-                if self.client.legacy_server() is not None:
-                    from pdiffcopy.transport.legacyremote import become_legacy
-
-                    return become_legacy(self)  # this object now speaks 1.0.1's API
+                legacy = self.client.legacy_server()
+                if legacy is not None:
+                    return legacy
             return None
         try:
             data = response.json()
@@ -673,6 +681,22 @@ class RemoteFile(FileEndpoint):
                             str(data["etag"]))
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
             raise self.client.malformed() from None
+
+    def on_legacy_server(self) -> bool:
+        """Whether the file's server is pdiffcopy 1.0.1 (see :data:`LEGACY_PROBE`), asked with the file's stat.
+
+        The answer, or the error, of that stat is kept for the next :meth:`stat`: a sync with a
+        current server sends no request more for this question, and fails where it always did.
+        """
+        try:
+            answer = self._ask_stat()
+        except PdiffcopyError as error:
+            self._first_stat = [error]
+            return False
+        if isinstance(answer, RemoteError):
+            return True
+        self._first_stat = [answer]
+        return False
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
