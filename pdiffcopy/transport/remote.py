@@ -665,6 +665,9 @@ class RemoteFile(FileEndpoint):
             raise answer  # a 1.0.1 server: a file of it is a LegacyRemoteFile (see on_legacy_server)
         return answer
 
+    def exists(self) -> bool:
+        return self.stat() is not None  # the server's answer: a dangling symlink there is missing
+
     def _ask_stat(self) -> "Optional[FileInfo] | RemoteError":
         """The file's stat (None: missing), or the error naming a pdiffcopy 1.0.1 server."""
         response = self.request("GET", self._target("stat"), expected=(200, 404))
