@@ -86,6 +86,14 @@ def test_the_engine_never_looks_at_the_file_system_by_name():
     assert found == []
 
 
+def test_the_package_has_no_test_hooks():
+    # A test changes what it runs against (a proxy, a slow link, the library's parameters), never
+    # the program through a variable only tests set.
+    package = Path(pdiffcopy.__file__).parent
+    assert [str(module.relative_to(package)) for module in sorted(package.rglob("*.py"))
+            if "PDIFFCOPY_TEST" in module.read_text()] == []
+
+
 def test_the_server_imports_without_its_launcher():
     code = "import sys, pdiffcopy.server.app; assert 'pdiffcopy.server.service' not in sys.modules, sorted(sys.modules)"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
