@@ -161,15 +161,6 @@ def test_the_kill_switch_is_read_once_per_process_and_inherited_by_forks():
     assert _fast_paths_in_a_new_process("1", flip_then_fork) == ["False"] * 3
 
 
-@pytest.fixture
-def kill_switch(monkeypatch):
-    """Set the kill switch for this process, as a process started with ``PDIFFCOPY_NO_FASTPATH`` has it."""
-    def set_to(value: str) -> None:
-        monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", value)
-        monkeypatch.setattr(fileops, "_FAST_PATHS", value in ("", "0"))
-    return set_to
-
-
 @pytest.mark.parametrize("switch", ["", "1"])
 def test_a_confined_file_stays_beneath_its_root_with_and_without_the_kill_switch(tmp_path, kill_switch,
                                                                                  switch):
