@@ -121,6 +121,19 @@ def test_push_to_a_101_server_whole_then_delta(original_server, tmp_path):
     assert target.read_bytes() == data
 
 
+def test_partial_with_a_101_server_writes_in_place_as_without_it(original_server, tmp_path):
+    """1.0.1 cannot rename, so it cannot keep a partial file: --partial pushes as 1.0.1's client did."""
+    data = random_bytes(SIZE, seed=35)
+    source = tmp_path / "source.bin"
+    source.write_bytes(data)
+    target = tmp_path / "new" / "pushed.bin"
+    completed = run_cli("-m", "sha1", "-b", str(BLOCK), "--partial", str(source), f"{original_server}{target}",
+                        timeout=60)
+    _named_once(completed, original_server)
+    assert target.read_bytes() == data
+    assert sorted(p.name for p in target.parent.iterdir()) == ["pushed.bin"]
+
+
 def test_the_endpoint_of_a_101_file_is_legacy_from_the_start(original_server, server, tmp_path, unique):
     """The library decides the kind of a remote file when it makes its endpoint; no endpoint changes class later."""
     from pdiffcopy.api import file_endpoint

@@ -27,7 +27,7 @@ from urllib.parse import urlencode
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
-from pdiffcopy.errors import RemoteError
+from pdiffcopy.errors import RemoteError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
 from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
 
@@ -221,6 +221,13 @@ class LegacyRemoteFile(RemoteFile):
 
     def take_lease(self) -> None:
         pass  # 1.0.1 has no locks
+
+    def leases_stop_other_writers(self) -> bool:
+        return False  # no leases at all
+
+    def open_partial(self, clone: bool) -> "tuple[FileEndpoint, bool]":
+        # 1.0.1 cannot rename: --partial writes in place, as without it.
+        raise Unsupported(f"{self.location} is on a pdiffcopy 1.0.1 server, which cannot keep a partial file")
 
     def end_lease(self) -> None:
         pass
