@@ -37,7 +37,7 @@ from pdiffcopy.local.fileops import (
     write_all,
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
-from pdiffcopy.local.paths import Root, clean_relative_path, open_regular_path
+from pdiffcopy.local.paths import Root, clean_relative_path, has_other_names, open_regular_path
 from pdiffcopy.engine.workers import die_with_parent
 
 if TYPE_CHECKING:
@@ -417,7 +417,7 @@ class LocalFile(FileEndpoint):
             # can write the target's directory can run, and they could replace the target.
             if not stat_module.S_ISREG(info.st_mode):
                 raise NotAFile(f"Cannot resume into {partial.path}: it is not a regular file; remove it")
-            if info.st_nlink > 1:  # writing it would change another file too
+            if has_other_names(info):  # writing it would change another file too
                 raise NotAFile(f"Cannot resume into {partial.path}: it has other hard links; remove it")
             return partial, True
         self._fill(partial, fd, clone)
