@@ -69,3 +69,112 @@ def test_a_link_faster_than_the_compressors_is_left_plain():
     policy.sample(TEXT)
     policy.link_observed(3_000_000_000, 1.0)  # loopback: 3 GB/s
     assert not policy.compress()
+
+
+# -- the level, chosen from the link and the compressor's speed -------------------
+
+MB = 1_000_000
+
+
+def test_a_slow_link_gets_the_densest_level_that_outruns_it():
+    measured = {1: (3.85, 330 * MB), 3: (4.10, 250 * MB), 6: (4.33, 89 * MB), 9: (4.44, 58 * MB),
+                19: (5.22, 2.8 * MB)}
+    # 200 Mbit, two cores: level 6 moves min(2 * 89 / 1.5, 4.33 * 25) = 108 MB/s of file bytes,
+    # level 9 only what its CPU allows (77), level 3 what the link allows (102).
+    assert compression.choose_level(measured, cores=2, link_rate=25 * MB) == 6
+    # 10 Mbit: level 9 still outruns the link; 19 would need 1.5 * 5.22 * 1.25 = 9.8 MB/s of CPU.
+    assert compression.choose_level(measured, cores=2, link_rate=1.25 * MB) == 9
+    # 1 Mbit: even level 19 does.
+    assert compression.choose_level(measured, cores=2, link_rate=0.125 * MB) == 19
+    # One core halves what the CPU can give: a lower level on the same link.
+    assert compression.choose_level(measured, cores=1, link_rate=25 * MB) == 3
+
+
+def test_a_link_faster_than_the_fastest_level_gets_no_compression():
+    measured = {1: (3.85, 330 * MB), 6: (4.33, 89 * MB)}
+    assert compression.choose_level(measured, cores=2, link_rate=500 * MB) is None
+    # Just below the fastest level's speed: level 1, which loses least to the CPU.
+    assert compression.choose_level(measured, cores=2, link_rate=400 * MB) == 1
+
+
+def test_data_that_barely_shrinks_gets_no_compression_at_any_level():
+    measured = {1: (1.05, 900 * MB), 19: (1.3, 900 * MB)}
+    assert compression.choose_level(measured, cores=2, link_rate=MB) is None
+
+
+def test_nothing_measured_or_no_link_gets_no_compression():
+    assert compression.choose_level({}, cores=2, link_rate=MB) is None
+    assert compression.choose_level({1: (4.0, 300 * MB)}, cores=2, link_rate=0) is None
+
+
+def test_a_tie_goes_to_the_level_with_fewer_bytes():
+    # Both move what the CPU gives (30 / 1.5 = 20 MB/s, under 3 and 4 times 10): the same
+    # speed, and the higher ratio puts fewer bytes on the wire.
+    measured = {1: (3.0, 30 * MB), 3: (4.0, 30 * MB)}
+    assert compression.choose_level(measured, cores=1, link_rate=10 * MB) == 3
+
+
+def test_a_denser_level_that_compresses_worse_is_not_taken():
+    # Measured, not assumed: on some data a higher level shrinks it less.
+    measured = {1: (4.0, 300 * MB), 6: (3.8, 100 * MB)}
+    assert compression.choose_level(measured, cores=2, link_rate=MB) == 1
+
+
+def test_the_policy_times_the_levels_only_while_they_outrun_the_link():
+    # Every timing takes 1 ms: 256 KiB a millisecond, 262 MB/s a core at every level.
+    slow = AdaptivePolicy(cores=2, clock=Clock(0.001))
+    slow.sample(TEXT)
+    assert list(slow.measured) == [1]  # the sample alone times only the fastest level
+    slow.link_observed(100_000, 1.0)  # 0.8 Mbit: every level outruns it
+    assert list(slow.measured) == [1]
+    level = slow.level()
+    assert sorted(slow.measured) == sorted(compression.LEVELS)
+    assert slow.measured[level][0] == max(ratio for ratio, _ in slow.measured.values())
+    # 100 MB/s: level 1 (350 MB/s of CPU for ratio * 100 MB/s) no longer outruns the link but
+    # still beats it plain: compressed at level 1, and no slower level is timed.
+    fast = AdaptivePolicy(cores=2, clock=Clock(0.001))
+    fast.sample(TEXT)
+    fast.link_observed(100 * MB, 1.0)
+    assert fast.level() == 1
+    assert list(fast.measured) == [1]
+
+
+def test_the_policy_times_no_other_level_for_random_data():
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))
+    policy.sample(os.urandom(1 << 20))
+    policy.link_observed(MB, 1.0)
+    assert policy.level() is None
+    assert list(policy.measured) == [1]
+
+
+def test_a_level_asked_for_is_read_and_bounded():
+    assert compression.accepted_frames_level(None) is None
+    assert compression.accepted_frames_level("application/octet-stream") is None
+    assert compression.accepted_frames_level(compression.FRAMES_TYPE) == compression.LEVEL
+    assert compression.accepted_frames_level(compression.frames_accept(6)) == 6
+    assert compression.accepted_frames_level(f"text/plain, {compression.FRAMES_TYPE};level=\"9\"") == 9
+    assert compression.accepted_frames_level(f"{compression.FRAMES_TYPE}; level=99") == compression.MAX_LEVEL
+    assert compression.accepted_frames_level(f"{compression.FRAMES_TYPE}; level=-3") == 1
+    assert compression.accepted_frames_level(f"{compression.FRAMES_TYPE}; level=fast") == compression.LEVEL
+    assert compression.asked_level(None) == compression.LEVEL
+    assert compression.asked_level("12") == 12
+
+
+@pytest.mark.parametrize("level", [1, 6, 19])
+def test_frames_at_any_level_decode_and_their_damage_is_caught(level):
+    import io
+
+    data = TEXT[: 3 * compression.FRAME_BYTES // 2]
+    body = b"".join(compression.frame(offset, data[offset:offset + length], level)
+                    for offset, length in compression.pieces([(0, len(data))]))
+    assert b"".join(piece for _, piece, _ in compression.read_frames(io.BytesIO(body).read)) == data
+    for damaged in (body[:-7], body[:20] + bytes([body[20] ^ 0xFF]) + body[21:]):
+        with pytest.raises(CompressionError):
+            list(compression.read_frames(io.BytesIO(damaged).read))
+
+
+def test_ranges_split_after_a_count_of_bytes():
+    assert compression.split_after([(0, 10), (20, 10)], 15) == ([(0, 10), (20, 5)], [(25, 5)])
+    assert compression.split_after([(0, 10)], 10) == ([(0, 10)], [])
+    assert compression.split_after([(0, 10)], 30) == ([(0, 10)], [])
+    assert compression.split_after([(5, 10), (40, 1)], 0) == ([], [(5, 10), (40, 1)])

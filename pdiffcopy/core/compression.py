@@ -338,12 +338,18 @@ def accepted_frames_level(header: "Optional[str]") -> Optional[int]:
         for param in params.split(";"):
             key, _, value = param.strip().partition("=")
             if key.strip().lower() == LEVEL_PARAMETER:
-                try:
-                    return min(max(int(value.strip().strip('"')), 1), MAX_LEVEL)
-                except ValueError:
-                    return LEVEL
+                return asked_level(value.strip().strip('"'))
         return LEVEL
     return None
+
+
+def asked_level(value: "Optional[str]") -> int:
+    """The level a peer asked for as text (a ``level`` parameter): brought into ``1..MAX_LEVEL``,
+    and :data:`LEVEL` when missing or unreadable."""
+    try:
+        return min(max(int(value or ""), 1), MAX_LEVEL)
+    except ValueError:
+        return LEVEL
 
 
 def accepts_zstd(header: "Optional[str]") -> bool:

@@ -339,7 +339,8 @@ class Compression:
     ``cores``: how many compress at once, the sending side's cores or the transfers in flight,
     whichever is fewer (each transfer compresses its own frames, in its own thread on the
     client or its own request's thread on the server). ``policy``: another
-    :class:`~pdiffcopy.core.compression.AdaptivePolicy` (one with a clock of its own, say).
+    :class:`~pdiffcopy.core.compression.AdaptivePolicy` (one with a clock of its own, say),
+    which then decides alone, on loopback too.
     """
 
     def __init__(self, mode: str = "auto", base: str = "", cores: Optional[int] = None,
@@ -348,7 +349,7 @@ class Compression:
         self.policy = policy or AdaptivePolicy(cores or os.cpu_count() or 1)
         self._test_rate = float(os.environ.get(TEST_LINK_RATE_VARIABLE) or 0)
         # No link to spare: on loopback compressing only costs CPU.
-        self._loopback = is_loopback(urlsplit(base).hostname or "") and not self._test_rate
+        self._loopback = policy is None and is_loopback(urlsplit(base).hostname or "") and not self._test_rate
         #: Held by the one transfer probing the link, so that it has the link to itself (two at
         #: once would each see half the rate) and the others wait for its verdict.
         self.probe_lock = threading.Lock()
