@@ -461,3 +461,47 @@ def test_the_server_compresses_ranges_at_the_level_asked(server, unique):
         sizes[accept] = len(body)
     assert sizes[compression.frames_accept(6)] < sizes[compression.FRAMES_TYPE]  # no level: level 1
     assert sizes[f"{compression.FRAMES_TYPE}; level=x"] == sizes[compression.FRAMES_TYPE]
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique, direction):
+    from pdiffcopy.engine.treeendpoints import MetadataOptions
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.transport import wire
+    from pdiffcopy.transport.remote import Compression
+    from pdiffcopy.transport.remotetree import RemoteTree
+
+    files = {f"f{i:02d}.txt": words(128 * 1024, seed=i) for i in range(24)}  # 3 MiB in one batch
+    level_one = len(b"".join(compression.compressed_stream([b"".join(files.values())], 1)))
+    remote = RemoteTree(server.url(unique) + "/", concurrency=2)
+    remote.compression = Compression("auto", remote.base, cores=2,
+                                     policy=_slow_link_policy(b"".join(files.values())))
+    try:
+        if direction == "pull":
+            for name, data in files.items():
+                (server.root / unique / name).parent.mkdir(exist_ok=True)
+                (server.root / unique / name).write_bytes(data)
+            entries = [entry for entry in remote.list().entries if entry.path in files]
+            before = wire.totals()[1]
+            got = {entry.path: data for entry, data, error in remote.read_files(entries)}
+            moved = wire.totals()[1] - before
+            assert got == files
+        else:
+            source = tmp_path / "src"
+            source.mkdir()
+            for name, data in files.items():
+                (source / name).write_bytes(data)
+            local = LocalTree(str(source))
+            entries = [entry for entry in local.list().entries if entry.path in files]
+            (server.root / unique).mkdir()
+            remote.list()  # as a sync does first: its answer says the server takes compressed bodies
+            before = wire.totals()[0]
+            failures = remote.write_files([(entry, data) for entry, data, _ in local.read_files(entries)],
+                                          MetadataOptions())
+            moved = wire.totals()[0] - before
+            assert failures == []
+            for name, data in files.items():
+                assert (server.root / unique / name).read_bytes() == data
+        assert moved < level_one  # compressed at level 6, which shrinks it more than level 1
+    finally:
+        remote.close()
