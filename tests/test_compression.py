@@ -51,7 +51,7 @@ def test_no_compression_before_anything_is_known():
 
 
 def test_compressible_data_on_a_slow_link_is_compressed():
-    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 256 KiB a millisecond: fast compressor
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 1 MiB a millisecond: fast compressor
     policy.sample(TEXT)
     policy.link_observed(25_000_000, 1.0)  # 200 Mbit
     assert policy.compress()
@@ -65,7 +65,7 @@ def test_random_data_is_never_compressed():
 
 
 def test_a_link_faster_than_the_compressors_is_left_plain():
-    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 262 MB/s a core
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 1 GB/s a core
     policy.sample(TEXT)
     policy.link_observed(3_000_000_000, 1.0)  # loopback: 3 GB/s
     assert not policy.compress()
@@ -121,7 +121,7 @@ def test_a_denser_level_that_compresses_worse_is_not_taken():
 
 
 def test_the_policy_times_the_levels_only_while_they_outrun_the_link():
-    # Every timing takes 1 ms: 256 KiB a millisecond, 262 MB/s a core at every level.
+    # Every timing takes 1 ms: the sample (TEXT, 0.8 MB) at 840 MB/s a core at every level.
     slow = AdaptivePolicy(cores=2, clock=Clock(0.001))
     slow.sample(TEXT)
     assert list(slow.measured) == [1]  # the sample alone times only the fastest level
@@ -130,7 +130,7 @@ def test_the_policy_times_the_levels_only_while_they_outrun_the_link():
     level = slow.level()
     assert sorted(slow.measured) == sorted(compression.LEVELS)
     assert slow.measured[level][0] == max(ratio for ratio, _ in slow.measured.values())
-    # 100 MB/s: level 1 (350 MB/s of CPU for ratio * 100 MB/s) no longer outruns the link but
+    # 100 MB/s: level 1 (1.1 GB/s of CPU for ratio * 100 MB/s) no longer outruns the link but
     # still beats it plain: compressed at level 1, and no slower level is timed.
     fast = AdaptivePolicy(cores=2, clock=Clock(0.001))
     fast.sample(TEXT)
