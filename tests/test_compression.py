@@ -178,3 +178,29 @@ def test_ranges_split_after_a_count_of_bytes():
     assert compression.split_after([(0, 10)], 10) == ([(0, 10)], [])
     assert compression.split_after([(0, 10)], 30) == ([(0, 10)], [])
     assert compression.split_after([(5, 10), (40, 1)], 0) == ([], [(5, 10), (40, 1)])
+
+
+def test_the_link_starves_when_compressing_outlasts_the_other_transfers_sending():
+    assert compression.starved(compress_seconds=0.3, send_seconds=0.2, transfers=2)
+    assert not compression.starved(compress_seconds=0.3, send_seconds=0.4, transfers=2)
+    # Three in flight: two send while one compresses.
+    assert not compression.starved(compress_seconds=0.3, send_seconds=0.2, transfers=3)
+    assert compression.starved(compress_seconds=0.3, send_seconds=0.2, transfers=1)
+
+
+def test_a_level_that_starved_the_link_is_not_chosen_again():
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))
+    policy.sample(TEXT)
+    policy.link_observed(100_000, 1.0)
+    chosen = policy.level()
+    assert chosen == max(compression.LEVELS, key=lambda level: (policy.measured[level][0], level))
+    policy.compressed(chosen, compress_seconds=0.5, send_seconds=0.1)
+    lowered = policy.level()
+    assert lowered is not None and lowered < chosen
+    # The link kept up at the lower level: it stays, and is never raised back.
+    policy.compressed(lowered, compress_seconds=0.1, send_seconds=0.5)
+    assert policy.level() == lowered
+    # Starved at level 1 too: compressing still pays by the measurements, so level 1 stays.
+    for _ in compression.LEVELS:
+        policy.compressed(policy.level(), compress_seconds=0.5, send_seconds=0.1)
+    assert policy.level() == 1

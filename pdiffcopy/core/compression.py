@@ -137,6 +137,16 @@ def choose_level(measured: Dict[int, Measurement], cores: int, link_rate: float,
     return max(sorted(measured, reverse=True), key=throughput)  # max() keeps the first of equals
 
 
+def starved(compress_seconds: float, send_seconds: float, transfers: int) -> bool:
+    """Whether compressing, not the link, held a transfer up.
+
+    With ``transfers`` in flight, the others send while one compresses; the link waits when one
+    transfer's compressing takes longer than the others' sending. The speeds timed on a sample
+    miss what the timing cannot see: other work on the same cores, a link measured too slow.
+    """
+    return compress_seconds > send_seconds * max(1, transfers - 1)
+
+
 class AdaptivePolicy:
     """Decide per stream whether compressing pays, and at which level, from what the stream shows.
 
@@ -156,6 +166,8 @@ class AdaptivePolicy:
         #: Each level timed so far: (ratio, raw bytes per second on one core).
         self.measured: Dict[int, Measurement] = {}
         self.link_rate: Optional[float] = None
+        #: The highest level still allowed: lowered below each level that starved the link.
+        self.ceiling: Optional[int] = None
         self._lock = threading.Lock()
 
     @property
@@ -219,7 +231,20 @@ class AdaptivePolicy:
                 measurement = self.measured.get(level) or self._measure(level)
                 if not outruns(measurement, self.cores, self.link_rate):
                     break
-            return choose_level(self.measured, self.cores, self.link_rate)
+            allowed = {level: measured for level, measured in self.measured.items()
+                       if self.ceiling is None or level <= self.ceiling}
+            return choose_level(allowed, self.cores, self.link_rate)
+
+    def compressed(self, level: int, compress_seconds: float, send_seconds: float) -> None:
+        """A transfer compressed at ``level`` took these times to compress and to send: when
+        compressing starved the link (:func:`starved`), the next lower level is the most from
+        now on. Never raised again: a choice that flips back and forth costs more than a level."""
+        if not starved(compress_seconds, send_seconds, self.cores):
+            return
+        with self._lock:
+            lower = [candidate for candidate in self._levels if candidate < level]
+            if lower and (self.ceiling is None or lower[-1] < self.ceiling):
+                self.ceiling = lower[-1]
 
 
 # -- the modes a sync can be asked for ----------------------------------------
