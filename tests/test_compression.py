@@ -204,3 +204,15 @@ def test_a_level_that_starved_the_link_is_not_chosen_again():
     for _ in compression.LEVELS:
         policy.compressed(policy.level(), compress_seconds=0.5, send_seconds=0.1)
     assert policy.level() == 1
+
+
+def test_a_link_seen_faster_than_probed_lowers_the_level():
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))
+    policy.sample(TEXT)
+    policy.link_observed(100_000, 1.0)
+    slow = policy.level()
+    policy.link_at_least(50_000)  # slower than probed: the probe stands
+    assert policy.link_rate == 100_000 and policy.level() == slow
+    policy.link_at_least(100 * MB)  # the compressed transfers together moved this much
+    assert policy.link_rate == 100 * MB
+    assert policy.level() < slow

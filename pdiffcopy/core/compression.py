@@ -215,6 +215,13 @@ class AdaptivePolicy:
         with self._lock:
             self.link_rate = rate if self.link_rate is None else 0.7 * self.link_rate + 0.3 * rate
 
+    def link_at_least(self, rate: float) -> None:
+        """The link carried ``rate`` bytes a second (compressed transfers, together): a short
+        plain probe may have seen it slower than it is, never faster."""
+        with self._lock:
+            if self.link_rate is not None and rate > self.link_rate:
+                self.link_rate = rate
+
     def compress(self) -> bool:
         """Whether the rest of the stream should be compressed."""
         return self.level() is not None

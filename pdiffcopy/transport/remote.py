@@ -353,6 +353,10 @@ class Compression:
         #: Held by the one transfer probing the link, so that it has the link to itself (two at
         #: once would each see half the rate) and the others wait for its verdict.
         self.probe_lock = threading.Lock()
+        # The compressed bytes all transfers moved, since the first began: what the link carried.
+        self._moved_lock = threading.Lock()
+        self._moved_since: Optional[float] = None
+        self._moved = 0
 
     def now(self) -> bool:
         """Whether the next request should compress."""
@@ -378,6 +382,26 @@ class Compression:
             self.policy.compressed(level, compress_seconds, send_seconds)
             logger.debug("Compression: level %d took %.3f s to compress and %.3f s to send: level %s next",
                          level, compress_seconds, send_seconds, self.policy.level())
+
+    def compressed_started(self, started: float) -> None:
+        """A compressed transfer began (``time.perf_counter()``)."""
+        with self._moved_lock:
+            if self._moved_since is None:
+                self._moved_since = started
+
+    def compressed_moved(self, count: int) -> None:
+        """A compressed transfer put ``count`` bytes on the wire: all of them together, over the
+        time since the first began, are a rate the link reached."""
+        if self.mode != "auto":
+            return
+        with self._moved_lock:
+            self._moved += count
+            if self._moved_since is None:
+                return
+            seconds = time.perf_counter() - self._moved_since
+            moved = self._moved
+        if seconds > 0:
+            self.policy.link_at_least(moved / seconds)
 
     def observed(self, count: int, seconds: float, sample: Optional[bytes]) -> None:
         if sample:
@@ -766,6 +790,7 @@ class RemoteFile(FileEndpoint):
         started = time.perf_counter()
         response = self.request("GET", self._target(), expected=(206,), headers=headers)
         if _media_type(response) == FRAMES_TYPE:
+            self.compression.compressed_started(started)
             yield from self._read_frames(response, ranges)
             return
         sample: Optional[bytes] = None
@@ -814,10 +839,13 @@ class RemoteFile(FileEndpoint):
         """The chunks of an answer of compressed pieces: exactly the pieces of the ranges asked for, in order."""
         try:
             expected = compression.pieces(merge_ranges(ranges))
-            for offset, data, _ in compression.read_frames(response.raw.read):
+            moved = 0
+            for offset, data, wire_length in compression.read_frames(response.raw.read):
                 if (offset, len(data)) != next(expected, None):
                     raise RemoteError(f"Server {self.base} sent a range that was not asked for")
+                moved += wire_length
                 yield offset, memoryview(data)
+            self.compression.compressed_moved(moved)
             if next(expected, None) is not None:
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
         except CompressionError as error:
@@ -845,9 +873,11 @@ class RemoteFile(FileEndpoint):
             started = time.perf_counter()
             body = _framed_body(ranges, chunks, level)
             compressed = time.perf_counter()
+            self.compression.compressed_started(compressed)
             response = self.request("PATCH", self._target(), headers={
                 "Content-Length": str(len(body)), "Content-Type": FRAMES_TYPE}, body=body, replayable=False)
             self._body(response)
+            self.compression.compressed_moved(len(body))
             # Built whole, then sent: the two times say whether the CPU or the link held it up.
             self.compression.compressed(level, compressed - started, time.perf_counter() - compressed)
             return sum(length for _, length in ranges)
