@@ -51,7 +51,7 @@ def test_no_compression_before_anything_is_known():
 
 
 def test_compressible_data_on_a_slow_link_is_compressed():
-    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 1 MiB a millisecond: fast compressor
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # TEXT (858 KB) a millisecond: fast
     policy.sample(TEXT)
     policy.link_observed(25_000_000, 1.0)  # 200 Mbit
     assert policy.compress()
@@ -65,7 +65,7 @@ def test_random_data_is_never_compressed():
 
 
 def test_a_link_faster_than_the_compressors_is_left_plain():
-    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 1 GB/s a core
+    policy = AdaptivePolicy(cores=2, clock=Clock(0.001))  # 858 MB/s a core
     policy.sample(TEXT)
     policy.link_observed(3_000_000_000, 1.0)  # loopback: 3 GB/s
     assert not policy.compress()
@@ -77,12 +77,15 @@ MB = 1_000_000
 
 
 def test_a_slow_link_gets_the_densest_level_that_outruns_it():
-    measured = {1: (3.85, 330 * MB), 3: (4.10, 250 * MB), 6: (4.33, 89 * MB), 9: (4.44, 58 * MB),
-                19: (5.22, 2.8 * MB)}
-    # 200 Mbit, two cores: level 6 moves min(2 * 89 / 1.5, 4.33 * 25) = 108 MB/s of file bytes,
-    # level 9 only what its CPU allows (77), level 3 what the link allows (102).
-    assert compression.choose_level(measured, cores=2, link_rate=25 * MB) == 6
-    # 10 Mbit: level 9 still outruns the link; 19 would need 1.5 * 5.22 * 1.25 = 9.8 MB/s of CPU.
+    measured = {1: (3.85, 330 * MB), 3: (4.10, 250 * MB), 5: (4.23, 137 * MB), 6: (4.33, 89 * MB),
+                9: (4.44, 58 * MB), 19: (5.22, 2.8 * MB)}
+    assert compression.CPU_MARGIN == 2
+    # 200 Mbit, two cores: level 5 moves min(2 * 137 / 2, 4.23 * 25) = 106 MB/s of file bytes,
+    # level 6 only what its CPU allows (89), level 3 what the link allows (102).
+    assert compression.choose_level(measured, cores=2, link_rate=25 * MB) == 5
+    # With a margin of 1.5, level 6 would win: min(2 * 89 / 1.5, 4.33 * 25) = 108.
+    assert compression.choose_level(measured, cores=2, link_rate=25 * MB, margin=1.5) == 6
+    # 10 Mbit: level 9 still outruns the link; 19 would need 2 * 5.22 * 1.25 = 13 MB/s of CPU.
     assert compression.choose_level(measured, cores=2, link_rate=1.25 * MB) == 9
     # 1 Mbit: even level 19 does.
     assert compression.choose_level(measured, cores=2, link_rate=0.125 * MB) == 19
@@ -92,9 +95,9 @@ def test_a_slow_link_gets_the_densest_level_that_outruns_it():
 
 def test_a_link_faster_than_the_fastest_level_gets_no_compression():
     measured = {1: (3.85, 330 * MB), 6: (4.33, 89 * MB)}
-    assert compression.choose_level(measured, cores=2, link_rate=500 * MB) is None
-    # Just below the fastest level's speed: level 1, which loses least to the CPU.
-    assert compression.choose_level(measured, cores=2, link_rate=400 * MB) == 1
+    assert compression.choose_level(measured, cores=2, link_rate=400 * MB) is None
+    # Half the fastest level's speed on two cores: level 1, which loses least to the CPU.
+    assert compression.choose_level(measured, cores=2, link_rate=300 * MB) == 1
 
 
 def test_data_that_barely_shrinks_gets_no_compression_at_any_level():
@@ -108,10 +111,10 @@ def test_nothing_measured_or_no_link_gets_no_compression():
 
 
 def test_a_tie_goes_to_the_level_with_fewer_bytes():
-    # Both move what the CPU gives (30 / 1.5 = 20 MB/s, under 3 and 4 times 10): the same
+    # Both move what the CPU gives (30 / 2 = 15 MB/s, under 3 and 4 times 5): the same
     # speed, and the higher ratio puts fewer bytes on the wire.
     measured = {1: (3.0, 30 * MB), 3: (4.0, 30 * MB)}
-    assert compression.choose_level(measured, cores=1, link_rate=10 * MB) == 3
+    assert compression.choose_level(measured, cores=1, link_rate=5 * MB) == 3
 
 
 def test_a_denser_level_that_compresses_worse_is_not_taken():
@@ -130,7 +133,7 @@ def test_the_policy_times_the_levels_only_while_they_outrun_the_link():
     level = slow.level()
     assert sorted(slow.measured) == sorted(compression.LEVELS)
     assert slow.measured[level][0] == max(ratio for ratio, _ in slow.measured.values())
-    # 100 MB/s: level 1 (1.1 GB/s of CPU for ratio * 100 MB/s) no longer outruns the link but
+    # 100 MB/s: level 1 (840 MB/s of CPU for ratio * 100 MB/s) no longer outruns the link but
     # still beats it plain: compressed at level 1, and no slower level is timed.
     fast = AdaptivePolicy(cores=2, clock=Clock(0.001))
     fast.sample(TEXT)

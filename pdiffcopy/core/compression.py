@@ -37,8 +37,11 @@ MAX_LEVEL = 19
 #: the latency of compressing buy almost nothing.
 MIN_SAVING = 0.1
 #: ...and only when the compressors (on all cores) outrun the link by this margin, so that
-#: compressing never becomes the bottleneck instead of the link.
-CPU_MARGIN = 1.5
+#: compressing never becomes the bottleneck instead of the link: the cores also decompress,
+#: hash, write and serve others. At 1.5 the 200 Mbit benchmark (client and server on the same
+#: two cores) chose levels 7 to 9 for a pull and took 4.0 to 5.2 s, CPU-bound, where rsync -z
+#: took 2.9; at 2 it chose level 5 or 6 and took 2.9 s.
+CPU_MARGIN = 2.0
 #: Bytes sampled to estimate how well a stream compresses and how fast at each level: one
 #: frame (FRAME_BYTES), as the frames are. zstd sizes its tables to the input, so a 256 KiB
 #: sample showed level 6 shrinking text less than level 5, where 1 MiB frames shrink it more.
