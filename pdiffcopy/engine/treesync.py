@@ -40,6 +40,7 @@ from pdiffcopy.core.compression import check_mode
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
+from pdiffcopy.core.refine import usable_piece_size
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, FileOptions, check_size, source_unchanged, sync_segment
 from pdiffcopy.engine.treeendpoints import (
@@ -857,8 +858,10 @@ class _WorkerState:
         try:
             segments = big.plan.segments()
             if segments:
+                options = self.runner.options
                 moved = sync_segment(big.source, big.work, big.plan, segments[segment_index],
-                                     self.runner.options.hash_method, big.action.path, compare)
+                                     options.hash_method, big.action.path, compare,
+                                     usable_piece_size(options.block_size, options.piece_size))
             self._count("bytes", moved)
         except PdiffcopyError as error:
             self._part_failed(index, str(error))
