@@ -118,7 +118,8 @@ def refine_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[Byt
                    the verification still reads back every changed block whole).
     """
     result: List[ByteRange] = []
-    for batch in batch_ranges(ranges, REFINE_BATCH_BYTES):
+    step = REFINE_BATCH_BYTES - REFINE_BATCH_BYTES % piece_size  # long ranges cut where pieces start
+    for batch in batch_ranges(split_ranges(ranges, step), step):
         length = sum(part for _, part in batch)
         if not tally.pays():
             tally.skipped += length
