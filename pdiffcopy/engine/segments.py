@@ -25,6 +25,7 @@ of both sides is hashed again with the strong one.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence
 
@@ -43,6 +44,8 @@ from pdiffcopy.core.refine import DEFAULT_PIECE_SIZE, RefineTally, differing_pie
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import VerificationFailed
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
+
+logger = logging.getLogger(__name__)
 
 #: Largest byte range one transfer (one request, one read or write call)
 #: carries. 16 MiB keeps a 100 % changed 1 GiB file spread over 64 requests,
@@ -257,8 +260,14 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
         ours = split_digests(source.hash_ranges(whole, bs, method), digest_size(method))
         theirs: Optional[List[bytes]] = split_digests(work.hash_ranges(whole, bs, method), digest_size(method))
         ranges = changed_ranges(plan, segment, ours, theirs)
-        pieces = refine_ranges(source, work, ranges, piece_size, method, RefineTally()) \
-            if piece_size and ranges else ranges
+        pieces = ranges
+        if piece_size and ranges:
+            tally = RefineTally()
+            pieces = refine_ranges(source, work, ranges, piece_size, method, tally)
+            if tally.skipped:
+                logger.info("Refinement into %d-byte pieces stopped paying for %s at offset %d after %d of %d "
+                            "bytes refined still moved (a dense change); %d bytes moved as whole blocks",
+                            piece_size, location, segment.offset, tally.moved, tally.refined, tally.skipped)
     else:
         ours, theirs = [], None
         ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
