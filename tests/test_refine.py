@@ -253,3 +253,28 @@ def test_a_trees_big_file_moves_only_the_changed_pieces(ends: TreeEnds):
     third = run(piece_size=0)
     assert not third.failures and third.bytes_moved == MiB
     assert (ends.target / "big.db").read_bytes() == newer
+
+
+# -- a pdiffcopy 1.0.1 server -----------------------------------------------------------
+
+from test_compat_101 import original_server  # noqa: E402,F401  (the fixture: the real 1.0.1 server)
+
+
+def test_no_refinement_with_a_101_server(original_server, tmp_path):  # noqa: F811
+    # 1.0.1 hashes only whole files (4 KiB pieces: a hash list of the whole file) or, in
+    # methods it lacks, not at all (the blocks would be read to hash them here): whole blocks move.
+    old = random_bytes(4 * MiB, seed=19)
+    new = edited(old, [100, 2 * MiB + 5000])
+    (tmp_path / "source").write_bytes(new)
+    (tmp_path / "target").write_bytes(old)
+    for method in ("sha1", "xxh3_128"):
+        (tmp_path / "target").write_bytes(old)
+        pulled = stats(run_cli("-m", method, "-b", "64K", "--stats", f"{original_server}{tmp_path}/source",
+                               str(tmp_path / "target"), timeout=60))
+        assert int(pulled["moved"]) == 2 * 64 * KiB
+        assert (tmp_path / "target").read_bytes() == new
+    (tmp_path / "target").write_bytes(old)
+    pushed = stats(run_cli("-m", "sha1", "-b", "64K", "--stats", str(tmp_path / "source"),
+                           f"{original_server}{tmp_path}/target", timeout=60))
+    assert int(pushed["moved"]) == 2 * 64 * KiB
+    assert (tmp_path / "target").read_bytes() == new

@@ -223,8 +223,9 @@ class _SyncJob:
         #: Whether the whole target is a reflink clone of the source.
         self.cloned = False
         self.lock = threading.Lock()
-        #: The piece size the changed blocks are refined into (0: not refined).
-        self.piece_size = usable_piece_size(options.block_size, options.piece_size)
+        #: The piece size the changed blocks are refined into (0: not refined); set
+        #: once both ends are known (a remote end may turn out to be a 1.0.1 server).
+        self.piece_size = 0
         #: Refinement so far, for the whole file (the transfer threads add to it under the lock).
         self.refined = RefineTally()
         self.prepared = False
@@ -262,6 +263,8 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
+        if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
+            self.piece_size = usable_piece_size(options.block_size, options.piece_size)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.dry_run:

@@ -261,7 +261,7 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
         theirs: Optional[List[bytes]] = split_digests(work.hash_ranges(whole, bs, method), digest_size(method))
         ranges = changed_ranges(plan, segment, ours, theirs)
         pieces = ranges
-        if piece_size and ranges:
+        if piece_size and ranges and source.hashes_pieces_cheaply() and work.hashes_pieces_cheaply():
             tally = RefineTally()
             pieces = refine_ranges(source, work, ranges, piece_size, method, tally)
             if tally.skipped:

@@ -110,6 +110,9 @@ class LegacyRemoteFile(RemoteFile):
                               f"/{self.path} (a directory? with 1.0.1, only single files sync)")
         return FileInfo("file", size, 0, "")
 
+    def hashes_pieces_cheaply(self) -> bool:
+        return False  # a whole-file hash list per piece size, or the data itself (see _legacy_hashes)
+
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
         if self._hash_pool is None:
