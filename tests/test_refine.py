@@ -255,6 +255,21 @@ def test_a_trees_big_file_moves_only_the_changed_pieces(ends: TreeEnds):
     assert (ends.target / "big.db").read_bytes() == newer
 
 
+def test_a_bad_piece_size_for_a_tree_is_refused_before_anything_moves(tmp_path):
+    from pdiffcopy.api import sync_tree
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a" * 1000)
+    completed = run_cli("--piece-size", "3000", f"{tmp_path / 'src'}/", str(tmp_path / "dst"))
+    assert completed.returncode == 2 and "Invalid piece size" in completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1 and "Traceback" not in completed.stderr
+    with pytest.raises(UsageError, match="Invalid piece size"):
+        sync_tree(f"{tmp_path / 'src'}/", str(tmp_path / "dst"), piece_size="1M")  # the block size itself
+    assert not (tmp_path / "dst").exists()
+    done = sync_tree(f"{tmp_path / 'src'}/", str(tmp_path / "dst"), piece_size="8K")
+    assert not done.failures and (tmp_path / "dst" / "a").read_bytes() == b"a" * 1000
+
+
 # -- a pdiffcopy 1.0.1 server -----------------------------------------------------------
 
 from test_compat_101 import original_server  # noqa: E402,F401  (the fixture: the real 1.0.1 server)

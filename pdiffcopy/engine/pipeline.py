@@ -35,7 +35,7 @@ from pdiffcopy.core.blocks import (
     tree_digest_input,
 )
 from pdiffcopy.core.compression import check_mode
-from pdiffcopy.core.refine import RefineTally, resolve_piece_size, usable_piece_size
+from pdiffcopy.core.refine import RefineTally, resolve_piece_size
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.errors import (
     Conflict,
@@ -264,7 +264,7 @@ class _SyncJob:
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
-            self.piece_size = usable_piece_size(options.block_size, options.piece_size)
+            self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.dry_run:

@@ -40,7 +40,7 @@ from pdiffcopy.core.blocks import (
     split_digests,
     split_ranges,
 )
-from pdiffcopy.core.refine import DEFAULT_PIECE_SIZE, RefineTally, differing_pieces
+from pdiffcopy.core.refine import RefineTally, differing_pieces
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import VerificationFailed
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
@@ -86,9 +86,11 @@ class FileOptions:
     bwlimit: "int | str | None" = None
     #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
     compress: str = "auto"
-    #: Changed blocks are hashed again in pieces of this size and only the pieces that
-    #: differ move (:mod:`pdiffcopy.core.refine`); 0: off. Used where it divides the block size.
-    piece_size: int = DEFAULT_PIECE_SIZE
+    #: Changed blocks are hashed again in pieces of this size (bytes, or ``"4K"``) and only the
+    #: pieces that differ move (:mod:`pdiffcopy.core.refine`); 0: off; None:
+    #: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides the block size.
+    #: Checked by :func:`~pdiffcopy.core.refine.resolve_piece_size` when a sync starts.
+    piece_size: "int | str | None" = None
 
 
 # -- compare ---------------------------------------------------------------
