@@ -416,14 +416,15 @@ class LocalFile(FileEndpoint):
             # Checked by name here, and opened by name later: a race only someone who
             # can write the target's directory can run, and they could replace the target.
             if not stat_module.S_ISREG(info.st_mode):
-                raise NotAFile(f"Cannot resume into {partial.path}: it is not a regular file; remove it")
+                raise NotAFile(f"Cannot resume into {partial.path}: it is not a regular file; remove it") from None
             if has_other_names(info):  # writing it would change another file too
-                raise NotAFile(f"Cannot resume into {partial.path}: it has other hard links; remove it")
+                raise NotAFile(f"Cannot resume into {partial.path}: it has other hard links; remove it") from None
             return partial, True
         self._fill(partial, fd, clone)
         return partial, False
 
-    def _sibling(self, naming: Callable[[str], str], relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
+    def _sibling(self, naming: Callable[[str], str],
+                 relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
         """The endpoint of a hidden sibling named by ``naming`` (or at ``relative`` beneath the root)."""
         parent, name = os.path.split(self.path)
         if self._root is None:
