@@ -76,6 +76,9 @@ class FileOptions:
     bwlimit: "int | str | None" = None
     #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
     compress: str = "auto"
+    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
+    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunked).
+    delta: str = "blocks"
 
 
 # -- compare ---------------------------------------------------------------

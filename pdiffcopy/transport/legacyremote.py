@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
-from pdiffcopy.errors import RemoteError
+from pdiffcopy.errors import RemoteError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
 from pdiffcopy.transport.remote import RemoteFile
 
@@ -209,6 +209,12 @@ class LegacyRemoteFile(RemoteFile):
             self._changed(offset, offset + len(body))
             written += len(body)
         return written
+
+    def cut_chunks(self, ranges, average):
+        raise Unsupported(f"{self.base} is a pdiffcopy 1.0.1 server, which cannot cut its files into chunks")
+
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
+        return False  # 1.0.1 cannot copy between files, nor rename a temporary
 
     def flush(self) -> None:
         pass  # 1.0.1 cannot fsync; its writes reach the disk when its kernel decides
