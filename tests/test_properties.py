@@ -83,6 +83,9 @@ EDITS = st.one_of(
     st.tuples(st.just("scatter"), st.integers(1, 30)),  # that many overwrites, anywhere
     st.tuples(st.just("overwrite"), FRACTION, st.integers(1, 5000)),
     st.tuples(st.just("zero"), FRACTION, st.integers(1, 70000)),  # a partly sparse target
+    # Bytes inserted or removed: everything after them shifts (what --delta chunks is for).
+    st.tuples(st.just("insert"), FRACTION, st.integers(1, 5000)),
+    st.tuples(st.just("delete"), FRACTION, st.integers(1, 5000)),
 )
 
 #: How the target starts out: mostly an older copy of the source with damage here and
@@ -117,6 +120,13 @@ def build_target(source: bytes, kind: str, mutations, seed: int) -> Optional[byt
                 position = rng.randrange(len(buffer) + 1)
                 end = min(len(buffer), position + rng.randrange(1, 3000))
                 buffer[position:end] = rng.randbytes(end - position)
+        elif edit[0] in ("insert", "delete"):
+            _, where, length = edit
+            position = int(where * len(buffer))
+            if edit[0] == "insert":
+                buffer[position:position] = rng.randbytes(length)
+            else:
+                del buffer[position:position + length]
         else:
             _, where, length = edit
             position = int(where * len(buffer))
@@ -164,6 +174,8 @@ def scenarios(draw):
         whole_file=draw(st.sampled_from([False, False, False, True])),
         # -z frames every transferred range, whatever its offset and length.
         compress=draw(st.sampled_from(["auto", "always", "never"])),
+        # Fixed blocks, or content-defined chunks copied from anywhere in the old target.
+        delta=draw(st.sampled_from(["blocks", "blocks", "chunks"])),
     )
     # Only the recipe: the bytes are made in the test, so a failure's report stays short.
     return size, kind, mutations, seed, block_size, options
@@ -230,9 +242,15 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
         assert result.total_blocks == len(blocks) == dry.total_blocks
         assert result.digest and all(c in "0123456789abcdef" for c in result.digest)
 
+        chunked = options.get("delta") == "chunks" and bool(target) and not options["whole_file"]
         if target is None or options["whole_file"]:
             assert result.changed_blocks == len(blocks)
             assert result.bytes_moved == len(source)
+        elif chunked:
+            # Sent: what the old target holds nowhere (as whole chunks); the rest was copied there.
+            assert result.bytes_moved <= len(source)
+            assert result.changed_blocks <= len(blocks)
+            assert dry.total_blocks == result.total_blocks
         else:
             fewest = differing_blocks(source, target, block_size, pad=True)
             most = differing_blocks(source, target, block_size, pad=False)
@@ -274,6 +292,10 @@ EXPLICIT = [
     (150_001, "mutated", (("keep",), [("scatter", 30)]), 10, 1536, _options(atomic=True)),
     (MAX_SOURCE, "mutated", (("keep",), [("scatter", 3)]), 11, 65536, _options(hash_method="md5")),
     (100_000, "identical", None, 12, 3000, _options(concurrency=1)),
+    (MAX_SOURCE, "mutated", (("keep",), [("insert", 0.01, 100), ("delete", 0.5, 3000)]), 13, 4096,
+     _options(delta="chunks")),
+    (MAX_SOURCE, "mutated", (("extend", 5000), [("insert", 0.9, 1)]), 14, 1024,
+     _options(delta="chunks", atomic=True, compress="always")),
 ]
 
 

@@ -449,10 +449,9 @@ def create_app(config: ServerConfig) -> Flask:
             try:
                 info, origin = os.fstat(fd), os.fstat(origin_fd)
                 refuse_hard_links(info, path, config.write_hard_links)
-                for offset, _, length in moves:
-                    if length == 0 or offset + length > origin.st_size:
-                        raise RangeNotSatisfiable(f"Range {offset}+{length} is outside {origin_path} "
-                                                  f"({origin.st_size} bytes)", origin.st_size)
+                # Read from anywhere in the old file (twice, even); written once each, inside the file.
+                check_disjoint([(offset, length) for offset, _, length in moves], origin.st_size, ordered=False,
+                               overlap=True)
                 # The ranges written must not overlap (nor leave the file: writes never grow it).
                 check_disjoint([(to, length) for _, to, length in moves], info.st_size, ordered=False)
                 if sum(length for _, _, length in moves) > MAX_COPY_REQUEST_BYTES:
@@ -735,10 +734,11 @@ def binary_body(entry_size: int, max_entries: int) -> bytes:
     return bytes(buffer)
 
 
-def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool) -> None:
+def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool, overlap: bool = False) -> None:
     """Refuse empty ranges, ranges past the end of a file of ``size`` bytes, and overlapping ones.
 
     :param ordered: The ranges must also come in ascending order (a chunk list follows their order).
+    :param overlap: Overlapping ranges are fine (ranges read, not written).
     """
     for offset, length in ranges:
         if length == 0:
@@ -748,7 +748,7 @@ def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool) -> None:
     in_order = sorted(ranges)
     if ordered and in_order != ranges:
         raise BadRequest("The ranges must come in ascending order")
-    if any(a[0] + a[1] > b[0] for a, b in zip(in_order, in_order[1:])):
+    if not overlap and any(a[0] + a[1] > b[0] for a, b in zip(in_order, in_order[1:])):
         raise BadRequest("The ranges overlap")
 
 
