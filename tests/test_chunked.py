@@ -213,11 +213,16 @@ def test_bad_chunk_list_requests_get_a_clear_4xx(server, unique, query, body, st
 
 @pytest.mark.parametrize("path", ["../outside.img", "/etc/passwd", "sub/../../outside.img"])
 def test_chunk_lists_and_copies_stay_inside_the_root(server, unique, path):
+    (server.root / unique).write_bytes(random_bytes(1000, seed=36))
     got, _ = post(server, f"/.pdiffcopy/chunks/{path}?average=4096")
     assert 400 <= got < 500
     temporary = temporary_name(unique)
     (server.root / temporary).write_bytes(bytes(1000))
     try:
+        # The same requests inside the root are answered: the refusals are about the paths.
+        assert post(server, f"/.pdiffcopy/chunks/{unique}?average=4096")[0] == 200
+        assert post(server, f"/.pdiffcopy/copy-ranges/{temporary}?from={unique}", moves((0, 0, 10)))[0] == 200
+        (server.root / temporary).write_bytes(bytes(1000))
         got, _ = post(server, f"/.pdiffcopy/copy-ranges/{temporary}?from={path}", moves((0, 0, 10)))
         assert 400 <= got < 500
         assert (server.root / temporary).read_bytes() == bytes(1000)
