@@ -276,3 +276,14 @@ def test_a_copy_request_copies_to_other_offsets(server, unique):
         assert written[100:900] == bytes(800)
     finally:
         (server.root / temporary).unlink()
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+@pytest.mark.parametrize("source_data", [inserted(OLD, [4096], 100), random_bytes(20_000, seed=37)],
+                         ids=["shifted", "nothing-in-common"])
+def test_the_new_version_keeps_the_old_ones_mode(server, tmp_path, unique, direction, source_data):
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, OLD)
+    path.chmod(0o640)
+    sync(source, target, delta="chunks")
+    assert path.read_bytes() == source_data
+    assert path.stat().st_mode & 0o7777 == 0o640

@@ -94,7 +94,7 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
     :raises Unsupported: When ``work`` cannot copy from ``target`` on their side.
     """
     copies = [step for step in steps if isinstance(step, cdc.Copy)]
-    if copies and not work.can_copy_within(target):
+    if not work.can_copy_within(target):
         raise Unsupported(f"Cannot copy from {target.location} to its temporary on its side")
     pending: List[Future] = []
     batch: List[cdc.Copy] = []
@@ -105,7 +105,8 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
             batch, total = [], 0
         batch.append(copy)
         total += copy.length
-    if batch:
+    if batch or not pending:
+        # At least one request, if empty: it gives the new file the old one's mode too.
         pending.append(pool.submit(work.copy_within, target, batch))
     sends = split_ranges(cdc.sends(steps), TRANSFER_REQUEST_BYTES)
     moves = [pool.submit(move_ranges, source, work, ranges, on_moved)

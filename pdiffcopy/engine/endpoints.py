@@ -180,7 +180,8 @@ class FileEndpoint(ABC):
         """Copy ranges of ``origin`` (the old target) to other offsets of this file; return the bytes copied.
 
         Each move copies ``origin``'s bytes at ``target_offset`` to ``source_offset`` here (the
-        offset they have in the source, which this file becomes).
+        offset they have in the source, which this file becomes). This file also takes
+        ``origin``'s mode (even with no moves), as a clone of it would.
 
         :raises Unsupported: Unless :meth:`can_copy_within` says yes.
         """

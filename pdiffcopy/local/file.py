@@ -354,9 +354,17 @@ class LocalFile(FileEndpoint):
         return isinstance(origin, LocalFile)
 
     def copy_within(self, origin: FileEndpoint, moves: Sequence[cdc.Copy]) -> int:
-        """Copy ranges of another local file (the old target) to other offsets of this one, in the kernel."""
+        """Copy ranges of another local file (the old target) to other offsets of this one, in the kernel.
+
+        This file takes the other's mode too (even with no moves), as a clone of it would.
+        """
         assert isinstance(origin, LocalFile), "the engine asks can_copy_within first"
         origin_fd, fd = origin._reader(), self._writer()
+        try:
+            # The new version keeps the old one's mode, as a clone of it would.
+            os.fchmod(fd, stat_module.S_IMODE(os.fstat(origin_fd).st_mode))
+        except OSError as error:
+            raise storage_error(error, f"set the mode of {self.path}") from None
         written = 0
         for move in moves:
             try:

@@ -426,15 +426,24 @@ def create_app(config: ServerConfig) -> Flask:
             os.close(fd)
             raise
         metrics.hash_jobs.inc()
-        response = Response(_chunks_body(fd, ranges, average, path, lambda: (metrics.hash_jobs.dec(),
-                                                                               hash_slots.release(client))),
-                            mimetype="application/octet-stream", direct_passthrough=True)
+
+        def finished() -> None:
+            # On the response's close, which the server calls whether or not the body was sent.
+            os.close(fd)
+            metrics.hash_jobs.dec()
+            hash_slots.release(client)
+
+        response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream",
+                            direct_passthrough=True)
+        response.call_on_close(finished)
         response.headers["ETag"] = etag(info)
         return response
 
     @app.post(f"{API_PREFIX}/copy-ranges/<path:path>")
     def copy_ranges(path: str):
         """Copy ranges of the file ``from`` to other offsets of the temporary file ``path``.
+
+        The temporary takes the mode of ``from`` (even with no moves), as a clone of it would.
 
         The shift-tolerant delta builds a new temporary of a target from the old target's
         bytes that the source still has (wherever they moved) and the bytes it sends.
@@ -457,6 +466,8 @@ def create_app(config: ServerConfig) -> Flask:
                 if sum(length for _, _, length in moves) > MAX_COPY_REQUEST_BYTES:
                     raise PayloadTooLarge(f"At most {MAX_COPY_REQUEST_BYTES} bytes per copy request")
                 with leases.writing(info, lease_of_request(), path):
+                    # The new version keeps the old one's mode, as a clone of it would.
+                    os.fchmod(fd, stat_module.S_IMODE(origin.st_mode))
                     for offset, to, length in moves:
                         try:
                             copied = copy_available(origin_fd, fd, offset, length, target_offset=to)
@@ -752,24 +763,22 @@ def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool, overlap: b
         raise BadRequest("The ranges overlap")
 
 
-def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str, done) -> Iterator[bytes]:
-    """The chunk list of ``ranges``, sent as it is cut. Closes ``fd`` and calls ``done`` at the end."""
+def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str) -> Iterator[bytes]:
+    """The chunk list of ``ranges`` of ``fd``, sent as it is cut (the caller closes ``fd``)."""
+    pending: List[cdc.Chunk] = []
     try:
-        pending: List[cdc.Chunk] = []
         for offset, length in ranges:
             for chunk in cdc.cut_stream(RangeReader(fd, offset, length), offset, average):
                 pending.append(chunk)
                 if len(pending) >= CHUNKS_PER_WRITE:
                     yield cdc.encode(pending)
                     pending = []
-        if pending:
-            yield cdc.encode(pending)
     except (OSError, EOFError) as error:
-        # Mid-answer nothing can be said any more: the client sees a short list and fails.
+        # Mid-answer nothing can be said any more: the client sees a short list and refuses it.
         logger.warning("Cutting %s failed: %s", one_line(path), error)
-    finally:
-        os.close(fd)
-        done()
+        return
+    if pending:
+        yield cdc.encode(pending)
 
 
 def served(root: Root, path: str, follow: bool = True) -> LocalFile:

@@ -508,7 +508,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                              "Empty: the whole file",
               "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}})
     copy_ranges = _operation(
-        "copyRanges", "Copy ranges of a file to other offsets of a temporary file (--delta chunks)",
+        "copyRanges", "Copy ranges of a file to other offsets of a temporary file, which takes the "
+                      "file's mode (--delta chunks)",
         {"200": _json_answer("The bytes copied", "Copied")},
         errors=_PATH_ERRORS + (412, 413, 416, 423),
         parameters=[temporary, _query("from", "The file to copy from (the old target)", {"type": "string"},
