@@ -287,3 +287,13 @@ def test_the_new_version_keeps_the_old_ones_mode(server, tmp_path, unique, direc
     sync(source, target, delta="chunks")
     assert path.read_bytes() == source_data
     assert path.stat().st_mode & 0o7777 == 0o640
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+def test_an_identical_target_is_verified_where_it_is_not_rewritten(server, tmp_path, unique, direction):
+    source, target, path = arrange(direction, server, tmp_path, unique, OLD, OLD)
+    before = path.stat()
+    result = sync(source, target, delta="chunks")
+    assert result.verified and result.bytes_moved == 0 and result.similarity == 100.0
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
