@@ -297,3 +297,12 @@ def test_an_identical_target_is_verified_where_it_is_not_rewritten(server, tmp_p
     assert result.verified and result.bytes_moved == 0 and result.similarity == 100.0
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_chunk_lists_give_their_hash_slots_back(server, unique):
+    # More requests, one after another, than a worker process has hash slots: a slot kept
+    # after an answer would make the later ones wait and then fail with 503.
+    (server.root / unique).write_bytes(random_bytes(10_000, seed=38))
+    for _ in range(12):
+        status, _ = post(server, f"/.pdiffcopy/chunks/{unique}?average=4096")
+        assert status == 200

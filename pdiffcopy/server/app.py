@@ -433,8 +433,9 @@ def create_app(config: ServerConfig) -> Flask:
             metrics.hash_jobs.dec()
             hash_slots.release(client)
 
-        response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream",
-                            direct_passthrough=True)
+        # Not direct_passthrough: Werkzeug then hands the bare generator to the server and
+        # never calls the response's close.
+        response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream")
         response.call_on_close(finished)
         response.headers["ETag"] = etag(info)
         return response
