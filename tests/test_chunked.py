@@ -306,3 +306,17 @@ def test_chunk_lists_give_their_hash_slots_back(server, unique):
     for _ in range(12):
         status, _ = post(server, f"/.pdiffcopy/chunks/{unique}?average=4096")
         assert status == 200
+
+
+def test_the_command_line_takes_delta_chunks_for_trees(tmp_path):
+    source, target = tmp_path / "source", tmp_path / "target"
+    source.mkdir()
+    target.mkdir()
+    big = inserted(OLD, [4096], 100)
+    (source / "big.img").write_bytes(big)
+    (target / "big.img").write_bytes(OLD)
+    done = run_cli("--delta", "chunks", "--stats", f"{source}/", str(target))
+    assert done.returncode == 0, done.stderr
+    assert (target / "big.img").read_bytes() == big
+    found = re.search(r"moved (\d+) bytes in 1 file", done.stdout)
+    assert found and 100 <= int(found.group(1)) <= 16 * 1024, done.stdout

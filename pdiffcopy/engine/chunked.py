@@ -117,10 +117,12 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
 
 
 def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int, method: str,
-           location: str) -> str:
+           location: str, on_hashed: Optional[Callable[[int], None]] = None) -> str:
     """Check every block of ``work`` against the source's digest under ``method`` (a strong one).
 
     Both sides hash every segment at once, each where its file is; only the digests cross.
+
+    :param on_hashed: Called with byte counts as segments are hashed (progress).
 
     :returns: The whole-file digest, as hex.
     :raises VerificationFailed: When a block differs (a false chunk match, a source that changed).
@@ -129,6 +131,11 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
     segments = [[(segment.offset, segment.length)] for segment in plan.segments()]
     ours = [source.submit_hashes(ranges, block_size, method) for ranges in segments]
     theirs = [work.submit_hashes(ranges, block_size, method) for ranges in segments]
+    if on_hashed is not None:
+        for ranges, futures in zip(segments, zip(ours, theirs)):
+            for future in futures:
+                future.add_done_callback(lambda done, length=ranges[0][1]: on_hashed(length)
+                                         if not done.cancelled() and done.exception() is None else None)
     width = digest_size(method)
     source_digests = [d for future in ours for d in split_digests(future.result(), width)]
     work_digests = [d for future in theirs for d in split_digests(future.result(), width)]

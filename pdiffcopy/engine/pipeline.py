@@ -345,12 +345,14 @@ class _SyncJob:
         similarity = Similarity(plan.block_count, changed, plan.size, to_send)
         if self.options.dry_run:
             return self._result(plan, similarity, verified=False, digest="")
+        self.progress.hash_total = 2 * plan.size  # the verification hashes both sides once
         if steps == [cdc.Copy(0, 0, plan.size)] and target_info.size == plan.size:
             # Every chunk where it was: nothing to write if the strong digests agree.
             self.progress.phase = "verifying"
             try:
                 digest = chunked.verify(self.source, self.target, plan.size, plan.block_size,
-                                        verify_method(self.options.hash_method), self.target.location)
+                                        verify_method(self.options.hash_method), self.target.location,
+                                        self.progress.add_hashed)
             except VerificationFailed:
                 pass  # a chunk digest matched where the bytes differ: build it after all
             else:
@@ -374,7 +376,8 @@ class _SyncJob:
             work.flush()
             try:
                 digest = chunked.verify(self.source, work, plan.size, plan.block_size,
-                                        verify_method(self.options.hash_method), self.target.location)
+                                        verify_method(self.options.hash_method), self.target.location,
+                                        self.progress.add_hashed)
             except VerificationFailed:
                 self._check_source_unchanged(source_info)
                 raise
