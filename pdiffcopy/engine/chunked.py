@@ -134,14 +134,22 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
     if on_hashed is not None:
         for ranges, futures in zip(segments, zip(ours, theirs)):
             for future in futures:
-                future.add_done_callback(lambda done, length=ranges[0][1]: on_hashed(length)
-                                         if not done.cancelled() and done.exception() is None else None)
+                future.add_done_callback(_counter(on_hashed, ranges[0][1]))
     width = digest_size(method)
     source_digests = [d for future in ours for d in split_digests(future.result(), width)]
     work_digests = [d for future in theirs for d in split_digests(future.result(), width)]
     check_size(work, size, location)
     check_blocks(source_digests, work_digests, location)
     return digest_bytes(method, tree_digest_input(size, block_size, method, source_digests)).hex()
+
+
+def _counter(on_hashed: Callable[[int], None], length: int) -> Callable[[Future], None]:
+    """A done-callback that counts ``length`` bytes hashed when its future succeeded."""
+    def counted(done: Future) -> None:
+        if not done.cancelled() and done.exception() is None:
+            on_hashed(length)
+
+    return counted
 
 
 def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, source_size: int,
