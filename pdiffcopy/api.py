@@ -38,15 +38,21 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
                   timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
     """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
+    For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
+    endpoint is a :class:`~pdiffcopy.transport.legacyremote.LegacyRemoteFile`); the answer
+    serves the endpoint's first ``stat()``, whose errors it also keeps for then.
+
     :param token: The server's shared secret (None: send none).
     :param concurrency: Connections the remote file may open at once.
     :raises UsageError: For a path that names no file or a URL that names no server.
     """
     if is_url(location):
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
+        from pdiffcopy.transport.legacyremote import remote_file
+        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
 
-        return RemoteFile(location, token=token, concurrency=concurrency,
-                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+        # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
+        return remote_file(location, token=token, concurrency=concurrency,
+                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
     from pdiffcopy.local.file import LocalFile
 
     if not location or location.endswith("/"):

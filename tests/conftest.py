@@ -134,6 +134,24 @@ def unique(request) -> str:
     return f"{safe}-{random.getrandbits(32):08x}.img"
 
 
+@pytest.fixture
+def kill_switch(monkeypatch):
+    """Set ``PDIFFCOPY_NO_FASTPATH`` for this test (None: unset), as a process started with it has it.
+
+    The package reads the switch once per process (``fileops._FAST_PATHS``); processes that
+    tests start read it from the environment.
+    """
+    from pdiffcopy.local import fileops
+
+    def set_to(value: Optional[str]) -> None:
+        if value is None:
+            monkeypatch.delenv(fileops.NO_FASTPATH_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(fileops.NO_FASTPATH_VARIABLE, value)
+        monkeypatch.setattr(fileops, "_FAST_PATHS", value in (None, "", "0"))
+    return set_to
+
+
 def random_bytes(size: int, seed: int = 1) -> bytes:
     return random.Random(seed).randbytes(size)
 

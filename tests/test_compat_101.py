@@ -137,6 +137,26 @@ def test_delta_chunks_with_a_101_server_falls_back_to_blocks(original_server, tm
     assert target.read_bytes() == data
 
 
+def test_the_endpoint_of_a_101_file_is_legacy_from_the_start(original_server, server, tmp_path, unique):
+    """The library decides the kind of a remote file when it makes its endpoint; no endpoint changes class later."""
+    from pdiffcopy.api import file_endpoint
+    from pdiffcopy.transport.legacyremote import LegacyRemoteFile
+    from pdiffcopy.transport.remote import RemoteFile
+
+    data = random_bytes(SIZE, seed=34)
+    (tmp_path / "old.bin").write_bytes(data)
+    (server.root / unique).write_bytes(data)
+    for url, kind in ((f"{original_server}{tmp_path}/old.bin", LegacyRemoteFile), (server.url(unique), RemoteFile)):
+        endpoint = file_endpoint(url)
+        try:
+            assert type(endpoint) is kind
+            info = endpoint.stat()
+            assert info is not None and info.size == SIZE
+            assert type(endpoint) is kind
+        finally:
+            endpoint.close()
+
+
 def test_101_server_with_a_token_stops_in_one_line(original_server, tmp_path):
     """With a token set, the client refuses a server that cannot check it, and writes nothing."""
     source = tmp_path / "source.bin"

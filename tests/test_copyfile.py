@@ -41,10 +41,10 @@ def data(size: int, seed: int = 1) -> bytes:
 
 
 @pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
-    for name in (fastcopy.METHOD_VARIABLE, fastcopy.NO_FASTPATH_VARIABLE,
-                 module.METHOD_VARIABLE, module.DEBUG_VARIABLE):
+def clean_state(monkeypatch, kill_switch):
+    for name in (fastcopy.METHOD_VARIABLE, module.METHOD_VARIABLE, module.DEBUG_VARIABLE):
         monkeypatch.delenv(name, raising=False)
+    kill_switch(None)
     fastcopy.forget_refusals()
     yield
     unpatch_copyfile()

@@ -140,6 +140,16 @@ def read_all(endpoint: FileEndpoint, ranges) -> bytes:
 # -- files: describing ----------------------------------------------------------------------
 
 
+def test_exists_says_whether_the_file_is_there(files):
+    (files.directory / "there").write_bytes(b"x")
+    (files.directory / "empty").write_bytes(b"")
+    assert files.open("there").exists()
+    assert files.open("empty").exists()
+    assert not files.open("none").exists()
+
+
+
+
 def test_stat_of_a_missing_file_is_none(files):
     assert files.open("missing.img").stat() is None
 
@@ -683,6 +693,7 @@ def test_file_endpoint_reads_and_writes_a_member(trees):
     build_tree(trees.directory / "tree")
     tree = trees.open("tree")
     member = tree.file_endpoint("sub/b.bin")
+    assert member.exists()
     info = member.stat()
     assert info is not None and (info.kind, info.size) == ("file", 3000)
     assert read_all(member, [(0, 3000)]) == random_bytes(3000)
@@ -695,6 +706,7 @@ def test_file_endpoint_reads_and_writes_a_member(trees):
 def test_file_endpoint_of_a_missing_member_is_missing(trees):
     build_tree(trees.directory / "tree")
     member = trees.open("tree").file_endpoint("sub/none")
+    assert not member.exists()
     assert member.stat() is None
     with pytest.raises(FileMissing):
         read_all(member, [(0, 1)])

@@ -70,10 +70,10 @@ def supports_reflink(directory: Path) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
+def clean_environment(monkeypatch, kill_switch):
     """No forced method from the caller's environment; fresh detection per test."""
     monkeypatch.delenv(fastcopy.METHOD_VARIABLE, raising=False)
-    monkeypatch.delenv(fastcopy.NO_FASTPATH_VARIABLE, raising=False)
+    kill_switch(None)
     fastcopy.forget_refusals()
     yield
     fastcopy.forget_refusals()
@@ -148,13 +148,13 @@ def test_forced_method_copies_byte_for_byte(tmp_path, monkeypatch, method, size,
     assert leftovers(tmp_path) == []
 
 
-def test_no_fastpath_variable_forces_read_write(tmp_path, monkeypatch):
+def test_no_fastpath_variable_forces_read_write(tmp_path, kill_switch):
     source, target = tmp_path / "source", tmp_path / "target"
     source.write_bytes(data(MiB + 3))
-    monkeypatch.setenv(fastcopy.NO_FASTPATH_VARIABLE, "1")
+    kill_switch("1")
     assert copy_file(str(source), str(target)).method == "readwrite"
     assert target.read_bytes() == source.read_bytes()
-    monkeypatch.setenv(fastcopy.NO_FASTPATH_VARIABLE, "0")  # 0 means off
+    kill_switch("0")  # 0 means off
     assert copy_file(str(source), str(target)).method != "readwrite"
 
 

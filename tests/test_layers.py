@@ -74,6 +74,26 @@ def test_a_layer_does_not_import_what_it_must_not(module):
     assert not imported_modules(module) & FORBIDDEN[module]
 
 
+#: Calls that look at this machine's file system by name: the engine asks its endpoints instead
+#: (a remote endpoint's location is a URL, and a confined one's is not a path to open).
+FILE_SYSTEM_CALLS = ("os.path.", "os.stat(", "os.lstat(", "os.listdir(", "os.scandir(", "open(")
+
+
+def test_the_engine_never_looks_at_the_file_system_by_name():
+    engine = Path(pdiffcopy.__file__).parent / "engine"
+    found = [(module.name, call) for module in sorted(engine.glob("*.py"))
+             for call in FILE_SYSTEM_CALLS if call in module.read_text().replace("os.fdopen(", "")]
+    assert found == []
+
+
+def test_the_package_has_no_test_hooks():
+    # A test changes what it runs against (a proxy, a slow link, the library's parameters), never
+    # the program through a variable only tests set.
+    package = Path(pdiffcopy.__file__).parent
+    assert [str(module.relative_to(package)) for module in sorted(package.rglob("*.py"))
+            if "PDIFFCOPY_TEST" in module.read_text()] == []
+
+
 def test_the_server_imports_without_its_launcher():
     code = "import sys, pdiffcopy.server.app; assert 'pdiffcopy.server.service' not in sys.modules, sorted(sys.modules)"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

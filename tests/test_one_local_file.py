@@ -126,18 +126,45 @@ def test_the_kill_switch_stops_every_fast_path_of_a_server(tmp_path):
     assert fast_calls(trace) == []
 
 
-def test_fast_paths_are_judged_in_one_place(monkeypatch):
-    monkeypatch.delenv("PDIFFCOPY_NO_FASTPATH", raising=False)
-    assert fileops.fast_paths_enabled()
-    for value, enabled in (("1", False), ("yes", False), ("0", True), ("", True)):
-        monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", value)
-        assert fileops.fast_paths_enabled() is enabled
+def _fast_paths_in_a_new_process(value, code: str = "") -> str:
+    """What a new Python process started with the kill switch at ``value`` (None: unset) prints."""
+    import sys
+
+    env = {key: item for key, item in os.environ.items() if key != "PDIFFCOPY_NO_FASTPATH"}
+    if value is not None:
+        env["PDIFFCOPY_NO_FASTPATH"] = value
+    program = "from pdiffcopy.local import fileops\nprint(fileops.fast_paths_enabled())\n" + code
+    completed = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
+                               timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    return completed.stdout.split()
+
+
+def test_fast_paths_are_judged_in_one_place():
+    for value, enabled in ((None, True), ("1", False), ("yes", False), ("0", True), ("", True)):
+        assert _fast_paths_in_a_new_process(value) == [str(enabled)]
+
+
+def test_the_kill_switch_is_read_once_per_process_and_inherited_by_forks():
+    # Flipped after the first use: the process and a worker forked after it keep the first answer.
+    flip_then_fork = (
+        "import os\n"
+        "if os.environ.pop('PDIFFCOPY_NO_FASTPATH', None) is None:\n"
+        "    os.environ['PDIFFCOPY_NO_FASTPATH'] = '1'\n"
+        "print(fileops.fast_paths_enabled(), flush=True)\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    print(fileops.fast_paths_enabled(), flush=True)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(child, 0)\n")
+    assert _fast_paths_in_a_new_process(None, flip_then_fork) == ["True"] * 3
+    assert _fast_paths_in_a_new_process("1", flip_then_fork) == ["False"] * 3
 
 
 @pytest.mark.parametrize("switch", ["", "1"])
-def test_a_confined_file_stays_beneath_its_root_with_and_without_the_kill_switch(tmp_path, monkeypatch,
+def test_a_confined_file_stays_beneath_its_root_with_and_without_the_kill_switch(tmp_path, kill_switch,
                                                                                  switch):
-    monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", switch)
+    kill_switch(switch)
     root_dir, outside = tmp_path / "root", tmp_path / "outside"
     (root_dir / "d").mkdir(parents=True)
     outside.mkdir()
@@ -273,8 +300,8 @@ def test_one_umask_reader_and_one_range_copy_loop():
 
 @pytest.mark.parametrize("switch", ["", "1"])
 @pytest.mark.parametrize("length", [0, 1, 5000, 3 * 1024 * 1024 + 7])
-def test_the_copy_loop_copies_what_there_is(tmp_path, monkeypatch, switch, length):
-    monkeypatch.setenv("PDIFFCOPY_NO_FASTPATH", switch)
+def test_the_copy_loop_copies_what_there_is(tmp_path, kill_switch, switch, length):
+    kill_switch(switch)
     data = random_bytes(length)
     (tmp_path / "source").write_bytes(data)
     source = os.open(tmp_path / "source", os.O_RDONLY)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http.client
+import http.server
 import re
+import threading
 import urllib.parse
 
 import pytest
@@ -15,6 +17,10 @@ zstandard = pytest.importorskip("zstandard")
 from pdiffcopy.core import compression  # noqa: E402
 
 MiB = 1024 ** 2
+
+#: A real bandwidth limit (``--bwlimit``), slow enough that one core compresses faster than the
+#: link moves bytes, fast enough that 48 MiB cross it in a few seconds.
+SLOW_LINK = "16M"
 
 WIRE = re.compile(r"moved (?P<moved>\d+) bytes.*?(?P<sent>\d+) bytes sent and (?P<received>\d+) bytes received "
                   r"on the wire")
@@ -117,15 +123,51 @@ def test_no_compress_stays_plain(tmp_path, server, unique):
     assert got["sent"] >= len(data)
 
 
+def _measuring(url: str):
+    """The adaptive policy told to measure a loopback link, as it would the near end of a tunnel."""
+    from pdiffcopy.transport.remote import Compression, split_server_url
+
+    return Compression("auto", split_server_url(url)[0], measure_loopback=True)
+
+
+def _traffic(run) -> dict:
+    """What ``run()`` (an in-process sync) moved: its result's bytes and this process's bytes on the wire."""
+    from pdiffcopy.transport import wire
+
+    before = wire.totals()
+    result = run()
+    sent, received = (now - then for now, then in zip(wire.totals(), before))
+    return {"result": result, "sent": sent, "received": received}
+
+
+def _pull_on_a_slow_link(url: str, target) -> dict:
+    """Pull ``url`` into ``target`` through the library over a real slow link (the engine's --bwlimit)."""
+    from pdiffcopy.engine.pipeline import file_options, run_sync
+    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.transport.remote import RemoteFile
+
+    source = RemoteFile(url, concurrency=1, compress=_measuring(url))
+    return _traffic(lambda: run_sync(source, LocalFile(str(target)), file_options(concurrency=1, bwlimit=SLOW_LINK)))
+
+
 def test_the_default_switches_on_a_slow_link(tmp_path, server, unique):
-    # The test hook makes the policy see a 1 MB/s link: the first transfer goes plain, then the
-    # sample and the link rate say compressing pays, and the rest goes compressed.
+    # A genuinely slow link: the first transfer goes plain, then the sample and the link rate say
+    # compressing pays, and the rest goes compressed.
     data = text(48 * MiB, seed=10)
+    (server.root / unique).write_bytes(data)
+    got = _pull_on_a_slow_link(server.url(unique), tmp_path / "b")
+    assert (tmp_path / "b").read_bytes() == data
+    assert got["received"] < 0.6 * len(data)
+
+
+def test_the_client_ignores_the_old_link_rate_variable(tmp_path, server, unique):
+    # It was a test hook that made loopback look like a 1 MB/s link; loopback stays plain.
+    data = text(24 * MiB, seed=14)
     (server.root / unique).write_bytes(data)
     got = wire(run_cli("--no-progress", "--stats", "-c", "1", server.url(unique), tmp_path / "b",
                        env_extra={"PDIFFCOPY_TEST_LINK_RATE": "1000000"}))
     assert (tmp_path / "b").read_bytes() == data
-    assert got["received"] < 0.6 * len(data)
+    assert got["received"] >= len(data)
 
 
 def test_z_and_no_compress_together_are_a_usage_error(tmp_path):
@@ -183,16 +225,83 @@ def test_the_server_refuses_a_damaged_patch_and_writes_nothing(server, unique, h
     assert (server.root / unique).read_bytes() == before[:MiB] + new
 
 
+class DamagingProxy:
+    """An HTTP proxy on 127.0.0.1 in front of a real server that damages every compressed frame it passes on.
+
+    Everything else (requests, headers, other answers) goes through unchanged, so the client talks
+    to the real server and only its checks of the frames stand between the damage and the target.
+    """
+
+    def __init__(self, upstream_port: int, how: str) -> None:
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as the client expects
+
+            def forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                headers = {key: value for key, value in self.headers.items()
+                           if key.lower() not in ("connection", "keep-alive")}
+                upstream = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                try:
+                    upstream.request(self.command, self.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                if (answer.headers.get("Content-Type") or "").startswith(compression.FRAMES_TYPE):
+                    data = _damage_every_frame(data, proxy.how)
+                    proxy.damaged += 1
+                self.send_response_only(answer.status, answer.reason)
+                for key, value in answer.headers.items():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "keep-alive"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = forward
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.how = how
+        #: Answers damaged so far: the test checks that the damage was really done.
+        self.damaged = 0
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.http.server_address[1]}/{name}"
+
+    def stop(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _damage_every_frame(body: bytes, how: str) -> bytes:
+    """``body`` (headers and zstd frames) with each frame damaged as :func:`_damage` does."""
+    header = compression.FRAME_HEADER
+    out, position = [], 0
+    while position < len(body):
+        _, _, frame_length = header.unpack_from(body, position)
+        end = position + header.size + frame_length
+        out.append(_damage(body[position:end], how))
+        position = end
+    return b"".join(out)
+
+
 @pytest.mark.parametrize("how", ["corrupt", "truncate", "length"])
-def test_the_client_catches_damaged_frames(tmp_path, unique, how):
-    root = tmp_path / "root"
-    root.mkdir()
+def test_the_client_catches_damaged_frames(tmp_path, server, unique, how):
     data = text(3 * MiB, seed=12)
-    (root / "f").write_bytes(data)
-    damaging = start_server(root, tmp_path / "server.log",
-                            env_extra={"PDIFFCOPY_TEST_DAMAGE_FRAMES": how})
+    (server.root / unique).write_bytes(data)
+    proxy = DamagingProxy(server.port, how)
     try:
-        done = run_cli("--no-progress", "-z", damaging.url("f"), tmp_path / "b")
+        done = run_cli("--no-progress", "-z", proxy.url(unique), tmp_path / "b")
+        assert proxy.damaged, "no compressed answer went through the proxy"
         assert done.returncode != 0
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
@@ -200,7 +309,22 @@ def test_the_client_catches_damaged_frames(tmp_path, unique, how):
         assert not (tmp_path / "b").exists() or (tmp_path / "b").read_bytes() != data
         assert "synced" not in done.stdout.lower()
     finally:
-        damaging.stop()
+        proxy.stop()
+
+
+def test_the_server_ignores_the_old_damage_variable(tmp_path):
+    # It was a test hook that made a server damage its own frames; a server sends them whole.
+    root = tmp_path / "root"
+    root.mkdir()
+    data = text(3 * MiB, seed=12)
+    (root / "f").write_bytes(data)
+    running = start_server(root, tmp_path / "server.log", env_extra={"PDIFFCOPY_TEST_DAMAGE_FRAMES": "corrupt"})
+    try:
+        done = run_cli("--no-progress", "-z", running.url("f"), tmp_path / "b")
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "b").read_bytes() == data
+    finally:
+        running.stop()
 
 
 def _get(server, name: str, headers: dict):
@@ -314,24 +438,30 @@ def test_the_metrics_count_compressed_bytes_only_when_compressing(tmp_path):
 
 @pytest.mark.parametrize("direction", ["push", "pull"])
 def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction):
-    # The first batch goes plain and teaches the policy (the test hook's 1 MB/s link); the
-    # batches after it go compressed.
+    # The first batch goes plain and teaches the policy (a genuinely slow link); the batches after
+    # it go compressed.
+    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.transport.remotetree import RemoteTree
+
     source = tmp_path / "src"
     source.mkdir()
     files = {f"f{i:02d}.log": text(MiB, seed=100 + i) for i in range(48)}
     for name, data in files.items():
         (source / name).write_bytes(data)
     total = sum(len(data) for data in files.values())
-    slow = {"PDIFFCOPY_TEST_LINK_RATE": "1000000"}
+    remote = RemoteTree(server.url(unique), concurrency=1, compress=_measuring(server.url(unique)))
     if direction == "pull":
-        remote = server.root / unique
-        source.rename(remote)
-        source, target = server.url(unique) + "/", str(tmp_path / "dst")
-        written = tmp_path / "dst"
+        source.rename(server.root / unique)
+        trees, written = (remote, LocalTree(str(tmp_path / "dst"))), tmp_path / "dst"
     else:
-        target = server.url(unique)
-        source, written = f"{source}/", server.root / unique
-    got = wire(run_cli("--no-progress", "--stats", "-c", "1", source, target, env_extra=slow))
+        trees, written = (LocalTree(str(source)), remote), server.root / unique
+    try:
+        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1, bwlimit=SLOW_LINK)))
+    finally:
+        for tree in trees:
+            tree.close()
+    assert not got["result"].failures
     for name, data in files.items():
         assert (written / name).read_bytes() == data
     assert got["sent" if direction == "push" else "received"] < 0.6 * total
@@ -345,8 +475,7 @@ def test_the_default_switches_for_scattered_changes_too(tmp_path, server, unique
         changed[start:start + MiB] = text(MiB, seed=start)
     (server.root / unique).write_bytes(bytes(changed))
     (tmp_path / "b").write_bytes(data)
-    got = wire(run_cli("--no-progress", "--stats", "-c", "1", server.url(unique), tmp_path / "b",
-                       env_extra={"PDIFFCOPY_TEST_LINK_RATE": "1000000"}))
+    got = _pull_on_a_slow_link(server.url(unique), tmp_path / "b")
     assert (tmp_path / "b").read_bytes() == bytes(changed)
     # The first request (16 MiB of ranges) goes plain; the other 16 MiB compressed.
     assert got["received"] < 0.75 * 32 * MiB

@@ -28,12 +28,13 @@ MAX_FAILURES_LISTED = 50
 def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Optional[str]:
     """"file", "directory", "other" or None (missing), following a symlink at the top."""
     if is_url(location):
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile, split_server_url
+        from pdiffcopy.api import file_endpoint
+        from pdiffcopy.transport.remote import split_server_url
 
         if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
             return "directory"  # the server's root
-        endpoint = RemoteFile(location.rstrip("/"), token=token, concurrency=1,
-                              timeout=args.timeout or DEFAULT_TIMEOUT, ca_file=args.ca_file)
+        endpoint = file_endpoint(location.rstrip("/"), token=token, concurrency=1, timeout=args.timeout,
+                                 ca_file=args.ca_file)
         try:
             info = endpoint.stat()
         finally:

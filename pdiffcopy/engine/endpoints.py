@@ -90,6 +90,14 @@ class FileEndpoint(ABC):
     def remove_temporary(self) -> None:
         """Remove this temporary file (after a failure)."""
 
+    def exists(self) -> bool:
+        """Whether anything has the file's name (a dangling symlink of a local file does).
+
+        The engine asks this, never the file system: a remote file's location is a URL, and a
+        confined file's location need not be a path that can be opened. By default a stat.
+        """
+        return self.stat() is not None
+
     # -- optional capabilities: each has a default that says "unsupported"
     # or does the portable thing, so the engine asks instead of checking types.
 

@@ -196,7 +196,7 @@ class _SyncJob:
                 endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if e.hashes_here()]
-        if self.target.can_copy_from(self.source) and (options.whole_file or not os.path.lexists(target.location)):
+        if self.target.can_copy_from(self.source) and (options.whole_file or not target.exists()):
             # A whole-file copy between local files hashes in a thread beside
             # the copy: the hash functions release the GIL, forking processes
             # (and importing multiprocessing) costs more than it saves, and

@@ -204,6 +204,15 @@ class LocalFile(FileEndpoint):
         except OSError as error:
             raise storage_error(error, f"flush the directory of {self.path}") from None
 
+    def exists(self) -> bool:
+        if self._root is None:
+            return os.path.lexists(self.path)
+        try:
+            os.close(self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW))
+        except FileMissing:
+            return False
+        return True
+
     def stat(self) -> Optional[FileInfo]:
         try:
             info = self.status()

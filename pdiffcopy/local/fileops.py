@@ -46,18 +46,23 @@ REFUSALS = frozenset({
 NO_FASTPATH_VARIABLE = "PDIFFCOPY_NO_FASTPATH"
 
 
+#: The kill switch as this process found it: read once, when this module is first imported (the
+#: small files of a tree ask for every file), and inherited by forked workers with the rest of
+#: their parent's memory, so a process and its workers never disagree.
+_FAST_PATHS = os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
+
+
 def fast_paths_enabled() -> bool:
-    """Whether the fast paths may be used; the one place :data:`NO_FASTPATH_VARIABLE` is read.
+    """Whether the fast paths may be used; the one place :data:`NO_FASTPATH_VARIABLE` is judged.
 
     Every fast path asks here first and takes its plain way when told no:
     ``copy_file_range``, ``sendfile`` and ``FICLONE`` copy by reading and
     writing, ``openat2`` confinement walks the path one ``O_NOFOLLOW``
     component at a time (just as safe, stricter: it refuses every symlink),
     and the advisory ``posix_fadvise`` and ``sync_file_range`` are left out.
-    Read at each use (a dictionary look-up), so a process's whole life obeys
-    its environment and a test can flip it.
+    The environment is read once per process (see :data:`_FAST_PATHS`).
     """
-    return os.environ.get(NO_FASTPATH_VARIABLE, "") in ("", "0")
+    return _FAST_PATHS
 
 
 #: A temporary file untouched for this long is left over from a run that

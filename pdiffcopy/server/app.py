@@ -51,7 +51,6 @@ from pdiffcopy.core.byteranges import (
 )
 from pdiffcopy.core.compression import (
     ENCODING,
-    FRAME_HEADER,
     FRAMES_TYPE,
     CompressionError,
     accepts_zstd,
@@ -935,8 +934,6 @@ def _frames_body(fd: int, ranges: List[ByteRange], metrics: Optional[ServerMetri
             if len(data) != length:
                 return  # the file shrank: the client sees a short body and fails
             framed = frame(offset, data)
-            if DAMAGE_FRAMES_VARIABLE in os.environ:
-                framed = _damaged(framed, os.environ[DAMAGE_FRAMES_VARIABLE])
             if metrics is not None:
                 metrics.bytes_served.inc(length)
                 metrics.compressed_bytes.labels("sent").inc(length)
@@ -945,23 +942,6 @@ def _frames_body(fd: int, ranges: List[ByteRange], metrics: Optional[ServerMetri
             yield framed
     finally:
         os.close(fd)
-
-
-#: A test hook, never set in production: "corrupt", "truncate" or "length" damages every frame
-#: the server sends, so the tests can show that the client catches each kind of damage.
-DAMAGE_FRAMES_VARIABLE = "PDIFFCOPY_TEST_DAMAGE_FRAMES"
-
-
-def _damaged(framed: bytes, how: str) -> bytes:
-    """``framed`` (a header and a zstd frame) damaged as the test hook asks."""
-    offset, length, frame_length = FRAME_HEADER.unpack_from(framed)
-    body = bytearray(framed[FRAME_HEADER.size:])
-    if how == "truncate":
-        return framed[: FRAME_HEADER.size + frame_length // 2]
-    if how == "length":
-        return FRAME_HEADER.pack(offset, length - 1, frame_length) + bytes(body)
-    body[len(body) // 2] ^= 0xFF
-    return framed[:FRAME_HEADER.size] + bytes(body)
 
 
 def _coded_body(fd: int, size: int, metrics: Optional[ServerMetrics],

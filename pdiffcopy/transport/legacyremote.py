@@ -9,9 +9,10 @@ no lock and no fsync; this endpoint does without them: a new file is written
 in place (``--atomic`` cannot be honoured), and only our own whole-file
 verification at the end vouches for the result.
 
-:class:`~pdiffcopy.transport.remote.RemoteFile` turns into this class when its first
-request finds a 1.0.1 server (see :func:`become_legacy`), so the sync engine
-needs no knowledge of it.
+:func:`remote_file` (which :func:`pdiffcopy.api.file_endpoint` calls) makes a
+:class:`LegacyRemoteFile` instead of a :class:`~pdiffcopy.transport.remote.RemoteFile`
+when the file's first request finds a 1.0.1 server, so the sync engine needs
+no knowledge of it, and no endpoint changes its kind midway.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import RemoteError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
-from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
 
 logger = logging.getLogger(__name__)
 
@@ -46,37 +47,37 @@ LEGACY_METHODS = frozenset(hashlib.algorithms_guaranteed) - {"shake_128", "shake
 _warned: Set[str] = set()
 
 
-def become_legacy(remote: RemoteFile) -> Optional[FileInfo]:
-    """Turn ``remote`` into a :class:`LegacyRemoteFile` and return its :meth:`~LegacyRemoteFile.stat`.
+def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
+                timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None) -> RemoteFile:
+    """The endpoint of a file URL: a :class:`RemoteFile`, or a :class:`LegacyRemoteFile` on a 1.0.1 server.
 
-    With a token, the sync stops instead: the user asked for a server that
-    checks who writes, and 1.0.1 lets anyone in. Without one, the token is
-    never sent (1.0.1 has no use for it).
+    Decided here by the file's first request (:meth:`RemoteFile.on_legacy_server`), whose answer
+    serves the endpoint's first :meth:`~RemoteFile.stat`. With a token, a 1.0.1 server stops
+    the sync instead: the user asked for a server that checks who writes, and 1.0.1 lets anyone
+    in. Without one, the token is never sent (1.0.1 has no use for it).
 
-    :param remote: A file whose server was just found to be 1.0.1 (see
-                   :meth:`~pdiffcopy.transport.remote.HttpClient.legacy_server`).
-    :raises RemoteError: When a token is set.
+    :raises RemoteError: For a 1.0.1 server when a token is set.
     """
-    if remote.token:
+    remote = RemoteFile(url, token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
+    try:
+        if not remote.on_legacy_server():
+            return remote
+    except BaseException:
+        remote.close()
+        raise
+    remote.close()
+    if token:
         raise RemoteError(f"{remote.base}: this is a pdiffcopy 1.0.1 server, which cannot check a token; "
-                          f"sync without one to use its old API, or upgrade it (see docs/migration.rst)"
-                          ) from None
-    remote.__class__ = LegacyRemoteFile
-    assert isinstance(remote, LegacyRemoteFile)
-    remote._start_legacy()
-    info = remote.stat()  # (a directory fails here: then the error is the only line)
-    if remote.base not in _warned:  # once per server and run, not per file opened
-        _warned.add(remote.base)
-        logger.warning("%s: this is a pdiffcopy 1.0.1 server; syncing through its old API, without "
-                       "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", remote.base)
-    return info
+                          f"sync without one to use its old API, or upgrade it (see docs/migration.rst)")
+    return LegacyRemoteFile(url, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
 
 
 class LegacyRemoteFile(RemoteFile):
-    """A file on a pdiffcopy 1.0.1 server (made by :func:`become_legacy`, not directly)."""
+    """A file on a pdiffcopy 1.0.1 server (made by :func:`remote_file` when it finds one)."""
 
-    def _start_legacy(self) -> None:
-        self.client.token = None
+    def __init__(self, url: str, concurrency: int = 4, timeout: float = DEFAULT_TIMEOUT,
+                 ca_file: Optional[str] = None) -> None:
+        super().__init__(url, token=None, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
         #: By (block size, method): how many writes preceded the fetch, and the digests by offset.
         self._digest_cache: Dict[Tuple[int, str], Tuple[int, Dict[int, bytes]]] = {}
         #: Byte ranges (offset, end) written, in order: what makes cached digests stale.
@@ -108,6 +109,11 @@ class LegacyRemoteFile(RemoteFile):
         if probe.status != 200:
             raise RemoteError(f"{self.base}: this is a pdiffcopy 1.0.1 server, which cannot read "
                               f"/{self.path} (a directory? with 1.0.1, only single files sync)")
+        # After the checks: a directory's error is then the only line.
+        if self.base not in _warned:  # once per server and run, not per file opened
+            _warned.add(self.base)
+            logger.warning("%s: this is a pdiffcopy 1.0.1 server; syncing through its old API, without "
+                           "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", self.base)
         return FileInfo("file", size, 0, "")
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
@@ -236,4 +242,4 @@ class LegacyRemoteFile(RemoteFile):
         pass
 
 
-__all__ = ["LEGACY_METHODS", "LegacyRemoteFile", "become_legacy"]
+__all__ = ["LEGACY_METHODS", "LegacyRemoteFile", "remote_file"]

@@ -22,6 +22,7 @@ import socket
 import struct
 import threading
 import time
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
@@ -327,24 +328,23 @@ def _limited_chunks(chunks, bucket: TokenBucket):
         yield chunk
 
 
-#: A test hook, not a setting: when set (bytes per second), the adaptive policy sees this link
-#: rate instead of the measured one, so a test can show the switch to compression on loopback.
-TEST_LINK_RATE_VARIABLE = "PDIFFCOPY_TEST_LINK_RATE"
-
-
 class Compression:
     """Whether a stream's ranges cross the wire compressed: the mode asked for, and for ``auto``
     the :class:`~pdiffcopy.core.compression.AdaptivePolicy` fed with what the stream's plain transfers showed.
 
     Shared by a file, its temporary, and the files of one tree, so what one measured serves all.
+
+    :param measure_loopback: Let the policy decide on a loopback address too. By default a
+                             loopback server stays plain (no link to spare: compressing only
+                             costs CPU); the near end of a tunnel (``ssh -L``) is loopback with
+                             a real link behind it, which a library caller can say here.
     """
 
-    def __init__(self, mode: str = "auto", base: str = "") -> None:
+    def __init__(self, mode: str = "auto", base: str = "", measure_loopback: bool = False) -> None:
         self.mode = compression.check_mode(mode)
         self.policy = AdaptivePolicy(os.cpu_count() or 1)
-        self._test_rate = float(os.environ.get(TEST_LINK_RATE_VARIABLE) or 0)
-        # No link to spare: on loopback compressing only costs CPU.
-        self._loopback = is_loopback(urlsplit(base).hostname or "") and not self._test_rate
+        self.measure_loopback = measure_loopback
+        self._loopback = is_loopback(urlsplit(base).hostname or "") and not measure_loopback
 
     def now(self) -> bool:
         """Whether the next request should compress."""
@@ -359,8 +359,6 @@ class Compression:
     def observed(self, count: int, seconds: float, sample: Optional[bytes]) -> None:
         if sample:
             self.policy.sample(sample)
-        if self._test_rate:
-            count, seconds = int(self._test_rate), 1.0
         self.policy.link_observed(count, seconds)
         logger.debug("Compression: ratio %s, one core %s B/s, link %s B/s: %s", self.policy.ratio,
                      self.policy.compress_rate, self.policy.link_rate, self.policy.compress())
@@ -510,7 +508,7 @@ class HttpClient:
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as error:
                 connection.close()
                 if attempt == 2 or not reused or not replayable:
-                    raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+                    raise self.lost(error) from None
             except BaseException as error:
                 connection.close()
                 if isinstance(error, (OSError, http.client.HTTPException)):
@@ -633,6 +631,8 @@ class RemoteFile(FileEndpoint):
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
         self.compression = compress if isinstance(compress, Compression) else Compression(compress, self.base)
+        #: The answer of the stat :meth:`on_legacy_server` sent, for the next :meth:`stat` (at most one).
+        self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
 
     # -- transport -------------------------------------------------------
 
@@ -666,17 +666,26 @@ class RemoteFile(FileEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: str) -> None:
-        self.compression = Compression(mode, self.base)
+        self.compression = Compression(mode, self.base, self.compression.measure_loopback)
 
     def stat(self) -> Optional[FileInfo]:
+        answer = self._first_stat.pop() if self._first_stat else self._ask_stat()
+        if isinstance(answer, PdiffcopyError):
+            raise answer  # a 1.0.1 server: a file of it is a LegacyRemoteFile (see on_legacy_server)
+        return answer
+
+    def exists(self) -> bool:
+        return self.stat() is not None  # the server's answer: a dangling symlink there is missing
+
+    def _ask_stat(self) -> "Optional[FileInfo] | RemoteError":
+        """The file's stat (None: missing), or the error naming a pdiffcopy 1.0.1 server."""
         response = self.request("GET", self._target("stat"), expected=(200, 404))
         if response.status == 404:
             response.close()
             if not _is_json(response):  # our server's 404 is JSON; 1.0.1's is an HTML page
-                if self.client.legacy_server() is not None:
-                    from pdiffcopy.transport.legacyremote import become_legacy
-
-                    return become_legacy(self)  # this object now speaks 1.0.1's API
+                legacy = self.client.legacy_server()
+                if legacy is not None:
+                    return legacy
             return None
         try:
             data = response.json()
@@ -684,6 +693,22 @@ class RemoteFile(FileEndpoint):
                             str(data["etag"]))
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
             raise self.client.malformed() from None
+
+    def on_legacy_server(self) -> bool:
+        """Whether the file's server is pdiffcopy 1.0.1 (see :data:`LEGACY_PROBE`), asked with the file's stat.
+
+        The answer, or the error, of that stat is kept for the next :meth:`stat`: a sync with a
+        current server sends no request more for this question, and fails where it always did.
+        """
+        try:
+            answer = self._ask_stat()
+        except PdiffcopyError as error:
+            self._first_stat = [error]
+            return False
+        if isinstance(answer, RemoteError):
+            return True
+        self._first_stat = [answer]
+        return False
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
@@ -728,7 +753,7 @@ class RemoteFile(FileEndpoint):
             yield from self._read_frames(response, ranges)
             return
         sample: Optional[bytes] = None
-        try:
+        with self._reading(response):
             stream = response.raw
             # The server merges ranges that touch (byteranges.parse_range_header);
             # an older one sends them as asked. Either is fine, as long as
@@ -762,16 +787,10 @@ class RemoteFile(FileEndpoint):
             if learning:
                 self.compression.observed(sum(length for _, length in received), time.perf_counter() - started,
                                           sample)
-        except BadRequest as error:
-            raise RemoteError(f"Server {self.base} sent a malformed answer: {error}") from None
-        except (OSError, ValueError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
-        finally:
-            response.close()
 
     def _read_frames(self, response: _Response, ranges: List[ByteRange]) -> Iterator[Chunk]:
         """The chunks of an answer of compressed pieces: exactly the pieces of the ranges asked for, in order."""
-        try:
+        with self._reading(response):
             expected = compression.pieces(merge_ranges(ranges))
             for offset, data, _ in compression.read_frames(response.raw.read):
                 if (offset, len(data)) != next(expected, None):
@@ -779,10 +798,22 @@ class RemoteFile(FileEndpoint):
                 yield offset, memoryview(data)
             if next(expected, None) is not None:
                 raise RemoteError(f"Server {self.base} left out ranges that were asked for")
-        except CompressionError as error:
+
+    @contextmanager
+    def _reading(self, response: _Response) -> Iterator[None]:
+        """Read the body of ``response`` inside: a failure becomes one line, and the answer is closed after.
+
+        One place for what can go wrong in a body of ranges, plain or compressed: a malformed
+        answer, damaged frames, or the connection lost midway.
+        """
+        try:
+            yield
+        except BadRequest as error:
+            raise self.client.malformed(str(error)) from None
+        except CompressionError as error:  # (a ValueError: before the clause below)
             raise RemoteError(f"Server {self.base} sent damaged data: {error}") from None
         except (OSError, ValueError, http.client.HTTPException) as error:
-            raise RemoteError(f"Lost the connection to {self.base}: {_reason(error)}") from None
+            raise self.client.lost(error) from None
         finally:
             response.close()
 

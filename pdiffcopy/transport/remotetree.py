@@ -58,12 +58,18 @@ _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
 
 
 class RemoteTree(TreeEndpoint):
-    """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash)."""
+    """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
+
+    :param compress: A mode (``"auto"``, ``"always"``, ``"never"``) or a
+                     :class:`~pdiffcopy.transport.remote.Compression` to share, as
+                     :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
+    """
 
     is_remote = True
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
-                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
+                 compress: "str | Compression" = "auto") -> None:
         self.location = url
         self.base, path = split_server_url(url)
         #: The tree's path below the server's root ("" for the root itself).
@@ -74,7 +80,7 @@ class RemoteTree(TreeEndpoint):
         self.ca_file = ca_file
         self.client = HttpClient(self.base, token, timeout, ca_file)
         #: One for the tree's files: what the first big files showed of the link serves the next.
-        self.compression = Compression("auto", self.base)
+        self.compression = compress if isinstance(compress, Compression) else Compression(compress, self.base)
         self._warned: set = set()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
@@ -288,7 +294,7 @@ class RemoteTree(TreeEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: str) -> None:
-        self.compression = Compression(mode, self.base)
+        self.compression = Compression(mode, self.base, self.compression.measure_loopback)
 
     def close(self) -> None:
         self.client.close()
