@@ -80,7 +80,8 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          token: Optional[str] = None, timeout: Optional[float] = None,
          ca_file: Optional[str] = None, cache: str = "auto",
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
-         compress: str = "auto", delta: str = "blocks") -> SyncResult:
+         compress: str = "auto", piece_size: "int | str | None" = None,
+         delta: str = "blocks") -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -109,6 +110,9 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
                     None or 0: no limit. A sync between local files ignores it.
     :param compress: zstd on the wire: ``"always"`` (``-z``), ``"never"``, or ``"auto"``: when
                      the data shrinks and the link, not the CPU, is the bottleneck.
+    :param piece_size: Changed blocks are hashed again in pieces of this size (bytes or ``"4K"``)
+                       and only the pieces that differ move; 0: off. It must divide the block
+                       size; None: 4 KiB where it does (docs/design.rst, sub-block refinement).
     :param delta: How changes are found: ``"blocks"`` compares fixed blocks in place (files
                   changed in place: disk images, databases); ``"chunks"`` cuts both files into
                   content-defined chunks and finds bytes that moved (inserted or removed data:
@@ -118,7 +122,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     """
     options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                            concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
-                           bwlimit=bwlimit, compress=compress, delta=delta)
+                           bwlimit=bwlimit, compress=compress, piece_size=piece_size, delta=delta)
     check_locations(source, target)
     # Endpoints before the engine: a bad path or URL fails before any process starts.
     source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,

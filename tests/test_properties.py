@@ -49,6 +49,7 @@ from pdiffcopy.core.byteranges import (
     part_header,
     read_parts,
 )
+from pdiffcopy.core.refine import resolve_piece_size
 from pdiffcopy.errors import BadRequest, RangeNotSatisfiable, UsageError
 
 # -- the sync, end to end ---------------------------------------------------------------
@@ -136,6 +137,30 @@ def build_target(source: bytes, kind: str, mutations, seed: int) -> Optional[byt
     return bytes(buffer)
 
 
+def refined_bytes(source: bytes, target: bytes, block_size: int, piece_size: int) -> int:
+    """What a refined sync moves (a reference for pdiffcopy/core/refine.py on files under its probe).
+
+    Each run of changed blocks (against the target cut or zero-padded to the source's
+    size, as the target is when its pieces are hashed) moves its differing pieces, or
+    the whole run when those cover more than three quarters of it.
+    """
+    target = target[: len(source)] + bytes(max(0, len(source) - len(target)))
+    changed = differing_blocks(source, target, block_size, pad=True)
+    runs: List[List[int]] = []
+    for block in changed:
+        if runs and runs[-1][-1] == block - 1:
+            runs[-1].append(block)
+        else:
+            runs.append([block])
+    moved = 0
+    for run in runs:
+        start, end = run[0] * block_size, min(len(source), (run[-1] + 1) * block_size)
+        differ = sum(min(piece_size, end - offset) for offset in range(start, end, piece_size)
+                     if source[offset:offset + piece_size] != target[offset:offset + piece_size])
+        moved += end - start if differ > 0.75 * (end - start) else differ
+    return moved
+
+
 def block_lengths(size: int, block_size: int) -> List[int]:
     return [min(block_size, size - offset) for offset in range(0, size, block_size)]
 
@@ -174,9 +199,16 @@ def scenarios(draw):
         whole_file=draw(st.sampled_from([False, False, False, True])),
         # -z frames every transferred range, whatever its offset and length.
         compress=draw(st.sampled_from(["auto", "always", "never"])),
+        # Sub-block refinement: the default (4 KiB where it divides the block size), off, or
+        # the block cut into 2 to 16 pieces where that makes whole pieces of at least 1 KiB.
+        piece_size=draw(st.sampled_from([None, 0, 2, 3, 4, 16])),
         # Fixed blocks, or content-defined chunks copied from anywhere in the old target.
         delta=draw(st.sampled_from(["blocks", "blocks", "chunks"])),
     )
+    if options["piece_size"]:
+        pieces = options["piece_size"]
+        options["piece_size"] = block_size // pieces \
+            if block_size % pieces == 0 and block_size // pieces >= 1024 else None
     # Only the recipe: the bytes are made in the test, so a failure's report stays short.
     return size, kind, mutations, seed, block_size, options
 
@@ -231,6 +263,7 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
         assert sides.leftovers() == []
 
         result = sync(sides.source, sides.target, block_size=block_size, **options)
+        piece_size = resolve_piece_size(options.get("piece_size"), block_size)
         assert sides.target_path.read_bytes() == source
         assert sides.source_path.read_bytes() == source, "the source changed"
         assert sides.leftovers() == [], "a temporary file was left behind"
@@ -258,12 +291,18 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
             assert result.bytes_moved <= sum(blocks[b] for b in most)
             if fewest == most:  # (they differ only where the source has zeros the target lacks)
                 assert result.changed_blocks == len(fewest)
-                assert result.bytes_moved == sum(blocks[b] for b in fewest)
                 assert dry.changed_blocks == result.changed_blocks
-                assert dry.bytes_moved == result.bytes_moved
-        expected_similarity = 100.0 if not source else \
-            100.0 * (len(source) - result.bytes_moved) / len(source)
-        assert result.similarity == pytest.approx(expected_similarity)
+                assert dry.bytes_moved == sum(blocks[b] for b in fewest)
+                # Refined, the pieces that differ move; else the blocks.
+                assert result.bytes_moved == (refined_bytes(source, target, block_size, piece_size)
+                                              if piece_size else dry.bytes_moved)
+        if piece_size and target is not None and not options["whole_file"] and not chunked:
+            # The similarity index is the block comparison's, as a dry run (which cannot refine) reports it.
+            assert result.similarity == pytest.approx(dry.similarity)
+        else:
+            expected_similarity = 100.0 if not source else \
+                100.0 * (len(source) - result.bytes_moved) / len(source)
+            assert result.similarity == pytest.approx(expected_similarity)
 
         # Synced means in sync: a second run finds nothing to move and the same digest.
         again = sync(sides.source, sides.target, block_size=block_size,

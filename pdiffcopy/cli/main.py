@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-b", "--block-size", metavar="BYTES", default="1MiB",
                       help="block size of the delta transfer: bytes or 5K, 1MiB, 4M... "
                            "(K/M/G are 1024-based; default 1MiB)")
+    sync.add_argument("--piece-size", metavar="BYTES", default=None,
+                      help="hash the changed blocks again in pieces of BYTES and move only the "
+                           "pieces that differ: 4K, 16K... dividing the block size, 0 off "
+                           "(default 4K; off for a dense change or a new file)")
     sync.add_argument("-m", "--hash-method", metavar="NAME", default=None,
                       help="block hash: any hashlib algorithm, xxh3_64, xxh3_128, blake3... "
                            "(default xxh3_128)")
@@ -491,7 +495,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
                    token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
-                   bwlimit=args.bwlimit, compress=args.compress, delta=args.delta)
+                   bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
+                   delta=args.delta)
     if args.benchmark:
         from pdiffcopy.cli.benchmark import run_benchmark
 

@@ -131,17 +131,19 @@ def _concurrency(args: argparse.Namespace) -> int:
 def tree_options(args: argparse.Namespace):
     from pdiffcopy.core.blocks import parse_block_size
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, validate_method
+    from pdiffcopy.core.refine import resolve_piece_size
     from pdiffcopy.engine.treesync import TreeOptions
 
     owner = args.owner or args.archive
     if owner and os.geteuid() != 0:
         logger.warning("Not running as root: user and group are not kept (-o)")
         owner = False
+    block_size = parse_block_size(args.block_size)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
-        block_size=parse_block_size(args.block_size),
+        block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),

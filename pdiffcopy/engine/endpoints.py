@@ -110,6 +110,14 @@ class FileEndpoint(ABC):
             return b""
         return self.submit_hashes(ranges, block_size, method).result()
 
+    def hashes_pieces_cheaply(self) -> bool:
+        """Whether hashing a few small ranges costs no more than their digests (sub-block refinement).
+
+        A pdiffcopy 1.0.1 server hashes only whole files, or not at all in our
+        methods (then the data is read to hash it here): no.
+        """
+        return True
+
     def hashes_here(self) -> bool:
         """Whether hashing this file runs in this process (and so wants :meth:`use_hash_pool`).
 

@@ -3,7 +3,8 @@
 The pipeline, one step after another::
 
     block plan -> block digests of both sides (in parallel) -> changed ranges
-      -> transfer (ranged reads and writes) -> flush -> verify -> (atomic rename)
+      -> changed pieces (refined) -> transfer (ranged reads and writes) -> flush -> verify
+      -> (atomic rename)
 
 :func:`run_sync` runs it on two endpoints it is given; :func:`pdiffcopy.api.sync`
 (the documented entry point, which the command line calls too) builds them
@@ -12,6 +13,7 @@ from paths and URLs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -34,6 +36,7 @@ from pdiffcopy.core.blocks import (
 )
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.compression import check_mode
+from pdiffcopy.core.refine import RefineTally, resolve_piece_size
 from pdiffcopy.engine import chunked
 from pdiffcopy.engine.chunked import check_delta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
@@ -56,6 +59,7 @@ from pdiffcopy.engine.segments import (
     final_digests,
     move_ranges,
     readback_ranges,
+    refine_ranges,
     source_unchanged,
 )
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -115,13 +119,18 @@ class SyncResult:
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: str = "auto", delta: str = "blocks") -> FileOptions:
+                 compress: str = "auto", piece_size: "int | str | None" = None,
+                 delta: str = "blocks") -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
+    :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
+                       the block size, else off; a size given must divide it (0: off).
     :raises UsageError: For a value that makes no sense.
     """
+    blocks = parse_block_size(block_size)
     return FileOptions(
-        block_size=parse_block_size(block_size),
+        block_size=blocks,
+        piece_size=resolve_piece_size(piece_size, blocks),
         hash_method=validate_method(hash_method),
         whole_file=whole_file,
         concurrency=check_concurrency(concurrency),
@@ -220,6 +229,11 @@ class _SyncJob:
         #: Whether the whole target is a reflink clone of the source.
         self.cloned = False
         self.lock = threading.Lock()
+        #: The piece size the changed blocks are refined into (0: not refined); set
+        #: once both ends are known (a remote end may turn out to be a 1.0.1 server).
+        self.piece_size = 0
+        #: Refinement so far, for the whole file (the transfer threads add to it under the lock).
+        self.refined = RefineTally()
         self.prepared = False
         #: What the sync writes into: the target, or its temporary sibling.
         self.work: Optional[FileEndpoint] = None
@@ -255,6 +269,8 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
+        if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
+            self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:
@@ -466,12 +482,23 @@ class _SyncJob:
                 self.progress.move_total = changed_bytes
                 self.written[segment.index] = ranges
                 self._prepare_once(transfer_to, plan.size)
-                for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
-                    pending.append(self._submit_transfer(batch, transfer_to))
+                if self.piece_size:
+                    # Refined in a transfer thread: the piece hashes of this segment
+                    # wait there, while later segments are compared and moved.
+                    pending.extend(self.transfers.submit(self._refine_and_transfer, batch, transfer_to)
+                                   for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES))
+                else:
+                    for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
+                        pending.append(self._submit_transfer(batch, transfer_to))
             self._raise_failures(pending)
         if transfer_to is not None:
             self._prepare_once(transfer_to, plan.size)  # the size may differ with no block to move
         self._wait(pending)
+        if self.refined.skipped:
+            logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes "
+                        "refined still moved (a dense change); %d bytes moved as whole blocks",
+                        self.piece_size, self.source.location, self.refined.moved, self.refined.refined,
+                        self.refined.skipped)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
         return similarity, source_digests, (target_digests if target is not None else None)
 
@@ -552,6 +579,19 @@ class _SyncJob:
         written = move_ranges(self.source, work, batch, self.progress.add_moved)
         with self.lock:
             self.bytes_moved += written
+
+    def _refine_and_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> None:
+        """Move only the pieces of ``batch`` that differ (runs in a transfer thread)."""
+        with self.lock:  # judged by what every thread has refined so far
+            tally = dataclasses.replace(self.refined)
+        before = dataclasses.replace(tally)
+        pieces = refine_ranges(self.source, work, batch, self.piece_size, self.options.hash_method, tally)
+        with self.lock:
+            self.refined.add(tally.refined - before.refined, tally.moved - before.moved)
+            self.refined.skipped += tally.skipped - before.skipped
+        # What the target already has counts as done for the progress display.
+        self.progress.add_moved(sum(length for _, length in batch) - sum(length for _, length in pieces))
+        self._transfer(pieces, work)
 
     @staticmethod
     def _raise_failures(pending: List[Future]) -> None:

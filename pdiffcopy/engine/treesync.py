@@ -23,6 +23,7 @@ itself is inherited through the fork, never pickled.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import gc
 import logging
@@ -41,6 +42,7 @@ from pdiffcopy.engine import chunked
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
+from pdiffcopy.core.refine import resolve_piece_size
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, FileOptions, check_size, source_unchanged, sync_segment
 from pdiffcopy.engine.treeendpoints import (
@@ -224,6 +226,8 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                progress: Optional[TreeProgress],
                report_line: Optional[Callable[[str], None]]) -> TreeResult:
     started = time.monotonic()
+    # Checked once, before anything moves; the workers read the size in bytes.
+    options = dataclasses.replace(options, piece_size=resolve_piece_size(options.piece_size, options.block_size))
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
     rate = bandwidth_limit(options.bwlimit)  # an int, or rsync's syntax from a library caller
@@ -894,8 +898,10 @@ class _WorkerState:
         try:
             segments = big.plan.segments()
             if segments:
+                options = self.runner.options
                 moved = sync_segment(big.source, big.work, big.plan, segments[segment_index],
-                                     self.runner.options.hash_method, big.action.path, compare)
+                                     options.hash_method, big.action.path, compare,
+                                     options.piece_size)
             self._count("bytes", moved)
         except PdiffcopyError as error:
             self._part_failed(index, str(error))

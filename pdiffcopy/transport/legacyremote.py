@@ -116,6 +116,9 @@ class LegacyRemoteFile(RemoteFile):
                            "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", self.base)
         return FileInfo("file", size, 0, "")
 
+    def hashes_pieces_cheaply(self) -> bool:
+        return False  # a whole-file hash list per piece size, or the data itself (see _legacy_hashes)
+
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
         if self._hash_pool is None:

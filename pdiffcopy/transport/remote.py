@@ -898,12 +898,19 @@ class RemoteFile(FileEndpoint):
         temporary = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
                                self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
                                follow=self.follow, compress=self.compression)
-        if clone:
-            self._call("POST", "clone", path, params={"from": self.path})
-        else:
-            # Made now, empty, as a local temporary is: a missing directory or a
-            # full disk fails here (one round trip) rather than at the first write.
-            temporary.prepare(0)
+        try:
+            if clone:
+                self._call("POST", "clone", path, params={"from": self.path})
+            else:
+                # Made now, empty, as a local temporary is: a missing directory or a
+                # full disk fails here (one round trip) rather than at the first write.
+                temporary.prepare(0)
+        except BaseException:
+            # Interrupted while the server made it (Ctrl-C, SIGTERM): the caller never gets
+            # the endpoint to clean up, so the temporary is removed here.
+            temporary.remove_temporary()
+            temporary.close()
+            raise
         return temporary
 
     def replace(self, other: FileEndpoint) -> None:
