@@ -39,7 +39,7 @@ PIECE = DEFAULT_PIECE_SIZE
 def digests_for(ranges, piece_size, differing):
     """Fake digests of the pieces of ``ranges``: the pieces starting at ``differing`` offsets differ."""
     ours, theirs = [], []
-    for offset, length in split_ranges(ranges, piece_size):
+    for offset, _length in split_ranges(ranges, piece_size):
         ours.append(offset.to_bytes(8, "big"))
         theirs.append(offset.to_bytes(8, "big") if offset not in differing else b"\xff" * 8)
     return b"".join(ours), b"".join(theirs)

@@ -479,3 +479,158 @@ def test_the_default_switches_for_scattered_changes_too(tmp_path, server, unique
     assert (tmp_path / "b").read_bytes() == bytes(changed)
     # The first request (16 MiB of ranges) goes plain; the other 16 MiB compressed.
     assert got["received"] < 0.75 * 32 * MiB
+
+
+# -- the level chosen from the link ---------------------------------------------
+
+
+def words(size: int, seed: int = 0) -> bytes:
+    """Zipf-distributed words, as the shaped-link benchmark's text: level 6 shrinks it about 12 %
+    more than level 1 (4.3:1 against 3.85:1)."""
+    import itertools
+    import random
+
+    rng = random.Random(seed)
+    vocabulary = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 10))) for _ in range(2000)]
+    weights = list(itertools.accumulate(1 / rank ** 1.2 for rank in range(1, 2001)))
+    return " ".join(rng.choices(vocabulary, cum_weights=weights, k=size // 5)).encode()[:size]
+
+
+class Clock:
+    """Every timing takes 1 ms: the same speed at every level, whatever this machine's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def _slow_link_policy(data: "bytes | None"):
+    """A policy that saw a 1 MB/s link (and a sample of ``data``, if given): it picks level 6
+    of levels 1 and 6, the denser one."""
+    from pdiffcopy.core.compression import AdaptivePolicy
+
+    policy = AdaptivePolicy(cores=2, clock=Clock(), levels=(1, 6))
+    policy.link_observed(1_000_000, 1.0)
+    if data is not None:
+        policy.sample(data)
+        assert policy.level() == 6
+    return policy
+
+
+def _level_one_size(data: bytes) -> int:
+    return sum(len(compression.frame(offset, data[offset:offset + length], 1))
+               for offset, length in compression.pieces([(0, len(data))]))
+
+
+def _sync_with(policy, source, target):
+    from pdiffcopy.engine.pipeline import file_options, run_sync
+    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.transport import wire
+    from pdiffcopy.transport.remote import Compression, RemoteFile
+
+    def endpoint(location):
+        if str(location).startswith("http"):
+            return RemoteFile(str(location), concurrency=2, compress=Compression(
+                "auto", str(location), measure_loopback=True, cores=2, policy=policy))
+        return LocalFile(str(location))
+
+    before = wire.totals()
+    run_sync(endpoint(source), endpoint(target), file_options(concurrency=2))
+    after = wire.totals()
+    return after[0] - before[0], after[1] - before[1]
+
+
+def test_a_pull_at_the_chosen_level_decodes_right(tmp_path, server, unique):
+    data = words(4 * MiB, seed=1)
+    (server.root / unique).write_bytes(data)
+    _, received = _sync_with(_slow_link_policy(data), server.url(unique), tmp_path / "b")
+    assert (tmp_path / "b").read_bytes() == data
+    # The server compressed at level 6, which the client asked for: fewer bytes than level 1's.
+    assert received < _level_one_size(data)
+
+
+def test_a_push_at_the_chosen_level_decodes_right(tmp_path, server, unique):
+    data = words(4 * MiB, seed=2)
+    (tmp_path / "a").write_bytes(data)
+    sent, _ = _sync_with(_slow_link_policy(data), tmp_path / "a", server.url(unique))
+    assert (server.root / unique).read_bytes() == data
+    assert sent < _level_one_size(data)
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_an_undecided_transfer_probes_with_one_frame_plain(tmp_path, server, unique, direction):
+    # The policy knows the link but has no sample: the first request carries 1 MiB plain, and
+    # the rest goes compressed. A whole first request (here the whole file) went plain before.
+    data = words(8 * MiB, seed=3)
+    if direction == "pull":
+        (server.root / unique).write_bytes(data)
+        _, moved = _sync_with(_slow_link_policy(None), server.url(unique), tmp_path / "b")
+        assert (tmp_path / "b").read_bytes() == data
+    else:
+        (tmp_path / "a").write_bytes(data)
+        moved, _ = _sync_with(_slow_link_policy(None), tmp_path / "a", server.url(unique))
+        assert (server.root / unique).read_bytes() == data
+    assert MiB < moved < MiB + _level_one_size(data)
+
+
+def test_the_server_compresses_ranges_at_the_level_asked(server, unique):
+    data = words(3 * MiB, seed=4)
+    (server.root / unique).write_bytes(data)
+    sizes = {}
+    for accept in (compression.FRAMES_TYPE, compression.frames_accept(6), f"{compression.FRAMES_TYPE}; level=x",
+                   f"{compression.FRAMES_TYPE}; level=99"):
+        status, headers, body = _get(server, unique, {"Accept": accept, "Range": f"bytes=0-{len(data) - 1}"})
+        assert status == 206 and headers["Content-Type"] == compression.FRAMES_TYPE
+        import io
+
+        assert b"".join(piece for _, piece, _ in compression.read_frames(io.BytesIO(body).read)) == data
+        sizes[accept] = len(body)
+    assert sizes[compression.frames_accept(6)] < sizes[compression.FRAMES_TYPE]  # no level: level 1
+    assert sizes[f"{compression.FRAMES_TYPE}; level=x"] == sizes[compression.FRAMES_TYPE]
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique, direction):
+    from pdiffcopy.engine.treeendpoints import MetadataOptions
+    from pdiffcopy.local.localtree import LocalTree
+    from pdiffcopy.transport import wire
+    from pdiffcopy.transport.remote import Compression
+    from pdiffcopy.transport.remotetree import RemoteTree
+
+    files = {f"f{i:02d}.txt": words(128 * 1024, seed=i) for i in range(24)}  # 3 MiB in one batch
+    level_one = len(b"".join(compression.compressed_stream([b"".join(files.values())], 1)))
+    remote = RemoteTree(server.url(unique) + "/", concurrency=2)
+    remote.compression = Compression("auto", remote.base, measure_loopback=True, cores=2,
+                                     policy=_slow_link_policy(b"".join(files.values())))
+    try:
+        if direction == "pull":
+            for name, data in files.items():
+                (server.root / unique / name).parent.mkdir(exist_ok=True)
+                (server.root / unique / name).write_bytes(data)
+            entries = [entry for entry in remote.list().entries if entry.path in files]
+            before = wire.totals()[1]
+            got = {entry.path: data for entry, data, error in remote.read_files(entries)}
+            moved = wire.totals()[1] - before
+            assert got == files
+        else:
+            source = tmp_path / "src"
+            source.mkdir()
+            for name, data in files.items():
+                (source / name).write_bytes(data)
+            local = LocalTree(str(source))
+            entries = [entry for entry in local.list().entries if entry.path in files]
+            (server.root / unique).mkdir()
+            remote.list()  # as a sync does first: its answer says the server takes compressed bodies
+            before = wire.totals()[0]
+            failures = remote.write_files([(entry, data) for entry, data, _ in local.read_files(entries)],
+                                          MetadataOptions())
+            moved = wire.totals()[0] - before
+            assert failures == []
+            for name, data in files.items():
+                assert (server.root / unique / name).read_bytes() == data
+        assert moved < level_one  # compressed at level 6, which shrinks it more than level 1
+    finally:
+        remote.close()

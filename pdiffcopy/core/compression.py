@@ -6,7 +6,9 @@ truncated or wrongly sized frame is an error here, never wrong bytes in a target
 
 Whether to compress is decided per stream (:class:`AdaptivePolicy`): only when the data
 shrinks and the link, not the CPU, is the bottleneck. On loopback or a fast LAN, and for
-random data, compressing would only cost time.
+random data, compressing would only cost time. How hard to compress is decided from the same
+measurements (:func:`choose_level`): the highest zstd level whose speed on the cores still
+outruns the link, so a slow link carries fewer bytes and a fast one is never starved.
 """
 
 from __future__ import annotations
@@ -14,21 +16,36 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 #: The HTTP content coding (RFC 8878 registers "zstd").
 ENCODING = "zstd"
-#: zstd level 1: text-like data shrank 3.9:1 at level 1 and 4.2:1 at level 3 here, and level 1
-#: compresses about twice as fast; on a link where compression pays, the CPU must keep up.
+#: The level when none was chosen (``-z`` before anything is measured, a peer that names none,
+#: whole-file streams): level 1, the fastest, can never make the CPU the bottleneck where
+#: compression pays at all. Text-like data shrank 3.85:1 at level 1 and 4.10:1 at level 3 here.
 LEVEL = 1
+#: The levels :func:`choose_level` picks from, in order of speed. On the benchmark's text
+#: (1 MiB frames, one core here): level 1 3.85:1 at 330 MB/s, 2 3.93:1 at 337, 3 4.10:1 at 250,
+#: 5 4.23:1 at 137, 6 4.33:1 at 89, 7 4.40:1 at 81, 9 4.44:1 at 58, 12 4.55:1 at 33, 15 4.88:1
+#: at 6, 19 5.22:1 at 2.8: past 9 only a link of a few MB/s leaves the CPU time for them.
+#: Levels 4 and 8 are left out: no denser than 3 and 9, and timing each costs the sync time.
+LEVELS = (1, 2, 3, 5, 6, 7, 9, 12, 15, 19)
+#: The highest level a peer may ask for (zstd's own maximum without the "ultra" modes, whose
+#: windows a 1 MiB frame cannot use anyway).
+MAX_LEVEL = 19
 #: Compress only when it saves at least this share of the bytes: below it the CPU time and
 #: the latency of compressing buy almost nothing.
 MIN_SAVING = 0.1
 #: ...and only when the compressors (on all cores) outrun the link by this margin, so that
-#: compressing never becomes the bottleneck instead of the link.
-CPU_MARGIN = 1.5
-#: Bytes sampled to estimate how well a stream compresses and how fast.
-SAMPLE_BYTES = 256 * 1024
+#: compressing never becomes the bottleneck instead of the link: the cores also decompress,
+#: hash, write and serve others. At 1.5 the 200 Mbit benchmark (client and server on the same
+#: two cores) chose levels 7 to 9 for a pull and took 4.0 to 5.2 s, CPU-bound, where rsync -z
+#: took 2.9; at 2 it chose level 5 or 6 and took 2.9 s.
+CPU_MARGIN = 2.0
+#: Bytes sampled to estimate how well a stream compresses and how fast at each level: one
+#: frame (FRAME_BYTES), as the frames are. zstd sizes its tables to the input, so a 256 KiB
+#: sample showed level 6 shrinking text less than level 5, where 1 MiB frames shrink it more.
+SAMPLE_BYTES = 1024 * 1024
 
 
 class CompressionError(ValueError):
@@ -44,18 +61,21 @@ def _zstd():
 _local = threading.local()
 
 
-def _compressor():
-    # A ZstdCompressor must not be shared between threads; one per thread is reused.
-    compressor = getattr(_local, "compressor", None)
+def _compressor(level: int = LEVEL):
+    # A ZstdCompressor must not be shared between threads; one per thread and level is reused.
+    compressors = getattr(_local, "compressors", None)
+    if compressors is None:
+        compressors = _local.compressors = {}
+    compressor = compressors.get(level)
     if compressor is None:
-        compressor = _local.compressor = _zstd().ZstdCompressor(
-            level=LEVEL, write_checksum=True, write_content_size=True)
+        compressor = compressors[level] = _zstd().ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True)
     return compressor
 
 
-def compress(data: "bytes | memoryview") -> bytes:
-    """One zstd frame holding `data`, with its size and a checksum."""
-    return _compressor().compress(data)
+def compress(data: "bytes | memoryview", level: int = LEVEL) -> bytes:
+    """One zstd frame holding `data`, with its size and a checksum, compressed at `level`."""
+    return _compressor(level).compress(data)
 
 
 def decompress(frame: bytes, expected_length: int) -> bytes:
@@ -79,36 +99,116 @@ def decompress(frame: bytes, expected_length: int) -> bytes:
     return data
 
 
+#: One level's measurement on a sample: (compression ratio, raw bytes per second on one core).
+Measurement = Tuple[float, float]
+
+
+def outruns(measurement: Measurement, cores: int, link_rate: float, margin: float = CPU_MARGIN) -> bool:
+    """Whether ``cores`` compressing at this speed feed a link of ``link_rate`` (bytes/s on the
+    wire) faster than it drains, by ``margin``: the link, not the CPU, stays the bottleneck.
+
+    Compressed, the link carries ``ratio`` times its rate in file bytes, so that is what the
+    compressors must produce.
+    """
+    ratio, speed = measurement
+    return cores * speed >= margin * ratio * link_rate
+
+
+def choose_level(measured: Dict[int, Measurement], cores: int, link_rate: float,
+                 margin: float = CPU_MARGIN) -> Optional[int]:
+    """The zstd level to compress at, or None when compressing does not pay.
+
+    ``measured`` maps levels to their :data:`Measurement` on a sample. Compressing pays when
+    the data shrinks by :data:`MIN_SAVING` and the fastest level measured outruns the plain
+    link by ``margin``. Then the level that moves file bytes fastest wins: each moves
+    ``min(cores * speed / margin, ratio * link_rate)``, the CPU's or the link's share, so among
+    the levels that still outrun the link the highest ratio wins (fewest bytes too), and on a
+    link so fast that none outruns it, the level that loses least to the CPU. A tie goes to
+    the higher level: the same speed with fewer bytes on the wire.
+    """
+    if not measured or link_rate <= 0:
+        return None
+    fastest = min(measured)
+    ratio, speed = measured[fastest]
+    if ratio <= 0 or 1 - 1 / ratio < MIN_SAVING or cores * speed < margin * link_rate:
+        return None
+
+    def throughput(level: int) -> float:
+        ratio, speed = measured[level]
+        return min(cores * speed / margin, ratio * link_rate)
+
+    return max(sorted(measured, reverse=True), key=throughput)  # max() keeps the first of equals
+
+
+def starved(compress_seconds: float, send_seconds: float, transfers: int) -> bool:
+    """Whether compressing, not the link, held a transfer up.
+
+    With ``transfers`` in flight, the others send while one compresses; the link waits when one
+    transfer's compressing takes longer than the others' sending. The speeds timed on a sample
+    miss what the timing cannot see: other work on the same cores, a link measured too slow.
+    """
+    return compress_seconds > send_seconds * max(1, transfers - 1)
+
+
 class AdaptivePolicy:
-    """Decide per stream whether compressing pays, from what the stream itself shows.
+    """Decide per stream whether compressing pays, and at which level, from what the stream shows.
 
     The transport reports how fast bytes cross the link (:meth:`link_observed`) and hands over
-    a sample of the data (:meth:`sample`); :meth:`compress` is the answer. Until both are
-    known it answers no: a transfer starts plain, as on loopback it should stay.
+    a sample of the data (:meth:`sample`); :meth:`compress` and :meth:`level` are the answer.
+    Until both are known it answers no: a transfer starts plain, as on loopback it should stay.
+    The levels are timed on the sample lazily, from the fastest up, and only until one no
+    longer outruns the link: the slower ones could not do better, and a fast link never pays
+    for timing level 19.
     """
 
-    def __init__(self, cores: int, clock=time.perf_counter) -> None:
+    def __init__(self, cores: int, clock=time.perf_counter, levels: Sequence[int] = LEVELS) -> None:
         self.cores = max(1, cores)
         self._clock = clock
-        self.ratio: Optional[float] = None
-        self.compress_rate: Optional[float] = None
+        self._levels = tuple(sorted(levels))
+        self._sample: Optional[bytes] = None
+        #: Each level timed so far: (ratio, raw bytes per second on one core).
+        self.measured: Dict[int, Measurement] = {}
         self.link_rate: Optional[float] = None
+        #: The highest level still allowed: lowered below each level that starved the link.
+        self.ceiling: Optional[int] = None
         self._lock = threading.Lock()
 
+    @property
+    def ratio(self) -> Optional[float]:
+        """The fastest level's ratio on the sample (None before a sample)."""
+        first = self.measured.get(self._levels[0])
+        return first[0] if first else None
+
+    @property
+    def compress_rate(self) -> Optional[float]:
+        """The fastest level's speed on one core (None before a sample)."""
+        first = self.measured.get(self._levels[0])
+        return first[1] if first else None
+
     def sample(self, data: "bytes | memoryview") -> None:
-        """Compress a sample once, to learn the ratio and the speed of one core."""
-        if self.ratio is not None or not data:
+        """Keep a sample once, and time the fastest level on it."""
+        if self._sample is not None or not data:
             return
-        data = memoryview(data)[:SAMPLE_BYTES]
-        # The import and the compressor's context are made first: timed with the sample, they
-        # made one core look 20 times slower than it is (18 MB/s here) and kept -z off.
-        _compressor()
-        started = self._clock()
-        compressed = len(compress(data))
-        seconds = max(self._clock() - started, 1e-6)
         with self._lock:
-            self.ratio = len(data) / max(compressed, 1)
-            self.compress_rate = len(data) / seconds
+            if self._sample is None:
+                self._sample = bytes(memoryview(data)[:SAMPLE_BYTES])
+                self._measure(self._levels[0])
+
+    def _measure(self, level: int) -> Measurement:
+        assert self._sample is not None
+        # The import and the compressor's context are made first: timed with the sample, they
+        # made one core look 20 times slower than it is (18 MB/s here) and kept -z off. The
+        # better of two runs: a context's first run also allocates its tables (each level's
+        # first run here was 3 to 5 times slower than its second), and one run is at the
+        # mercy of the scheduler on a busy machine.
+        _compressor(level)
+        seconds = float("inf")
+        for _ in range(2):
+            started = self._clock()
+            compressed = len(compress(self._sample, level))
+            seconds = min(seconds, max(self._clock() - started, 1e-6))
+        measurement = self.measured[level] = (len(self._sample) / max(compressed, 1), len(self._sample) / seconds)
+        return measurement
 
     def link_observed(self, count: int, seconds: float) -> None:
         """Plain bytes took `seconds` to cross the link (keeps a moving average)."""
@@ -118,13 +218,43 @@ class AdaptivePolicy:
         with self._lock:
             self.link_rate = rate if self.link_rate is None else 0.7 * self.link_rate + 0.3 * rate
 
+    def link_at_least(self, rate: float) -> None:
+        """The link carried ``rate`` bytes a second (compressed transfers, together): a short
+        plain probe may have seen it slower than it is, never faster."""
+        with self._lock:
+            if self.link_rate is not None and rate > self.link_rate:
+                self.link_rate = rate
+
     def compress(self) -> bool:
         """Whether the rest of the stream should be compressed."""
-        if self.ratio is None or self.link_rate is None:
-            return False
-        if 1 - 1 / self.ratio < MIN_SAVING:
-            return False
-        return self.cores * self.compress_rate >= CPU_MARGIN * self.link_rate
+        return self.level() is not None
+
+    def level(self) -> Optional[int]:
+        """The level to compress the rest of the stream at; None: do not compress."""
+        if self._sample is None or self.link_rate is None:
+            return None
+        with self._lock:
+            fastest = self._levels[0]
+            if choose_level({fastest: self.measured[fastest]}, self.cores, self.link_rate) is None:
+                return None  # random data or a fast link: no other level is timed
+            for level in self._levels:
+                measurement = self.measured.get(level) or self._measure(level)
+                if not outruns(measurement, self.cores, self.link_rate):
+                    break
+            allowed = {level: measured for level, measured in self.measured.items()
+                       if self.ceiling is None or level <= self.ceiling}
+            return choose_level(allowed, self.cores, self.link_rate)
+
+    def compressed(self, level: int, compress_seconds: float, send_seconds: float) -> None:
+        """A transfer compressed at ``level`` took these times to compress and to send: when
+        compressing starved the link (:func:`starved`), the next lower level is the most from
+        now on. Never raised again: a choice that flips back and forth costs more than a level."""
+        if not starved(compress_seconds, send_seconds, self.cores):
+            return
+        with self._lock:
+            lower = [candidate for candidate in self._levels if candidate < level]
+            if lower and (self.ceiling is None or lower[-1] < self.ceiling):
+                self.ceiling = lower[-1]
 
 
 # -- the modes a sync can be asked for ----------------------------------------
@@ -156,6 +286,24 @@ FRAME_BYTES = 1024 * 1024
 MAX_FRAME_LENGTH = FRAME_BYTES + 64 * 1024
 
 
+def split_after(ranges: Sequence[Tuple[int, int]], count: int
+                ) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """The first ``count`` bytes of ``ranges`` and the rest, each as ranges in the same order."""
+    head: List[Tuple[int, int]] = []
+    tail: List[Tuple[int, int]] = []
+    for offset, length in ranges:
+        if count >= length:
+            head.append((offset, length))
+            count -= length
+        elif count > 0:
+            head.append((offset, count))
+            tail.append((offset + count, length - count))
+            count = 0
+        else:
+            tail.append((offset, length))
+    return head, tail
+
+
 def pieces(ranges: Iterable[Tuple[int, int]]) -> Iterator[Tuple[int, int]]:
     """``ranges`` cut into pieces of at most :data:`FRAME_BYTES`: one frame each."""
     for offset, length in ranges:
@@ -166,9 +314,9 @@ def pieces(ranges: Iterable[Tuple[int, int]]) -> Iterator[Tuple[int, int]]:
             offset += step
 
 
-def frame(offset: int, data: "bytes | memoryview") -> bytes:
-    """The header and the zstd frame of one piece."""
-    compressed = compress(data)
+def frame(offset: int, data: "bytes | memoryview", level: int = LEVEL) -> bytes:
+    """The header and the zstd frame of one piece, compressed at `level`."""
+    compressed = compress(data, level)
     return FRAME_HEADER.pack(offset, len(data), len(compressed)) + compressed
 
 
@@ -205,9 +353,46 @@ def _read_exactly(read, count: int, allow_end: bool = False) -> Optional[bytes]:
     return b"".join(parts)
 
 
-def stream_compressor():
+def stream_compressor(level: int = LEVEL):
     """A zstd compressor for one whole streamed body (``Content-Encoding: zstd``), with a checksum."""
-    return _zstd().ZstdCompressor(level=LEVEL, write_checksum=True).compressobj()
+    return _zstd().ZstdCompressor(level=level, write_checksum=True).compressobj()
+
+
+#: The parameter of :data:`FRAMES_TYPE` in an ``Accept`` header by which a client names the
+#: level it chose (``Accept: application/x-pdiffcopy-frames; level=6``); without it, :data:`LEVEL`.
+LEVEL_PARAMETER = "level"
+
+
+def frames_accept(level: int) -> str:
+    """The ``Accept`` header asking for compressed ranges at ``level``."""
+    return f"{FRAMES_TYPE}; {LEVEL_PARAMETER}={level}"
+
+
+def accepted_frames_level(header: "Optional[str]") -> Optional[int]:
+    """The level an ``Accept`` header asks compressed ranges at; None when it asks for none.
+
+    A missing or unreadable level is :data:`LEVEL` and one out of range is brought into
+    ``1..MAX_LEVEL``: the client only tunes speed against size here, and every level decodes.
+    """
+    for item in (header or "").split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip().lower() != FRAMES_TYPE:
+            continue
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == LEVEL_PARAMETER:
+                return asked_level(value.strip().strip('"'))
+        return LEVEL
+    return None
+
+
+def asked_level(value: "Optional[str]") -> int:
+    """The level a peer asked for as text (a ``level`` parameter): brought into ``1..MAX_LEVEL``,
+    and :data:`LEVEL` when missing or unreadable."""
+    try:
+        return min(max(int(value or ""), 1), MAX_LEVEL)
+    except ValueError:
+        return LEVEL
 
 
 def accepts_zstd(header: "Optional[str]") -> bool:
@@ -230,9 +415,9 @@ def accepts_zstd(header: "Optional[str]") -> bool:
 # -- whole streams (tree batches) -------------------------------------------------
 
 
-def compressed_stream(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """``chunks`` as one zstd stream with a checksum, compressed as they come."""
-    compressor = stream_compressor()
+def compressed_stream(chunks: Iterable[bytes], level: int = LEVEL) -> Iterator[bytes]:
+    """``chunks`` as one zstd stream with a checksum, compressed at `level` as they come."""
+    compressor = stream_compressor(level)
     for chunk in chunks:
         out = compressor.compress(chunk)
         if out:

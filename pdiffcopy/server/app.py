@@ -53,6 +53,7 @@ from pdiffcopy.core.compression import (
     ENCODING,
     FRAMES_TYPE,
     CompressionError,
+    accepted_frames_level,
     accepts_zstd,
     frame,
     pieces,
@@ -865,12 +866,13 @@ def ranged_response(fd: int, info: os.stat_result, metrics: Optional[ServerMetri
         # Set after construction: an empty body would otherwise announce 0 bytes.
         response.headers["Content-Length"] = str(size)
         return response
-    if status == 206 and FRAMES_TYPE in request.headers.get("Accept", ""):
-        # Our client asked for compressed ranges: compressed here, in this request's thread, so
-        # the client's connections compress on as many of the server's cores. Chunked: the
-        # compressed length is known only once sent.
+    level = accepted_frames_level(request.headers.get("Accept"))
+    if status == 206 and level is not None:
+        # Our client asked for compressed ranges, at the level it chose from the link it measured:
+        # compressed here, in this request's thread, so the client's connections compress on as
+        # many of the server's cores. Chunked: the compressed length is known only once sent.
         headers["Vary"] = "Accept"
-        return Response(_frames_body(fd, ranges, metrics, rate_limit), status=206, headers=headers,
+        return Response(_frames_body(fd, ranges, metrics, rate_limit, level), status=206, headers=headers,
                         content_type=FRAMES_TYPE, direct_passthrough=True)
     if status == 200:
         headers["Vary"] = "Accept-Encoding"
@@ -926,14 +928,15 @@ def _file_body(fd: int, ranges: List[ByteRange], multipart_size: Optional[int],
 
 
 def _frames_body(fd: int, ranges: List[ByteRange], metrics: Optional[ServerMetrics],
-                 rate_limit: Optional[TokenBucket]) -> Iterator[bytes]:
-    """The body of a GET for compressed ranges: a header and a zstd frame per piece. Closes ``fd``."""
+                 rate_limit: Optional[TokenBucket], level: int) -> Iterator[bytes]:
+    """The body of a GET for compressed ranges: a header and a zstd frame per piece, compressed
+    at ``level``. Closes ``fd``."""
     try:
         for offset, length in pieces(ranges):
             data = os.pread(fd, length, offset)
             if len(data) != length:
                 return  # the file shrank: the client sees a short body and fails
-            framed = frame(offset, data)
+            framed = frame(offset, data, level)
             if metrics is not None:
                 metrics.bytes_served.inc(length)
                 metrics.compressed_bytes.labels("sent").inc(length)

@@ -139,7 +139,7 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
                 if coded:
                     if metrics is not None:
                         records = _counted(records, metrics.compressed_bytes.labels("sent"))
-                    yield from compression.compressed_stream(encode_files(records))
+                    yield from compression.compressed_stream(encode_files(records), level)
                 else:
                     yield from encode_files(records)
             finally:
@@ -147,6 +147,8 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
 
         # Compressed when the client asks (RFC 9110 content coding of the answer).
         coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
+        # At the level our client chose from the link it measured (?level=N); 1 for anyone else.
+        level = compression.asked_level(request.args.get(compression.LEVEL_PARAMETER))
         response = Response(stream(), mimetype="application/octet-stream")
         response.headers["Vary"] = "Accept-Encoding"
         if coded:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -80,7 +81,8 @@ class RemoteTree(TreeEndpoint):
         self.ca_file = ca_file
         self.client = HttpClient(self.base, token, timeout, ca_file)
         #: One for the tree's files: what the first big files showed of the link serves the next.
-        self.compression = compress if isinstance(compress, Compression) else Compression(compress, self.base)
+        self.compression = compress if isinstance(compress, Compression) else Compression(
+            compress, self.base, cores=self._compressing_cores())
         self._warned: set = set()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
@@ -165,13 +167,16 @@ class RemoteTree(TreeEndpoint):
         # maybe from several threads, and may send other requests meanwhile.
         connection = self.client.dedicated()
         headers = {"Content-Type": "application/json"}
-        if self.compression.now():
+        target = self._target("tree-read")
+        level = self.compression.level()
+        if level is not None:
             headers["Accept-Encoding"] = compression.ENCODING
+            target += f"?{compression.LEVEL_PARAMETER}={level}"
         # A plain batch tells the adaptive rule how fast the link is and how the data shrinks.
         learning = self.compression.learning()
         started, moved, sample = time.perf_counter(), 0, b""
         try:
-            response = self.client.request("POST", self._target("tree-read"), body=body,
+            response = self.client.request("POST", target, body=body,
                                            headers=headers, connection=connection)
         except BaseException:
             self.client.release(connection)  # an error answer was read whole: still usable
@@ -212,8 +217,9 @@ class RemoteTree(TreeEndpoint):
             headers = {"Content-Type": "application/octet-stream"}
             # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
             learning = self.compression.learning()
-            if self.compression.now() and self.client.patch_frames:
-                body = compression.compressed_stream(body)
+            level = self.compression.level()
+            if level is not None and self.client.patch_frames:
+                body = compression.compressed_stream(body, level)
                 headers["Content-Encoding"] = compression.ENCODING
             elif learning:
                 body = _measured(body)
@@ -294,7 +300,13 @@ class RemoteTree(TreeEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: str) -> None:
-        self.compression = Compression(mode, self.base, self.compression.measure_loopback)
+        if mode != self.compression.mode:  # the same mode keeps what was measured (or given)
+            self.compression = Compression(mode, self.base, self.compression.measure_loopback,
+                                           cores=self._compressing_cores())
+
+    def _compressing_cores(self) -> int:
+        # Batches and big files compress one per transfer in flight, each in its own thread.
+        return max(1, min(os.cpu_count() or 1, self.concurrency))
 
     def close(self) -> None:
         self.client.close()
