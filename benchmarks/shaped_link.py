@@ -38,7 +38,7 @@ SERVER_IP = "10.213.7.1"
 CLIENT_IP = "10.213.7.2"
 
 # Fixed ports are safe: the namespaces are ours alone.
-OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT = 8101, 8102, 8103, 8873
+OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT, OURS_CDC_PORT = 8101, 8102, 8103, 8873, 8104
 
 # The token bucket holds 10 ms of the rate (at least 64 KiB): tbf needs a bucket of at least
 # one timer tick's worth of bytes to reach its rate, and a bigger one would let bursts
@@ -67,7 +67,9 @@ TEXT_STRETCH = 16 * 1024 * 1024
 TEXT_VOCABULARY = 2000
 TEXT_ZIPF = 1.2
 
-TOOLS = ("ours-pull", "ours-push", "baseline-pull", "baseline-push", "original-pull", "original-push",
+# ours-cdc: our client with --delta chunks (the shift-tolerant delta), against a server of its own.
+TOOLS = ("ours-pull", "ours-push", "ours-cdc-pull", "ours-cdc-push", "baseline-pull", "baseline-push",
+         "original-pull", "original-push",
          "rsync-pull", "rsync-push", "rsync-z-pull", "rsync-z-push")
 DEFAULT_TOOLS = ("ours-pull", "ours-push", "original-pull", "rsync-pull", "rsync-z-pull")
 
@@ -289,11 +291,14 @@ def build_tools(args, work: Path, link: Link, logs: Path):
         tools.append(Tool(family + "-push", "push", lambda s, t: prefix + [str(s), url + str(t.relative_to(work))],
                           env))
 
-    if "ours" in families:
+    if families & {"ours", "ours-cdc"}:
         ours, reason = benchlib.find_ours()
         if ours is None:
             raise BenchmarkError(reason)
-        ours_family("ours", ours, OURS_PORT, args.ours_args)
+        if "ours" in families:
+            ours_family("ours", ours, OURS_PORT, args.ours_args)
+        if "ours-cdc" in families:
+            ours_family("ours-cdc", ours, OURS_CDC_PORT, args.ours_args + ["--delta", "chunks"])
     if "baseline" in families:
         if not args.baseline:
             raise BenchmarkError("the baseline tools need --baseline REV")
@@ -368,21 +373,24 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
         "- efficiency: bytes on the link x 8 / time / link rate (100 % = the link was full all the time)", ""]
     for rate in args.rates:
         lines += ["## %s" % format_rate(rate), ""]
-        header = ["workload", "tool", "median s", "best s", "MiB on the link", "efficiency", "time / rsync"]
+        header = ["workload", "tool", "median s", "best s", "MiB on the link", "efficiency", "time / rsync",
+                  "bytes / rsync"]
         rows = []
         for workload in workloads:
             cells = {tool.name: results[(rate, workload.name, tool.name)] for tool in tools
                      if results.get((rate, workload.name, tool.name))}
             medians = {name: statistics.median(s.seconds for s in samples) for name, samples in cells.items()}
+            wires = {name: statistics.median(s.wire for s in samples) for name, samples in cells.items()}
             for tool in tools:
                 samples = cells.get(tool.name)
                 if not samples:
                     continue
                 seconds, rsync_time = medians[tool.name], medians.get("rsync-" + tool.direction)
-                wire = statistics.median(s.wire for s in samples)
+                wire = wires[tool.name]
                 rows.append([workload.name, tool.name, "%.2f" % seconds, "%.2f" % min(s.seconds for s in samples),
-                             "%.1f" % (wire / 2**20), "%.0f %%" % (100 * wire * 8 / seconds / rate),
-                             benchlib.format_ratio(seconds, rsync_time)])
+                             "%.3f" % (wire / 2**20), "%.0f %%" % (100 * wire * 8 / seconds / rate),
+                             benchlib.format_ratio(seconds, rsync_time),
+                             benchlib.format_ratio(wire, wires.get("rsync-" + tool.direction))])
         lines += [benchlib.markdown_table(header, rows), ""]
     lines.append("Load average (1, 5, 15 min): %s at the start, %s at the end."
                  % (start_load, benchlib.load_averages()))

@@ -132,6 +132,20 @@ def test_partial_with_a_101_server_writes_in_place_as_without_it(original_server
     _named_once(completed, original_server)
     assert target.read_bytes() == data
     assert sorted(p.name for p in target.parent.iterdir()) == ["pushed.bin"]
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_delta_chunks_with_a_101_server_falls_back_to_blocks(original_server, tmp_path, direction):
+    """1.0.1 can neither cut its files into chunks nor copy between them: the blocks do, with a warning."""
+    data = random_bytes(SIZE, seed=33)
+    source, target = tmp_path / "source.bin", tmp_path / "target.bin"
+    source.write_bytes(data)
+    target.write_bytes(_changed(data))
+    arguments = (f"{original_server}{source}", str(target)) if direction == "pull" \
+        else (str(source), f"{original_server}{target}")
+    completed = run_cli("--delta", "chunks", "-m", "sha1", "-b", str(BLOCK), "--stats", *arguments, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "cannot cut its files into chunks; comparing fixed blocks instead" in completed.stderr
+    assert _moved(completed) == 2 * BLOCK + (SIZE - 64 * BLOCK)
+    assert target.read_bytes() == data
 
 
 def test_the_endpoint_of_a_101_file_is_legacy_from_the_start(original_server, server, tmp_path, unique):

@@ -432,6 +432,62 @@ def test_remove_temporary_leaves_only_the_target(files):
     temporary.remove_temporary()  # twice is fine: nothing is left to remove
 
 
+# -- the shift-tolerant delta's operations ---------------------------------------------------
+
+
+def test_cut_chunks_gives_the_chunks_of_each_range_in_order(files):
+    from pdiffcopy.core import chunks
+
+    data = random_bytes(200_000, seed=13)
+    (files.directory / "cut.img").write_bytes(data)
+    endpoint = files.open("cut.img")
+    assert endpoint.cut_chunks([(0, len(data))], 4096) == chunks.cut(data, average=4096)
+    assert endpoint.cut_chunks([(7, 20_000), (50_000, 100_000)], 1024) == \
+        chunks.cut(data[7:20_007], 7, 1024) + chunks.cut(data[50_000:150_000], 50_000, 1024)
+    assert endpoint.cut_chunks([], 4096) == []
+
+
+def test_cut_chunks_past_the_end_fails(files):
+    (files.directory / "short.img").write_bytes(b"short")
+    with pytest.raises(PdiffcopyError):
+        files.open("short.img").cut_chunks([(0, 1000)], 4096)
+
+
+def test_copy_within_copies_the_old_files_bytes_to_other_offsets(files):
+    from pdiffcopy.core.chunks import Copy
+
+    old = random_bytes(DATA_SIZE, seed=14)
+    path = files.directory / "moved.img"
+    path.write_bytes(old)
+    path.chmod(0o640)
+    target = files.open("moved.img")
+    temporary = target.create_temporary(clone=False)
+    assert temporary.can_copy_within(target)
+    temporary.prepare(3000)
+    copied = temporary.copy_within(target, [Copy(0, 1000, 1000), Copy(2000, 0, 1000)])
+    temporary.write_ranges([(1000, 1000)], iter([(1000, b"x" * 1000)]))
+    temporary.flush()
+    temporary.replace(target)
+    assert copied == 2000
+    assert path.read_bytes() == old[1000:2000] + b"x" * 1000 + old[:1000]
+    # The new version keeps the old one's mode, as a clone does.
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_copy_within_refuses_ranges_past_the_end_of_the_old_file(files):
+    from pdiffcopy.core.chunks import Copy
+
+    (files.directory / "old.img").write_bytes(b"old bytes")
+    target = files.open("old.img")
+    temporary = target.create_temporary(clone=False)
+    try:
+        temporary.prepare(100)
+        with pytest.raises(PdiffcopyError):
+            temporary.copy_within(target, [Copy(0, 5, 50)])
+    finally:
+        temporary.remove_temporary()
+
+
 # -- trees: listing -------------------------------------------------------------------------
 
 

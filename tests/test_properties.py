@@ -84,6 +84,9 @@ EDITS = st.one_of(
     st.tuples(st.just("scatter"), st.integers(1, 30)),  # that many overwrites, anywhere
     st.tuples(st.just("overwrite"), FRACTION, st.integers(1, 5000)),
     st.tuples(st.just("zero"), FRACTION, st.integers(1, 70000)),  # a partly sparse target
+    # Bytes inserted or removed: everything after them shifts (what --delta chunks is for).
+    st.tuples(st.just("insert"), FRACTION, st.integers(1, 5000)),
+    st.tuples(st.just("delete"), FRACTION, st.integers(1, 5000)),
 )
 
 #: How the target starts out: mostly an older copy of the source with damage here and
@@ -118,6 +121,13 @@ def build_target(source: bytes, kind: str, mutations, seed: int) -> Optional[byt
                 position = rng.randrange(len(buffer) + 1)
                 end = min(len(buffer), position + rng.randrange(1, 3000))
                 buffer[position:end] = rng.randbytes(end - position)
+        elif edit[0] in ("insert", "delete"):
+            _, where, length = edit
+            position = int(where * len(buffer))
+            if edit[0] == "insert":
+                buffer[position:position] = rng.randbytes(length)
+            else:
+                del buffer[position:position + length]
         else:
             _, where, length = edit
             position = int(where * len(buffer))
@@ -192,6 +202,8 @@ def scenarios(draw):
         # Sub-block refinement: the default (4 KiB where it divides the block size), off, or
         # the block cut into 2 to 16 pieces where that makes whole pieces of at least 1 KiB.
         piece_size=draw(st.sampled_from([None, 0, 2, 3, 4, 16])),
+        # Fixed blocks, or content-defined chunks copied from anywhere in the old target.
+        delta=draw(st.sampled_from(["blocks", "blocks", "chunks"])),
     )
     if options["piece_size"]:
         pieces = options["piece_size"]
@@ -263,9 +275,15 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
         assert result.total_blocks == len(blocks) == dry.total_blocks
         assert result.digest and all(c in "0123456789abcdef" for c in result.digest)
 
+        chunked = options.get("delta") == "chunks" and bool(target) and not options["whole_file"]
         if target is None or options["whole_file"]:
             assert result.changed_blocks == len(blocks)
             assert result.bytes_moved == len(source)
+        elif chunked:
+            # Sent: what the old target holds nowhere (as whole chunks); the rest was copied there.
+            assert result.bytes_moved <= len(source)
+            assert result.changed_blocks <= len(blocks)
+            assert dry.total_blocks == result.total_blocks
         else:
             fewest = differing_blocks(source, target, block_size, pad=True)
             most = differing_blocks(source, target, block_size, pad=False)
@@ -278,7 +296,7 @@ def check_sync(direction: str, server, workdir: Path, scenario) -> None:
                 # Refined, the pieces that differ move; else the blocks.
                 assert result.bytes_moved == (refined_bytes(source, target, block_size, piece_size)
                                               if piece_size else dry.bytes_moved)
-        if piece_size and target is not None and not options["whole_file"]:
+        if piece_size and target is not None and not options["whole_file"] and not chunked:
             # The similarity index is the block comparison's, as a dry run (which cannot refine) reports it.
             assert result.similarity == pytest.approx(dry.similarity)
         else:
@@ -313,6 +331,10 @@ EXPLICIT = [
     (150_001, "mutated", (("keep",), [("scatter", 30)]), 10, 1536, _options(atomic=True)),
     (MAX_SOURCE, "mutated", (("keep",), [("scatter", 3)]), 11, 65536, _options(hash_method="md5")),
     (100_000, "identical", None, 12, 3000, _options(concurrency=1)),
+    (MAX_SOURCE, "mutated", (("keep",), [("insert", 0.01, 100), ("delete", 0.5, 3000)]), 13, 4096,
+     _options(delta="chunks")),
+    (MAX_SOURCE, "mutated", (("extend", 5000), [("insert", 0.9, 1)]), 14, 1024,
+     _options(delta="chunks", atomic=True, compress="always")),
 ]
 
 

@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "compresses when the data shrinks and the link, not the CPU, is the bottleneck")
     squeeze.add_argument("--no-compress", dest="compress", action="store_const", const="never",
                          default="auto", help="never compress the data on the wire")
+    sync.add_argument("--delta", choices=("blocks", "chunks"), default="blocks",
+                      help="how changes are found: blocks compares fixed blocks in place (files "
+                           "changed in place: disk images, databases); chunks finds bytes that moved "
+                           "(data inserted or removed: archives, logs, dumps) with content-defined "
+                           "chunks and writes a new copy of TARGET (default blocks)")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
@@ -499,7 +504,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
                    token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
                    bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
-                   partial=args.partial)
+                   partial=args.partial, delta=args.delta)
     if args.benchmark:
         from pdiffcopy.cli.benchmark import run_benchmark
 

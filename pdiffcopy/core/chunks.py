@@ -15,14 +15,25 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Union
+from typing import Dict, Iterable, Iterator, List, Sequence, Tuple, Union
 
 import xxhash
+
+from pdiffcopy.errors import UsageError
 
 #: Average chunk size. The chunk list costs 12 bytes a chunk on the wire and a change costs
 #: about one and a half chunks of data, so for a file of S bytes and a few edits the best
 #: average is near sqrt(8 * S): 45 KiB for 256 MiB, 90 KiB for 1 GiB. 64 KiB sits between.
 DEFAULT_AVERAGE = 64 * 1024
+#: Average chunk size of the second, finer pass over what the first pass found no match for.
+#: An insertion costs about one and a half chunks of the pass that finds it: 2 KiB chunks make
+#: that a few KiB, as rsync's blocks near 16 KiB do, and their list (12 bytes per 2 KiB, 0.6 %)
+#: covers only the unmatched ranges, never the whole file.
+FINE_AVERAGE = 2 * 1024
+#: The averages a chunk list may be asked for: pyfastcdc's bounds (its minimum, a quarter of the
+#: average, must be at least 64 bytes; its maximum, four times, at most 16 MiB).
+MIN_AVERAGE = 256
+MAX_AVERAGE = 4 * 1024 * 1024
 #: FastCDC's bounds around the average, as its paper and borg use them (a quarter, four times).
 MIN_FACTOR, MAX_FACTOR = 4, 4
 #: Bytes of a chunk's digest on the wire. 64 bits of xxh3: a false match between two chunks
@@ -71,6 +82,31 @@ def cut(data: "bytes | memoryview", offset: int = 0, average: int = DEFAULT_AVER
             for piece in chunker.cut_buf(view)]
 
 
+def check_average(average: int) -> int:
+    """``average`` if a chunk list may be cut with it.
+
+    :raises UsageError: For an average outside :data:`MIN_AVERAGE` to :data:`MAX_AVERAGE`.
+    """
+    if isinstance(average, bool) or not isinstance(average, int) or not MIN_AVERAGE <= average <= MAX_AVERAGE:
+        raise UsageError(f"Invalid chunk average: {average!r} (expected {MIN_AVERAGE} to {MAX_AVERAGE} bytes)")
+    return average
+
+
+def cut_stream(stream, offset: int = 0, average: int = DEFAULT_AVERAGE) -> Iterator[Chunk]:
+    """The content-defined chunks of what ``stream`` yields, one at a time.
+
+    :param stream: Any object with ``readinto`` (or ``read``): the caller owns the I/O, so a
+                   file of any size is cut in bounded memory and the chunks can be sent on
+                   while the rest is still read.
+    :param offset: Where the stream's first byte is in its file.
+    """
+    from pyfastcdc import FastCDC  # imported here: only the shift-tolerant mode needs it
+
+    chunker = FastCDC(avg_size=average, min_size=average // MIN_FACTOR, max_size=average * MAX_FACTOR)
+    for piece in chunker.cut_stream(stream):
+        yield Chunk(offset + piece.offset, piece.length, xxhash.xxh3_64_digest(piece.data))
+
+
 def encode(chunks: Sequence[Chunk]) -> bytes:
     """The chunks on the wire: length and digest each; offsets follow from the lengths."""
     return b"".join(_ENTRY.pack(chunk.length, chunk.digest) for chunk in chunks)
@@ -87,6 +123,30 @@ def decode(payload: bytes, offset: int = 0) -> List[Chunk]:
             raise ValueError("Chunk list holds an empty chunk")
         chunks.append(Chunk(offset, length, digest))
         offset += length
+    return chunks
+
+
+def decode_ranges(payload: bytes, ranges: Sequence[Tuple[int, int]]) -> List[Chunk]:
+    """The chunks of several ranges, their lists concatenated in the ranges' order.
+
+    :raises ValueError: When the lengths do not add up to exactly each range.
+    """
+    entries = decode(payload)
+    chunks: List[Chunk] = []
+    position = 0
+    for offset, length in ranges:
+        end, here = offset + length, offset
+        while here < end:
+            if position >= len(entries):
+                raise ValueError("Chunk list ends before the ranges do")
+            entry = entries[position]
+            position += 1
+            chunks.append(Chunk(here, entry.length, entry.digest))
+            here += entry.length
+        if here != end:
+            raise ValueError(f"Chunk list does not end at the end of the range {offset}+{length}")
+    if position != len(entries):
+        raise ValueError("Chunk list holds more chunks than the ranges")
     return chunks
 
 
@@ -115,6 +175,62 @@ def plan(source: Iterable[Chunk], target_index: Dict[tuple, int]) -> List[Step]:
         else:
             steps.append(Copy(chunk.offset, found, chunk.length))
     return steps
+
+
+def target_gaps(steps: Iterable[Step], target_size: int) -> List[Tuple[int, int]]:
+    """The ranges of the old target no copy uses: where the finer pass looks for matches."""
+    used = sorted((step.target_offset, step.length) for step in steps if isinstance(step, Copy))
+    gaps: List[Tuple[int, int]] = []
+    position = 0
+    for offset, length in used:
+        if offset > position:
+            gaps.append((position, offset - position))
+        position = max(position, offset + length)
+    if position < target_size:
+        gaps.append((position, target_size - position))
+    return gaps
+
+
+def sends(steps: Iterable[Step]) -> List[Tuple[int, int]]:
+    """The source ranges the steps send, as (offset, length)."""
+    return [(step.source_offset, step.length) for step in steps if isinstance(step, Send)]
+
+
+def refine(steps: Sequence[Step], finer: Sequence[Step]) -> List[Step]:
+    """The coarse ``steps`` with each of their sends replaced by the ``finer`` steps inside it.
+
+    ``finer`` covers exactly the coarse sends (a plan of their finer chunks); neighbours that
+    continue each other are merged as :func:`plan` merges them.
+    """
+    by_offset = sorted(finer, key=lambda step: step.source_offset)
+    merged: List[Step] = []
+    position = 0
+    for step in steps:
+        if isinstance(step, Send):
+            end = step.source_offset + step.length
+            inside = []
+            while position < len(by_offset) and by_offset[position].source_offset < end:
+                inside.append(by_offset[position])
+                position += 1
+            if sum(piece.length for piece in inside) != step.length:
+                raise ValueError(f"The finer steps do not cover the send at {step.source_offset}")
+        else:
+            inside = [step]
+        for piece in inside:
+            _append(merged, piece)
+    return merged
+
+
+def _append(steps: List[Step], step: Step) -> None:
+    """Add ``step``, merged into the last one when it continues it."""
+    last = steps[-1] if steps else None
+    if isinstance(step, Send) and isinstance(last, Send) and last.source_offset + last.length == step.source_offset:
+        steps[-1] = Send(last.source_offset, last.length + step.length)
+    elif (isinstance(step, Copy) and isinstance(last, Copy) and last.source_offset + last.length == step.source_offset
+          and last.target_offset + last.length == step.target_offset):
+        steps[-1] = Copy(last.source_offset, last.target_offset, last.length + step.length)
+    else:
+        steps.append(step)
 
 
 def bytes_to_send(steps: Iterable[Step]) -> int:

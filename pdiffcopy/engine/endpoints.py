@@ -12,8 +12,9 @@ import re
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.errors import Unsupported
@@ -171,6 +172,36 @@ class FileEndpoint(ABC):
         :raises Unsupported: Unless :meth:`can_copy_from` says yes.
         """
         raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    # -- the shift-tolerant delta (--delta chunks) -------------------------
+
+    def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+        """The content-defined chunks (:mod:`pdiffcopy.core.chunks`) of each of ``ranges``, in order.
+
+        Cut where the file is (a server cuts its own files on its own cores), so only
+        the list, 12 bytes a chunk, crosses the network.
+
+        :raises Unsupported: Where the file cannot be cut there (the engine falls back to blocks).
+        """
+        raise Unsupported(f"Cannot cut {self.location} into content-defined chunks")
+
+    def can_copy_within(self, origin: "FileEndpoint") -> bool:
+        """Whether :meth:`copy_within` can copy from ``origin`` without the data crossing a network.
+
+        True where both files are on the same side: two local files, or two files of one server.
+        """
+        return False
+
+    def copy_within(self, origin: "FileEndpoint", moves: Sequence[cdc.Copy]) -> int:
+        """Copy ranges of ``origin`` (the old target) to other offsets of this file; return the bytes copied.
+
+        Each move copies ``origin``'s bytes at ``target_offset`` to ``source_offset`` here (the
+        offset they have in the source, which this file becomes). This file also takes
+        ``origin``'s mode (even with no moves), as a clone of it would.
+
+        :raises Unsupported: Unless :meth:`can_copy_within` says yes.
+        """
+        raise Unsupported(f"Cannot copy from {origin.location} into {self.location} on their side")
 
     def is_same_file(self, other: "FileEndpoint") -> bool:
         """Whether ``other`` is this very file (a sync onto itself); False when that cannot be told."""

@@ -34,8 +34,11 @@ from pdiffcopy.core.blocks import (
     split_ranges,
     tree_digest_input,
 )
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.compression import check_mode
 from pdiffcopy.core.refine import RefineTally, resolve_piece_size
+from pdiffcopy.engine import chunked
+from pdiffcopy.engine.chunked import check_delta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.errors import (
     Conflict,
@@ -43,6 +46,7 @@ from pdiffcopy.errors import (
     NotAFile,
     PdiffcopyError,
     StorageError,
+    Unsupported,
     UsageError,
     VerificationFailed,
 )
@@ -120,7 +124,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
                  compress: str = "auto", piece_size: "int | str | None" = None,
-                 partial: bool = False) -> FileOptions:
+                 partial: bool = False, delta: str = "blocks") -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
@@ -140,6 +144,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         bwlimit=bandwidth_limit(bwlimit),
         compress=check_mode(compress),
         partial=bool(partial),
+        delta=check_delta(delta),
     )
 
 
@@ -277,6 +282,10 @@ class _SyncJob:
             self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
+        if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:
+            result = self._run_chunked(plan, source_info, target_info)
+            if result is not None:
+                return result
         if options.dry_run:
             similarity, _, _ = self._compare(plan, segments, self.target if target_info else None,
                                              transfer_to=None)
@@ -360,6 +369,74 @@ class _SyncJob:
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish (or use --atomic)", self.target.location)
+            raise
+        return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _run_chunked(self, plan: BlockPlan, source_info: FileInfo, target_info: FileInfo
+                     ) -> Optional[SyncResult]:
+        """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunked`) into a new temporary.
+
+        :returns: None when a side cannot do it (an older server): the blocks then do.
+        """
+        try:
+            steps = chunked.plan_delta(self.source, self.target, source_info.size, target_info.size)
+        except Unsupported as error:
+            logger.warning("%s; comparing fixed blocks instead", error)
+            return None
+        if not self.target.can_copy_within(self.target):
+            logger.warning("Cannot copy within %s; comparing fixed blocks instead", self.target.location)
+            return None
+        to_send = cdc.bytes_to_send(steps)
+        self._log_phase("planned: %d bytes to send, %d steps", to_send, len(steps))
+        # The blocks the sends touch: what --stats and the similarity index count as changed.
+        changed = len({block for step in steps if isinstance(step, cdc.Send)
+                       for block in range(step.source_offset // plan.block_size,
+                                          -(-(step.source_offset + step.length) // plan.block_size))})
+        similarity = Similarity(plan.block_count, changed, plan.size, to_send)
+        if self.options.dry_run:
+            return self._result(plan, similarity, verified=False, digest="")
+        self.progress.hash_total = 2 * plan.size  # the verification hashes both sides once
+        if steps == [cdc.Copy(0, 0, plan.size)] and target_info.size == plan.size:
+            # Every chunk where it was: nothing to write if the strong digests agree.
+            self.progress.phase = "verifying"
+            try:
+                digest = chunked.verify(self.source, self.target, plan.size, plan.block_size,
+                                        verify_method(self.options.hash_method), self.target.location,
+                                        self.progress.add_hashed)
+            except VerificationFailed:
+                pass  # a chunk digest matched where the bytes differ: build it after all
+            else:
+                self._check_source_unchanged(source_info)
+                return self._result(plan, similarity, verified=True, digest=digest)
+        swept = self.target.sweep_temporaries()
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
+                        swept, self.target.location)
+        work = self.target.create_temporary(clone=False)
+        self.work = work
+        try:
+            work.prepare(plan.size)
+            self.prepared = True
+            self.progress.move_total = to_send
+            self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
+            self.bytes_moved = chunked.build(self.source, self.target, work, steps, self.transfers,
+                                             self.progress.add_moved)
+            self._log_phase("built: %d bytes sent", self.bytes_moved)
+            self.progress.phase = "verifying"
+            work.flush()
+            try:
+                digest = chunked.verify(self.source, work, plan.size, plan.block_size,
+                                        verify_method(self.options.hash_method), self.target.location,
+                                        self.progress.add_hashed)
+            except VerificationFailed:
+                self._check_source_unchanged(source_info)
+                raise
+            self._log_phase("verified")
+            self._check_source_unchanged(source_info)
+            work.replace(self.target)
+        except BaseException:
+            self._stop_transfers()
+            work.remove_temporary()
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
 

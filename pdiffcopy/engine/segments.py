@@ -104,6 +104,9 @@ class FileOptions:
     #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
     #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
     partial: bool = False
+    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
+    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunked).
+    delta: str = "blocks"
 
 
 # -- partial files (--partial) ----------------------------------------------

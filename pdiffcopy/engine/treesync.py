@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.core.compression import check_mode
+from pdiffcopy.engine import chunked
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
@@ -178,7 +179,7 @@ class Unit(NamedTuple):
     """One piece of work of the queue."""
 
     weight: int  # bytes it moves (or would at most): the queue runs heaviest first
-    kind: str  # "files", "range", "delta", "links", "metadata", "delete"
+    kind: str  # "files", "range", "delta", "chunks", "links", "metadata", "delete"
     items: tuple
 
 
@@ -254,6 +255,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         bucket = TokenBucket(rate, shared=True)
         for tree in (source, target):
             tree.limit_rate(bucket)
+    chunked.check_delta(options.delta)
     if check_mode(options.compress) != "auto":
         for tree in (source, target):
             tree.compress_with(options.compress)
@@ -587,7 +589,10 @@ class _Runner:
                 continue
             size = action.source.size
             if size >= DELTA_MIN_SIZE and action.reason != REASON_NEW and not self.options.whole_file:
-                self._add_big(action, delta=True)
+                if self.options.delta == "chunks" and action.target is not None and action.target.size:
+                    self._add_chunked(action)
+                else:
+                    self._add_big(action, delta=True)
             elif size >= RANGE_SIZE and not (action.source.sparse and self._copies_locally):
                 self._add_big(action, delta=False)
             elif size >= RANGE_SIZE:  # copied whole, hole by hole, as one unit
@@ -660,6 +665,20 @@ class _Runner:
         self.big.append(_BigFile(action, plan, source, work, target, temporary, len(segments) or 1, partial))
         for segment in segments or [Segment(0, 0, 0, 0, 0)]:
             self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
+
+    def _add_chunked(self, action: FileAction) -> None:
+        """Queue a big changed file for the shift-tolerant delta: one unit, into a new temporary."""
+        try:
+            source = self.source.file_endpoint(action.path)
+            target = self.target.file_endpoint(action.path)
+            work = target.create_temporary(clone=False)
+        except PdiffcopyError as error:
+            self.result.failures.append((action.path, str(error)))
+            return
+        index = len(self.big)
+        self.big.append(_BigFile(action, BlockPlan(action.source.size, self.options.block_size), source, work,
+                                 target, True, 1))
+        self.units.append(Unit(action.source.size, "chunks", (index, 0)))
 
     def _run_units(self) -> None:
         if not self.units:
@@ -780,6 +799,7 @@ class _WorkerState:
         #: What runs each kind of unit (Unit.kind).
         self._runs: Dict[str, Callable[[Unit], None]] = {
             "files": self._run_files, "range": self._run_range, "delta": self._run_delta,
+            "chunks": self._run_chunks,
             "links": self._run_links, "metadata": self._run_metadata, "delete": self._run_delete}
 
     def run(self, unit: Unit) -> None:
@@ -878,6 +898,23 @@ class _WorkerState:
     def _run_delta(self, unit: Unit) -> None:
         """A segment of a big changed file: its changed blocks moved, then read back."""
         self._run_segment(unit, compare=True)
+
+    def _run_chunks(self, unit: Unit) -> None:
+        """A big changed file by content-defined chunks (pdiffcopy.engine.chunked), whole, verified."""
+        index, _ = unit.items
+        big = self.runner.big[index]
+        moved = 0
+        try:
+            assert big.action.target is not None, "only files with an old version are queued so"
+            moved = chunked.sync_file(big.source, big.target, big.work, big.action.source.size,
+                                      big.action.target.size, self.runner.options.block_size,
+                                      verify_method(self.runner.options.hash_method),
+                                      self.runner.options.concurrency, big.action.path)
+            self._count("bytes", moved)
+        except PdiffcopyError as error:
+            self._part_failed(index, str(error))
+        self.runner.progress.add(self.slot, 0, unit.weight, moved)
+        self._part_done(index)
 
     def _run_segment(self, unit: Unit, compare: bool) -> None:
         index, segment_index = unit.items

@@ -7,8 +7,9 @@ import fcntl
 import os
 import signal
 import stat as stat_module
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence
 
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import (
@@ -22,6 +23,8 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.fileops import (
+    RangeReader,
+    copy_available,
     copy_range,
     etag,
     free_space,
@@ -347,6 +350,44 @@ class LocalFile(FileEndpoint):
             written += length
         return written
 
+    def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+        """The content-defined chunks of ``ranges``, cut in this thread from the open file."""
+        fd = self._reader()
+        try:
+            return cut_ranges(fd, ranges, average)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        except EOFError:
+            raise StorageError(f"Cannot read {self.path}: it became shorter during the sync") from None
+
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
+        return isinstance(origin, LocalFile)
+
+    def copy_within(self, origin: FileEndpoint, moves: Sequence[cdc.Copy]) -> int:
+        """Copy ranges of another local file (the old target) to other offsets of this one, in the kernel.
+
+        This file takes the other's mode too (even with no moves), as a clone of it would.
+        """
+        assert isinstance(origin, LocalFile), "the engine asks can_copy_within first"
+        origin_fd, fd = origin._reader(), self._writer()
+        try:
+            # The new version keeps the old one's mode, as a clone of it would.
+            os.fchmod(fd, stat_module.S_IMODE(os.fstat(origin_fd).st_mode))
+        except OSError as error:
+            raise storage_error(error, f"set the mode of {self.path}") from None
+        written = 0
+        for move in moves:
+            try:
+                copied = copy_available(origin_fd, fd, move.target_offset, move.length,
+                                        target_offset=move.source_offset)
+            except OSError as error:
+                raise storage_error(error, f"copy {origin.path} to {self.path}") from None
+            if copied < move.length:
+                raise StorageError(f"Cannot read {origin.path}: it became shorter during the sync")
+            start_writeback(fd, move.source_offset, move.length)
+            written += move.length
+        return written
+
     def copy_all_from(self, source: FileEndpoint, size: int, cache: str, progress=None,
                       on_step=None) -> str:
         """Copy the whole of another local file into this one, the fastest way there is.
@@ -571,6 +612,16 @@ def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], bloc
         raise storage_error(error, f"read {relative}") from None
     finally:
         os.close(fd)
+
+
+def cut_ranges(fd: int, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+    """The content-defined chunks of ``ranges`` of the open file ``fd``, in order.
+
+    :raises OSError: When reading fails.
+    :raises EOFError: When the file is shorter than a range.
+    """
+    return [chunk for offset, length in ranges
+            for chunk in cdc.cut_stream(RangeReader(fd, offset, length), offset, average)]
 
 
 def _lock_or_refuse(fd: int, path: str) -> None:

@@ -241,7 +241,7 @@ KERNEL_COPY_REFUSALS = REFUSALS | {errno.EPERM, errno.EBADF, errno.ETXTBSY}
 
 
 def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
-                   probe_last_byte: bool = False) -> int:
+                   probe_last_byte: bool = False, target_offset: Optional[int] = None) -> int:
     """Copy up to ``length`` bytes between the same offsets of two files; the one copy loop.
 
     ``copy_file_range`` first (unless :func:`fast_paths_enabled` says no),
@@ -250,16 +250,18 @@ def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
     :param probe_last_byte: The last byte asked is only there to tell a file
                             that grew: a copy ending one byte short is the
                             end, with no ``fstat`` to check (a tree's small files).
+    :param target_offset: Where the bytes go in the target (default: ``offset``, the same place).
     :returns: How many bytes the source had there (less than ``length`` at its end).
     :raises OSError: When copying fails.
     """
     end = offset + length
     position = offset
+    shift = (offset if target_offset is None else target_offset) - offset
     kernel = fast_paths_enabled() and hasattr(os, "copy_file_range")
     while position < end:
         if kernel:
             try:
-                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position)
+                copied = os.copy_file_range(source_fd, target_fd, end - position, position, position + shift)
             except OSError as error:
                 if error.errno not in KERNEL_COPY_REFUSALS:
                     raise
@@ -279,7 +281,7 @@ def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
             data = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
             if not data:
                 break
-            write_all(target_fd, data, position)
+            write_all(target_fd, data, position + shift)
             copied = len(data)
         position += copied
     return position - offset
@@ -458,3 +460,31 @@ __all__ = [
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
     "fsync_directory", "replace_atomically", "free_space", "etag",
 ]
+
+
+class RangeReader:
+    """A range of an open file as a stream (``readinto``), read with ``pread``.
+
+    For code that wants a stream, such as the content-defined chunker: it reads
+    the range in bounded pieces, so a file of any size is cut in bounded memory.
+    """
+
+    def __init__(self, fd: int, offset: int, length: int) -> None:
+        self.fd = fd
+        self.position = offset
+        self.end = offset + length
+
+    def readinto(self, buffer) -> int:
+        """Fill ``buffer`` with the range's next bytes; 0 at the range's end.
+
+        :raises EOFError: When the file ends before the range does (it became shorter).
+        :raises OSError: When reading fails.
+        """
+        count = min(len(buffer), self.end - self.position)
+        if count <= 0:
+            return 0
+        got = os.preadv(self.fd, [memoryview(buffer)[:count]], self.position)
+        if got == 0:
+            raise EOFError(f"file ended at {self.position} bytes, before {self.end}")
+        self.position += got
+        return got

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import stat as stat_module
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, List, Optional, Tuple
@@ -29,6 +30,7 @@ from werkzeug.http import unquote_etag
 from werkzeug.routing import PathConverter
 
 from pdiffcopy import __version__
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
 from pdiffcopy.server.bodyreader import BodyReader, open_body
 from pdiffcopy.core.byteranges import (
@@ -64,13 +66,17 @@ from pdiffcopy.errors import (
     BadRequest,
     Conflict,
     FileMissing,
+    PayloadTooLarge,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
+    UsageError,
     storage_error,
 )
 from pdiffcopy.local.fileops import (
     TRANSFER_CHUNK_SIZE,
+    RangeReader,
+    copy_available,
     etag,
     is_temporary_name,
     resize,
@@ -107,6 +113,25 @@ PATCH_TYPES = f"application/octet-stream, multipart/byteranges, {FRAMES_TYPE}"
 #: Largest file a resize may create: beyond what any disk holds, so a bogus
 #: size is refused even before the free space check.
 MAX_FILE_SIZE = 1 << 50
+
+#: Most ranges one chunk list request may name (16 bytes each in its body): the finer pass
+#: of a sync asks for the ranges the first pass left unmatched, fewer than this for any
+#: file edited in places rather than rewritten.
+MAX_CHUNK_RANGES = 65536
+
+#: A range of a chunk list request: offset and length, little-endian.
+CHUNK_RANGE_ENTRY = struct.Struct("<QQ")
+
+#: Chunks encoded per write of a chunk list answer (12 KiB): streamed, not held whole.
+CHUNKS_PER_WRITE = 1024
+
+#: Most moves one copy request may name (24 bytes each in its body), and most bytes it may
+#: copy: a client sends at most engine.chunked's COPY_REQUEST_MOVES and COPY_REQUEST_BYTES.
+MAX_COPY_MOVES = 16384
+MAX_COPY_REQUEST_BYTES = 1024 * 1024 * 1024
+
+#: A move of a copy request: from offset, to offset, length, little-endian.
+COPY_MOVE_ENTRY = struct.Struct("<QQQ")
 
 #: The prefix of the server's own endpoints.
 API_PREFIX = "/.pdiffcopy"
@@ -372,6 +397,92 @@ def create_app(config: ServerConfig) -> Flask:
         response.headers["ETag"] = etag(info)
         return response
 
+    @app.post(f"{API_PREFIX}/chunks/<path:path>")
+    def chunks_of_file(path: str):
+        """The content-defined chunks of the file, or of the ranges in the body (``--delta chunks``).
+
+        Cut here, on the server's cores, and streamed as they are cut: 12 bytes a chunk
+        (its length and an 8-byte digest; offsets follow from the lengths).
+        """
+        try:
+            average = cdc.check_average(int_arg("average", 0, cdc.MAX_AVERAGE))
+        except UsageError as error:
+            raise BadRequest(str(error)) from None
+        asked = binary_body(CHUNK_RANGE_ENTRY.size, MAX_CHUNK_RANGES)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            renew(info, path)
+            ranges = [(offset, length) for offset, length in CHUNK_RANGE_ENTRY.iter_unpack(asked)] \
+                if asked else ([(0, info.st_size)] if info.st_size else [])
+            check_disjoint(ranges, info.st_size, ordered=True)
+            client = request.remote_addr or ""
+            # Cutting is CPU and disk work, as hashing is: it takes one of the same slots.
+            if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
+                raise ServerBusy(f"Busy: {MAX_CONCURRENT_HASHES} hash requests are running; "
+                                 f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
+        except BaseException:
+            os.close(fd)
+            raise
+        metrics.hash_jobs.inc()
+
+        def finished() -> None:
+            # On the response's close, which the server calls whether or not the body was sent.
+            os.close(fd)
+            metrics.hash_jobs.dec()
+            hash_slots.release(client)
+
+        # Not direct_passthrough: Werkzeug then hands the bare generator to the server and
+        # never calls the response's close.
+        response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream")
+        response.call_on_close(finished)
+        response.headers["ETag"] = etag(info)
+        return response
+
+    @app.post(f"{API_PREFIX}/copy-ranges/<path:path>")
+    def copy_ranges(path: str):
+        """Copy ranges of the file ``from`` to other offsets of the temporary file ``path``.
+
+        The temporary takes the mode of ``from`` (even with no moves), as a clone of it would.
+
+        The shift-tolerant delta builds a new temporary of a target from the old target's
+        bytes that the source still has (wherever they moved) and the bytes it sends.
+        """
+        require_temporary(path)
+        origin_path = path_arg("from")
+        moves = [(offset, to, length) for offset, to, length
+                 in COPY_MOVE_ENTRY.iter_unpack(binary_body(COPY_MOVE_ENTRY.size, MAX_COPY_MOVES))]
+        origin_fd = served(root, origin_path).open_descriptor(os.O_RDONLY)
+        try:
+            fd = served(root, path, follow=False).open_descriptor(os.O_WRONLY)
+            try:
+                info, origin = os.fstat(fd), os.fstat(origin_fd)
+                refuse_hard_links(info, path, config.write_hard_links)
+                # Read from anywhere in the old file (twice, even); written once each, inside the file.
+                check_disjoint([(offset, length) for offset, _, length in moves], origin.st_size, ordered=False,
+                               overlap=True)
+                # The ranges written must not overlap (nor leave the file: writes never grow it).
+                check_disjoint([(to, length) for _, to, length in moves], info.st_size, ordered=False)
+                if sum(length for _, _, length in moves) > MAX_COPY_REQUEST_BYTES:
+                    raise PayloadTooLarge(f"At most {MAX_COPY_REQUEST_BYTES} bytes per copy request")
+                with leases.writing(info, lease_of_request(), path):
+                    # The new version keeps the old one's mode, as a clone of it would.
+                    os.fchmod(fd, stat_module.S_IMODE(origin.st_mode))
+                    for offset, to, length in moves:
+                        try:
+                            copied = copy_available(origin_fd, fd, offset, length, target_offset=to)
+                        except OSError as error:
+                            raise storage_error(error, f"copy {origin_path} to {path}") from None
+                        if copied < length:
+                            raise Conflict(f"{origin_path} became shorter during the copy")
+                        start_writeback(fd, to, length)
+            finally:
+                os.close(fd)
+        finally:
+            os.close(origin_fd)
+        return jsonify(copied=sum(length for _, _, length in moves))
+
     @app.route("/<path:path>", methods=["GET", "HEAD"])
     def read_file(path: str):
         """The file's bytes: all of them, one range (206), or several (multipart/byteranges)."""
@@ -605,6 +716,70 @@ def hash_ranges(block_size: int, size: int) -> List[ByteRange]:
     if sum(-(-length // block_size) for _, length in ranges) > MAX_HASH_REQUEST_BLOCKS:
         raise BadRequest(f"At most {MAX_HASH_REQUEST_BLOCKS} blocks per hash request")
     return ranges
+
+
+def binary_body(entry_size: int, max_entries: int) -> bytes:
+    """A request body of fixed-size binary entries, read whole; checked before it is read.
+
+    :raises PayloadTooLarge: For more than ``max_entries`` entries.
+    :raises BadRequest: For a body that is not whole entries, or ends early.
+    """
+    length = request.content_length or 0
+    if length > entry_size * max_entries:
+        raise PayloadTooLarge(f"The request body has {length} bytes; at most {max_entries} entries "
+                              f"of {entry_size} bytes are allowed")
+    if length % entry_size:
+        raise BadRequest(f"The request body is not a whole number of {entry_size}-byte entries")
+    if not length:
+        return b""
+    body = open_body(request.environ, length)
+    buffer = bytearray(length)
+    view, got = memoryview(buffer), 0
+    try:
+        while got < length:
+            count = body.readinto(view[got:])
+            if not count:
+                raise BadRequest("The request body ended early")
+            got += count
+    finally:
+        body.finish()
+    return bytes(buffer)
+
+
+def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool, overlap: bool = False) -> None:
+    """Refuse empty ranges, ranges past the end of a file of ``size`` bytes, and overlapping ones.
+
+    :param ordered: The ranges must also come in ascending order (a chunk list follows their order).
+    :param overlap: Overlapping ranges are fine (ranges read, not written).
+    """
+    for offset, length in ranges:
+        if length == 0:
+            raise BadRequest("Empty range")
+        if offset + length > size:
+            raise RangeNotSatisfiable(f"Range {offset}+{length} is past the end of the file ({size} bytes)", size)
+    in_order = sorted(ranges)
+    if ordered and in_order != ranges:
+        raise BadRequest("The ranges must come in ascending order")
+    if not overlap and any(a[0] + a[1] > b[0] for a, b in zip(in_order, in_order[1:])):
+        raise BadRequest("The ranges overlap")
+
+
+def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str) -> Iterator[bytes]:
+    """The chunk list of ``ranges`` of ``fd``, sent as it is cut (the caller closes ``fd``)."""
+    pending: List[cdc.Chunk] = []
+    try:
+        for offset, length in ranges:
+            for chunk in cdc.cut_stream(RangeReader(fd, offset, length), offset, average):
+                pending.append(chunk)
+                if len(pending) >= CHUNKS_PER_WRITE:
+                    yield cdc.encode(pending)
+                    pending = []
+    except (OSError, EOFError) as error:
+        # Mid-answer nothing can be said any more: the client sees a short list and refuses it.
+        logger.warning("Cutting %s failed: %s", one_line(path), error)
+        return
+    if pending:
+        yield cdc.encode(pending)
 
 
 def served(root: Root, path: str, follow: bool = True) -> LocalFile:

@@ -45,7 +45,8 @@ ERROR_STATUSES: Dict[int, str] = {
     405: "The endpoint does not support this method",
     409: "Not a regular file, or a non-directory on the path (NotAFile)",
     412: "If-Match failed, or the file exists already (Conflict)",
-    413: "The JSON request body is larger than 64 MiB (PayloadTooLarge)",
+    413: "The request body is larger than the operation allows (PayloadTooLarge): 64 MiB of JSON, "
+         "65,536 ranges of a chunk list, 16,384 moves or 1 GiB of a copy",
     414: "The request line is too long (from the HTTP layer)",
     416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
     408: "The request body came too slowly (ClientTooSlow); the connection is closed",
@@ -200,6 +201,8 @@ def _components() -> Dict[str, Any]:
                    "properties": {"method": {"type": "string",
                                              "enum": ["reflink", "copy_file_range",
                                                       "sendfile", "readwrite"]}}},
+        "Copied": {"type": "object", "required": ["copied"],
+                   "properties": {"copied": _INTEGER}},
         "Renamed": {"type": "object", "required": ["renamed"],
                     "properties": {"renamed": {"type": "boolean", "enum": [True]}}},
         "Leased": {"type": "object", "required": ["lease", "seconds"],
@@ -481,6 +484,42 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         errors=_PATH_ERRORS + (412,),
         parameters=[temporary, _query("from", "The file to copy", {"type": "string"},
                                       example="db/big.ibd"), no_follow])
+    chunks = _operation(
+        "chunks", "The content-defined chunks of a file or of some of its ranges (--delta chunks)",
+        {"200": {
+            "description": "12 bytes per chunk, in order: its length (uint32, little-endian) and the first "
+                           "8 bytes of its xxh3_64 digest; a chunk starts where the one before ended, "
+                           "the first of each range at the range's offset. Streamed while the file is "
+                           "cut: a list that ends early means the server failed mid-answer",
+            "headers": {"ETag": file_headers["ETag"]},
+            "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}},
+        }},
+        errors=_PATH_ERRORS + (412, 413, 416, 503),
+        parameters=[
+            path,
+            _query("average", "The average chunk size in bytes (FastCDC; its minimum is a quarter, its "
+                              "maximum four times)", {"type": "integer", "minimum": 256, "maximum": 4194304},
+                   example=65536),
+            if_match, lease, no_follow,
+        ],
+        body={"required": False,
+              "description": "The ranges to cut, 16 bytes each: offset and length (uint64, little-endian), "
+                             "ascending, none empty, overlapping or past the end; at most 65,536. "
+                             "Empty: the whole file",
+              "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}})
+    copy_ranges = _operation(
+        "copyRanges", "Copy ranges of a file to other offsets of a temporary file, which takes the "
+                      "file's mode (--delta chunks)",
+        {"200": _json_answer("The bytes copied", "Copied")},
+        errors=_PATH_ERRORS + (412, 413, 416, 423),
+        parameters=[temporary, _query("from", "The file to copy from (the old target)", {"type": "string"},
+                                      example="db/dump.sql"), lease, no_follow],
+        body={"required": True,
+              "description": "The moves, 24 bytes each: from offset, to offset and length (uint64, "
+                             "little-endian). Read anywhere inside the file copied from; written inside "
+                             "the temporary (a copy never grows it: resize it first), no two writes "
+                             "overlapping, none empty; at most 16,384 moves and 1 GiB",
+              "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}})
     rename = _operation(
         "rename", "Atomically replace another file with a temporary file",
         {"200": _json_answer("Renamed", "Renamed")},
@@ -508,6 +547,8 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "/.pdiffcopy/resize/{path}": {"post": resize},
         "/.pdiffcopy/fsync/{path}": {"post": fsync},
         "/.pdiffcopy/clone/{path}": {"post": clone},
+        "/.pdiffcopy/chunks/{path}": {"post": chunks},
+        "/.pdiffcopy/copy-ranges/{path}": {"post": copy_ranges},
         "/.pdiffcopy/rename/{path}": {"post": rename},
         "/.pdiffcopy/lease/{path}": {"post": take_lease, "delete": end_lease},
         "/.pdiffcopy/temporary/{path}": {"delete": remove},

@@ -219,6 +219,12 @@ class LegacyRemoteFile(RemoteFile):
             written += len(body)
         return written
 
+    def cut_chunks(self, ranges, average):
+        raise Unsupported(f"{self.base} is a pdiffcopy 1.0.1 server, which cannot cut its files into chunks")
+
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
+        return False  # 1.0.1 cannot copy between files, nor rename a temporary
+
     def flush(self) -> None:
         pass  # 1.0.1 cannot fsync; its writes reach the disk when its kernel decides
 

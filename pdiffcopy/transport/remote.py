@@ -19,6 +19,7 @@ import os
 import random
 import re
 import socket
+import struct
 import threading
 import time
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core import compression
 from pdiffcopy.transport import wire
 from pdiffcopy.core.addresses import is_loopback
@@ -117,6 +119,13 @@ _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
     400: RemoteProtocolError, 401: AuthenticationFailed, 403: AccessDenied, 404: FileMissing,
     409: NotAFile, 412: Conflict, 416: RemoteProtocolError, 423: Locked, 503: ServerBusy, 507: StorageError,
 }
+
+#: The binary entries of the shift-tolerant delta's requests (docs/protocol.rst): a range of
+#: a chunk list request (offset, length) and a move of a copy request (from, to, length).
+_CHUNK_RANGE = struct.Struct("<QQ")
+_COPY_MOVE = struct.Struct("<QQQ")
+#: Most ranges one chunk list request names: the server's bound (server.app.MAX_CHUNK_RANGES).
+MAX_CHUNK_RANGES = 65536
 
 logger = logging.getLogger(__name__)
 
@@ -943,6 +952,35 @@ class RemoteFile(FileEndpoint):
         if learning:
             self.compression.observed(len(body), time.perf_counter() - started, None)
         return sum(length for _, length in ranges)
+
+    def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+        """The server cuts its file (on its cores) and sends the list: 12 bytes a chunk."""
+        chunks: "List[cdc.Chunk]" = []
+        ranges = list(ranges)
+        for start in range(0, len(ranges), MAX_CHUNK_RANGES):
+            asked = ranges[start:start + MAX_CHUNK_RANGES]
+            body = b"".join(_CHUNK_RANGE.pack(offset, length) for offset, length in asked)
+            response = self.request("POST", self._target("chunks", params={"average": average}),
+                                    headers={**self._conditions(), "Content-Length": str(len(body)),
+                                             "Content-Type": "application/octet-stream"}, body=body)
+            try:
+                chunks += cdc.decode_ranges(self._body(response), asked)
+            except ValueError as error:
+                raise self.client.malformed(f"its chunk list does not fit the ranges asked ({error})") from None
+        return chunks
+
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
+        return isinstance(origin, RemoteFile) and origin.base == self.base
+
+    def copy_within(self, origin: FileEndpoint, moves: "Sequence[cdc.Copy]") -> int:
+        """The server copies ranges of ``origin`` into this (temporary) file: nothing crosses but the list."""
+        assert isinstance(origin, RemoteFile) and origin.base == self.base, "the engine asks can_copy_within"
+        body = b"".join(_COPY_MOVE.pack(move.target_offset, move.source_offset, move.length) for move in moves)
+        response = self.request("POST", self._target("copy-ranges", params={"from": os.fsencode(origin.path)}),
+                                headers={"Content-Length": str(len(body)), "Content-Type": "application/octet-stream"},
+                                body=body)
+        self._body(response)
+        return sum(move.length for move in moves)
 
     def flush(self) -> None:
         self._call("POST", "fsync")
