@@ -195,3 +195,103 @@ def test_the_engine_imports_no_kind_of_endpoint():
     assert not imported & {"pdiffcopy.local.file", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
                            "pdiffcopy.transport.remotetree", "pdiffcopy.server.app", "pdiffcopy.server.service",
                            "pdiffcopy.api", "pdiffcopy.cli.main"}
+
+
+class _LocalHashes:
+    """How many times the local side started hashing, for the remote side to wait on."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.started = 0
+        self.changed = threading.Condition()
+
+    def start(self) -> None:
+        with self.changed:
+            self.started += 1
+            self.changed.notify_all()
+
+    def wait_for_one_after(self, count: int, seconds: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.started > count, seconds)
+
+
+class _Remote(PlainFile):
+    """A real remote file whose server answers only once the local side starts hashing too (10 s at most).
+
+    Its answer comes at once only if the engine asked it first and hashed the local side meanwhile.
+    """
+
+    def __init__(self, inner: FileEndpoint, local: _LocalHashes) -> None:
+        super().__init__(inner)
+        self.local = local
+        self.waited_in_vain = 0
+
+    def hashes_here(self):
+        return False
+
+    def submit_hashes(self, ranges, block_size, method):
+        from concurrent.futures import ThreadPoolExecutor
+
+        before = self.local.started
+
+        def hashes():
+            if not self.local.wait_for_one_after(before, 10):
+                self.waited_in_vain += 1
+            return self.inner.submit_hashes(ranges, block_size, method).result()
+
+        pool = ThreadPoolExecutor(1)
+        try:
+            return pool.submit(hashes)
+        finally:
+            pool.shutdown(wait=False)
+
+
+class _Local(PlainFile):
+    """A real local file hashed in this thread (as in a tree's worker) that says when it starts."""
+
+    def __init__(self, inner: FileEndpoint, local: _LocalHashes) -> None:
+        super().__init__(inner)
+        self.local = local
+
+    def hashes_here(self):
+        return True
+
+    def submit_hashes(self, ranges, block_size, method):
+        self.local.start()
+        return self.inner.submit_hashes(ranges, block_size, method)
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_a_segment_hashes_both_sides_at_once(server, tmp_path, unique, direction):
+    """A tree's worker hashes its local side while the server hashes the remote one.
+
+    It used to wait for the server's digests of a segment before it hashed its
+    own (or the reverse): the two sides' times added up, per segment of a big file.
+    A weak block hash makes every step hash both sides (compare, verify).
+    """
+    from pdiffcopy.core.blocks import BlockPlan
+    from pdiffcopy.engine.segments import sync_segment
+    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.transport.remote import RemoteFile
+
+    old = random_bytes(4 * 64 * 1024, seed=21)
+    new = bytearray(old)
+    new[70000:70016] = bytes(16)
+    remote_path, local_path = server.root / unique, tmp_path / "local.img"
+    remote_path.write_bytes(bytes(new) if direction == "pull" else old)
+    local_path.write_bytes(old if direction == "pull" else bytes(new))
+    hashes = _LocalHashes()
+    remote = _Remote(RemoteFile(server.url(unique)), hashes)
+    local = _Local(LocalFile(str(local_path)), hashes)
+    source, work = (remote, local) if direction == "pull" else (local, remote)
+    plan = BlockPlan(len(new), 64 * 1024)
+    try:
+        for segment in plan.segments():
+            sync_segment(source, work, plan, segment, "xxh3_64", "test", piece_size=4096)
+    finally:
+        remote.close()
+        local.close()
+    assert (local_path if direction == "pull" else remote_path).read_bytes() == bytes(new)
+    assert hashes.started >= 2
+    assert remote.waited_in_vain == 0, "one side's hashes were waited for before the other side hashed"

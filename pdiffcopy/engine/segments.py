@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
@@ -178,6 +179,29 @@ def changed_ranges(plan: BlockPlan, segment: Segment, source_digests: Sequence[b
     return coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
 
 
+# -- hash ------------------------------------------------------------------
+
+
+def hash_both(first: FileEndpoint, first_ranges: Sequence[ByteRange], second: FileEndpoint,
+              second_ranges: Sequence[ByteRange], block_size: int, method: str) -> Tuple[bytes, bytes]:
+    """The digests of ``first_ranges`` of ``first`` and of ``second_ranges`` of ``second``, hashed at once.
+
+    A side hashed elsewhere (by its server) is asked first: its request then runs in the
+    background while a local file without a hash pool (a tree's worker) hashes in this
+    thread, and the two sides wait for each other once instead of one after the other.
+    """
+    def submit(endpoint: FileEndpoint, ranges: Sequence[ByteRange]) -> "Optional[Future[bytes]]":
+        return endpoint.submit_hashes(ranges, block_size, method) if ranges else None
+
+    if first.hashes_here() and not second.hashes_here():
+        theirs = submit(second, second_ranges)
+        ours = submit(first, first_ranges)
+    else:
+        ours = submit(first, first_ranges)
+        theirs = submit(second, second_ranges)
+    return (ours.result() if ours else b""), (theirs.result() if theirs else b"")
+
+
 # -- refine ----------------------------------------------------------------
 
 
@@ -202,10 +226,8 @@ def refine_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[Byt
             tally.skipped += length
             result.extend(batch)
             continue
-        ours = source.submit_hashes(batch, piece_size, method)
-        theirs = work.submit_hashes(batch, piece_size, method)
-        pieces = differing_pieces(batch, piece_size, ours.result(), theirs.result(), digest_size(method),
-                                  TRANSFER_REQUEST_BYTES)
+        ours, theirs = hash_both(source, batch, work, batch, piece_size, method)
+        pieces = differing_pieces(batch, piece_size, ours, theirs, digest_size(method), TRANSFER_REQUEST_BYTES)
         tally.add(length, sum(part for _, part in pieces))
         result.extend(pieces)
     return result
@@ -316,8 +338,9 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
                  method: str, location: str, compare: bool = True, piece_size: int = 0) -> int:
     """Bring one segment of ``work`` to the source's bytes, verified; return the bytes moved.
 
-    Hashing runs in this thread (:meth:`FileEndpoint.hash_ranges`): a tree
-    sync runs many of these at once, one per worker process.
+    A local side hashes in this thread (:meth:`FileEndpoint.hash_ranges`) while a
+    remote side's server hashes the same segment (:func:`hash_both`): a tree sync
+    runs many of these at once, one per worker process.
 
     :param compare: False when the target has no data there yet (a new file):
                     every block moves and nothing of the target is hashed first.
@@ -331,8 +354,9 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     whole = [(segment.offset, segment.length)]
     bs = plan.block_size
     if compare:
-        ours = split_digests(source.hash_ranges(whole, bs, method), digest_size(method))
-        theirs: Optional[List[bytes]] = split_digests(work.hash_ranges(whole, bs, method), digest_size(method))
+        source_digests, target_digests = hash_both(source, whole, work, whole, bs, method)
+        ours = split_digests(source_digests, digest_size(method))
+        theirs: Optional[List[bytes]] = split_digests(target_digests, digest_size(method))
         ranges = changed_ranges(plan, segment, ours, theirs)
         pieces = ranges
         if piece_size and ranges and source.hashes_pieces_cheaply() and work.hashes_pieces_cheaply():
@@ -347,11 +371,13 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
         ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
     moved = move_ranges(source, work, pieces)
     if not compare or strong != method:
-        ours = split_digests(source.hash_ranges(whole, bs, strong), digest_size(strong))
-        theirs = None
+        theirs = None  # hashed with a weak method, or not at all: the whole segment is read back
     read_back = readback_ranges(segment, ranges, theirs is not None)
-    final = final_digests(plan, segment, theirs, read_back,
-                          work.hash_ranges(read_back, bs, strong) if read_back else b"", strong)
+    source_ranges = whole if theirs is None else []
+    source_strong, read_back_digests = hash_both(source, source_ranges, work, read_back, bs, strong)
+    if theirs is None:
+        ours = split_digests(source_strong, digest_size(strong))
+    final = final_digests(plan, segment, theirs, read_back, read_back_digests, strong)
     check_blocks(ours, final, location)
     return moved
 
