@@ -42,7 +42,7 @@ from pdiffcopy.core.blocks import (
     split_digests,
     split_ranges,
 )
-from pdiffcopy.core.refine import RefineTally, differing_pieces
+from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
@@ -66,8 +66,8 @@ PARTIAL_LEASE_POLL_SECONDS = 1.0
 
 #: Changed bytes whose pieces one refinement step hashes (one hash request to each
 #: side, in parallel). 4 MiB is one round trip per 4 MiB of changed blocks (at
-#: 200 Mbit those take 170 ms to move whole), and a dense rewrite is found out
-#: after two steps (:data:`~pdiffcopy.core.refine.REFINE_PROBE_BYTES`).
+#: 200 Mbit those take 170 ms to move whole). The first step is smaller: the probe
+#: (:data:`~pdiffcopy.core.refine.REFINE_PROBE_BYTES`) that finds a dense rewrite out.
 REFINE_BATCH_BYTES = 4 * 1024 * 1024
 
 #: Workers (processes, connections) when the caller names none: two keeps a
@@ -219,17 +219,31 @@ def refine_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[Byt
                    the verification still reads back every changed block whole).
     """
     result: List[ByteRange] = []
-    step = REFINE_BATCH_BYTES - REFINE_BATCH_BYTES % piece_size  # long ranges cut where pieces start
-    for batch in batch_ranges(split_ranges(ranges, step), step):
+
+    def refine(batch: List[ByteRange]) -> None:
         length = sum(part for _, part in batch)
         if not tally.pays():
             tally.skipped += length
             result.extend(batch)
-            continue
+            return
         ours, theirs = hash_both(source, batch, work, batch, piece_size, method)
         pieces = differing_pieces(batch, piece_size, ours, theirs, digest_size(method), TRANSFER_REQUEST_BYTES)
         tally.add(length, sum(part for _, part in pieces))
         result.extend(pieces)
+
+    # Long ranges cut where pieces start: first in steps of the probe's size, so that a
+    # dense rewrite costs one small probe, then (while refining pays) in whole steps.
+    probe = max(piece_size, REFINE_PROBE_BYTES - REFINE_PROBE_BYTES % piece_size)
+    step = REFINE_BATCH_BYTES - REFINE_BATCH_BYTES % piece_size
+    parts = split_ranges(ranges, probe)
+    taken = 0
+    for batch in batch_ranges(parts, probe):
+        if not tally.probing():
+            break
+        refine(batch)
+        taken += len(batch)
+    for batch in batch_ranges(parts[taken:], step):
+        refine(batch)
     return result
 
 
