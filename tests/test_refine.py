@@ -296,3 +296,19 @@ def test_no_refinement_with_a_101_server(original_server, tmp_path):  # noqa: F8
                            f"{original_server}{tmp_path}/target", timeout=60))
     assert int(pushed["moved"]) == 2 * 64 * KiB
     assert (tmp_path / "target").read_bytes() == new
+
+
+def test_ranges_moved_whole_stay_as_they_came():
+    """Ranges that refinement leaves whole (it stopped paying) go to the transfer as they came.
+
+    They came back cut into probe- and step-sized parts: a 16 MiB transfer became a
+    multipart one of eight ranges, and a 100 % changed 1 GiB push 7 % slower.
+    """
+    from pdiffcopy.core.refine import RefineTally
+    from pdiffcopy.engine.segments import refine_ranges
+
+    tally = RefineTally()
+    tally.add(REFINE_PROBE_BYTES, REFINE_PROBE_BYTES)  # the probe moved everything: a dense change
+    assert not tally.pays()
+    assert refine_ranges(None, None, [(0, 16 * MiB), (20 * MiB, 5 * MiB)], 4096, "xxh3_128", tally) == \
+        [(0, 16 * MiB), (20 * MiB, 5 * MiB)]

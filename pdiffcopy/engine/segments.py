@@ -42,7 +42,7 @@ from pdiffcopy.core.blocks import (
     split_digests,
     split_ranges,
 )
-from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces
+from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
@@ -244,7 +244,8 @@ def refine_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[Byt
         taken += len(batch)
     for batch in batch_ranges(parts[taken:], step):
         refine(batch)
-    return result
+    # Parts cut above that moved whole join again: one range, not a multipart request.
+    return merge_close(result, 0, TRANSFER_REQUEST_BYTES)
 
 
 # -- move ------------------------------------------------------------------
