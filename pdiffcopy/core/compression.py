@@ -368,22 +368,31 @@ def frames_accept(level: int) -> str:
     return f"{FRAMES_TYPE}; {LEVEL_PARAMETER}={level}"
 
 
+def _header_parameters(header: "Optional[str]", name: str) -> "Optional[Dict[str, str]]":
+    """The parameters of the first item called ``name`` in a list header (``Accept``,
+    ``Accept-Encoding``), keys in lower case; None when no item has that name."""
+    for item in (header or "").split(","):
+        item_name, _, params = item.strip().partition(";")
+        if item_name.strip().lower() != name:
+            continue
+        found: Dict[str, str] = {}
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            found.setdefault(key.strip().lower(), value.strip())
+        return found
+    return None
+
+
 def accepted_frames_level(header: "Optional[str]") -> Optional[int]:
     """The level an ``Accept`` header asks compressed ranges at; None when it asks for none.
 
     A missing or unreadable level is :data:`LEVEL` and one out of range is brought into
     ``1..MAX_LEVEL``: the client only tunes speed against size here, and every level decodes.
     """
-    for item in (header or "").split(","):
-        name, _, params = item.strip().partition(";")
-        if name.strip().lower() != FRAMES_TYPE:
-            continue
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key.strip().lower() == LEVEL_PARAMETER:
-                return asked_level(value.strip().strip('"'))
-        return LEVEL
-    return None
+    params = _header_parameters(header, FRAMES_TYPE)
+    if params is None:
+        return None
+    return asked_level(params[LEVEL_PARAMETER].strip('"')) if LEVEL_PARAMETER in params else LEVEL
 
 
 def asked_level(value: "Optional[str]") -> int:
@@ -397,19 +406,15 @@ def asked_level(value: "Optional[str]") -> int:
 
 def accepts_zstd(header: "Optional[str]") -> bool:
     """Whether an ``Accept-Encoding`` header accepts zstd (RFC 9110, 12.5.3: ``q=0`` refuses it)."""
-    for item in (header or "").split(","):
-        name, _, params = item.strip().partition(";")
-        if name.strip().lower() != ENCODING:
-            continue
-        for param in params.split(";"):
-            key, _, value = param.strip().partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    return float(value) > 0
-                except ValueError:
-                    return False
+    params = _header_parameters(header, ENCODING)
+    if params is None:
+        return False
+    if "q" not in params:
         return True
-    return False
+    try:
+        return float(params["q"]) > 0
+    except ValueError:
+        return False
 
 
 # -- whole streams (tree batches) -------------------------------------------------

@@ -293,10 +293,7 @@ class _SyncJob:
         # A missing target is always written under a temporary name: nothing
         # half-written ever appears under the target's name.
         atomic = options.atomic or target_info is None
-        swept = self.target.sweep_temporaries()
-        if swept:
-            logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
-                        swept, self.target.location)
+        self._sweep_temporaries()
         if not atomic:
             # Before the target is hashed: from here to the end nobody else
             # writes it, so the digests of the blocks we leave alone stay true
@@ -408,10 +405,7 @@ class _SyncJob:
             else:
                 self._check_source_unchanged(source_info)
                 return self._result(plan, similarity, verified=True, digest=digest)
-        swept = self.target.sweep_temporaries()
-        if swept:
-            logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
-                        swept, self.target.location)
+        self._sweep_temporaries()
         work = self.target.create_temporary(clone=False)
         self.work = work
         try:
@@ -439,6 +433,13 @@ class _SyncJob:
             work.remove_temporary()
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _sweep_temporaries(self) -> None:
+        """Remove the stale temporaries that killed runs left beside the target, and say how many."""
+        swept = self.target.sweep_temporaries()
+        if swept:
+            logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
+                        swept, self.target.location)
 
     @staticmethod
     def _end_lease_quietly(endpoint: FileEndpoint) -> None:
