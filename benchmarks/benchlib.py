@@ -212,10 +212,18 @@ def make_mutated_copy(source: Path, target: Path, percent: int, seed: int) -> in
 
 
 def fresh_target(base: Path, target: Path, copy_base: bool) -> None:
-    """Replace `target` by a copy of `base` (or by nothing, for tools that create the file)."""
+    """Replace `target` by a copy of `base` (or by nothing, for tools that create the file).
+
+    The copy is flushed to disk before the tool starts, as a target that has been on a
+    host for a while is: left dirty, the first tool that flushes (pdiffcopy does, rsync
+    does not) would pay for writing back the benchmark's own copy of the whole file
+    (0.38 s of a 0.90 s sparse pull of 1 GiB on the shaped link).
+    """
     target.unlink(missing_ok=True)
     if copy_base:
         copy_file(base, target)
+        with open(target, "rb") as handle:
+            os.fsync(handle.fileno())
 
 
 def verify_copy(path: Path, expected_sha256: str, expected_size: int, what: str) -> None:

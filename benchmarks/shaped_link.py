@@ -270,6 +270,8 @@ def prepare_workloads(data: Path, names: List[str], size: int, shift_size: int, 
             else:
                 with_insertions(base, source, list(range(SHIFT_EVERY, shift_size, SHIFT_EVERY)), 1, seed)
             workloads.append(Workload(name, source, base))
+    # Written back now, not by the kernel in the middle of a timed run.
+    os.sync()
     return workloads
 
 
