@@ -312,3 +312,31 @@ def test_ranges_moved_whole_stay_as_they_came():
     assert not tally.pays()
     assert refine_ranges(None, None, [(0, 16 * MiB), (20 * MiB, 5 * MiB)], 4096, "xxh3_128", tally) == \
         [(0, 16 * MiB), (20 * MiB, 5 * MiB)]
+
+
+# -- refinement does not wait behind the whole segments --------------------------------
+
+
+def test_piece_hashes_are_not_queued_behind_the_segments(server, unique):
+    """A refinement step's hash request goes out while earlier segment hashes still wait.
+
+    Refinement runs while later segments are still being hashed; in the segments'
+    queue, no piece could move before the last segment was hashed (on the sparse 1 GiB
+    pull on the shaped link, 0.1 s of round trips one after the other at the end).
+    """
+    from pdiffcopy.transport.remote import RemoteFile
+
+    segment = 8 * MiB
+    (server.root / unique).write_bytes(random_bytes(4 * segment))
+    remote = RemoteFile(server.url(unique), concurrency=1)  # one thread: the segments queue up
+    try:
+        # sha3_512 hashes slowly (~0.2 s per 8 MiB segment here): the last segment still
+        # waits in the queue when a quick request sent after it is already answered.
+        queued = [remote.submit_hashes([(index * segment, segment)], 64 * KiB, "sha3_512")
+                  for index in range(4)]
+        first = remote.submit_hashes_first([(0, 64 * KiB)], PIECE, "sha3_512")
+        assert len(first.result(timeout=30)) == 16 * 64  # 16 pieces, 64 bytes each
+        assert not queued[-1].done(), "the piece hashes waited for every segment"
+        assert all(len(future.result(timeout=60)) == segment // (64 * KiB) * 64 for future in queued)
+    finally:
+        remote.close()

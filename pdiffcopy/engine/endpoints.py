@@ -110,6 +110,17 @@ class FileEndpoint(ABC):
             return b""
         return self.submit_hashes(ranges, block_size, method).result()
 
+    def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                            ) -> "Future[bytes]":
+        """Like :meth:`submit_hashes`, but not queued behind the hashes submitted before.
+
+        Refinement waits on these while the whole segments are still being hashed:
+        behind them in one queue, no piece could move before the last segment was
+        hashed. By default :meth:`submit_hashes` (a file hashed here is hashed in the
+        waiting thread instead, see :func:`~pdiffcopy.engine.segments.hash_both`).
+        """
+        return self.submit_hashes(ranges, block_size, method)
+
     def hashes_pieces_cheaply(self) -> bool:
         """Whether hashing a few small ranges costs no more than their digests (sub-block refinement).
 

@@ -695,6 +695,8 @@ class RemoteFile(FileEndpoint):
         self.concurrency = concurrency
         self.client = HttpClient(self.base, token, timeout, ca_file, rate_limit)
         self._hash_pool: Optional[ThreadPoolExecutor] = None
+        #: Threads of :meth:`submit_hashes_first`: a queue of their own.
+        self._first_hash_pool: Optional[ThreadPoolExecutor] = None
         self._etag: Optional[str] = None
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
@@ -789,6 +791,12 @@ class RemoteFile(FileEndpoint):
         if self._hash_pool is None:
             self._hash_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hash")
         return self._hash_pool.submit(self._hashes, list(ranges), block_size, method)
+
+    def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                            ) -> "Future[bytes]":
+        if self._first_hash_pool is None:
+            self._first_hash_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hash-first")
+        return self._first_hash_pool.submit(self._hashes, list(ranges), block_size, method)
 
     def _hashes(self, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
         """One hash request: one range in the query, several in a Range header."""
@@ -1059,8 +1067,9 @@ class RemoteFile(FileEndpoint):
             pass  # best effort while already failing
 
     def close(self) -> None:
-        if self._hash_pool is not None:
-            self._hash_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._hash_pool, self._first_hash_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 
