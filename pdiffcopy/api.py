@@ -80,7 +80,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          token: Optional[str] = None, timeout: Optional[float] = None,
          ca_file: Optional[str] = None, cache: str = "auto",
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
-         compress: str = "auto", piece_size: "int | str | None" = None,
+         compress: "str | int" = "auto", piece_size: "int | str | None" = None,
          partial: bool = False, delta: str = "blocks") -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
@@ -108,8 +108,9 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param bwlimit: Most bytes per second on the network, both directions together, as an
                     int or in rsync's ``--bwlimit`` syntax (``"50M"``; a bare number is KiB/s);
                     None or 0: no limit. A sync between local files ignores it.
-    :param compress: zstd on the wire: ``"always"`` (``-z``), ``"never"``, or ``"auto"``: when
-                     the data shrinks and the link, not the CPU, is the bottleneck.
+    :param compress: zstd on the wire: ``"always"`` (``-z``), ``"never"``, ``"auto"``: when
+                     the data shrinks and the link, not the CPU, is the bottleneck, or a
+                     level from 1 to 19: always, at that level (``--compress-level``).
     :param piece_size: Changed blocks are hashed again in pieces of this size (bytes or ``"4K"``)
                        and only the pieces that differ move; 0: off. It must divide the block
                        size; None: 4 KiB where it does (docs/design.rst, sub-block refinement).

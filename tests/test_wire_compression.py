@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import shutil
 import http.server
 import re
 import threading
@@ -634,3 +635,75 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
         assert moved < level_one  # compressed at level 6, which shrinks it more than level 1
     finally:
         remote.close()
+
+
+# -- --compress-level (rsync's --compress-level / --zl) ---------------------------------
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_compress_level_compresses_harder_than_z(tmp_path, server, unique, direction):
+    data = text(4 * MiB, seed=5)
+    source = tmp_path / "source"
+    source.write_bytes(data)
+    (server.root / unique).write_bytes(data)
+
+    def moved(*options: str) -> int:
+        target = tmp_path / "target"
+        target.unlink(missing_ok=True)
+        (server.root / (unique + ".out")).unlink(missing_ok=True)
+        if direction == "pull":
+            got = wire(run_cli("--no-progress", "--stats", *options, server.url(unique), target))
+            assert target.read_bytes() == data
+            return got["received"]
+        got = wire(run_cli("--no-progress", "--stats", *options, source, server.url(unique + ".out")))
+        assert (server.root / (unique + ".out")).read_bytes() == data
+        return got["sent"]
+
+    fastest = moved("-z")
+    densest = moved("--compress-level", "19")
+    assert densest < 0.9 * fastest, (densest, fastest)
+    assert moved("--zl=0") >= len(data)  # level 0: not compressed, as rsync's
+
+
+def test_a_bad_compress_level_is_a_usage_error(tmp_path):
+    (tmp_path / "a").write_bytes(b"x")
+    for options in (["--compress-level", "20"], ["--zl", "fast"], ["--no-compress", "--zl", "3"]):
+        done = run_cli(*options, tmp_path / "a", tmp_path / "b")
+        assert done.returncode == 2, (options, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+        assert not (tmp_path / "b").exists()
+
+
+def test_the_library_takes_a_level(tmp_path, server, unique):
+    from pdiffcopy.api import sync
+    from pdiffcopy.errors import UsageError
+
+    data = text(4 * MiB, seed=6)
+    (server.root / unique).write_bytes(data)
+    sync(server.url(unique), str(tmp_path / "b"), compress=12)
+    assert (tmp_path / "b").read_bytes() == data
+    for bad in (0, 20, True, "3"):
+        with pytest.raises(UsageError):
+            sync(server.url(unique), str(tmp_path / "c"), compress=bad)
+
+
+def test_a_tree_pull_and_push_at_a_compress_level(tmp_path, server, unique):
+    source = tmp_path / "src"
+    source.mkdir()
+    for index in range(3):  # a big file (ranges) and small ones (batches)
+        (source / f"small-{index}.log").write_bytes(text(256 * 1024, seed=index))
+    (source / "big.log").write_bytes(text(4 * MiB, seed=9))
+    remote = server.root / unique
+
+    def push(*options: str) -> int:
+        shutil.rmtree(remote, ignore_errors=True)
+        got = wire(run_cli("--no-progress", "--stats", *options, f"{source}/", server.url(unique)))
+        assert sorted(p.name for p in remote.iterdir()) == sorted(p.name for p in source.iterdir())
+        assert all((remote / p.name).read_bytes() == p.read_bytes() for p in source.iterdir())
+        return got["sent"]
+
+    assert push("--compress-level", "19") < 0.9 * push("-z")
+    target = tmp_path / "dst"
+    got = wire(run_cli("--no-progress", "--stats", "--zl", "19", server.url(unique) + "/", str(target)))
+    assert all((target / p.name).read_bytes() == p.read_bytes() for p in source.iterdir())
+    assert got["received"] < 0.3 * sum(p.stat().st_size for p in source.iterdir())

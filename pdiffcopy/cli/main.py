@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "compresses when the data shrinks and the link, not the CPU, is the bottleneck")
     squeeze.add_argument("--no-compress", dest="compress", action="store_const", const="never",
                          default="auto", help="never compress the data on the wire")
+    sync.add_argument("--compress-level", "--zl", metavar="LEVEL", type=_compress_level, default=None,
+                      help="compress the data on the wire at this zstd level, from 1 (fastest, as -z) "
+                           "to 19 (densest, for slow links); 0: do not compress (rsync's option)")
     sync.add_argument("--delta", choices=("blocks", "chunks"), default="blocks",
                       help="how changes are found: blocks compares fixed blocks in place (files "
                            "changed in place: disk images, databases); chunks finds bytes that moved "
@@ -290,6 +293,19 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
+    return value
+
+
+def _compress_level(text: str) -> int:
+    """A --compress-level value: 0 (off) or a zstd level, or a usage error."""
+    from pdiffcopy.core.compression import MAX_LEVEL
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_LEVEL:
+        raise argparse.ArgumentTypeError(f"expected a level from 0 (off) to {MAX_LEVEL}, not {text!r}")
     return value
 
 
@@ -487,6 +503,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     source, target = args.paths
     for location in (source, target):
         refuse_rsync_remote(location)
+    if args.compress_level is not None:
+        if args.compress == "never" and args.compress_level:
+            raise UsageError("--no-compress and --compress-level contradict each other")
+        args.compress = args.compress_level or "never"  # rsync's level 0: no compression
     if args.ca_file:
         check_ca_file(args.ca_file)
     if args.benchmark:

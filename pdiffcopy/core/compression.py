@@ -260,15 +260,19 @@ class AdaptivePolicy:
 # -- the modes a sync can be asked for ----------------------------------------
 
 #: ``auto``: the :class:`AdaptivePolicy` decides per stream; ``always`` (``-z``); ``never``.
+#: A level (an int, ``--compress-level``) is a mode too: always, at that level.
 MODES = ("auto", "always", "never")
 
 
-def check_mode(value: str) -> str:
-    """``value`` if it is one of :data:`MODES`; a usage error otherwise."""
-    if value not in MODES:
+def check_mode(value: "str | int") -> "str | int":
+    """``value`` if it is one of :data:`MODES` or a level in ``1..MAX_LEVEL``; a usage error otherwise."""
+    if type(value) is int and 1 <= value <= MAX_LEVEL:
+        return value
+    if type(value) is not str or value not in MODES:
         from pdiffcopy.errors import UsageError
 
-        raise UsageError(f"Invalid compression mode: {value!r} (expected auto, always or never)")
+        raise UsageError(f"Invalid compression mode: {value!r} "
+                         f"(expected auto, always, never or a level from 1 to {MAX_LEVEL})")
     return value
 
 

@@ -283,8 +283,8 @@ class FileEndpoint(ABC):
         A local file moves nothing over a network: it ignores the limit, as rsync's does.
         """
 
-    def compress_with(self, mode: str) -> None:
-        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+    def compress_with(self, mode: "str | int") -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"``, ``"never"`` (``-z``) or at a level.
 
         A local file moves nothing over a network: it ignores it.
         """

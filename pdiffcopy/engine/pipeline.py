@@ -123,7 +123,7 @@ class SyncResult:
 def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: str = "auto", piece_size: "int | str | None" = None,
+                 compress: "str | int" = "auto", piece_size: "int | str | None" = None,
                  partial: bool = False, delta: str = "blocks") -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 

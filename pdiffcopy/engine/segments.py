@@ -98,8 +98,9 @@ class FileOptions:
     #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
     #: no limit. Local files and trees ignore it.
     bwlimit: "int | str | None" = None
-    #: zstd on the wire: "auto" (when it pays), "always" (-z) or "never" (--no-compress).
-    compress: str = "auto"
+    #: zstd on the wire: "auto" (when it pays), "always" (-z), "never" (--no-compress) or a
+    #: level (--compress-level: always, at that level).
+    compress: "str | int" = "auto"
     #: Changed blocks are hashed again in pieces of this size (bytes, or ``"4K"``) and only the
     #: pieces that differ move (:mod:`pdiffcopy.core.refine`); 0: off; None:
     #: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides the block size.

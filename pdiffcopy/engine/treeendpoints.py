@@ -102,8 +102,8 @@ class TreeEndpoint(ABC):
         A local tree moves nothing over a network: it ignores the limit, as rsync's does.
         """
 
-    def compress_with(self, mode: str) -> None:
-        """Compress what crosses the network: ``"auto"``, ``"always"`` or ``"never"`` (``-z``).
+    def compress_with(self, mode: "str | int") -> None:
+        """Compress what crosses the network: ``"auto"``, ``"always"``, ``"never"`` (``-z``) or at a level.
 
         A local tree moves nothing over a network: it ignores it.
         """

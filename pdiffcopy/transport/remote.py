@@ -364,7 +364,7 @@ class Compression:
                    clock of its own, say).
     """
 
-    def __init__(self, mode: str = "auto", base: str = "", measure_loopback: bool = False,
+    def __init__(self, mode: "str | int" = "auto", base: str = "", measure_loopback: bool = False,
                  cores: Optional[int] = None, policy: Optional[AdaptivePolicy] = None) -> None:
         self.mode = compression.check_mode(mode)
         self.policy = policy or AdaptivePolicy(cores or os.cpu_count() or 1)
@@ -384,6 +384,8 @@ class Compression:
 
     def level(self) -> Optional[int]:
         """The level the next request should compress at; None: send it plain."""
+        if type(self.mode) is int:  # --compress-level
+            return self.mode
         if self.mode != "auto":
             return compression.LEVEL if self.mode == "always" else None
         return None if self._loopback else self.policy.level()
@@ -736,7 +738,7 @@ class RemoteFile(FileEndpoint):
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
 
-    def compress_with(self, mode: str) -> None:
+    def compress_with(self, mode: "str | int") -> None:
         if mode != self.compression.mode:  # the same mode keeps what was measured (or given)
             self.compression = Compression(mode, self.base, self.compression.measure_loopback,
                                            cores=self._compressing_cores())

@@ -299,7 +299,7 @@ class RemoteTree(TreeEndpoint):
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
 
-    def compress_with(self, mode: str) -> None:
+    def compress_with(self, mode: "str | int") -> None:
         if mode != self.compression.mode:  # the same mode keeps what was measured (or given)
             self.compression = Compression(mode, self.base, self.compression.measure_loopback,
                                            cores=self._compressing_cores())
