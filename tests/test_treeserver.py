@@ -409,6 +409,26 @@ def test_batches_beyond_the_bounds_are_split_without_losing_a_file(server, tree_
     assert [(entry, data) for entry, data, _ in back] == records
 
 
+def test_batches_keep_their_json_bodies_within_the_bound(monkeypatch):
+    """Every request body stays under the JSON bound, odd (escaped) names too, and no item is lost."""
+    monkeypatch.setattr(remotetree, "_JSON_BATCH_BYTES", 3000)
+    names = [("dir/" + "é" * (index % 40) + "x" * (index % 97) + f"-{index}") for index in range(700)]
+    entries = [file_entry(name, b"z" * (index % 5)) for index, name in enumerate(names)]
+    batches = list(remotetree._batches(entries, 256, 40, lambda entry: entry.size,
+                                       lambda entry: entry.to_wire(), "entries"))
+    assert [entry for batch, _ in batches for entry in batch] == entries
+    for batch, body in batches:
+        assert json.loads(body) == {"entries": [entry.to_wire() for entry in batch]}
+        assert len(batch) <= 256 and (len(body) <= 3000 or len(batch) == 1)
+        assert sum(entry.size for entry in batch) <= 40 or len(batch) == 1
+    # Not cut needlessly: most batches are full to within a tenth of the bound.
+    assert sum(len(body) for _, body in batches) > 0.8 * 3000 * (len(batches) - 1)
+    # An item longer than the bound alone still goes, alone.
+    long = [file_entry("y" * 5000, b""), file_entry("a", b"")]
+    assert [len(batch) for batch, _ in remotetree._batches(long, 256, None, None,
+                                                           lambda entry: entry.to_wire(), "entries")] == [1, 1]
+
+
 def test_a_failed_file_does_not_stop_the_batch(server, tree_dir):
     records = [(file_entry("missing-dir/a", b"1"), b"1"), (file_entry("b", b"22"), b"22")]
     failures = remote(server, tree_dir).write_files(records, MetadataOptions())

@@ -156,13 +156,12 @@ class RemoteTree(TreeEndpoint):
                 yield entry, None, f"too large to copy whole ({entry.size} bytes)"
             else:
                 readable.append(entry)
-        for batch in _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES,
-                              lambda entry: entry.size, lambda entry: entry.to_wire()):
-            yield from self._read_batch(batch)
+        for batch, body in _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES,
+                                    lambda entry: entry.size, lambda entry: entry.to_wire(), "entries"):
+            yield from self._read_batch(batch, body)
 
-    def _read_batch(self, entries: List[Entry]) -> Iterator[Record]:
-        """One read request, decoded as it arrives; the records come in the order asked."""
-        body = _json_bytes({"entries": [entry.to_wire() for entry in entries]})
+    def _read_batch(self, entries: List[Entry], body: bytes) -> Iterator[Record]:
+        """One read request (``body``: its JSON), decoded as it arrives; the records come in the order asked."""
         # A connection of its own: the caller reads the answer at its pace,
         # maybe from several threads, and may send other requests meanwhile.
         connection = self.client.dedicated()
@@ -267,9 +266,8 @@ class RemoteTree(TreeEndpoint):
                 failures.append((operation.entry.path, refusal))
             else:
                 allowed.append(operation)
-        for batch in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
-                              lambda operation: operation.to_wire()):
-            body = _json_bytes({"operations": [operation.to_wire() for operation in batch]})
+        for _batch, body in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
+                                     lambda operation: operation.to_wire(), "operations"):
             response = self.client.request("POST", self._target("tree-apply", options), body=body,
                                            headers={"Content-Type": "application/json"})
             failures.extend(self._failures_of(response))
@@ -391,22 +389,33 @@ class _Pending:
 
 
 def _batches(items: List[Any], max_count: int, max_bytes: Optional[int], size_of,
-             wire_of) -> Iterator[List[Any]]:
-    """``items`` cut into lists within a request's bounds: count, data bytes and JSON bytes."""
-    batch: List[Any] = []
-    data = text = 0
-    for item in items:
-        item_data = size_of(item) if size_of else 0
-        item_text = len(json.dumps(wire_of(item))) + 1
-        if batch and (len(batch) == max_count or text + item_text > _JSON_BATCH_BYTES
-                      or (max_bytes is not None and data + item_data > max_bytes)):
-            yield batch
-            batch, data, text = [], 0, 0
-        batch.append(item)
-        data += item_data
-        text += item_text
-    if batch:
-        yield batch
+             wire_of, key: str) -> Iterator[Tuple[List[Any], bytes]]:
+    """``items`` cut into requests within their bounds (count, data bytes, JSON bytes), each
+    with its body, ``{key: [wire_of(item), ...]}`` in JSON.
+
+    A batch is encoded whole, in one call, and cut shorter only if its JSON is too long:
+    encoding every item alone to measure it cost a 6,000-file tree push 45 ms of the
+    client's CPU, more than the rest of its batching. An item too long alone still goes
+    alone (the server says what it thinks of it).
+    """
+    start = 0
+    while start < len(items):
+        end, data = start, 0
+        while end < len(items) and end - start < max_count:
+            item_data = size_of(items[end]) if size_of else 0
+            if end > start and max_bytes is not None and data + item_data > max_bytes:
+                break
+            data += item_data
+            end += 1
+        wires = [wire_of(item) for item in items[start:end]]
+        body = _json_bytes({key: wires})
+        while len(body) > _JSON_BATCH_BYTES and len(wires) > 1:
+            # Shorter in proportion (names are of similar lengths), and at least by one.
+            keep = max(1, min(len(wires) - 1, len(wires) * _JSON_BATCH_BYTES * 9 // (len(body) * 10)))
+            wires = wires[:keep]
+            body = _json_bytes({key: wires})
+        yield items[start:start + len(wires)], body
+        start += len(wires)
 
 
 def _json_bytes(document: Any) -> bytes:
