@@ -151,7 +151,7 @@ class RefineTally:
 
     def pays(self) -> bool:
         """Whether the next changed ranges are worth refining."""
-        return self.refined < REFINE_PROBE_BYTES or self.moved <= DENSE_SHARE * self.refined
+        return self.probing() or self.moved <= DENSE_SHARE * self.refined
 
     def add(self, refined: int, moved: int) -> None:
         self.refined += refined

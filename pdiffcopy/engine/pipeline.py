@@ -44,7 +44,6 @@ from pdiffcopy.errors import (
     Conflict,
     FileMissing,
     NotAFile,
-    PdiffcopyError,
     StorageError,
     Unsupported,
     UsageError,
@@ -57,8 +56,9 @@ from pdiffcopy.engine.segments import (
     check_blocks,
     check_size,
     final_digests,
-    keep_partial,
+    give_up,
     lease_partial,
+    log_refinement_stopped,
     move_ranges,
     open_partial,
     readback_ranges,
@@ -81,7 +81,6 @@ logger = logging.getLogger(__name__)
 
 #: Most worker processes or connections a user may ask for.
 MAX_CONCURRENCY = 256
-
 
 
 class Progress:
@@ -355,14 +354,9 @@ class _SyncJob:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
             self._stop_transfers()
-            if self.partial:
-                # Kept for the next run, whatever stopped this one (Ctrl-C, a
-                # lost connection, a full disk): it resumes from what is there.
-                keep_partial(work, self.target.location)
-            elif work is not self.target:
-                work.remove_temporary()
-            else:
-                self._end_lease_quietly(self.target)
+            # A partial file is kept for the next run, whatever stopped this one (Ctrl-C,
+            # a lost connection, a full disk): it resumes from what is there.
+            give_up(work, self.target.location, self.partial, temporary=work is not self.target)
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish (or use --atomic)", self.target.location)
@@ -440,13 +434,6 @@ class _SyncJob:
         if swept:
             logger.info("Removed %d stale temporary file(s) left beside %s by interrupted runs",
                         swept, self.target.location)
-
-    @staticmethod
-    def _end_lease_quietly(endpoint: FileEndpoint) -> None:
-        try:
-            endpoint.end_lease()
-        except PdiffcopyError:
-            pass  # already failing; an unended lease lapses by itself
 
     def _log_phase(self, message: str, *args) -> None:
         logger.debug("%.3f s: " + message, time.monotonic() - self.started, *args)
@@ -530,11 +517,7 @@ class _SyncJob:
         if transfer_to is not None:
             self._prepare_once(transfer_to, plan.size)  # the size may differ with no block to move
         self._wait(pending)
-        if self.refined.skipped:
-            logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes "
-                        "refined still moved (a dense change); %d bytes moved as whole blocks",
-                        self.piece_size, self.source.location, self.refined.moved, self.refined.refined,
-                        self.refined.skipped)
+        log_refinement_stopped(self.refined, self.piece_size, self.source.location)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
         return similarity, source_digests, (target_digests if target is not None else None)
 

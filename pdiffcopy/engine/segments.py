@@ -161,13 +161,36 @@ def lease_partial(partial: FileEndpoint, resumed: bool, location: str) -> None:
 
 def keep_partial(partial: FileEndpoint, location: str, announce: bool = True) -> None:
     """After a failure: leave a partial file for the next run (its lease ended), and say so (``announce``)."""
+    end_lease_quietly(partial)
+    if announce:
+        logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume", location)
+
+
+def end_lease_quietly(endpoint: FileEndpoint) -> None:
+    """End a lease while already failing: an unended one lapses by itself."""
     try:
-        partial.end_lease()
+        endpoint.end_lease()
     except PdiffcopyError:
-        pass  # already failing; an unended lease lapses by itself
-    if not announce:
-        return
-    logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume", location)
+        pass
+
+
+def give_up(work: FileEndpoint, location: str, partial: bool, temporary: bool, announce: bool = True) -> None:
+    """After a failure, what a sync wrote into: a partial file is kept for the next run, a
+    temporary removed, and a target updated in place has its lease ended."""
+    if partial:
+        keep_partial(work, location, announce)
+    elif temporary:
+        work.remove_temporary()
+    else:
+        end_lease_quietly(work)
+
+
+def log_refinement_stopped(tally: RefineTally, piece_size: int, where: str) -> None:
+    """Say that refining stopped paying (a dense change), once per file or segment that saw it."""
+    if tally.skipped:
+        logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes refined "
+                    "still moved (a dense change); %d bytes moved as whole blocks",
+                    piece_size, where, tally.moved, tally.refined, tally.skipped)
 
 
 # -- compare ---------------------------------------------------------------
@@ -394,10 +417,7 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
         if piece_size and ranges and source.hashes_pieces_cheaply() and work.hashes_pieces_cheaply():
             tally = RefineTally()
             pieces = refine_ranges(source, work, ranges, piece_size, method, tally)
-            if tally.skipped:
-                logger.info("Refinement into %d-byte pieces stopped paying for %s at offset %d after %d of %d "
-                            "bytes refined still moved (a dense change); %d bytes moved as whole blocks",
-                            piece_size, location, segment.offset, tally.moved, tally.refined, tally.skipped)
+            log_refinement_stopped(tally, piece_size, f"{location} at offset {segment.offset}")
     else:
         ours, theirs = [], None
         ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
@@ -415,5 +435,6 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
-           "changed_ranges", "check_blocks", "check_size", "final_digests", "keep_partial", "lease_partial",
-           "move_ranges", "open_partial", "readback_ranges", "refine_ranges", "source_unchanged", "sync_segment"]
+           "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
+           "keep_partial", "lease_partial", "log_refinement_stopped", "move_ranges", "open_partial",
+           "readback_ranges", "refine_ranges", "source_unchanged", "sync_segment"]

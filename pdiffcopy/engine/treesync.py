@@ -48,7 +48,7 @@ from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     FileOptions,
     check_size,
-    keep_partial,
+    give_up,
     open_partial,
     source_unchanged,
     sync_segment,
@@ -199,12 +199,7 @@ class _BigFile:
 
     def give_up(self, announce: bool = True) -> None:
         """After a failure: keep a partial file, remove a temporary, or end the in-place lease."""
-        if self.partial:
-            keep_partial(self.work, self.action.path, announce)
-        elif self.temporary:
-            self.work.remove_temporary()
-        else:
-            _end_lease_quietly(self.work)
+        give_up(self.work, self.action.path, self.partial, self.temporary, announce)
 
 
 # -- the entry points ------------------------------------------------------
@@ -972,13 +967,6 @@ class _WorkerState:
         except PdiffcopyError as error:
             self.failures.append((entry.path, str(error)))
             big.give_up()
-
-
-def _end_lease_quietly(endpoint: FileEndpoint) -> None:
-    try:
-        endpoint.end_lease()
-    except PdiffcopyError:
-        pass  # already failing; a lease left behind lapses by itself
 
 
 #: Seconds stopped workers get to finish their unit before they are killed.

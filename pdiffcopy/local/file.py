@@ -482,26 +482,19 @@ class LocalFile(FileEndpoint):
     def _create_sibling(self, naming: Callable[[str], str], relative: Optional[str] = None) -> "tuple[LocalFile, int]":
         """Create the sibling :meth:`_sibling` names, exclusively (:class:`Conflict` when it exists)."""
         sibling, _ = self._sibling(naming, relative)
-        if sibling._root is None:
-            try:
-                fd = os.open(sibling.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
-            except OSError as error:
-                where = os.path.dirname(sibling.path) or "."
-                raise storage_error(error, f"create a temporary file in {where}") from None
-            return sibling, fd
-        # Made, renamed and removed by name in its directory, the
-        # directory opened beneath the root each time (not held open: a
-        # tree sync prepares every big file's temporary up front).
-        directory, sibling_name = sibling._parent()
+        # A confined one is made, renamed and removed by name in its directory, the
+        # directory opened beneath the root each time (not held open: a tree sync
+        # prepares every big file's temporary up front).
+        directory, name = (None, sibling.path) if sibling._root is None else sibling._parent()
         try:
-            fd = os.open(sibling_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=directory)
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=directory)
         except OSError as error:
             where = os.path.dirname(sibling.path) or "."
             raise storage_error(error, f"create a temporary file in {where}") from None
         finally:
-            os.close(directory)
+            if directory is not None:
+                os.close(directory)
         return sibling, fd
 
     def _fill(self, temporary: "LocalFile", fd: int, clone: bool) -> None:

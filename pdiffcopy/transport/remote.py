@@ -24,7 +24,7 @@ import threading
 import time
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
 from pdiffcopy.core import chunks as cdc
@@ -367,6 +367,7 @@ class Compression:
     def __init__(self, mode: "str | int" = "auto", base: str = "", measure_loopback: bool = False,
                  cores: Optional[int] = None, policy: Optional[AdaptivePolicy] = None) -> None:
         self.mode = compression.check_mode(mode)
+        self.base = base
         self.policy = policy or AdaptivePolicy(cores or os.cpu_count() or 1)
         self.measure_loopback = measure_loopback
         self._loopback = is_loopback(urlsplit(base).hostname or "") and not measure_loopback
@@ -377,6 +378,12 @@ class Compression:
         self._moved_lock = threading.Lock()
         self._moved_since: Optional[float] = None
         self._moved = 0
+
+    def with_mode(self, mode: "str | int", concurrency: int) -> "Compression":
+        """This one for the same mode (it keeps what it measured, or the policy given), else a new one."""
+        if mode == self.mode:
+            return self
+        return Compression(mode, self.base, self.measure_loopback, cores=compressing_cores(concurrency))
 
     def now(self) -> bool:
         """Whether the next request should compress."""
@@ -432,6 +439,12 @@ class Compression:
         self.policy.link_observed(count, seconds)
         logger.debug("Compression: ratio %s, one core %s B/s, link %s B/s: level %s", self.policy.ratio,
                      self.policy.compress_rate, self.policy.link_rate, self.policy.level())
+
+
+def compressing_cores(concurrency: int) -> int:
+    """How many compress at once: one per transfer in flight (each in its own thread), at
+    most one per core."""
+    return max(1, min(os.cpu_count() or 1, concurrency))
 
 
 class _Warned:
@@ -703,7 +716,7 @@ class RemoteFile(FileEndpoint):
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
         self.compression = compress if isinstance(compress, Compression) else Compression(
-            compress, self.base, cores=self._compressing_cores())
+            compress, self.base, cores=compressing_cores(concurrency))
         #: The answer of the stat :meth:`on_legacy_server` sent, for the next :meth:`stat` (at most one).
         self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
 
@@ -739,12 +752,7 @@ class RemoteFile(FileEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: "str | int") -> None:
-        if mode != self.compression.mode:  # the same mode keeps what was measured (or given)
-            self.compression = Compression(mode, self.base, self.compression.measure_loopback,
-                                           cores=self._compressing_cores())
-
-    def _compressing_cores(self) -> int:
-        return max(1, min(os.cpu_count() or 1, self.concurrency))
+        self.compression = self.compression.with_mode(mode, self.concurrency)
 
     def stat(self) -> Optional[FileInfo]:
         answer = self._first_stat.pop() if self._first_stat else self._ask_stat()
@@ -1016,18 +1024,9 @@ class RemoteFile(FileEndpoint):
                 self._lease = None
 
     def create_temporary(self, clone: bool) -> "RemoteFile":
-        directory, _, name = self.path.rpartition("/")
-        path = f"{directory}/{temporary_name(name)}" if directory else temporary_name(name)
-        temporary = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
-                               self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
-                               follow=self.follow, compress=self.compression)
+        temporary = self._sibling(temporary_name, self.follow)
         try:
-            if clone:
-                self._call("POST", "clone", path, params={"from": self.path})
-            else:
-                # Made now, empty, as a local temporary is: a missing directory or a
-                # full disk fails here (one round trip) rather than at the first write.
-                temporary.prepare(0)
+            self._fill(temporary, clone)
         except BaseException:
             # Interrupted while the server made it (Ctrl-C, SIGTERM): the caller never gets
             # the endpoint to clean up, so the temporary is removed here.
@@ -1039,23 +1038,33 @@ class RemoteFile(FileEndpoint):
     def open_partial(self, clone: bool) -> "tuple[RemoteFile, bool]":
         # The client names it, as it names every temporary of a push: the server keeps
         # it when the client goes away, and the next push to the same path finds it.
-        directory, _, name = self.path.rpartition("/")
-        path = f"{directory}/{partial_name(name)}" if directory else partial_name(name)
-        partial = RemoteFile(self.location, self.token, self.concurrency, self.timeout,
-                             self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
-                             follow=False, compress=self.compression)
+        partial = self._sibling(partial_name, follow=False)
         info = partial.stat()
         if info is not None:
             if info.kind != "file":
                 partial.close()
-                raise NotAFile(f"Cannot resume into the partial file {path} of {self.location}: it is not a "
-                               f"regular file; remove it")
+                raise NotAFile(f"Cannot resume into the partial file {partial.path} of {self.location}: it "
+                               f"is not a regular file; remove it")
             return partial, True
-        if clone:
-            self._call("POST", "clone", path, params={"from": self.path})
-        else:
-            partial.prepare(0)  # made now, empty, as create_temporary does
+        self._fill(partial, clone)  # kept if interrupted here: it is the next run's to resume
         return partial, False
+
+    def _sibling(self, naming: Callable[[str], str], follow: bool) -> "RemoteFile":
+        """The hidden sibling on the server that ``naming`` names (a temporary, a partial file)."""
+        directory, _, name = self.path.rpartition("/")
+        path = f"{directory}/{naming(name)}" if directory else naming(name)
+        return RemoteFile(self.location, self.token, self.concurrency, self.timeout,
+                          self.ca_file, _base_path=(self.base, path), rate_limit=self.client.rate_limit,
+                          follow=follow, compress=self.compression)
+
+    def _fill(self, sibling: "RemoteFile", clone: bool) -> None:
+        """Make a new sibling on the server: a clone of this file, or empty."""
+        if clone:
+            self._call("POST", "clone", sibling.path, params={"from": self.path})
+        else:
+            # Made now, empty, as a local temporary is: a missing directory or a
+            # full disk fails here (one round trip) rather than at the first write.
+            sibling.prepare(0)
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, RemoteFile)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -31,6 +30,7 @@ from pdiffcopy.transport.remote import (
     Compression,
     HttpClient,
     RemoteFile,
+    compressing_cores,
     quote_path,
     split_server_url,
 )
@@ -82,7 +82,7 @@ class RemoteTree(TreeEndpoint):
         self.client = HttpClient(self.base, token, timeout, ca_file)
         #: One for the tree's files: what the first big files showed of the link serves the next.
         self.compression = compress if isinstance(compress, Compression) else Compression(
-            compress, self.base, cores=self._compressing_cores())
+            compress, self.base, cores=compressing_cores(self.concurrency))
         self._warned: set = set()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
@@ -298,13 +298,8 @@ class RemoteTree(TreeEndpoint):
         self.client.rate_limit = bucket
 
     def compress_with(self, mode: "str | int") -> None:
-        if mode != self.compression.mode:  # the same mode keeps what was measured (or given)
-            self.compression = Compression(mode, self.base, self.compression.measure_loopback,
-                                           cores=self._compressing_cores())
-
-    def _compressing_cores(self) -> int:
         # Batches and big files compress one per transfer in flight, each in its own thread.
-        return max(1, min(os.cpu_count() or 1, self.concurrency))
+        self.compression = self.compression.with_mode(mode, self.concurrency)
 
     def close(self) -> None:
         self.client.close()
