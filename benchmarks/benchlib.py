@@ -835,6 +835,15 @@ class WorkDirs:
     run: Path
     logs: Path
 
+    @classmethod
+    def make(cls, parent: Path, prefix: str) -> "WorkDirs":
+        """A new temporary directory under ``parent`` with its data, run and logs directories."""
+        root = Path(tempfile.mkdtemp(prefix=prefix, dir=parent)).resolve()
+        dirs = cls(root=root, data=root / "data", run=root / "run", logs=root / "logs")
+        for directory in (dirs.data, dirs.run, dirs.logs):
+            directory.mkdir()
+        return dirs
+
     @property
     def source(self) -> Path:
         """The source file that every tool copies."""
@@ -895,10 +904,8 @@ def run_script(args, prefix: str, body: Callable[[Setup, WorkDirs, str], str]) -
     """
     install_signal_handlers()
     args.workdir.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=prefix, dir=args.workdir)).resolve()
-    dirs = WorkDirs(root=root, data=root / "data", run=root / "run", logs=root / "logs")
-    for directory in (dirs.data, dirs.run, dirs.logs):
-        directory.mkdir()
+    dirs = WorkDirs.make(args.workdir, prefix)
+    root = dirs.root
     machine = machine_description(root)
     log(machine)
     succeeded = False

@@ -22,7 +22,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -102,10 +101,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     benchlib.install_signal_handlers()
-    work = Path(tempfile.mkdtemp(prefix="resume-link-", dir=args.workdir)).resolve()
-    data, logs, run = work / "data", work / "logs", work / "run"
-    for directory in (data, logs, run):
-        directory.mkdir()
+    dirs = benchlib.WorkDirs.make(args.workdir, "resume-link-")
+    work, data, logs, run = dirs.root, dirs.data, dirs.logs, dirs.run
     server = None
     try:
         machine = benchlib.machine_description(work)

@@ -24,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -433,10 +432,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     benchlib.install_signal_handlers()
-    work = Path(tempfile.mkdtemp(prefix="shaped-link-", dir=args.workdir)).resolve()
-    data, logs = work / "data", work / "logs"
-    for directory in (data, logs, work / "run"):
-        directory.mkdir()
+    dirs = benchlib.WorkDirs.make(args.workdir, "shaped-link-")
+    work, data, logs = dirs.root, dirs.data, dirs.logs
     servers: List[Server] = []
     try:
         machine = benchlib.machine_description(work)
