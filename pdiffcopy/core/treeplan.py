@@ -11,6 +11,7 @@ The same plan drives a sync, a dry run (``-n``) and the itemised ``--diff``.
 
 from __future__ import annotations
 
+import base64
 import re
 import stat
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class Entry(NamedTuple):
     target: str = ""  # what a symlink points at
     nlink: int = 1
     sparse: bool = False  # fewer blocks allocated than the size needs
+    #: Shared by the names of one hard-linked file in one listing (-H/--hard-links); "" otherwise.
+    link: str = ""
+    #: Extended attributes and ACLs (-X/-A): sorted (name, value) pairs; empty when not asked for.
+    xattrs: Tuple[Tuple[str, bytes], ...] = ()
 
     # A named tuple, not a dataclass: a listing makes 60,000 of them and a
     # tuple is built several times faster.
@@ -75,16 +80,25 @@ class Entry(NamedTuple):
         return self.path.count("/")
 
     def to_wire(self) -> list:
-        """A compact JSON-ready form (the listing of 60,000 files stays small)."""
-        return [*self[:9], int(self.sparse)]
+        """A compact JSON-ready form (the listing of 60,000 files stays small).
+
+        Ten values; twelve when the entry has a link group or attributes: then the
+        link and the attributes as ``[name, base64 value]`` pairs.
+        """
+        plain = [*self[:9], int(self.sparse)]
+        if not self.link and not self.xattrs:
+            return plain
+        return [*plain, self.link, [[name, base64.b64encode(value).decode("ascii")] for name, value in self.xattrs]]
 
     @classmethod
     def from_wire(cls, value: Sequence) -> "Entry":
-        path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
+        path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value[:10]
+        link, xattrs = (value[10], value[11]) if len(value) > 10 else ("", ())
         if kind not in (FILE, DIR, SYMLINK, OTHER):
             raise ValueError(f"unknown entry kind {kind!r}")
         return cls(str(path), kind, int(size), int(mtime_ns), int(mode), int(uid), int(gid),
-                   str(target), int(nlink), bool(sparse))
+                   str(target), int(nlink), bool(sparse), str(link),
+                   tuple((str(name), base64.b64decode(data, validate=True)) for name, data in xattrs))
 
 
 #: The characters that make a pattern a glob; a regex option given one that

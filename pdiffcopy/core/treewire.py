@@ -24,6 +24,7 @@ allocate without limit.
 
 from __future__ import annotations
 
+import binascii
 import json
 import os
 import re
@@ -166,7 +167,31 @@ def _plainly_valid(value: Any) -> Optional[Entry]:
             and type(sparse) is int and sparse in (0, 1)):
         return None
     return tuple.__new__(Entry, (path, kind, size, mtime_ns, mode, uid, gid, target, nlink,
-                                 bool(sparse)))
+                                 bool(sparse), "", ()))
+
+
+#: Most extended attributes one entry may carry, and most bytes of their names and values
+#: together (Linux allows 64 KiB per value; ext4 keeps them all in one 4 KiB block).
+MAX_ENTRY_XATTRS = 1024
+MAX_ENTRY_XATTR_BYTES = 1024 * 1024
+#: Longest link group name.
+MAX_LINK_LENGTH = 64
+
+
+def _check_extras(link: Any, xattrs: Any) -> None:
+    """The link group and the attributes of a twelve-value entry."""
+    if type(link) is not str or len(link) > MAX_LINK_LENGTH or not link.isascii():
+        raise TreeWireError(f"Invalid entry: its link must be a string of at most {MAX_LINK_LENGTH} ASCII characters")
+    if type(xattrs) is not list or len(xattrs) > MAX_ENTRY_XATTRS:
+        raise TreeWireError(f"Invalid entry: its attributes must be a list of at most {MAX_ENTRY_XATTRS} pairs")
+    total = 0
+    for pair in xattrs:
+        if (type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str or type(pair[1]) is not str
+                or not pair[0] or "\x00" in pair[0] or not pair[1].isascii()):
+            raise TreeWireError("Invalid entry: an attribute must be [name, base64 value]")
+        total += len(pair[0]) + len(pair[1])
+    if total > MAX_ENTRY_XATTR_BYTES:
+        raise TreeWireError("Invalid entry: its attributes are too long")
 
 
 def parse_entry(value: Any, allow_root: bool = False) -> Entry:
@@ -182,9 +207,9 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     quick = _plainly_valid(value)
     if quick is not None:
         return quick
-    if not isinstance(value, list) or len(value) != 10:
-        raise TreeWireError("Invalid entry: expected a list of 10 values")
-    path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
+    if not isinstance(value, list) or len(value) not in (10, 12):
+        raise TreeWireError("Invalid entry: expected a list of 10 or 12 values")
+    path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value[:10]
     check_relative_path(path, allow_root)
     if not isinstance(kind, str) or not isinstance(target, str):
         raise TreeWireError("Invalid entry: its kind and target must be strings")
@@ -198,9 +223,11 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     _integer(nlink, "nlink", 0, _MAX_UINT32)
     if sparse not in (0, 1) or isinstance(sparse, float):
         raise TreeWireError("Invalid entry: sparse must be 0 or 1")
+    if len(value) == 12:
+        _check_extras(value[10], value[11])
     try:
         return Entry.from_wire(value)
-    except ValueError as error:  # an unknown kind
+    except (ValueError, binascii.Error) as error:  # an unknown kind, bad base64
         raise TreeWireError(f"Invalid entry: {error}") from None
 
 

@@ -335,7 +335,7 @@ class LocalTree(TreeEndpoint):
                         size = info.st_size
                         entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
                                                    info.st_gid, "", info.st_nlink,
-                                                   info.st_blocks * 512 < size)))
+                                                   info.st_blocks * 512 < size, "", ())))
                         continue
                     if stat.S_ISLNK(mode):
                         entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))

@@ -72,11 +72,13 @@ _INTEGER = {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1}
 
 #: An entry of a tree: a JSON array (OpenAPI 3.0 cannot type its positions).
 _ENTRY: Dict[str, Any] = {
-    "type": "array", "minItems": 10, "maxItems": 10,
-    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
-    "description": "[path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse]: path "
+    "type": "array", "minItems": 10, "maxItems": 12,
+    "items": {"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "array"}]},
+    "description": "[path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse] or "
+                   "[..., sparse, link, xattrs]: path "
                    "relative to the tree, kind file, dir, symlink or other, the whole st_mode, "
-                   "a symlink's target, sparse 0 or 1",
+                   "a symlink's target, sparse 0 or 1, link a name shared by the hard links of one "
+                   "file (-H), xattrs [name, base64 value] pairs (-X, -A)",
     "example": ["db/small.txt", "file", 6, 1795369760261932937, 33188, 0, 0, "", 1, 0],
 }
 
