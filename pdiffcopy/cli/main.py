@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("-X", "--xattrs", action="store_true",
+                      help="keep extended attributes (user.*; security.* and trusted.* as root); not "
+                           "part of -a, as in rsync")
+    tree.add_argument("-A", "--acls", action="store_true",
+                      help="keep POSIX ACLs, their users and groups by name (not part of -a)")
+    tree.add_argument("--numeric-ids", action="store_true",
+                      help="name the users and groups of ACLs by number between hosts, not by name")
     tree.add_argument("--fsync", action="store_true",
                       help="flush every file written, and its directory, to disk before reporting "
                            "success (as rsync --fsync; a server does it per request). Single "
