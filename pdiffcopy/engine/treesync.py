@@ -339,8 +339,11 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
         result.seconds = time.monotonic() - started
         return result
     runner = _Runner(tree, tree, options, plan, progress, result)
-    runner.delete_everything(remove_root=not path_filter.active and not listing.failures
-                             and listing.root.kind == DIR)
+    try:
+        runner.delete_everything(remove_root=not path_filter.active and not listing.failures
+                                 and listing.root.kind == DIR)
+    finally:
+        runner.announce(tree.take_notices())
     result.seconds = time.monotonic() - started
     return result
 
