@@ -22,6 +22,7 @@ from typing import Callable, Dict, Optional, Set, Tuple, Union
 
 from pdiffcopy.core.xattrs import ACL_NAMES, USER, acl_from_text, acl_to_text, namespace
 from pdiffcopy.engine.treeendpoints import MetadataOptions
+from pdiffcopy.errors import PdiffcopyError
 
 #: A descriptor, or a ``/proc/self/fd/N`` name that reaches exactly one file.
 Handle = Union[int, str]
@@ -90,20 +91,23 @@ def apply_attributes(handle: Handle, wanted: Tuple[Tuple[str, bytes], ...], choi
     :param notices: Collects one line per kind of attribute the target cannot keep.
     :param symlink: The file is a symlink: Linux keeps no ``user.*`` on one
                     (EPERM), which is then no notice.
-    :raises ValueError: For an ACL not in the portable text (a failure of this file).
+    :raises PdiffcopyError: For an ACL not in the portable text (a failure of this file).
     :raises OSError: For any other error (a failure of this file).
     """
     desired: Dict[str, bytes] = {}
     for name, value in wanted:
         if choice.wants_attribute(name):
-            desired[name] = acl_from_text(value, None if choice.numeric_ids else _id_of) \
-                if name in ACL_NAMES else value
+            try:
+                desired[name] = acl_from_text(value, None if choice.numeric_ids else _id_of) \
+                    if name in ACL_NAMES else value
+            except ValueError as error:  # a client's, or a listing of a later version
+                raise PdiffcopyError(f"invalid ACL in {name}: {error}") from None
     try:
         present = [name for name in os.listxattr(handle) if choice.wants_attribute(name)]
     except OSError as error:
         if error.errno in _UNSUPPORTED:
             if desired:
-                notices.add(_notice("extended attributes and ACLs", error))
+                notices.add(UNSUPPORTED_NOTICE)
             return
         raise
 
@@ -134,8 +138,12 @@ def apply_attributes(handle: Handle, wanted: Tuple[Tuple[str, bytes], ...], choi
 
 def _notice(what: str, error: OSError) -> str:
     if error.errno in _UNSUPPORTED:
-        return f"{what} not kept: the target's file system does not support them"
+        # One line whichever kinds the file system refuses: it is one fact about it.
+        return UNSUPPORTED_NOTICE
     return f"{what} not kept: not permitted ({os.strerror(error.errno)}); root may set them"
+
+
+UNSUPPORTED_NOTICE = "extended attributes or ACLs not kept: the target's file system does not support them"
 
 
 __all__ = ["Handle", "apply_attributes", "read_attributes"]
