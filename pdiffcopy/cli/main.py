@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
-                        help="let clients set owners and setuid/setgid bits (tree syncs with -o, "
-                             "-a); without it they are ignored with a warning")
+                        help="let clients set owners, setuid/setgid bits (tree syncs with -o, "
+                             "-a) and security.*/trusted.* attributes (-X); without it they are "
+                             "ignored with a warning")
     server.add_argument("--write-hard-links", action="store_true",
                         help="let clients change files with several hard links in place (data, "
                              "size, metadata): every name of such a file changes, also outside "
