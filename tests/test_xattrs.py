@@ -145,6 +145,17 @@ def test_a_keeps_no_attributes_as_in_rsync(tmp_path):
 
 
 @needs_acl_tools
+def test_the_library_keeps_them_when_asked(tmp_path):
+    import pdiffcopy
+
+    source = attributed_tree(tmp_path / "src")
+    result = pdiffcopy.sync_tree(f"{source}/", str(tmp_path / "dst"), xattrs=True, acls=True, times=True)
+    assert not result.failures
+    assert attributes(tmp_path / "dst") == attributes(source)
+    assert getfacl(tmp_path / "dst") == getfacl(source)
+
+
+@needs_acl_tools
 def test_acls_alone_with_A(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
