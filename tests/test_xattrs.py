@@ -281,3 +281,20 @@ def test_a_malformed_acl_from_a_client_fails_that_path_only(server, unique):
         tree.close()
     assert [path for path, _ in failures] == ["bad"] and "ACL" in failures[0][1]
     assert os.getxattr(directory / "good", "user.fine") == b"yes"
+
+
+def test_acls_of_two_hosts_compare_by_name_where_both_have_one():
+    """The same users under other numbers on another host are the same ACL; other permissions are not."""
+    from pdiffcopy.core.xattrs import ACL_ACCESS, acl_from_text, acl_to_text, attributes_differ
+
+    here = b"user:::rw-\nuser:daemon:1:r--\nuser:bin:2:r--\ngroup:::r--\nmask:::r--\nother:::---\n"
+    there = b"user:::rw-\nuser:daemon:9:r--\nuser:bin:7:r--\ngroup:::r--\nmask:::r--\nother:::---\n"
+    numbers = b"user:::rw-\nuser::1:r--\nuser::2:r--\ngroup:::r--\nmask:::r--\nother:::---\n"
+    wider = there.replace(b"bin:7:r--", b"bin:7:r-x")
+    assert not attributes_differ(((ACL_ACCESS, here),), ((ACL_ACCESS, there),))
+    assert not attributes_differ(((ACL_ACCESS, here),), ((ACL_ACCESS, numbers),))
+    assert attributes_differ(((ACL_ACCESS, here),), ((ACL_ACCESS, wider),))
+    # Through the kernel's format (ordered by number) and back: numbers from names, names from numbers.
+    binary = acl_from_text(there, lambda tag, name: {"daemon": 1, "bin": 2}[name])
+    assert acl_to_text(binary, lambda tag, number: {1: "daemon", 2: "bin"}[number]) == here
+    assert acl_to_text(binary, None) == numbers

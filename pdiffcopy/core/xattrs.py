@@ -191,19 +191,19 @@ def _same_acl(ours: bytes, theirs: bytes) -> bool:
         return False
     if len(left) != len(right):
         return False
-    for a, b in zip(sorted(left, key=_acl_order), sorted(right, key=_acl_order)):
-        if (a.tag, a.perm) != (b.tag, b.perm):
+    unmatched = list(right)
+    for entry in left:  # a few entries each: pairing them one by one costs nothing
+        match = next((other for other in unmatched if _same_entry(entry, other)), None)
+        if match is None:
             return False
-        if a.name and b.name:
-            if a.name != b.name:
-                return False
-        elif a.id != b.id:
-            return False
+        unmatched.remove(match)
     return True
 
 
-def _acl_order(entry: AclEntry) -> Tuple[int, str, int]:
-    return (entry.tag, entry.name, entry.id)
+def _same_entry(a: AclEntry, b: AclEntry) -> bool:
+    if (a.tag, a.perm) != (b.tag, b.perm):
+        return False
+    return a.name == b.name if a.name and b.name else a.id == b.id
 
 
 def attributes_differ(source: Tuple[Tuple[str, bytes], ...], target: Tuple[Tuple[str, bytes], ...]) -> bool:
