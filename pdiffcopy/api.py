@@ -152,7 +152,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     trailing slash is the command line's, see :mod:`pdiffcopy.cli.treecli`).
 
     :param options: A :class:`~pdiffcopy.engine.treesync.TreeOptions`; ``fields``
-                    (``delete=True``, ``concurrency=4``...) replace some of its values.
+                    (``delete=True``, ``xattrs=True``, ``acls=True``, ``concurrency=4``...)
+                    replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
     :returns: A :class:`~pdiffcopy.engine.treesync.TreeResult`; failures of single

@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("-X", "--xattrs", action="store_true",
+                      help="keep extended attributes (user.*; security.* and trusted.* as root); not "
+                           "part of -a, as in rsync")
+    tree.add_argument("-A", "--acls", action="store_true",
+                      help="keep POSIX ACLs, their users and groups by name (not part of -a)")
+    tree.add_argument("--numeric-ids", action="store_true",
+                      help="name the users and groups of ACLs by number between hosts, not by name")
     tree.add_argument("--fsync", action="store_true",
                       help="flush every file written, and its directory, to disk before reporting "
                            "success (as rsync --fsync; a server does it per request). Single "
@@ -210,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
-                        help="let clients set owners and setuid/setgid bits (tree syncs with -o, "
-                             "-a); without it they are ignored with a warning")
+                        help="let clients set owners, setuid/setgid bits (tree syncs with -o, "
+                             "-a) and security.*/trusted.* attributes (-X); without it they are "
+                             "ignored with a warning")
     server.add_argument("--write-hard-links", action="store_true",
                         help="let clients change files with several hard links in place (data, "
                              "size, metadata): every name of such a file changes, also outside "

@@ -143,6 +143,7 @@ def tree_options(args: argparse.Namespace):
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
+        xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids,
         block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),

@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from pdiffcopy.core.xattrs import attributes_differ
+
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
@@ -312,6 +314,8 @@ class PlanOptions:
     times: bool = False  # -t: keep modification times
     owner: bool = False  # -o: keep user and group
     delete: bool = False  # remove target entries the source does not have
+    #: -X/-A: the listings carry extended attributes and ACLs, and an entry whose differ is fixed.
+    attributes: bool = False
 
 
 @dataclass(frozen=True)
@@ -332,7 +336,7 @@ class MetadataFix:
     """Metadata to set on an entry whose content is right (or a directory)."""
 
     source: Entry
-    changes: Tuple[str, ...]  # "mode", "time", "owner"
+    changes: Tuple[str, ...]  # "mode", "time", "owner", "xattrs"
 
 
 @dataclass
@@ -379,6 +383,8 @@ def _metadata_changes(source: Entry, target: Entry, options: PlanOptions) -> Tup
         changes.append("time")
     if options.owner and (source.uid, source.gid) != (target.uid, target.gid):
         changes.append("owner")
+    if options.attributes and attributes_differ(source.xattrs, target.xattrs):
+        changes.append("xattrs")
     return tuple(changes)
 
 
@@ -407,10 +413,11 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
         else:
             current = existing.get(entry.path)
             # The common case first: a single-linked file or a symlink whose
-            # kind, size, time and mode match, and owner if asked.
+            # kind, size, time and mode match, and owner and attributes if asked.
             if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
                     and entry.target == current.target and entry.nlink == 1 \
-                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]):
+                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]) \
+                    and entry.xattrs == current.xattrs:
                 plan.unchanged += 1
                 continue
         if entry.kind == OTHER:
@@ -432,10 +439,12 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
         elif entry.kind == SYMLINK:
             if current is None or current.target != entry.target:
                 plan.symlinks.append((entry, current))
-            elif options.times and current.mtime_ns != entry.mtime_ns:
-                plan.metadata.append(MetadataFix(entry, ("time",)))
             else:
-                plan.unchanged += 1
+                changes = tuple(c for c in _metadata_changes(entry, current, options) if c != "owner")
+                if changes:
+                    plan.metadata.append(MetadataFix(entry, changes))
+                else:
+                    plan.unchanged += 1
         else:
             if entry.nlink > 1:
                 plan.hard_links.append(entry)

@@ -116,6 +116,9 @@ class TreeOptions(FileOptions):
     delete: bool = False
     force: bool = False
     fsync: bool = False
+    xattrs: bool = False  # -X: extended attributes
+    acls: bool = False  # -A: POSIX ACLs
+    numeric_ids: bool = False  # ACL entries by number between hosts, not by name
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
@@ -123,7 +126,8 @@ class TreeOptions(FileOptions):
 
     @property
     def metadata(self) -> MetadataOptions:
-        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync)
+        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
+                               acls=self.acls, numeric_ids=self.numeric_ids)
 
 
 @dataclass
@@ -257,6 +261,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()
+    if options.metadata.attributes:
+        for tree in (source, target):
+            tree.list_attributes(options.metadata)
     source_listing, target_listing = _list_both(source, target)
     _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
                len(target_listing.entries))
@@ -269,7 +276,8 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     plan = plan_tree(source_listing.entries,
                      target_listing.entries if target_listing.root is not None else None,
                      PlanOptions(checksum=options.checksum, times=options.times,
-                                 owner=options.owner, delete=options.delete), path_filter)
+                                 owner=options.owner, delete=options.delete,
+                                 attributes=options.metadata.attributes), path_filter)
     _log_phase(started, "planned %d file(s) to copy or check", len(plan.files))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run,
                         failures=list(source_listing.failures) + list(target_listing.failures),
@@ -293,7 +301,10 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         return result
     runner = _Runner(source, target, options, plan, progress, result)
     runner.source_root = source_listing.root
-    runner.run(target_listing.root is None)
+    try:
+        runner.run(target_listing.root is None)
+    finally:
+        runner.announce(target.take_notices())
     result.seconds = time.monotonic() - started
     return result
 
@@ -328,8 +339,11 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
         result.seconds = time.monotonic() - started
         return result
     runner = _Runner(tree, tree, options, plan, progress, result)
-    runner.delete_everything(remove_root=not path_filter.active and not listing.failures
-                             and listing.root.kind == DIR)
+    try:
+        runner.delete_everything(remove_root=not path_filter.active and not listing.failures
+                                 and listing.root.kind == DIR)
+    finally:
+        runner.announce(tree.take_notices())
     result.seconds = time.monotonic() - started
     return result
 
@@ -477,6 +491,7 @@ class _Runner:
         self.units: List[Unit] = []
         self.source_root: Optional[Entry] = None
         self.started = time.monotonic()
+        self.announced: set = set()
 
     # -- sequential steps --------------------------------------------------
 
@@ -739,7 +754,7 @@ class _Runner:
                                 next_unit.value = len(self.units)
                     state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
                     with os.fdopen(writer, "wb") as stream:
-                        pickle.dump((state.failures, state.counts), stream)
+                        pickle.dump((state.failures, state.counts, self.target.take_notices()), stream)
                 except BaseException:  # never run the parent's code in a child
                     code = 1
                 finally:
@@ -752,13 +767,21 @@ class _Runner:
                     data = stream.read()
                 _, status = os.waitpid(pid, 0)
                 if data:
-                    failures, counts = pickle.loads(data)
+                    failures, counts, notices = pickle.loads(data)
                     self._collect(failures, counts)
+                    self.announce(notices)
                 elif status:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
         except BaseException:
             _stop_workers([pid for pid, _ in processes])
             raise
+
+    def announce(self, notices: List[str]) -> None:
+        """Say what the target could not keep (attributes, say), each kind once however many workers met it."""
+        for notice in notices:
+            if notice not in self.announced:
+                self.announced.add(notice)
+                logger.warning("%s: %s", self.target.location, notice)
 
     def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
         if counts.get("full") and not any(path == "" and message.startswith(_FULL_STOP)
