@@ -141,7 +141,7 @@ def tree_options(args: argparse.Namespace):
     block_size = parse_block_size(args.block_size)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
-        delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
+        delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
         block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
