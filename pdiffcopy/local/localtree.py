@@ -33,7 +33,7 @@ from pdiffcopy.local.fileops import (
     replace_atomically,
     temporary_name,
 )
-from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
+from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
@@ -83,13 +83,6 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
     sparse = kind == FILE and info.st_blocks * 512 < size
     return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
                  target, info.st_nlink, sparse, link_group(info) if kind == FILE else "")
-
-
-def link_group(info: os.stat_result) -> str:
-    """A regular file's :attr:`Entry.link`: its device and inode when it has other names, else ""."""
-    # Listed always (a few linked files cost a string each): -H needs it on both sides, and
-    # comparing the target's groups is how a sync sees names that are already linked.
-    return f"{info.st_dev:x}:{info.st_ino:x}" if info.st_nlink > 1 else ""
 
 
 #: A directory a walk is in: its descriptor, its path below the tree, and the
@@ -343,8 +336,7 @@ class LocalTree(TreeEndpoint):
                         size = info.st_size
                         entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
                                                    info.st_gid, "", info.st_nlink,
-                                                   info.st_blocks * 512 < size,
-                                                   link_group(info) if info.st_nlink > 1 else "", ())))
+                                                   info.st_blocks * 512 < size, link_group(info), ())))
                         continue
                     if stat.S_ISLNK(mode):
                         entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))
