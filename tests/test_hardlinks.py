@@ -121,6 +121,7 @@ def test_a_second_sync_links_new_names_relinks_separate_ones_and_copies_nothing(
         os.replace(target / f"{name}.copy", target / name)
     second = sync("-aH", "-v", "--delete", *FILTERS, ends.source_arg(), ends.target_arg)
     assert "0 file(s) copied (0 bytes moved)" in second.stderr  # linked, not copied again
+    assert "3 hard link(s) made, 1 deleted" in second.stderr  # b/new-one, b/c/one, b/two; z-one
     assert os.stat(target / "a" / "one").st_ino == leader.st_ino
     reference = rsync_reference(linked_tree, tmp_path / "rsync", *FILTERS)
     assert_same_as_rsync(target, reference, linked_tree)
