@@ -179,6 +179,15 @@ def test_a_big_group_is_written_once_by_the_workers_and_linked(ends, monkeypatch
     assert link_groups(ends.target) == link_groups(source)
 
 
+def test_the_library_keeps_links_with_hard_links_true(tmp_path):
+    import pdiffcopy
+
+    source = make_linked_tree(tmp_path / "src", tmp_path / "outside-file")
+    result = pdiffcopy.sync_tree(str(source), str(tmp_path / "dst"), hard_links=True, times=True)
+    assert not result.failures and result.linked == 5  # 3 + 2 names besides the groups' first
+    assert link_groups(tmp_path / "dst") == link_groups(source)
+
+
 def test_without_h_links_are_copied_apart_with_a_warning(ends, linked_tree):
     done = sync("-a", ends.source_arg(), ends.target_arg)
     assert "hard-linked file(s) as separate files" in done.stderr

@@ -366,7 +366,8 @@ class TreePlan:
     2. :attr:`files` and :attr:`symlinks` (in parallel; the files largest first);
     3. :attr:`metadata` of files and symlinks, then :attr:`deletions`
        (files, then directories deepest first);
-    4. :attr:`links` (-H), once every file they name is in place;
+    4. :attr:`links` (-H), once the files of 2 and 3 are in place (before
+       the directories of :attr:`deletions`);
     5. :attr:`directory_metadata`, deepest first, after everything inside
        them has changed.
     """
