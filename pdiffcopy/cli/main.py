@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
+    tree.add_argument("-H", "--hard-links", action="store_true",
+                      help="keep hard links: names sharing a file in SOURCE share one in TARGET "
+                           "(as rsync -H; not implied by -a)")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
     tree.add_argument("-X", "--xattrs", action="store_true",

@@ -141,7 +141,7 @@ def tree_options(args: argparse.Namespace):
     block_size = parse_block_size(args.block_size)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
-        delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
+        delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
         xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids,
         block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
@@ -175,11 +175,12 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         return _finish(result)
     from humanfriendly import format_size, format_timespan
 
-    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, "
+    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
                 "%d deleted, %d unchanged, in %s", source, target, result.files_copied,
                 format_size(result.bytes_moved, binary=True), result.directories_made,
-                "y" if result.directories_made == 1 else "ies", result.deleted, result.unchanged,
-                format_timespan(result.seconds))
+                "y" if result.directories_made == 1 else "ies",
+                f"{result.linked} hard link(s) made, " if options.hard_links else "",
+                result.deleted, result.unchanged, format_timespan(result.seconds))
     from pdiffcopy.cli.main import print_stats, wants_stats
 
     if wants_stats(args):

@@ -25,6 +25,7 @@ from pdiffcopy.errors import Unsupported
 # The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
 from pdiffcopy.core.treeplan import (  # noqa: F401
     DELETE,
+    LINK,
     METADATA,
     MKDIR,
     OPERATIONS,
@@ -182,5 +183,5 @@ class TreeEndpoint(ABC):
         """Release connections and descriptors."""
 
 
-__all__ = ["DELETE", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
+__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
            "MetadataOptions", "Operation", "TreeEndpoint"]

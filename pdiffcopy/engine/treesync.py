@@ -72,6 +72,7 @@ from pdiffcopy.core.treeplan import (
     Difference,
     Entry,
     FileAction,
+    LinkAction,
     PathFilter,
     PlanOptions,
     TreePlan,
@@ -119,6 +120,7 @@ class TreeOptions(FileOptions):
     xattrs: bool = False  # -X: extended attributes
     acls: bool = False  # -A: POSIX ACLs
     numeric_ids: bool = False  # ACL entries by number between hosts, not by name
+    hard_links: bool = False  # -H: names sharing a file in the source share one in the target
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
@@ -142,6 +144,7 @@ class TreeResult:
     deleted: int = 0
     unchanged: int = 0
     metadata_fixed: int = 0
+    linked: int = 0  # names made (or made again) another name of their hard-link group's file (-H)
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)
     skipped: List[Entry] = field(default_factory=list)
@@ -277,7 +280,8 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                      target_listing.entries if target_listing.root is not None else None,
                      PlanOptions(checksum=options.checksum, times=options.times,
                                  owner=options.owner, delete=options.delete,
-                                 attributes=options.metadata.attributes), path_filter)
+                                 attributes=options.metadata.attributes,
+                                 hard_links=options.hard_links), path_filter)
     _log_phase(started, "planned %d file(s) to copy or check", len(plan.files))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run,
                         failures=list(source_listing.failures) + list(target_listing.failures),
@@ -449,8 +453,8 @@ def _warn_about(plan: TreePlan) -> None:
         logger.warning("Skipped %d special file(s) (fifos, sockets, devices): %s%s",
                        len(plan.specials), names, more)
     if plan.hard_links:
-        logger.warning("Copied %d hard-linked file(s) as separate files (hard links are not kept)",
-                       len(plan.hard_links))
+        logger.warning("Copied %d hard-linked file(s) as separate files (hard links are kept "
+                       "with -H/--hard-links)", len(plan.hard_links))
 
 
 def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan,
@@ -526,6 +530,7 @@ class _Runner:
             big.work.close()  # forked workers ended the leases; our copies of them go too
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
+        self._link(plan.links, failed_directories)
         directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
@@ -545,6 +550,27 @@ class _Runner:
         self.result.deleted += len(directories) - len(failed)
         if remove_root and not self.result.failures:
             self._apply([Operation(DELETE, Entry("", DIR, 0, 0, 0o40755))])
+
+    def _link(self, links: List[LinkAction], failed_directories: set) -> None:
+        """Link the other names of hard-link groups (-H), now that every group's file is in place.
+
+        After the queue, whichever worker wrote a group's file; a name whose
+        group's file (or own directory) failed is a failure of its own, not a
+        link to an old file.
+        """
+        if not links:
+            return
+        failed = {path for path, _ in self.result.failures} | failed_directories
+        operations = []
+        for link in links:
+            if link.leader in failed:
+                self.result.failures.append((link.path, f"not linked: {link.leader!r} was not copied"))
+            elif failed_directories and is_under(link.source.parent, failed_directories):
+                self.result.failures.append((link.path, "its directory could not be made"))
+            else:
+                operations.append(link.operation())
+        self.result.linked += len(operations) - len(self._apply(operations))
+        _log_phase(self.started, "linked %d name(s)", self.result.linked)
 
     def _deletable(self, directories: List[Entry]) -> List[Entry]:
         """The directories to delete, less those holding what the listings could not list.
@@ -583,6 +609,7 @@ class _Runner:
         if self.options.times:
             changed_paths = [a.path for a in self.plan.files] + \
                 [e.path for e, _ in self.plan.symlinks] + [e.path for e in self.plan.deletions] + \
+                [link.path for link in self.plan.links] + \
                 [e.path for e in self.plan.directories] + [e.path for e in self.plan.removals]
             touched = {path.rpartition("/")[0] for path in changed_paths}
         for fix in self.plan.directory_metadata:
@@ -643,7 +670,10 @@ class _Runner:
         try:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
-            temporary = not delta or self.options.atomic
+            # A target with other names gets a new file (-H): written in place it would
+            # change names outside its group too (and a server refuses that).
+            temporary = not delta or self.options.atomic or \
+                (self.options.hard_links and action.target is not None and action.target.nlink > 1)
             partial = False
             if not temporary:
                 # Updated in place: nobody else may write it until its last part is

@@ -33,10 +33,11 @@ from pdiffcopy.local.fileops import (
     replace_atomically,
     temporary_name,
 )
-from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
+from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
+    LINK,
     METADATA,
     MKDIR,
     REMOVE,
@@ -83,7 +84,7 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "",
     size = info.st_size if kind == FILE else 0
     sparse = kind == FILE and info.st_blocks * 512 < size
     return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
-                 target, info.st_nlink, sparse, "", xattrs)
+                 target, info.st_nlink, sparse, link_group(info) if kind == FILE else "", xattrs)
 
 
 #: A directory a walk is in: its descriptor, its path below the tree, and the
@@ -347,7 +348,7 @@ class LocalTree(TreeEndpoint):
                         size = info.st_size
                         entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
                                                    info.st_gid, "", info.st_nlink,
-                                                   info.st_blocks * 512 < size, "", xattrs)))
+                                                   info.st_blocks * 512 < size, link_group(info), xattrs)))
                         continue
                     if stat.S_ISLNK(mode):
                         entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd), xattrs))
@@ -699,6 +700,8 @@ class LocalTree(TreeEndpoint):
                     pass  # not created, or already renamed
                 raise
             self.set_metadata(entry, options)
+        elif operation.name == LINK:
+            self._link(entry.target, directory, name)
         elif operation.name == DELETE:
             if entry.kind == DIR:
                 os.rmdir(name, dir_fd=directory)
@@ -710,6 +713,42 @@ class LocalTree(TreeEndpoint):
             self._forget_directories()
         else:
             raise TreeFailure(f"Unknown operation {operation.name!r}")
+
+    def _link(self, leader: str, directory: int, name: str) -> None:
+        """Make ``name`` in ``directory`` another name of the regular file at ``leader`` (-H).
+
+        The leader is opened beneath the root without following a symlink and
+        linked through its descriptor, so no symlink swapped in can make the
+        link reach a file elsewhere; the new name is made as a temporary and
+        renamed over the old one, so the name is never missing.
+        """
+        leader_directory, leader_name = self._parent(leader)
+        try:
+            source = os.open(leader_name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=leader_directory)
+        except FileNotFoundError:
+            raise TreeFailure(f"cannot link to {leader!r}: it is missing") from None
+        try:
+            info = os.fstat(source)
+            if not stat.S_ISREG(info.st_mode):
+                raise TreeFailure(f"cannot link to {leader!r}: it is {describe_kind(info.st_mode)}, "
+                                  f"not a regular file")
+            try:
+                present = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if (present.st_dev, present.st_ino) == (info.st_dev, info.st_ino):
+                    return  # already a name of that file (a rename would then do nothing)
+            except FileNotFoundError:
+                pass
+            temporary = temporary_name(name)
+            try:
+                # linkat(2) of a descriptor by its /proc name, AT_SYMLINK_FOLLOW: the file
+                # opened above, whatever its name is now (AT_EMPTY_PATH would need a capability).
+                os.link(f"/proc/self/fd/{source}", temporary, dst_dir_fd=directory, follow_symlinks=True)
+                replace_atomically(temporary, name, directory, directory, flush=False)
+            except BaseException:
+                _unlink_quietly(temporary, directory)  # not made, or already renamed: fine
+                raise
+        finally:
+            os.close(source)
 
     def _root_itself(self, name: str) -> None:
         """Make the tree's directory (parents too), or remove it once it is empty."""

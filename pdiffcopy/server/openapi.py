@@ -267,8 +267,11 @@ def _components() -> Dict[str, Any]:
                 "items": {"type": "array", "minItems": 2, "maxItems": 2,
                           "items": {"anyOf": [{"type": "string", "enum": list(OPERATIONS)},
                                               _ref("schemas", "Entry")]},
-                          "description": "[operation, entry]: mkdir, symlink, metadata, delete "
-                                         "or remove"}}},
+                          "description": "[operation, entry]: mkdir, symlink, metadata, delete, "
+                                         "remove or link (the entry, a file, becomes another "
+                                         "name of the regular file at its target, a path in "
+                                         "the same tree; a target leading out gets 403, one "
+                                         "through a symlink is that operation's failure)"}}},
         },
     }
     parameters = {
@@ -618,7 +621,7 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
                                                    "10,000 files and 256 MiB)",
                   "content": {_BYTES: binary}})
         apply = _operation(
-            f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
+            f"treeApply{name}", "Make directories, symlinks and hard links, set metadata, delete entries",
             {"200": _json_answer("The operations that failed", "Failures")},
             errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
             body={"required": True, "description": "The operations, run in order (at most 64 MiB "

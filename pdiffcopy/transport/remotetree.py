@@ -34,7 +34,7 @@ from pdiffcopy.transport.remote import (
     quote_path,
     split_server_url,
 )
-from pdiffcopy.engine.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
+from pdiffcopy.engine.treeendpoints import LINK, Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.core.treeplan import FILE, Entry
 from pdiffcopy.core.treewire import (
     MAX_BATCH_BYTES,
@@ -269,6 +269,8 @@ class RemoteTree(TreeEndpoint):
         allowed: List[Operation] = []
         for operation in operations:
             refusal = _leaves_the_tree(operation.entry.path, allow_root=True)
+            if not refusal and operation.name == LINK:
+                refusal = _leaves_the_tree(operation.entry.target)  # the file it is linked to
             if refusal:
                 failures.append((operation.entry.path, refusal))
             else:
