@@ -7,7 +7,7 @@ endpoint and an ``http(s)://`` URL into a remote one, and hands both over
 holds for every caller lives: at most one side may be a URL.
 
 A token is what the caller passes: the library never reads ``$PDIFFCOPY_TOKEN``
-or a token file (the command line does, see :mod:`pdiffcopy.cli.main`).
+or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 """
 
 from __future__ import annotations

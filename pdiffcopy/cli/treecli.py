@@ -1,6 +1,6 @@
 """The command line's tree half: what SOURCE and TARGET mean, running and reporting a tree sync.
 
-:mod:`pdiffcopy.cli.main` parses the options and calls :func:`resolve`; a
+:mod:`pdiffcopy.cli.command` parses the options and calls :func:`resolve`; a
 directory SOURCE comes here, a file SOURCE stays with the single-file sync.
 """
 
@@ -181,7 +181,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
                 "y" if result.directories_made == 1 else "ies",
                 f"{result.linked} hard link(s) made, " if options.hard_links else "",
                 result.deleted, result.unchanged, format_timespan(result.seconds))
-    from pdiffcopy.cli.main import print_stats, wants_stats
+    from pdiffcopy.cli.reports import print_stats, wants_stats
 
     if wants_stats(args):
         print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
@@ -258,11 +258,11 @@ def _finish(result) -> int:
 
 
 class _display:
-    """The tree progress line (see :func:`pdiffcopy.cli.main.show_progress`; never with -n or --diff)."""
+    """The tree progress line (see :func:`pdiffcopy.cli.reports.show_progress`; never with -n or --diff)."""
 
     def __init__(self, progress, args: argparse.Namespace) -> None:
         self.display = None
-        from pdiffcopy.cli.main import show_progress
+        from pdiffcopy.cli.reports import show_progress
 
         if show_progress(args) and not (args.dry_run or args.diff):
             from pdiffcopy.cli.progress import TreeProgressDisplay
