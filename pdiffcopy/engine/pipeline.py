@@ -58,11 +58,15 @@ from pdiffcopy.engine.segments import (
     final_digests,
     give_up,
     lease_partial,
+    iter_data_map,
     log_refinement_stopped,
+    move_data,
     move_ranges,
     open_partial,
+    punch_holes_of,
     readback_ranges,
     refine_ranges,
+    source_has_holes,
     source_unchanged,
 )
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -123,7 +127,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
                  compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-                 partial: bool = False, delta: str = "blocks") -> FileOptions:
+                 partial: bool = False, delta: str = "blocks", sparse: bool = False) -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
@@ -144,6 +148,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         compress=check_mode(compress),
         partial=bool(partial),
         delta=check_delta(delta),
+        sparse=bool(sparse),
     )
 
 
@@ -245,6 +250,8 @@ class _SyncJob:
         self.partial = False
         #: Whether this run holds the partial file's lease (taken before any digest of it is trusted).
         self.partial_leased = False
+        #: Whether the source has holes: the work file then grows by a hole, not reserved space.
+        self.source_sparse = False
 
     def run(self) -> SyncResult:
         try:
@@ -277,6 +284,7 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
+        self.source_sparse = not options.dry_run and source_has_holes(self.source, plan.size)
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
             self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
@@ -312,6 +320,8 @@ class _SyncJob:
         else:
             work = self.target.create_temporary(clone=clone)
         self.work = work
+        if options.sparse:
+            work.write_sparse(True)
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or (target_info is None and not resumed):
@@ -402,8 +412,10 @@ class _SyncJob:
         self._sweep_temporaries()
         work = self.target.create_temporary(clone=False)
         self.work = work
+        if self.options.sparse:
+            work.write_sparse(True)
         try:
-            work.prepare(plan.size)
+            work.prepare(plan.size, sparse=source_has_holes(self.source, plan.size))
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
@@ -528,7 +540,7 @@ class _SyncJob:
         leaves the target exactly as it was.
         """
         if not self.prepared:
-            work.prepare(size)
+            work.prepare(size, sparse=self.source_sparse)
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
@@ -547,7 +559,7 @@ class _SyncJob:
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
         source_futures = self._hash_all(self.source, segments, method)
-        if both_local:
+        if both_local and not self.source_sparse and not self.options.sparse:
             early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
                 self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
@@ -559,12 +571,44 @@ class _SyncJob:
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
-            work.prepare(plan.size)
-            self._wait([self._submit_transfer([piece], work)
-                        for piece in split_ranges([(0, plan.size)], TRANSFER_REQUEST_BYTES)])
+            work.prepare(plan.size, sparse=self.source_sparse)
+            self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
         return _segment_digests(source_futures, segments, method)
+
+    def _copy_data(self, size: int, work: FileEndpoint) -> List[Future]:
+        """Start moving the source's data extents into ``work``; punch its holes there unless ``work`` is new.
+
+        The source's map comes a page at a time, its holes are never read; a new file (a
+        temporary just sized) is holes already.
+        """
+        pending: List[Future] = []
+        if work is self.target and self.source_sparse:
+            # In place over old data: the source's holes become holes here too.
+            punch_holes_of(self.source, work, 0, size)
+        page: List[ByteRange] = []
+        data = 0
+        for extent in iter_data_map(self.source, 0, size):
+            data += extent[1]
+            page.extend(split_ranges([extent], TRANSFER_REQUEST_BYTES))
+            if len(page) >= 1024:
+                pending += self._submit_data(page, work)
+                page = []
+        pending += self._submit_data(page, work)
+        self.progress.add_moved(size - data)  # the holes: nothing to move, done
+        return pending
+
+    def _submit_data(self, pieces: List[ByteRange], work: FileEndpoint) -> List[Future]:
+        assert self.transfers is not None, "transfers start after the pool does"
+        return [self.transfers.submit(self._transfer_data, batch, work)
+                for batch in batch_ranges(pieces, TRANSFER_REQUEST_BYTES)]
+
+    def _transfer_data(self, batch: List[ByteRange], work: FileEndpoint) -> None:
+        """Move ranges that are all data in the source (runs in a transfer thread)."""
+        written = move_data(self.source, work, batch, self.progress.add_moved)
+        with self.lock:
+            self.bytes_moved += written
 
     def _read_back_early(self, segments: List[Segment], work: FileEndpoint):
         """A step callback for the copy that starts hashing each segment of the target once copied.

@@ -644,7 +644,7 @@ class _Runner:
             big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
                            partial)
             try:
-                work.prepare(action.source.size)
+                work.prepare(action.source.size, sparse=action.source.sparse)
             except BaseException:
                 big.give_up()
                 raise

@@ -32,6 +32,7 @@ from werkzeug.routing import PathConverter
 from pdiffcopy import __version__
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.bodyreader import BodyReader, open_body
 from pdiffcopy.core.byteranges import (
     boundary_of,
@@ -77,8 +78,10 @@ from pdiffcopy.local.fileops import (
     TRANSFER_CHUNK_SIZE,
     RangeReader,
     copy_available,
+    data_extents,
     etag,
     is_temporary_name,
+    punch_ranges,
     resize,
     start_writeback,
     write_all,
@@ -121,6 +124,12 @@ MAX_CHUNK_RANGES = 65536
 
 #: A range of a chunk list request: offset and length, little-endian.
 CHUNK_RANGE_ENTRY = struct.Struct("<QQ")
+
+#: An extent of a data map answer, and a range of a punch request: offset and length, little-endian.
+EXTENT_ENTRY = CHUNK_RANGE_ENTRY
+
+#: Most ranges one punch request may name (16 bytes each in its body).
+MAX_PUNCH_RANGES = 65536
 
 #: Chunks encoded per write of a chunk list answer (12 KiB): streamed, not held whole.
 CHUNKS_PER_WRITE = 1024
@@ -509,10 +518,60 @@ def create_app(config: ServerConfig) -> Flask:
             os.close(fd)
         return jsonify(written=written)
 
+    @app.get(f"{API_PREFIX}/datamap/<path:path>")
+    def data_map(path: str):
+        """Where the range ``offset``/``length`` of the file holds data: its extents, the rest are holes.
+
+        At most MAX_DATA_MAP_EXTENTS extents (16 bytes each); an answer that long may have
+        more after its last extent: ask again from there.
+        """
+        offset = int_arg("offset", 0, MAX_FILE_SIZE)
+        length = int_arg("length", 0, MAX_FILE_SIZE)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            renew(info, path)
+            try:
+                extents = data_extents(fd, offset, length, limit=MAX_DATA_MAP_EXTENTS)
+            except OSError as error:
+                raise storage_error(error, f"read {path}") from None
+        finally:
+            os.close(fd)
+        response = Response(b"".join(EXTENT_ENTRY.pack(start, size) for start, size in extents),
+                            mimetype="application/octet-stream")
+        response.headers["ETag"] = etag(info)
+        return response
+
+    @app.post(f"{API_PREFIX}/punch/<path:path>")
+    def punch_file(path: str):
+        """Make the ranges in the body holes (zeros where the file system cannot), in place.
+
+        A write: refused like a PATCH while another client holds the lease, or when If-Match fails.
+        """
+        ranges = [(offset, length) for offset, length
+                  in EXTENT_ENTRY.iter_unpack(binary_body(EXTENT_ENTRY.size, MAX_PUNCH_RANGES))]
+        fd = served(root, path).open_descriptor(os.O_WRONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            refuse_hard_links(info, path, config.write_hard_links)
+            check_disjoint(ranges, info.st_size, ordered=True)
+            with leases.writing(info, lease_of_request(), path):
+                try:
+                    holes = punch_ranges(fd, ranges, path)
+                except OSError as error:
+                    raise storage_error(error, f"write {path}") from None
+        finally:
+            os.close(fd)
+        return jsonify(punched=sum(length for _, length in ranges), holes=holes)
+
     @app.post(f"{API_PREFIX}/resize/<path:path>")
     def resize_file(path: str):
         """Create the file if missing and make it exactly ``size`` bytes long."""
         size = int_arg("size", 0, MAX_FILE_SIZE)
+        # Grown by a hole (the source is sparse): neither reserved nor checked against the free space.
+        sparse = request.args.get("sparse") == "1"
         file = served(root, path)
         fd, created = file.open_writer()
         try:
@@ -520,7 +579,7 @@ def create_app(config: ServerConfig) -> Flask:
                 refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
             with leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
                 try:
-                    resize(fd, size)
+                    resize(fd, size, sparse)
                 except OSError as error:
                     raise storage_error(error, f"resize {path}") from None
             return jsonify(describe(os.fstat(fd)))

@@ -32,6 +32,7 @@ from pdiffcopy.core import compression
 from pdiffcopy.transport import wire
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.core.byteranges import (
     boundary_of,
     closing_delimiter,
@@ -126,6 +127,8 @@ _CHUNK_RANGE = struct.Struct("<QQ")
 _COPY_MOVE = struct.Struct("<QQQ")
 #: Most ranges one chunk list request names: the server's bound (server.app.MAX_CHUNK_RANGES).
 MAX_CHUNK_RANGES = 65536
+#: Most ranges one punch request names: the server's bound (server.app.MAX_PUNCH_RANGES).
+MAX_PUNCH_RANGES = 65536
 
 logger = logging.getLogger(__name__)
 
@@ -719,6 +722,8 @@ class RemoteFile(FileEndpoint):
             compress, self.base, cores=compressing_cores(concurrency))
         #: The answer of the stat :meth:`on_legacy_server` sent, for the next :meth:`stat` (at most one).
         self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
+        #: Whether this file's server already said it wrote zeros for holes (warned once).
+        self._warned_zeros = False
 
     # -- transport -------------------------------------------------------
 
@@ -830,8 +835,38 @@ class RemoteFile(FileEndpoint):
         response = self.request(method, self._target(endpoint, path, params), expected=expected)
         self._body(response)
 
-    def prepare(self, size: int) -> None:
-        self._call("POST", "resize", params={"size": size})
+    def prepare(self, size: int, sparse: bool = False) -> None:
+        self._call("POST", "resize", params={"size": size, **({"sparse": 1} if sparse else {})})
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        """One answer of the server's data map (at most MAX_DATA_MAP_EXTENTS extents)."""
+        if length <= 0:
+            return []
+        response = self.request("GET", self._target("datamap", params={"offset": offset, "length": length}),
+                                headers=self._conditions())
+        body = self._body(response)
+        if len(body) % _CHUNK_RANGE.size or len(body) // _CHUNK_RANGE.size > MAX_DATA_MAP_EXTENTS:
+            raise self.client.malformed("its data map is not a list of extents")
+        extents = list(_CHUNK_RANGE.iter_unpack(body))
+        if any(start < offset or start + size > offset + length or size == 0 for start, size in extents) or \
+                any(a[0] + a[1] > b[0] for a, b in zip(extents, extents[1:])):
+            raise self.client.malformed("its data map has extents outside the range asked, or out of order")
+        return extents
+
+    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+        """The server punches the holes (or writes zeros where its file system cannot), in pages."""
+        ranges = list(ranges)
+        for start in range(0, len(ranges), MAX_PUNCH_RANGES):
+            asked = ranges[start:start + MAX_PUNCH_RANGES]
+            body = b"".join(_CHUNK_RANGE.pack(offset, length) for offset, length in asked)
+            response = self.request("POST", self._target("punch"), body=body, headers={
+                "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
+            answer = self.client.json(response)
+            if isinstance(answer, dict) and answer.get("holes") is False and not self._warned_zeros:
+                self._warned_zeros = True
+                logger.warning("The file system of %s cannot punch holes; the source's holes are written "
+                               "there as zeros", self.location)
+        return sum(length for _, length in ranges)
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         ranges = list(ranges)

@@ -1,0 +1,111 @@
+"""Data maps: where a sparse file has data, and where it has holes (no I/O).
+
+A data map is a sorted list of disjoint ``(offset, length)`` extents that hold data; every
+other byte of the file is a hole, which reads as zeros. The engine splits the ranges it
+moves by the source's map (:func:`split_by_data`): the data parts move, the hole parts
+are punched in the target, never read nor sent. :func:`zero_runs` finds the runs of zeros
+that ``--sparse`` (``-S``) turns into holes as well.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, List, Sequence, Tuple
+
+from pdiffcopy.core.blocks import ByteRange
+
+#: Most extents one answer of a data map carries (the server's bound, the client's page):
+#: a file with millions of punched pages answers in pages of 16 bytes an extent, a file
+#: of a few extents in one.
+MAX_DATA_MAP_EXTENTS = 65536
+
+
+def clip(extents: Iterable[ByteRange], offset: int, length: int) -> List[ByteRange]:
+    """The parts of ``extents`` inside ``[offset, offset + length)``, in order."""
+    end = offset + length
+    clipped = []
+    for start, size in extents:
+        low, high = max(start, offset), min(start + size, end)
+        if low < high:
+            clipped.append((low, high - low))
+    return clipped
+
+
+def split_by_data(ranges: Sequence[ByteRange], extents: Sequence[ByteRange]
+                  ) -> Tuple[List[ByteRange], List[ByteRange]]:
+    """Cut sorted, disjoint ``ranges`` by the data map ``extents``: (data parts, hole parts).
+
+    Both lists come sorted; together they cover ``ranges`` exactly. Linear in the two lists.
+    """
+    data: List[ByteRange] = []
+    holes: List[ByteRange] = []
+    index = 0
+    for offset, length in ranges:
+        position, end = offset, offset + length
+        # Extents wholly before this range cannot touch it or any later one.
+        while index < len(extents) and extents[index][0] + extents[index][1] <= position:
+            index += 1
+        scan = index
+        while position < end:
+            if scan < len(extents) and extents[scan][0] < end:
+                start, size = extents[scan]
+                if start > position:
+                    holes.append((position, start - position))
+                    position = start
+                stop = min(start + size, end)
+                if stop > position:
+                    data.append((position, stop - position))
+                    position = stop
+                scan += 1
+            else:
+                holes.append((position, end - position))
+                position = end
+    return data, holes
+
+
+def data_length(extents: Iterable[ByteRange]) -> int:
+    """How many bytes of data a map holds."""
+    return sum(length for _, length in extents)
+
+
+def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRange]:
+    """The runs of whole ``unit``-aligned units of zeros in ``data`` (which sits at ``offset``), merged.
+
+    ``--sparse`` punches these instead of writing them: a unit is a file system block, so a
+    hole never splits one.
+    """
+    view = memoryview(data).cast("B")
+    runs: List[ByteRange] = []
+    first = -(-offset // unit) * unit
+    zeros = bytes(unit)
+    position = first
+    end = offset + len(view)
+    while position + unit <= end:
+        start = position - offset
+        if view[start:start + unit] == zeros:
+            if runs and runs[-1][0] + runs[-1][1] == position:
+                runs[-1] = (runs[-1][0], runs[-1][1] + unit)
+            else:
+                runs.append((position, unit))
+        position += unit
+    return runs
+
+
+def subtract(ranges: Sequence[ByteRange], cut: Sequence[ByteRange]) -> List[ByteRange]:
+    """The parts of sorted ``ranges`` outside sorted, disjoint ``cut``."""
+    outside, _ = split_by_data(ranges, _complement(cut, ranges))
+    return outside
+
+
+def _complement(extents: Sequence[ByteRange], ranges: Sequence[ByteRange]) -> List[ByteRange]:
+    """The gaps between ``extents`` within the span of ``ranges``."""
+    if not ranges:
+        return []
+    start, end = ranges[0][0], ranges[-1][0] + ranges[-1][1]
+    gaps, position = [], start
+    for offset, length in extents:
+        if offset > position:
+            gaps.append((position, offset - position))
+        position = max(position, offset + length)
+    if position < end:
+        gaps.append((position, end - position))
+    return gaps
