@@ -68,25 +68,36 @@ def data_length(extents: Iterable[ByteRange]) -> int:
 
 
 def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRange]:
-    """The runs of whole ``unit``-aligned units of zeros in ``data`` (which sits at ``offset``), merged.
+    """The runs of zeros in ``data`` (which sits at ``offset``) to punch rather than write, merged.
 
-    ``--sparse`` punches these instead of writing them: a unit is a file system block, so a
-    hole never splits one.
+    ``--sparse`` punches these: whole ``unit``-aligned units of zeros (a unit is a file system
+    block, so a hole never splits one), and the zero parts of units that ``data`` only
+    partly covers (its head and tail): data that arrives in pieces that do not fall on
+    block boundaries still leaves whole blocks unallocated, and punching part of a block
+    only zeroes it.
     """
     view = memoryview(data).cast("B")
     runs: List[ByteRange] = []
-    first = -(-offset // unit) * unit
+    end = offset + len(view)
+
+    def add(start: int, length: int) -> None:
+        if runs and runs[-1][0] + runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], runs[-1][1] + length)
+        else:
+            runs.append((start, length))
+
+    first = min(-(-offset // unit) * unit, end)
+    if first > offset and not any(view[: first - offset]):
+        add(offset, first - offset)
     zeros = bytes(unit)
     position = first
-    end = offset + len(view)
     while position + unit <= end:
         start = position - offset
         if view[start:start + unit] == zeros:
-            if runs and runs[-1][0] + runs[-1][1] == position:
-                runs[-1] = (runs[-1][0], runs[-1][1] + unit)
-            else:
-                runs.append((position, unit))
+            add(position, unit)
         position += unit
+    if end > position and not any(view[position - offset:]):
+        add(position, end - position)
     return runs
 
 

@@ -641,6 +641,8 @@ class _Runner:
                 delta = delta or resumed  # what a killed run left is compared, not copied again
             else:
                 work = target.create_temporary(clone=delta) if temporary else target
+            if self.options.sparse:
+                work.write_sparse(True)
             big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
                            partial)
             try:

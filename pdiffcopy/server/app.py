@@ -21,7 +21,7 @@ import stat as stat_module
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
@@ -85,6 +85,7 @@ from pdiffcopy.local.fileops import (
     resize,
     start_writeback,
     write_all,
+    write_sparse,
 )
 from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.core.hashing import accepted_methods, digest_size, validate_method
@@ -513,7 +514,8 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
             with leases.writing(info, lease_of_request(), path):
-                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit)
+                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit,
+                                         sparse=request.args.get("sparse") == "1")
         finally:
             os.close(fd)
         return jsonify(written=written)
@@ -1031,15 +1033,26 @@ def _coded_body(fd: int, size: int, metrics: Optional[ServerMetrics],
 
 
 def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None,
-                   rate_limit: Optional[TokenBucket] = None) -> int:
+                   rate_limit: Optional[TokenBucket] = None, sparse: bool = False) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
     (a resize does that, bounded by free space), so a bogus offset cannot
     create a huge sparse file.
+
+    :param sparse: Punch the runs of whole zero blocks instead of writing them (``--sparse``).
     """
+    if sparse:
+        unit = os.fstat(fd).st_blksize
+
+        def write(data, offset: int) -> None:
+            write_sparse(fd, data, offset, unit, path)
+    else:
+        def write(data, offset: int) -> None:
+            write_all(fd, data, offset)
+
     if (request.content_type or "").split(";")[0].strip().lower() == FRAMES_TYPE:
-        return _receive_frames(fd, size, path, metrics, rate_limit)
+        return _receive_frames(fd, write, size, path, metrics, rate_limit)
     boundary = boundary_of(request.content_type or "")
     single = None
     if boundary is None:
@@ -1051,16 +1064,17 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics, rate_limit)
+            return _receive_range(body, buffer, fd, write, single[0], single[1], size, path, metrics,
+                                  rate_limit)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics, rate_limit)
+            written += _receive_range(body, buffer, fd, write, offset, length, size, path, metrics, rate_limit)
         return written
     finally:
         body.finish()
 
 
-def _receive_frames(fd: int, size: int, path: str, metrics: Optional[ServerMetrics],
+def _receive_frames(fd: int, write: Callable[..., None], size: int, path: str, metrics: Optional[ServerMetrics],
                     rate_limit: Optional[TokenBucket]) -> int:
     """Write the pieces of a compressed PATCH body; each is decompressed and checked before it is written."""
     body = open_body(request.environ, request.content_length)
@@ -1072,7 +1086,7 @@ def _receive_frames(fd: int, size: int, path: str, metrics: Optional[ServerMetri
                     raise RangeNotSatisfiable(f"Range {offset}+{len(data)} is outside the file ({size} bytes)",
                                               size)
                 try:
-                    write_all(fd, data, offset)
+                    write(data, offset)
                 except OSError as error:
                     raise storage_error(error, f"write {path}") from None
                 written += len(data)
@@ -1095,7 +1109,8 @@ def _read_some(body: BodyReader, count: int) -> bytes:
     return bytes(buffer[:got])
 
 
-def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
+def _receive_range(body: BodyReader, buffer: memoryview, fd: int, write: Callable[..., None], offset: int,
+                   length: int,
                    size: int, path: str, metrics: Optional[ServerMetrics] = None,
                    rate_limit: Optional[TokenBucket] = None) -> int:
     if offset + length > size:
@@ -1106,7 +1121,7 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         if not got:
             raise BadRequest("The request body ended before the range did")
         try:
-            write_all(fd, buffer[:got], position)
+            write(buffer[:got], position)
         except OSError as error:
             raise storage_error(error, f"write {path}") from None
         position += got

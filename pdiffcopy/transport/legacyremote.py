@@ -199,6 +199,7 @@ class LegacyRemoteFile(RemoteFile):
     # A 1.0.1 server has no data map and cannot punch: every byte is data, holes are written as zeros.
     data_map = FileEndpoint.data_map
     punch_ranges = FileEndpoint.punch_ranges
+    write_sparse = FileEndpoint.write_sparse
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         for offset, length in ranges:

@@ -724,6 +724,8 @@ class RemoteFile(FileEndpoint):
         self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
         #: Whether this file's server already said it wrote zeros for holes (warned once).
         self._warned_zeros = False
+        #: ``--sparse``: the server punches the runs of zeros in what we write (a PATCH parameter).
+        self._sparse_writes = False
 
     # -- transport -------------------------------------------------------
 
@@ -853,6 +855,9 @@ class RemoteFile(FileEndpoint):
             raise self.client.malformed("its data map has extents outside the range asked, or out of order")
         return extents
 
+    def write_sparse(self, enabled: bool) -> None:
+        self._sparse_writes = enabled
+
     def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
         """The server punches the holes (or writes zeros where its file system cannot), in pages."""
         ranges = list(ranges)
@@ -980,7 +985,7 @@ class RemoteFile(FileEndpoint):
             body = _framed_body(ranges, chunks, level)
             compressed = time.perf_counter()
             self.compression.compressed_started(compressed)
-            response = self.request("PATCH", self._target(), headers={
+            response = self.request("PATCH", self._patch_target(), headers={
                 "Content-Length": str(len(body)), "Content-Type": FRAMES_TYPE}, body=body, replayable=False)
             self._body(response)
             self.compression.compressed_moved(len(body))
@@ -999,12 +1004,15 @@ class RemoteFile(FileEndpoint):
         else:
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Range"] = format_content_range(ranges[0][0], ranges[0][1], None)
-        response = self.request("PATCH", self._target(), headers=headers, body=body,
+        response = self.request("PATCH", self._patch_target(), headers=headers, body=body,
                                 replayable=False)
         self._body(response)
         if learning:
             self.compression.observed(len(body), time.perf_counter() - started, None)
         return sum(length for _, length in ranges)
+
+    def _patch_target(self) -> str:
+        return self._target(params={"sparse": 1}) if self._sparse_writes else self._target()
 
     def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
         """The server cuts its file (on its cores) and sends the list: 12 bytes a chunk."""
