@@ -200,20 +200,26 @@ def test_tree_big_files_keep_holes_both_ways(direction, request, tmp_path, uniqu
     source_dir = server.root / name if direction == "pull" else tmp_path / "src"
     target_dir = server.root / name if direction == "push" else tmp_path / "dst"
     source_dir.mkdir(parents=True)
-    size, extents = 40 * MIB, [(MIB, MIB), (30 * MIB, 2 * MIB)]
+    # Big enough to go by ranges when new (treesync.RANGE_SIZE), by the block delta when changed.
+    size, extents = 80 * MIB, [(MIB, MIB), (70 * MIB, 2 * MIB)]
     expected = make_sparse(source_dir / "disk.img", size, extents)
     source_arg = f"{server.url(name)}/" if direction == "pull" else f"{source_dir}/"
     target_arg = f"{server.url(name)}/" if direction == "push" else str(target_dir)
-    sync_tree(source_arg, target_arg, concurrency=2)
+    result = sync_tree(source_arg, target_arg, concurrency=2)
+    assert not result.failures
     assert (target_dir / "disk.img").read_bytes() == expected
     assert_same_allocation(target_dir / "disk.img", source_dir / "disk.img", extents)
-    # The source loses an extent: the tree's block delta punches it in the target.
-    subprocess.run(["fallocate", "--punch-hole", "--offset", str(30 * MIB), "--length", str(2 * MIB),
+    # The source loses an extent and gains one: the tree's block delta punches and moves.
+    subprocess.run(["fallocate", "--punch-hole", "--offset", str(70 * MIB), "--length", str(2 * MIB),
                     str(source_dir / "disk.img")], check=True)
-    os.utime(source_dir / "disk.img", ns=(1_000_000_000, 1_000_000_000))  # surely not the target's time
-    sync_tree(source_arg, target_arg, concurrency=2)
+    with open(source_dir / "disk.img", "r+b") as handle:
+        handle.seek(40 * MIB)
+        handle.write(random_bytes(UNIT, seed=40))
+    result = sync_tree(source_arg, target_arg, concurrency=2)
+    assert not result.failures and result.files_copied == 1
+    assert result.bytes_moved <= BLOCK * 4  # the new extent's block, not the punched 2 MiB
     assert (target_dir / "disk.img").read_bytes() == (source_dir / "disk.img").read_bytes()
-    assert_same_allocation(target_dir / "disk.img", source_dir / "disk.img", extents[:1])
+    assert_same_allocation(target_dir / "disk.img", source_dir / "disk.img", [(MIB, MIB), (40 * MIB, UNIT)])
 
 
 def test_holes_are_never_read_from_the_source(tmp_path):
