@@ -882,7 +882,7 @@ def test_punching_a_file_leased_by_another_is_refused(files):
 
 def test_prepare_sparse_grows_by_a_hole(files):
     endpoint = files.open("grown.img")
-    endpoint.prepare(64 * HOLE_UNIT, sparse=True)
+    endpoint.prepare_sparse(64 * HOLE_UNIT)
     endpoint.flush()
     path = files.directory / "grown.img"
     assert path.stat().st_size == 64 * HOLE_UNIT
@@ -893,7 +893,7 @@ def test_prepare_sparse_grows_by_a_hole(files):
 def test_write_sparse_turns_zero_runs_into_holes(files):
     path = files.directory / "written.img"
     endpoint = files.open("written.img")
-    endpoint.prepare(4 * HOLE_UNIT, sparse=True)
+    endpoint.prepare_sparse(4 * HOLE_UNIT)
     endpoint.write_sparse(True)
     data = random_bytes(HOLE_UNIT, seed=4) + bytes(2 * HOLE_UNIT) + random_bytes(HOLE_UNIT, seed=5)
     endpoint.write_ranges([(0, len(data))], iter([(0, data)]))

@@ -58,12 +58,8 @@ class FileEndpoint(ABC):
         """
 
     @abstractmethod
-    def prepare(self, size: int, sparse: bool = False) -> None:
-        """Create the file if needed and make it exactly ``size`` bytes long.
-
-        With ``sparse`` it grows by a hole: only the source's data will be written into
-        it, so the growth is neither reserved nor checked against the free space.
-        """
+    def prepare(self, size: int) -> None:
+        """Create the file if needed and make it exactly ``size`` bytes long."""
 
     @abstractmethod
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
@@ -199,6 +195,14 @@ class FileEndpoint(ABC):
         (a 1.0.1 server cannot tell).
         """
         return [(offset, length)] if length > 0 else []
+
+    def prepare_sparse(self, size: int) -> None:
+        """:meth:`prepare`, growing by a hole: the source has holes, and only its data will be written.
+
+        The growth is neither reserved nor checked against the free space. By default
+        :meth:`prepare` (a 1.0.1 server: dense, as ever).
+        """
+        self.prepare(size)
 
     def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
         """Make ``ranges`` holes (zeros that take no space); return the bytes covered.

@@ -63,6 +63,7 @@ from pdiffcopy.engine.segments import (
     move_data,
     move_ranges,
     open_partial,
+    prepare_work,
     punch_holes_of,
     readback_ranges,
     refine_ranges,
@@ -415,7 +416,7 @@ class _SyncJob:
         if self.options.sparse:
             work.write_sparse(True)
         try:
-            work.prepare(plan.size, sparse=source_has_holes(self.source, plan.size))
+            prepare_work(work, plan.size, source_has_holes(self.source, plan.size))
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
@@ -540,7 +541,7 @@ class _SyncJob:
         leaves the target exactly as it was.
         """
         if not self.prepared:
-            work.prepare(size, sparse=self.source_sparse)
+            prepare_work(work, size, self.source_sparse)
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
@@ -571,7 +572,7 @@ class _SyncJob:
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
-            work.prepare(plan.size, sparse=self.source_sparse)
+            prepare_work(work, plan.size, self.source_sparse)
             self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)

@@ -317,6 +317,14 @@ def source_has_holes(source: FileEndpoint, size: int) -> bool:
     return source.data_map(0, size)[:1] != [(0, size)]
 
 
+def prepare_work(work: FileEndpoint, size: int, sparse: bool) -> None:
+    """Size the work file; by a hole when the source is ``sparse`` (only its data will be written)."""
+    if sparse:
+        work.prepare_sparse(size)
+    else:
+        work.prepare(size)
+
+
 def holes_of(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteRange]:
     """Every hole of ``[offset, offset + length)`` of ``endpoint``: the gaps of its data map."""
     position, end = offset, offset + length
@@ -510,5 +518,5 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
 __all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
-           "move_ranges", "open_partial", "punch_holes_of", "readback_ranges", "refine_ranges", "source_has_holes",
-           "source_unchanged", "sync_segment"]
+           "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
+           "source_has_holes", "source_unchanged", "sync_segment"]

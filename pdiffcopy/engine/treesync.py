@@ -50,6 +50,7 @@ from pdiffcopy.engine.segments import (
     check_size,
     give_up,
     open_partial,
+    prepare_work,
     source_unchanged,
     sync_segment,
 )
@@ -646,7 +647,7 @@ class _Runner:
             big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
                            partial)
             try:
-                work.prepare(action.source.size, sparse=action.source.sparse)
+                prepare_work(work, action.source.size, action.source.sparse)
             except BaseException:
                 big.give_up()
                 raise

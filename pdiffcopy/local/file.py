@@ -310,7 +310,13 @@ class LocalFile(FileEndpoint):
             self._write_fd, self._created = self.open_writer()
         return self._write_fd
 
-    def prepare(self, size: int, sparse: bool = False) -> None:
+    def prepare(self, size: int) -> None:
+        self._resize(size, sparse=False)
+
+    def prepare_sparse(self, size: int) -> None:
+        self._resize(size, sparse=True)
+
+    def _resize(self, size: int, sparse: bool) -> None:
         fd = self._writer()
         try:
             resize(fd, size, sparse)

@@ -191,14 +191,14 @@ class LegacyRemoteFile(RemoteFile):
         with self._cache_lock:
             self._writes.append((start, end))
 
-    def prepare(self, size: int, sparse: bool = False) -> None:
-        # A 1.0.1 server grows files its own way: dense, as ever (it has no data map either).
+    def prepare(self, size: int) -> None:
         self._changed(0, sys.maxsize)  # a new size changes the blocks at the end: refetch all
         self._body(self.request("POST", self._legacy("resize", size=size)))
 
     # A 1.0.1 server has no data map and cannot punch: every byte is data, holes are written as zeros.
     data_map = FileEndpoint.data_map
     punch_ranges = FileEndpoint.punch_ranges
+    prepare_sparse = FileEndpoint.prepare_sparse
     write_sparse = FileEndpoint.write_sparse
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:

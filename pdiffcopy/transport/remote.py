@@ -837,8 +837,11 @@ class RemoteFile(FileEndpoint):
         response = self.request(method, self._target(endpoint, path, params), expected=expected)
         self._body(response)
 
-    def prepare(self, size: int, sparse: bool = False) -> None:
-        self._call("POST", "resize", params={"size": size, **({"sparse": 1} if sparse else {})})
+    def prepare(self, size: int) -> None:
+        self._call("POST", "resize", params={"size": size})
+
+    def prepare_sparse(self, size: int) -> None:
+        self._call("POST", "resize", params={"size": size, "sparse": 1})
 
     def data_map(self, offset: int, length: int) -> List[ByteRange]:
         """One answer of the server's data map (at most MAX_DATA_MAP_EXTENTS extents)."""
