@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import random_bytes
+from conftest import http_get, random_bytes
 from pdiffcopy import sync
 from pdiffcopy.api import sync_tree
 
@@ -173,7 +173,14 @@ def test_without_sparse_option_zeros_in_data_stay_data(files):
     assert allocated(target) >= 4 * MIB
 
 
-def test_a_big_sparse_file_moves_only_its_data(files):
+def hash_requests(server) -> float:
+    """How many hash requests the server has answered so far (its metrics)."""
+    _, _, body = http_get(f"{server.base}/.pdiffcopy/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith('pdiffcopy_requests_total{endpoint="hashes"'))
+
+
+def test_a_big_sparse_file_moves_only_its_data(files, direction, request):
     source, target, source_arg, target_arg = files
     size = 64 * 1024 * MIB  # 64 GiB, 3 MiB of data: holes are neither read, hashed by reading, nor sent
     extents = [(0, MIB), (20 * 1024 * MIB, MIB), (size - MIB, MIB)]
@@ -182,8 +189,14 @@ def test_a_big_sparse_file_moves_only_its_data(files):
         for offset, length in extents:
             handle.seek(offset)
             handle.write(random_bytes(length, seed=offset))
+    server = request.getfixturevalue("server") if direction != "local" else None
+    before = hash_requests(server) if server else 0
     result = sync(source_arg, target_arg, concurrency=2)
     assert result.verified and result.bytes_moved == data_bytes(extents)
+    if server:
+        # The server hashes the segments with data (source or read-back), not 1,024 of holes:
+        # the client knows the others are zeros from the data map.
+        assert hash_requests(server) - before <= 3 * len(extents), hash_requests(server) - before
     assert os.stat(target).st_size == size
     assert_same_allocation(target, source, extents)
     # Again, unchanged: nothing moves.

@@ -13,6 +13,7 @@ from paths and URLs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import os
@@ -77,6 +78,7 @@ from pdiffcopy.core.hashing import (
     digest_size,
     validate_method,
     verify_method,
+    zero_digests,
 )
 
 if TYPE_CHECKING:
@@ -471,9 +473,43 @@ class _SyncJob:
 
     def _hash_all(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str
                   ) -> Dict[int, "Future[bytes]"]:
-        """Start hashing every segment; return the futures by segment index."""
-        return {segment.index: self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
+        """Start hashing every segment; return the futures by segment index.
+
+        A segment that is all hole in a file hashed elsewhere (a server's) needs no request:
+        its digests are those of zeros (the server would compute the same without reading).
+        """
+        holes = self._hole_segments(endpoint, segments)
+        return {segment.index: self._zeros_hashed([(segment.offset, segment.length)], method)
+                if segment.index in holes else
+                self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
                 for segment in segments}
+
+    def _hole_segments(self, endpoint: FileEndpoint, segments: Sequence[Segment]) -> "set[int]":
+        """The indexes of ``segments`` that are all hole in ``endpoint``, if it is hashed elsewhere.
+
+        From its data map, a page at a time: a set of segments, never a list of extents.
+        A file hashed here skips its holes as it hashes (local.filehash): nothing to ask.
+        """
+        if endpoint.hashes_here() or not segments:
+            return set()
+        starts = [segment.offset for segment in segments]
+        origin = starts[0]
+        with_data: "set[int]" = set()
+        for start, length in iter_data_map(endpoint, origin, segments[-1].offset + segments[-1].length - origin):
+            # The segments the extent touches (in order, disjoint): from the one it starts in.
+            position = bisect.bisect_right(starts, start) - 1
+            while position < len(segments) and segments[position].offset < start + length:
+                if segments[position].offset + segments[position].length > start:
+                    with_data.add(segments[position].index)
+                position += 1
+        return {segment.index for segment in segments if segment.index not in with_data}
+
+    def _zeros_hashed(self, ranges: List[ByteRange], method: str) -> "Future[bytes]":
+        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
+        done: "Future[bytes]" = Future()
+        done.set_result(zero_digests(ranges, self.options.block_size, method))
+        self.progress.add_hashed(sum(length for _, length in ranges))
+        return done
 
     def _hash_ranges(self, endpoint: FileEndpoint, ranges: List[ByteRange], method: str
                      ) -> "Future[bytes]":
@@ -684,6 +720,7 @@ class _SyncJob:
         if self.cloned:
             return futures
         known = target_digests is not None and method == self.options.hash_method
+        holes = self._hole_segments(work, [s for s in segments if s.index not in self.readback])
         for segment in segments:
             if segment.index in self.readback:
                 futures[segment.index] = self.readback[segment.index]  # started during the copy
@@ -692,6 +729,9 @@ class _SyncJob:
             if not ranges:
                 continue
             self.progress.hash_total += sum(length for _, length in ranges)
+            if segment.index in holes:  # all hole in the file written: zeros, no request
+                futures[segment.index] = (ranges, [self._zeros_hashed(ranges, method)])
+                continue
             futures[segment.index] = (ranges, [self._hash_ranges(work, batch, method)
                                                for batch in batch_ranges(ranges, segment.length)])
         return futures

@@ -6,7 +6,6 @@ The hash methods themselves, and what a digest is, are :mod:`pdiffcopy.core.hash
 
 from __future__ import annotations
 
-import functools
 import mmap
 import os
 from typing import List, Sequence, Tuple
@@ -14,7 +13,7 @@ from typing import List, Sequence, Tuple
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import storage_error
 from pdiffcopy.local.fileops import data_extents, fast_paths_enabled
-from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher
+from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
 
 
 def hash_region(fd: int, offset: int, length: int, block_size: int, method: str) -> bytes:
@@ -79,16 +78,6 @@ def hole_blocks(fd: int, offset: int, available: int, block_size: int) -> List[T
             runs.append((first, end))
         position = start + length
     return runs
-
-
-@functools.lru_cache(maxsize=64)
-def zero_digest(method: str, length: int) -> bytes:
-    """The digest of ``length`` zero bytes: a block in a hole, hashed once per method and size."""
-    hasher = new_hasher(method)
-    zeros = bytes(min(length, READ_CHUNK_SIZE))
-    for start in range(0, length, len(zeros)):
-        hasher.update(memoryview(zeros)[: min(len(zeros), length - start)])
-    return finish(hasher, method)
 
 
 def _map(fd: int, offset: int, length: int):
