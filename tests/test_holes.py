@@ -311,3 +311,31 @@ def test_a_source_whose_holes_change_during_the_sync_is_caught(tmp_path, monkeyp
     with pytest.raises(Conflict, match="changed during the sync"):
         sync(str(source), str(target), block_size=BLOCK, concurrency=2)
     assert not target.exists()  # a new target is written under a temporary name, never half-done
+
+
+# -- the pure parts (pdiffcopy.core.datamap) -------------------------------------------------
+
+
+def test_split_by_data_cuts_ranges_into_data_and_holes():
+    from pdiffcopy.core.datamap import split_by_data
+
+    extents = [(10, 10), (30, 5), (100, 50)]
+    data, holes = split_by_data([(0, 25), (28, 10), (40, 20), (90, 100)], extents)
+    assert data == [(10, 10), (30, 5), (100, 50)]
+    assert holes == [(0, 10), (20, 5), (28, 2), (35, 3), (40, 20), (90, 10), (150, 40)]
+    assert split_by_data([(0, 8)], []) == ([], [(0, 8)])
+    assert split_by_data([(0, 8)], [(0, 8)]) == ([(0, 8)], [])
+    assert split_by_data([], extents) == ([], [])
+
+
+def test_zero_runs_are_whole_units_and_the_zero_edges_of_partly_covered_ones():
+    from pdiffcopy.core.datamap import zero_runs
+
+    unit = 8
+    data = b"x" + bytes(7) + bytes(16) + b"y" * 8 + bytes(3)
+    # At offset 0: the first unit has data, the next two are zeros, one more data, then a zero tail.
+    assert zero_runs(data, 0, unit) == [(8, 16), (32, 3)]
+    # At offset 5: a zero head (5..8) and tail (16..22) are edges of partly covered units;
+    # the zeros at 13..16 share a unit with data and stay data.
+    assert zero_runs(bytes(3) + b"z" * 5 + bytes(9), 5, unit) == [(5, 3), (16, 6)]
+    assert zero_runs(b"", 0, unit) == []

@@ -9,7 +9,7 @@ that ``--sparse`` (``-S``) turns into holes as well.
 
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
 
@@ -17,17 +17,6 @@ from pdiffcopy.core.blocks import ByteRange
 #: a file with millions of punched pages answers in pages of 16 bytes an extent, a file
 #: of a few extents in one.
 MAX_DATA_MAP_EXTENTS = 65536
-
-
-def clip(extents: Iterable[ByteRange], offset: int, length: int) -> List[ByteRange]:
-    """The parts of ``extents`` inside ``[offset, offset + length)``, in order."""
-    end = offset + length
-    clipped = []
-    for start, size in extents:
-        low, high = max(start, offset), min(start + size, end)
-        if low < high:
-            clipped.append((low, high - low))
-    return clipped
 
 
 def split_by_data(ranges: Sequence[ByteRange], extents: Sequence[ByteRange]
@@ -62,11 +51,6 @@ def split_by_data(ranges: Sequence[ByteRange], extents: Sequence[ByteRange]
     return data, holes
 
 
-def data_length(extents: Iterable[ByteRange]) -> int:
-    """How many bytes of data a map holds."""
-    return sum(length for _, length in extents)
-
-
 def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRange]:
     """The runs of zeros in ``data`` (which sits at ``offset``) to punch rather than write, merged.
 
@@ -99,24 +83,3 @@ def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRa
     if end > position and not any(view[position - offset:]):
         add(position, end - position)
     return runs
-
-
-def subtract(ranges: Sequence[ByteRange], cut: Sequence[ByteRange]) -> List[ByteRange]:
-    """The parts of sorted ``ranges`` outside sorted, disjoint ``cut``."""
-    outside, _ = split_by_data(ranges, _complement(cut, ranges))
-    return outside
-
-
-def _complement(extents: Sequence[ByteRange], ranges: Sequence[ByteRange]) -> List[ByteRange]:
-    """The gaps between ``extents`` within the span of ``ranges``."""
-    if not ranges:
-        return []
-    start, end = ranges[0][0], ranges[-1][0] + ranges[-1][1]
-    gaps, position = [], start
-    for offset, length in extents:
-        if offset > position:
-            gaps.append((position, offset - position))
-        position = max(position, offset + length)
-    if position < end:
-        gaps.append((position, end - position))
-    return gaps

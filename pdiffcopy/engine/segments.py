@@ -379,7 +379,7 @@ def move_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteR
 
 
 def move_data(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteRange],
-               on_moved: Optional[Callable[[int], None]]) -> int:
+              on_moved: Optional[Callable[[int], None]]) -> int:
     """Copy ``ranges`` (all data in the source) of ``source`` into ``work``; return the bytes written."""
     if not ranges:
         return 0
