@@ -882,7 +882,7 @@ def test_punching_a_file_leased_by_another_is_refused(files):
 
 def test_prepare_sparse_grows_by_a_hole(files):
     endpoint = files.open("grown.img")
-    endpoint.prepare_sparse(64 * HOLE_UNIT)
+    endpoint.prepare_sparse(64 * HOLE_UNIT, 0)
     endpoint.flush()
     path = files.directory / "grown.img"
     assert path.stat().st_size == 64 * HOLE_UNIT
@@ -893,10 +893,22 @@ def test_prepare_sparse_grows_by_a_hole(files):
 def test_write_sparse_turns_zero_runs_into_holes(files):
     path = files.directory / "written.img"
     endpoint = files.open("written.img")
-    endpoint.prepare_sparse(4 * HOLE_UNIT)
+    endpoint.prepare_sparse(4 * HOLE_UNIT, 2 * HOLE_UNIT)
     endpoint.write_sparse(True)
     data = random_bytes(HOLE_UNIT, seed=4) + bytes(2 * HOLE_UNIT) + random_bytes(HOLE_UNIT, seed=5)
     endpoint.write_ranges([(0, len(data))], iter([(0, data)]))
     endpoint.flush()
     assert path.read_bytes() == data
     assert files.open("written.img").data_map(0, len(data)) == [(0, HOLE_UNIT), (3 * HOLE_UNIT, HOLE_UNIT)]
+
+
+def test_prepare_sparse_checks_only_the_data_against_the_free_space(files):
+    free = os.statvfs(files.directory).f_bavail * os.statvfs(files.directory).f_frsize
+    endpoint = files.open("thin.img")
+    # Far bigger than the disk, but its data fits: fine, and nothing is allocated.
+    endpoint.prepare_sparse(free * 4, 64 * 1024)
+    assert (files.directory / "thin.img").stat().st_size == free * 4
+    assert (files.directory / "thin.img").stat().st_blocks == 0
+    # Its data does not fit: refused before anything is written.
+    with pytest.raises(PdiffcopyError, match="(?i)space"):
+        files.open("thick.img").prepare_sparse(free * 4, free * 2)

@@ -34,7 +34,7 @@ from pdiffcopy.engine.segments import (
     move_ranges,
     prepare_work,
     punch_holes_of,
-    source_has_holes,
+    source_data_bytes,
 )
 from pdiffcopy.errors import Unsupported, UsageError
 
@@ -172,7 +172,7 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     ``work`` is a new, empty temporary of ``target``; the caller flushes and renames it.
     """
     steps = plan_delta(source, target, source_size, target_size)
-    prepare_work(work, source_size, source_has_holes(source, source_size))
+    prepare_work(work, source_size, source_data_bytes(source, source_size))
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="transfer") as pool:
         sent = build(source, target, work, steps, pool)
     verify(source, work, source_size, block_size, method, location)

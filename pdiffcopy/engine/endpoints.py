@@ -196,11 +196,11 @@ class FileEndpoint(ABC):
         """
         return [(offset, length)] if length > 0 else []
 
-    def prepare_sparse(self, size: int) -> None:
-        """:meth:`prepare`, growing by a hole: the source has holes, and only its data will be written.
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        """:meth:`prepare`, growing by a hole: the source has holes, and only ``data_bytes`` will be written.
 
-        The growth is neither reserved nor checked against the free space. By default
-        :meth:`prepare` (a 1.0.1 server: dense, as ever).
+        The growth is not reserved, and only as much of it as ``data_bytes`` is checked
+        against the free space. By default :meth:`prepare` (a 1.0.1 server: dense, as ever).
         """
         self.prepare(size)
 

@@ -68,7 +68,7 @@ from pdiffcopy.engine.segments import (
     punch_holes_of,
     readback_ranges,
     refine_ranges,
-    source_has_holes,
+    source_data_bytes,
     source_unchanged,
 )
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -253,8 +253,8 @@ class _SyncJob:
         self.partial = False
         #: Whether this run holds the partial file's lease (taken before any digest of it is trusted).
         self.partial_leased = False
-        #: Whether the source has holes: the work file then grows by a hole, not reserved space.
-        self.source_sparse = False
+        #: The source's bytes of data when it has holes (the work file then grows by a hole), else None.
+        self.source_data: Optional[int] = None
 
     def run(self) -> SyncResult:
         try:
@@ -287,7 +287,7 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
-        self.source_sparse = not options.dry_run and source_has_holes(self.source, plan.size)
+        self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
             self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
@@ -418,7 +418,7 @@ class _SyncJob:
         if self.options.sparse:
             work.write_sparse(True)
         try:
-            prepare_work(work, plan.size, source_has_holes(self.source, plan.size))
+            prepare_work(work, plan.size, self.source_data)
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
@@ -577,7 +577,7 @@ class _SyncJob:
         leaves the target exactly as it was.
         """
         if not self.prepared:
-            prepare_work(work, size, self.source_sparse)
+            prepare_work(work, size, self.source_data)
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
@@ -596,7 +596,7 @@ class _SyncJob:
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
         source_futures = self._hash_all(self.source, segments, method)
-        if both_local and not self.source_sparse and not self.options.sparse:
+        if both_local and self.source_data is None and not self.options.sparse:
             early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
                 self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
@@ -608,7 +608,7 @@ class _SyncJob:
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
-            prepare_work(work, plan.size, self.source_sparse)
+            prepare_work(work, plan.size, self.source_data)
             self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
@@ -621,7 +621,7 @@ class _SyncJob:
         temporary just sized) is holes already.
         """
         pending: List[Future] = []
-        if work is self.target and self.source_sparse:
+        if work is self.target and self.source_data is not None:
             # In place over old data: the source's holes become holes here too.
             punch_holes_of(self.source, work, 0, size)
         page: List[ByteRange] = []

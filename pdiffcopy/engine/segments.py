@@ -310,19 +310,25 @@ def iter_data_map(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[
         offset = page[-1][0] + page[-1][1]
 
 
-def source_has_holes(source: FileEndpoint, size: int) -> bool:
-    """Whether the source has a hole anywhere (one short question: its first data extent is not all of it)."""
-    if not size:
-        return False
-    return source.data_map(0, size)[:1] != [(0, size)]
+def source_data_bytes(source: FileEndpoint, size: int) -> Optional[int]:
+    """How many bytes of data the source has, or None when it has no hole (all of it is data).
+
+    One pass over its data map (one request for a file of a few extents).
+    """
+    data = 0
+    for start, length in iter_data_map(source, 0, size):
+        if (start, length) == (0, size):
+            return None
+        data += length
+    return data if size else None
 
 
-def prepare_work(work: FileEndpoint, size: int, sparse: bool) -> None:
-    """Size the work file; by a hole when the source is ``sparse`` (only its data will be written)."""
-    if sparse:
-        work.prepare_sparse(size)
-    else:
+def prepare_work(work: FileEndpoint, size: int, data_bytes: Optional[int]) -> None:
+    """Size the work file; by a hole when the source is sparse (``data_bytes`` of data will be written)."""
+    if data_bytes is None:
         work.prepare(size)
+    else:
+        work.prepare_sparse(size, data_bytes)
 
 
 def holes_of(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteRange]:
@@ -519,4 +525,4 @@ __all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
            "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
-           "source_has_holes", "source_unchanged", "sync_segment"]
+           "source_data_bytes", "source_unchanged", "sync_segment"]

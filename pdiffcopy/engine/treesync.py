@@ -51,6 +51,7 @@ from pdiffcopy.engine.segments import (
     give_up,
     open_partial,
     prepare_work,
+    source_data_bytes,
     source_unchanged,
     sync_segment,
 )
@@ -647,7 +648,8 @@ class _Runner:
             big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
                            partial)
             try:
-                prepare_work(work, action.source.size, action.source.sparse)
+                prepare_work(work, action.source.size,
+                             source_data_bytes(source, action.source.size) if action.source.sparse else None)
             except BaseException:
                 big.give_up()
                 raise

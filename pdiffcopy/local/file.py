@@ -311,15 +311,15 @@ class LocalFile(FileEndpoint):
         return self._write_fd
 
     def prepare(self, size: int) -> None:
-        self._resize(size, sparse=False)
+        self._resize(size, None)
 
-    def prepare_sparse(self, size: int) -> None:
-        self._resize(size, sparse=True)
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        self._resize(size, data_bytes)
 
-    def _resize(self, size: int, sparse: bool) -> None:
+    def _resize(self, size: int, data_bytes: Optional[int]) -> None:
         fd = self._writer()
         try:
-            resize(fd, size, sparse)
+            resize(fd, size, data_bytes)
         except OSError as error:
             raise storage_error(error, f"resize {self.path}") from None
 

@@ -203,7 +203,7 @@ def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
         offset += written
 
 
-def resize(fd: int, size: int, sparse: bool = False) -> None:
+def resize(fd: int, size: int, data_bytes: Optional[int] = None) -> None:
     """Make an open file exactly ``size`` bytes long.
 
     Growth beyond the free space is refused up front (also where the file
@@ -211,12 +211,17 @@ def resize(fd: int, size: int, sparse: bool = False) -> None:
     sparse file), then reserved with :func:`reserve`: a full disk fails now,
     with nothing written, instead of half-way through.
 
-    :param sparse: The file grows by a hole (its source has holes: only its data
-                   will be written, so neither checked against the free space nor reserved).
+    :param data_bytes: The file grows by a hole: its source has holes, and only this much
+                       data will be written. The growth is not reserved, and only as
+                       much of it as this is checked against the free space.
     :raises OSError: ENOSPC when the growth does not fit, and other failures.
     """
     current = os.fstat(fd).st_size
-    if size > current and not sparse:
+    if size > current and data_bytes is not None:
+        needed = min(size - current, data_bytes)
+        if needed > free_space(fd):
+            raise OSError(errno.ENOSPC, f"No space left on device ({needed} more bytes of data needed)")
+    elif size > current:
         if size - current > free_space(fd):
             raise OSError(errno.ENOSPC, f"No space left on device ({size - current} more bytes needed)")
         reserve(fd, current, size - current)

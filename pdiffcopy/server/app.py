@@ -572,8 +572,8 @@ def create_app(config: ServerConfig) -> Flask:
     def resize_file(path: str):
         """Create the file if missing and make it exactly ``size`` bytes long."""
         size = int_arg("size", 0, MAX_FILE_SIZE)
-        # Grown by a hole (the source is sparse): neither reserved nor checked against the free space.
-        sparse = request.args.get("sparse") == "1"
+        # Grown by a hole (the source is sparse): only this much data will be written.
+        data_bytes = int_arg("data", 0, MAX_FILE_SIZE) if "data" in request.args else None
         file = served(root, path)
         fd, created = file.open_writer()
         try:
@@ -581,7 +581,7 @@ def create_app(config: ServerConfig) -> Flask:
                 refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
             with leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
                 try:
-                    resize(fd, size, sparse)
+                    resize(fd, size, data_bytes)
                 except OSError as error:
                     raise storage_error(error, f"resize {path}") from None
             return jsonify(describe(os.fstat(fd)))

@@ -478,9 +478,11 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         parameters=[path, _query("size", "The new size in bytes",
                                  {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
                                  example=4096),
-                    _query("sparse", "1: grow by a hole, neither reserved nor checked against the "
-                                     "free space (the source is sparse: only its data will be written)",
-                           {"type": "integer", "enum": [0, 1]}, required=False, example=1),
+                    _query("data", "Grow by a hole: the source is sparse and only this many bytes of data "
+                                   "will be written; the growth is not reserved, and only this much of "
+                                   "it is checked against the free space",
+                           {"type": "integer", "minimum": 0, "maximum": 2 ** 50}, required=False,
+                           example=12582912),
                     lease, no_follow])
     data_map = _operation(
         "dataMap", "Where a range of a file holds data (SEEK_DATA/SEEK_HOLE); the rest are holes, "

@@ -840,8 +840,8 @@ class RemoteFile(FileEndpoint):
     def prepare(self, size: int) -> None:
         self._call("POST", "resize", params={"size": size})
 
-    def prepare_sparse(self, size: int) -> None:
-        self._call("POST", "resize", params={"size": size, "sparse": 1})
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        self._call("POST", "resize", params={"size": size, "data": data_bytes})
 
     def data_map(self, offset: int, length: int) -> List[ByteRange]:
         """One answer of the server's data map (at most MAX_DATA_MAP_EXTENTS extents)."""
