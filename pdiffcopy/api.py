@@ -81,7 +81,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
          ca_file: Optional[str] = None, cache: str = "auto",
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
          compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-         partial: bool = False, delta: str = "blocks") -> SyncResult:
+         partial: bool = False, delta: str = "blocks", sparse: bool = False) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -121,13 +121,16 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
                   changed in place: disk images, databases); ``"chunks"`` cuts both files into
                   content-defined chunks and finds bytes that moved (inserted or removed data:
                   archives, logs, dumps), writing a new temporary of the target.
+    :param sparse: Also turn runs of zeros (whole file system blocks) in the data written into
+                   holes (rsync's ``-S``). The source's own holes stay holes either way: they
+                   are never read nor sent, and are punched in the target.
     :returns: A :class:`~pdiffcopy.engine.pipeline.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
     options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                            concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
                            bwlimit=bwlimit, compress=compress, piece_size=piece_size,
-                           partial=partial, delta=delta)
+                           partial=partial, delta=delta, sparse=sparse)
     check_locations(source, target)
     # Endpoints before the engine: a bad path or URL fails before any process starts.
     source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,

@@ -800,3 +800,115 @@ def test_file_endpoint_refuses_a_path_that_leaves_the_tree(trees, path, operatio
     with pytest.raises(AccessDenied):
         actions[operation](tree.file_endpoint(path))
     assert (trees.directory / "secret").read_bytes() == b"outside the tree"
+
+
+# -- files: holes ---------------------------------------------------------------------------
+
+#: A unit every file system here allocates in (ext4, xfs, btrfs, tmpfs: 4 KiB).
+HOLE_UNIT = 64 * 1024
+
+
+def make_sparse(path: Path, size: int, extents) -> bytes:
+    """A file of ``size`` bytes with data only in ``extents`` (offset, length); return its bytes."""
+    expected = bytearray(size)
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+        for offset, length in extents:
+            data = random_bytes(length, seed=offset + 1)
+            handle.seek(offset)
+            handle.write(data)
+            expected[offset:offset + length] = data
+    return bytes(expected)
+
+
+def test_data_map_names_the_extents_with_data(files):
+    size = 8 * HOLE_UNIT
+    make_sparse(files.directory / "sparse.img", size, [(2 * HOLE_UNIT, HOLE_UNIT), (5 * HOLE_UNIT, 2 * HOLE_UNIT)])
+    endpoint = files.open("sparse.img")
+    assert endpoint.data_map(0, size) == [(2 * HOLE_UNIT, HOLE_UNIT), (5 * HOLE_UNIT, 2 * HOLE_UNIT)]
+    # Clipped to the range asked; a range in a hole has none.
+    assert endpoint.data_map(2 * HOLE_UNIT + 10, 4 * HOLE_UNIT) == [(2 * HOLE_UNIT + 10, HOLE_UNIT - 10),
+                                                                   (5 * HOLE_UNIT, HOLE_UNIT + 10)]
+    assert endpoint.data_map(0, 2 * HOLE_UNIT) == []
+
+
+def test_data_map_of_a_file_that_is_all_hole_or_empty_is_empty(files):
+    (files.directory / "empty.img").write_bytes(b"")
+    make_sparse(files.directory / "hole.img", 4 * HOLE_UNIT, [])
+    assert files.open("empty.img").data_map(0, 0) == []
+    assert files.open("hole.img").data_map(0, 4 * HOLE_UNIT) == []
+
+
+def test_blocks_in_holes_hash_as_zeros(files):
+    size = 6 * HOLE_UNIT + 100
+    data = make_sparse(files.directory / "sparse.img", size, [(HOLE_UNIT, 3000), (6 * HOLE_UNIT, 100)])
+    digests = files.open("sparse.img").submit_hashes([(0, size)], BLOCK_SIZE, METHOD).result(timeout=30)
+    assert digests == block_digests(data)
+
+
+def test_punch_ranges_makes_holes_that_read_as_zeros(files):
+    path = files.directory / "dense.img"
+    data = random_bytes(8 * HOLE_UNIT, seed=3)
+    path.write_bytes(data)
+    os.sync()
+    before = path.stat().st_blocks
+    endpoint = files.open("dense.img")
+    endpoint.take_lease()  # a remote file's punch is a write: it honours the lease
+    try:
+        assert endpoint.punch_ranges([(HOLE_UNIT, 2 * HOLE_UNIT), (5 * HOLE_UNIT, HOLE_UNIT)]) == 3 * HOLE_UNIT
+    finally:
+        endpoint.end_lease()
+    expected = bytearray(data)
+    expected[HOLE_UNIT:3 * HOLE_UNIT] = bytes(2 * HOLE_UNIT)
+    expected[5 * HOLE_UNIT:6 * HOLE_UNIT] = bytes(HOLE_UNIT)
+    assert path.read_bytes() == bytes(expected)
+    assert path.stat().st_size == len(data)
+    assert path.stat().st_blocks * 512 <= before * 512 - 3 * HOLE_UNIT
+    assert files.open("dense.img").data_map(0, len(data)) == [(0, HOLE_UNIT), (3 * HOLE_UNIT, 2 * HOLE_UNIT),
+                                                              (6 * HOLE_UNIT, 2 * HOLE_UNIT)]
+
+
+def test_punching_a_file_leased_by_another_is_refused(files):
+    (files.directory / "leased.img").write_bytes(random_bytes(2 * HOLE_UNIT))
+    holder, other = files.open("leased.img"), files.open("leased.img")
+    holder.take_lease()
+    try:
+        if other.leases_stop_other_writers():
+            with pytest.raises(Locked):
+                other.punch_ranges([(0, HOLE_UNIT)])
+    finally:
+        holder.end_lease()
+
+
+def test_prepare_sparse_grows_by_a_hole(files):
+    endpoint = files.open("grown.img")
+    endpoint.prepare_sparse(64 * HOLE_UNIT, 0)
+    endpoint.flush()
+    path = files.directory / "grown.img"
+    assert path.stat().st_size == 64 * HOLE_UNIT
+    assert path.stat().st_blocks == 0
+    assert endpoint.data_map(0, 64 * HOLE_UNIT) == []
+
+
+def test_write_sparse_turns_zero_runs_into_holes(files):
+    path = files.directory / "written.img"
+    endpoint = files.open("written.img")
+    endpoint.prepare_sparse(4 * HOLE_UNIT, 2 * HOLE_UNIT)
+    endpoint.write_sparse(True)
+    data = random_bytes(HOLE_UNIT, seed=4) + bytes(2 * HOLE_UNIT) + random_bytes(HOLE_UNIT, seed=5)
+    endpoint.write_ranges([(0, len(data))], iter([(0, data)]))
+    endpoint.flush()
+    assert path.read_bytes() == data
+    assert files.open("written.img").data_map(0, len(data)) == [(0, HOLE_UNIT), (3 * HOLE_UNIT, HOLE_UNIT)]
+
+
+def test_prepare_sparse_checks_only_the_data_against_the_free_space(files):
+    free = os.statvfs(files.directory).f_bavail * os.statvfs(files.directory).f_frsize
+    endpoint = files.open("thin.img")
+    # Far bigger than the disk, but its data fits: fine, and nothing is allocated.
+    endpoint.prepare_sparse(free * 4, 64 * 1024)
+    assert (files.directory / "thin.img").stat().st_size == free * 4
+    assert (files.directory / "thin.img").stat().st_blocks == 0
+    # Its data does not fit: refused before anything is written.
+    with pytest.raises(PdiffcopyError, match="(?i)space"):
+        files.open("thick.img").prepare_sparse(free * 4, free * 2)

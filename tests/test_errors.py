@@ -718,6 +718,9 @@ ENDPOINTS = {
     "resize": ("POST", "/.pdiffcopy/resize/{path}?size=4096", {}, None),
     "resize-shrink": ("POST", "/.pdiffcopy/resize/{path}?size=0", {}, None),
     "fsync": ("POST", "/.pdiffcopy/fsync/{path}", {}, None),
+    "datamap": ("GET", "/.pdiffcopy/datamap/{path}?offset=0&length=1024", {}, None),
+    "punch": ("POST", "/.pdiffcopy/punch/{path}", {"Content-Type": "application/octet-stream"},
+              b"\0" * 8 + b"\4" + b"\0" * 7),
 }
 
 

@@ -178,11 +178,14 @@ def test_busy_refusals_and_running_hash_jobs_are_counted(tmp_path):
     size = min(1 << 30, max(8 << 20, int(rate * 0.6) >> 20 << 20))  # over half a second of hashing
     root = tmp_path / "root"
     root.mkdir()
-    with open(root / "sparse.img", "wb") as handle:
-        handle.truncate(size)
+    # Data, not a hole: a block in a hole hashes as zeros without being read (issue 19).
+    with open(root / "zeros.img", "wb") as handle:
+        chunk = bytes(8 << 20)
+        for _ in range(size // len(chunk)):
+            handle.write(chunk)
     server = start_server(root, tmp_path / "server.log", extra=("-c", "1", "--hash-methods", "all"))
     try:
-        query = f"/.pdiffcopy/hashes/sparse.img?method=sha3_512&block_size=1048576&offset=0&length={size}"
+        query = f"/.pdiffcopy/hashes/zeros.img?method=sha3_512&block_size=1048576&offset=0&length={size}"
 
         def ask() -> int:
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)

@@ -11,6 +11,7 @@ change too; ``--atomic`` replaces it instead. Reading it is allowed.
 from __future__ import annotations
 
 import os
+import struct
 import stat
 import urllib.error
 import urllib.request
@@ -116,12 +117,14 @@ def test_a_hard_linked_file_is_not_written_in_place(server, unique, hard_link, t
     assert os.lstat(server.root / unique).st_nlink == 1
 
 
-def test_patch_and_resize_of_a_hard_linked_file_are_refused(server, unique, hard_link):
+def test_patch_resize_and_punch_of_a_hard_linked_file_are_refused(server, unique, hard_link):
     before = hard_link.read_bytes()
     patch = urllib.request.Request(server.url(unique), data=b"xxxx", method="PATCH",
                                    headers={"Content-Range": "bytes 0-3/*"})
     resize = urllib.request.Request(f"{server.base}/.pdiffcopy/resize/{unique}?size=10", method="POST")
-    for request in (patch, resize):
+    punch = urllib.request.Request(f"{server.base}/.pdiffcopy/punch/{unique}", method="POST",
+                                   data=struct.pack("<QQ", 0, 4), headers={"Content-Type": "application/octet-stream"})
+    for request in (patch, resize, punch):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)
         assert refused.value.code == 403

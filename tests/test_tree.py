@@ -476,11 +476,7 @@ SPARSE_CASES = {"small": (8 * 1024 * 1024, 64 * 1024), "big": (64 * 1024 * 1024,
 
 
 @pytest.mark.parametrize("case", sorted(SPARSE_CASES))
-def test_sparse_files_stay_sparse(request, ends, case):
-    if case == "big" and ends.mode != "local":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "a big sparse file between a local tree and a server goes through the block engine, "
-            "which writes its holes as zeros (a known limit: docs/trees.rst)")))
+def test_sparse_files_stay_sparse(ends, case):
     size, most = SPARSE_CASES[case]
     source = ends.source
     source.mkdir(parents=True)

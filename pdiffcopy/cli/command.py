@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep what an interrupted sync wrote of a new (or --atomic) TARGET, in a hidden "
                            ".NAME.pdiffcopy-partial beside it, and resume from it: the next run with "
                            "--partial moves only what it lacks (rsync's --partial; swept after a day)")
+    sync.add_argument("-S", "--sparse", action="store_true",
+                      help="also turn runs of zeros (whole file system blocks) in the data written into "
+                           "holes, as rsync's -S; the source's own holes stay holes without it")
     sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
                       help="page cache use of whole-file copies between local files: drop "
                            "keeps big copies from flushing the cache, keep leaves it alone "
@@ -536,7 +539,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                    whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
                    token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
                    bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
-                   partial=args.partial, delta=args.delta)
+                   partial=args.partial, delta=args.delta, sparse=args.sparse)
     if args.benchmark:
         from pdiffcopy.cli.benchmark import run_benchmark
 

@@ -149,7 +149,7 @@ def tree_options(args: argparse.Namespace):
         concurrency=_concurrency(args), includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),
         files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
-        compress=args.compress, partial=args.partial, delta=args.delta)
+        compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse)
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:

@@ -7,6 +7,7 @@ and ``blake3``. Both release the GIL while hashing, like hashlib does.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -146,6 +147,30 @@ def digest_bytes(method: str, data: bytes) -> bytes:
     hasher = new_hasher(method)
     hasher.update(data)
     return finish(hasher, method)
+
+
+@functools.lru_cache(maxsize=64)
+def zero_digest(method: str, length: int) -> bytes:
+    """The digest of ``length`` zero bytes: a block in a hole, hashed once per method and size."""
+    hasher = new_hasher(method)
+    zeros = bytes(min(length, READ_CHUNK_SIZE))
+    for start in range(0, length, len(zeros) or 1):
+        hasher.update(memoryview(zeros)[: min(len(zeros), length - start)])
+    return finish(hasher, method)
+
+
+def zero_digests(ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+    """The digests of the blocks of ``ranges`` (block-aligned, the last block may be short) if all were zeros.
+
+    A run of whole blocks costs one digest, repeated: no work per block.
+    """
+    digests = []
+    for _, length in ranges:
+        whole, tail = divmod(length, block_size)
+        digests.append(zero_digest(method, block_size) * whole)
+        if tail:
+            digests.append(zero_digest(method, tail))
+    return b"".join(digests)
 
 
 def digest_count(ranges: Sequence[ByteRange], block_size: int) -> int:

@@ -27,7 +27,15 @@ from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_digests, split_ranges, tree_digest_input
 from pdiffcopy.core.hashing import digest_bytes, digest_size
 from pdiffcopy.engine.endpoints import FileEndpoint
-from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, check_blocks, check_size, move_ranges
+from pdiffcopy.engine.segments import (
+    TRANSFER_REQUEST_BYTES,
+    check_blocks,
+    check_size,
+    move_ranges,
+    prepare_work,
+    punch_holes_of,
+    source_data_bytes,
+)
 from pdiffcopy.errors import Unsupported, UsageError
 
 #: The delta modes, by ``--delta`` name: fixed blocks compared in place (the default, best for
@@ -109,11 +117,16 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
         # At least one request, if empty: it gives the new file the old one's mode too.
         pending.append(pool.submit(work.copy_within, target, batch))
     sends = split_ranges(cdc.sends(steps), TRANSFER_REQUEST_BYTES)
-    moves = [pool.submit(move_ranges, source, work, ranges, on_moved)
+    # A new temporary: the source's holes among the sends are holes there already.
+    moves = [pool.submit(move_ranges, source, work, ranges, on_moved, True)
              for ranges in batch_ranges(sends, TRANSFER_REQUEST_BYTES)]
     for future in pending:
         future.result()
-    return sum(future.result() for future in moves)
+    sent = sum(future.result() for future in moves)
+    # Copies of the old target's zeros (a kernel copy fills holes) become the source's holes again.
+    size = max((step.source_offset + step.length for step in steps), default=0)
+    punch_holes_of(source, work, 0, size)
+    return sent
 
 
 def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int, method: str,
@@ -159,7 +172,7 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     ``work`` is a new, empty temporary of ``target``; the caller flushes and renames it.
     """
     steps = plan_delta(source, target, source_size, target_size)
-    work.prepare(source_size)
+    prepare_work(work, source_size, source_data_bytes(source, source_size))
     with ThreadPoolExecutor(max(1, concurrency), thread_name_prefix="transfer") as pool:
         sent = build(source, target, work, steps, pool)
     verify(source, work, source_size, block_size, method, location)

@@ -184,6 +184,41 @@ class FileEndpoint(ABC):
         """
         raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
 
+    # -- holes (sparse files) ----------------------------------------------
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        """The extents of ``[offset, offset + length)`` that hold data, in order; the rest are holes.
+
+        At most :data:`~pdiffcopy.core.datamap.MAX_DATA_MAP_EXTENTS` extents: with that many,
+        ask again from the end of the last one (:func:`~pdiffcopy.engine.segments.iter_data_map`).
+        Holes read as zeros and are never read, hashed or sent. By default everything is data
+        (a 1.0.1 server cannot tell).
+        """
+        return [(offset, length)] if length > 0 else []
+
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        """:meth:`prepare`, growing by a hole: the source has holes, and only ``data_bytes`` will be written.
+
+        The growth is not reserved, and only as much of it as ``data_bytes`` is checked
+        against the free space. By default :meth:`prepare` (a 1.0.1 server: dense, as ever).
+        """
+        self.prepare(size)
+
+    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+        """Make ``ranges`` holes (zeros that take no space); return the bytes covered.
+
+        Where the file system cannot punch, zeros are written (and a warning given once). By
+        default zeros are written (a 1.0.1 server): the same bytes, dense.
+        """
+        ranges = list(ranges)
+        return self.write_ranges(ranges, _zeros(ranges))
+
+    def write_sparse(self, enabled: bool) -> None:
+        """``--sparse``: turn runs of zeros (whole file system blocks) in what is written into holes.
+
+        A file that cannot punch holes (a 1.0.1 server's) ignores it and writes the zeros.
+        """
+
     # -- the shift-tolerant delta (--delta chunks) -------------------------
 
     def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
@@ -291,6 +326,14 @@ class FileEndpoint(ABC):
 
     def close(self) -> None:
         """Release descriptors, connections and workers."""
+
+
+def _zeros(ranges: Sequence[ByteRange], chunk: int = 1024 * 1024) -> Iterator[Chunk]:
+    """Zero bytes for ``ranges``, in chunks of one reused buffer."""
+    zeros = memoryview(bytes(chunk))
+    for offset, length in ranges:
+        for start in range(offset, offset + length, chunk):
+            yield start, zeros[: min(chunk, offset + length - start)]
 
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")

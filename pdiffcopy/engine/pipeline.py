@@ -13,6 +13,7 @@ from paths and URLs.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import os
@@ -58,11 +59,16 @@ from pdiffcopy.engine.segments import (
     final_digests,
     give_up,
     lease_partial,
+    iter_data_map,
     log_refinement_stopped,
+    move_data,
     move_ranges,
     open_partial,
+    prepare_work,
+    punch_holes_of,
     readback_ranges,
     refine_ranges,
+    source_data_bytes,
     source_unchanged,
 )
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -72,6 +78,7 @@ from pdiffcopy.core.hashing import (
     digest_size,
     validate_method,
     verify_method,
+    zero_digests,
 )
 
 if TYPE_CHECKING:
@@ -123,7 +130,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
                  whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
                  atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
                  compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-                 partial: bool = False, delta: str = "blocks") -> FileOptions:
+                 partial: bool = False, delta: str = "blocks", sparse: bool = False) -> FileOptions:
     """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
 
     :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
@@ -144,6 +151,7 @@ def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: s
         compress=check_mode(compress),
         partial=bool(partial),
         delta=check_delta(delta),
+        sparse=bool(sparse),
     )
 
 
@@ -245,6 +253,8 @@ class _SyncJob:
         self.partial = False
         #: Whether this run holds the partial file's lease (taken before any digest of it is trusted).
         self.partial_leased = False
+        #: The source's bytes of data when it has holes (the work file then grows by a hole), else None.
+        self.source_data: Optional[int] = None
 
     def run(self) -> SyncResult:
         try:
@@ -277,6 +287,7 @@ class _SyncJob:
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
+        self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
             self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
         self._log_phase("checked source and target")
@@ -312,6 +323,8 @@ class _SyncJob:
         else:
             work = self.target.create_temporary(clone=clone)
         self.work = work
+        if options.sparse:
+            work.write_sparse(True)
         try:
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or (target_info is None and not resumed):
@@ -402,8 +415,10 @@ class _SyncJob:
         self._sweep_temporaries()
         work = self.target.create_temporary(clone=False)
         self.work = work
+        if self.options.sparse:
+            work.write_sparse(True)
         try:
-            work.prepare(plan.size)
+            prepare_work(work, plan.size, self.source_data)
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
@@ -458,9 +473,43 @@ class _SyncJob:
 
     def _hash_all(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str
                   ) -> Dict[int, "Future[bytes]"]:
-        """Start hashing every segment; return the futures by segment index."""
-        return {segment.index: self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
+        """Start hashing every segment; return the futures by segment index.
+
+        A segment that is all hole in a file hashed elsewhere (a server's) needs no request:
+        its digests are those of zeros (the server would compute the same without reading).
+        """
+        holes = self._hole_segments(endpoint, segments)
+        return {segment.index: self._zeros_hashed([(segment.offset, segment.length)], method)
+                if segment.index in holes else
+                self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
                 for segment in segments}
+
+    def _hole_segments(self, endpoint: FileEndpoint, segments: Sequence[Segment]) -> "set[int]":
+        """The indexes of ``segments`` that are all hole in ``endpoint``, if it is hashed elsewhere.
+
+        From its data map, a page at a time: a set of segments, never a list of extents.
+        A file hashed here skips its holes as it hashes (local.filehash): nothing to ask.
+        """
+        if endpoint.hashes_here() or not segments:
+            return set()
+        starts = [segment.offset for segment in segments]
+        origin = starts[0]
+        with_data: "set[int]" = set()
+        for start, length in iter_data_map(endpoint, origin, segments[-1].offset + segments[-1].length - origin):
+            # The segments the extent touches (in order, disjoint): from the one it starts in.
+            position = bisect.bisect_right(starts, start) - 1
+            while position < len(segments) and segments[position].offset < start + length:
+                if segments[position].offset + segments[position].length > start:
+                    with_data.add(segments[position].index)
+                position += 1
+        return {segment.index for segment in segments if segment.index not in with_data}
+
+    def _zeros_hashed(self, ranges: List[ByteRange], method: str) -> "Future[bytes]":
+        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
+        done: "Future[bytes]" = Future()
+        done.set_result(zero_digests(ranges, self.options.block_size, method))
+        self.progress.add_hashed(sum(length for _, length in ranges))
+        return done
 
     def _hash_ranges(self, endpoint: FileEndpoint, ranges: List[ByteRange], method: str
                      ) -> "Future[bytes]":
@@ -528,7 +577,7 @@ class _SyncJob:
         leaves the target exactly as it was.
         """
         if not self.prepared:
-            work.prepare(size)
+            prepare_work(work, size, self.source_data)
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
@@ -547,7 +596,7 @@ class _SyncJob:
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
         source_futures = self._hash_all(self.source, segments, method)
-        if both_local:
+        if both_local and self.source_data is None and not self.options.sparse:
             early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
                 self.source, plan.size, self.options.cache, progress=self.progress.add_moved,
@@ -559,12 +608,44 @@ class _SyncJob:
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
-            work.prepare(plan.size)
-            self._wait([self._submit_transfer([piece], work)
-                        for piece in split_ranges([(0, plan.size)], TRANSFER_REQUEST_BYTES)])
+            prepare_work(work, plan.size, self.source_data)
+            self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
         return _segment_digests(source_futures, segments, method)
+
+    def _copy_data(self, size: int, work: FileEndpoint) -> List[Future]:
+        """Start moving the source's data extents into ``work``; punch its holes there unless ``work`` is new.
+
+        The source's map comes a page at a time, its holes are never read; a new file (a
+        temporary just sized) is holes already.
+        """
+        pending: List[Future] = []
+        if work is self.target and self.source_data is not None:
+            # In place over old data: the source's holes become holes here too.
+            punch_holes_of(self.source, work, 0, size)
+        page: List[ByteRange] = []
+        data = 0
+        for extent in iter_data_map(self.source, 0, size):
+            data += extent[1]
+            page.extend(split_ranges([extent], TRANSFER_REQUEST_BYTES))
+            if len(page) >= 1024:
+                pending += self._submit_data(page, work)
+                page = []
+        pending += self._submit_data(page, work)
+        self.progress.add_moved(size - data)  # the holes: nothing to move, done
+        return pending
+
+    def _submit_data(self, pieces: List[ByteRange], work: FileEndpoint) -> List[Future]:
+        assert self.transfers is not None, "transfers start after the pool does"
+        return [self.transfers.submit(self._transfer_data, batch, work)
+                for batch in batch_ranges(pieces, TRANSFER_REQUEST_BYTES)]
+
+    def _transfer_data(self, batch: List[ByteRange], work: FileEndpoint) -> None:
+        """Move ranges that are all data in the source (runs in a transfer thread)."""
+        written = move_data(self.source, work, batch, self.progress.add_moved)
+        with self.lock:
+            self.bytes_moved += written
 
     def _read_back_early(self, segments: List[Segment], work: FileEndpoint):
         """A step callback for the copy that starts hashing each segment of the target once copied.
@@ -639,6 +720,7 @@ class _SyncJob:
         if self.cloned:
             return futures
         known = target_digests is not None and method == self.options.hash_method
+        holes = self._hole_segments(work, [s for s in segments if s.index not in self.readback])
         for segment in segments:
             if segment.index in self.readback:
                 futures[segment.index] = self.readback[segment.index]  # started during the copy
@@ -647,6 +729,9 @@ class _SyncJob:
             if not ranges:
                 continue
             self.progress.hash_total += sum(length for _, length in ranges)
+            if segment.index in holes:  # all hole in the file written: zeros, no request
+                futures[segment.index] = (ranges, [self._zeros_hashed(ranges, method)])
+                continue
             futures[segment.index] = (ranges, [self._hash_ranges(work, batch, method)
                                                for batch in batch_ranges(ranges, segment.length)])
         return futures

@@ -42,6 +42,7 @@ from pdiffcopy.core.blocks import (
     split_digests,
     split_ranges,
 )
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
@@ -112,6 +113,9 @@ class FileOptions:
     #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
     #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunked).
     delta: str = "blocks"
+    #: Also turn runs of zeros (whole file system blocks) in the data written into holes
+    #: (rsync's ``-S``); the source's own holes stay holes either way.
+    sparse: bool = False
 
 
 # -- partial files (--partial) ----------------------------------------------
@@ -291,15 +295,98 @@ def refine_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[Byt
 # -- move ------------------------------------------------------------------
 
 
-def move_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteRange],
-                on_moved: Optional[Callable[[int], None]] = None) -> int:
-    """Copy ``ranges`` of ``source`` into ``work``; return the bytes written.
+def iter_data_map(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteRange]:
+    """Every data extent of ``[offset, offset + length)`` of ``endpoint``, asked for a page at a time.
 
-    Inside the kernel where ``work`` can copy from ``source`` (two local
+    A file with millions of extents comes in bounded pages
+    (:data:`~pdiffcopy.core.datamap.MAX_DATA_MAP_EXTENTS`), one with a few in one answer.
+    """
+    end = offset + length
+    while offset < end:
+        page = endpoint.data_map(offset, end - offset)
+        yield from page
+        if len(page) < MAX_DATA_MAP_EXTENTS:
+            return
+        offset = page[-1][0] + page[-1][1]
+
+
+def source_data_bytes(source: FileEndpoint, size: int) -> Optional[int]:
+    """How many bytes of data the source has, or None when it has no hole (all of it is data).
+
+    One pass over its data map (one request for a file of a few extents).
+    """
+    data = 0
+    for start, length in iter_data_map(source, 0, size):
+        if (start, length) == (0, size):
+            return None
+        data += length
+    return data if size else None
+
+
+def prepare_work(work: FileEndpoint, size: int, data_bytes: Optional[int]) -> None:
+    """Size the work file; by a hole when the source is sparse (``data_bytes`` of data will be written)."""
+    if data_bytes is None:
+        work.prepare(size)
+    else:
+        work.prepare_sparse(size, data_bytes)
+
+
+def holes_of(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteRange]:
+    """Every hole of ``[offset, offset + length)`` of ``endpoint``: the gaps of its data map."""
+    position, end = offset, offset + length
+    for start, size in iter_data_map(endpoint, offset, length):
+        if start > position:
+            yield position, start - position
+        position = start + size
+    if position < end:
+        yield position, end - position
+
+
+def punch_holes_of(source: FileEndpoint, work: FileEndpoint, offset: int, length: int) -> int:
+    """Punch every hole the source has in ``[offset, offset + length)`` into ``work``; return the bytes.
+
+    In pages of :data:`~pdiffcopy.core.datamap.MAX_DATA_MAP_EXTENTS` holes: bounded memory
+    and requests for a file of millions of extents.
+    """
+    punched = 0
+    page: List[ByteRange] = []
+    for hole in holes_of(source, offset, length):
+        page.append(hole)
+        if len(page) >= MAX_DATA_MAP_EXTENTS:
+            punched += work.punch_ranges(page)
+            page = []
+    if page:
+        punched += work.punch_ranges(page)
+    return punched
+
+
+def move_ranges(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteRange],
+                on_moved: Optional[Callable[[int], None]] = None, fresh: bool = False) -> int:
+    """Bring ``ranges`` of ``work`` to ``source``'s bytes; return the bytes of data written.
+
+    Only the source's data moves: its holes (:meth:`FileEndpoint.data_map`) are never read
+    nor sent, but punched in ``work`` (unless ``fresh``: a new file, holes already).
+    Data moves inside the kernel where ``work`` can copy from ``source`` (two local
     files), else read and written in batches of :data:`TRANSFER_REQUEST_BYTES`.
 
-    :param on_moved: Called with byte counts as data is written (progress).
+    :param on_moved: Called with byte counts as data is written, holes included (progress).
+    :param fresh: ``work`` has nothing but holes in ``ranges`` (a new file, just sized).
     """
+    if not ranges:
+        return 0
+    start, end = ranges[0][0], ranges[-1][0] + ranges[-1][1]
+    ranges, holes = split_by_data(ranges, list(iter_data_map(source, start, end - start)))
+    if holes:
+        if not fresh:
+            work.punch_ranges(holes)
+        if on_moved is not None:
+            on_moved(sum(length for _, length in holes))
+    return move_data(source, work, ranges, on_moved)
+
+
+def move_data(source: FileEndpoint, work: FileEndpoint, ranges: Sequence[ByteRange],
+              on_moved: Optional[Callable[[int], None]]) -> int:
+    """Copy ``ranges`` (all data in the source) of ``source`` into ``work``; return the bytes written."""
     if not ranges:
         return 0
     if work.can_copy_from(source):
@@ -421,7 +508,7 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     else:
         ours, theirs = [], None
         ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
-    moved = move_ranges(source, work, pieces)
+    moved = move_ranges(source, work, pieces, fresh=not compare)
     if not compare or strong != method:
         theirs = None  # hashed with a weak method, or not at all: the whole segment is read back
     read_back = readback_ranges(segment, ranges, theirs is not None)
@@ -436,5 +523,6 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
 
 __all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
-           "keep_partial", "lease_partial", "log_refinement_stopped", "move_ranges", "open_partial",
-           "readback_ranges", "refine_ranges", "source_unchanged", "sync_segment"]
+           "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
+           "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
+           "source_data_bytes", "source_unchanged", "sync_segment"]

@@ -50,6 +50,8 @@ from pdiffcopy.engine.segments import (
     check_size,
     give_up,
     open_partial,
+    prepare_work,
+    source_data_bytes,
     source_unchanged,
     sync_segment,
 )
@@ -686,10 +688,13 @@ class _Runner:
                 delta = delta or resumed  # what a killed run left is compared, not copied again
             else:
                 work = target.create_temporary(clone=delta) if temporary else target
+            if self.options.sparse:
+                work.write_sparse(True)
             big = _BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
                            partial)
             try:
-                work.prepare(action.source.size)
+                prepare_work(work, action.source.size,
+                             source_data_bytes(source, action.source.size) if action.source.sparse else None)
             except BaseException:
                 big.give_up()
                 raise

@@ -26,11 +26,13 @@ from pdiffcopy.local.fileops import (
     RangeReader,
     copy_available,
     copy_range,
+    data_extents,
     etag,
     free_space,
     fsync_directory,
     partial_name,
     process_umask,
+    punch_ranges,
     read_chunks,
     replace_atomically,
     resize,
@@ -38,6 +40,7 @@ from pdiffcopy.local.fileops import (
     sweep_stale_temporaries,
     temporary_name,
     write_all,
+    write_sparse,
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
 from pdiffcopy.local.paths import Root, clean_relative_path, has_other_names, open_regular_path
@@ -120,6 +123,8 @@ class LocalFile(FileEndpoint):
         self._follow = False
         #: How the last copy into a temporary was made (:meth:`create_temporary`'s clone).
         self.clone_method = ""
+        #: Turn runs of zeros in what is written into holes (``--sparse``).
+        self.sparse_zeros = False
 
     @classmethod
     def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
@@ -306,11 +311,40 @@ class LocalFile(FileEndpoint):
         return self._write_fd
 
     def prepare(self, size: int) -> None:
+        self._resize(size, None)
+
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        self._resize(size, data_bytes)
+
+    def _resize(self, size: int, data_bytes: Optional[int]) -> None:
         fd = self._writer()
         try:
-            resize(fd, size)
+            resize(fd, size, data_bytes)
         except OSError as error:
             raise storage_error(error, f"resize {self.path}") from None
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        try:
+            return data_extents(self._reader(), offset, length)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+
+    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+        fd = self._writer()
+        try:
+            punch_ranges(fd, ranges, self.path)
+        except OSError as error:
+            raise storage_error(error, f"write {self.path}") from None
+        return sum(length for _, length in ranges)
+
+    def write_sparse(self, enabled: bool) -> None:
+        self.sparse_zeros = enabled
+
+    def _write_chunk(self, fd: int, data: "bytes | memoryview", offset: int) -> None:
+        if self.sparse_zeros:
+            write_sparse(fd, data, offset, os.fstat(fd).st_blksize, self.path)
+        else:
+            write_all(fd, data, offset)
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         fd = self._reader()
@@ -326,7 +360,7 @@ class LocalFile(FileEndpoint):
         written = 0
         try:
             for offset, data in chunks:
-                write_all(fd, data, offset)
+                self._write_chunk(fd, data, offset)
                 written += len(data)
         except OSError as error:
             raise storage_error(error, f"write {self.path}") from None
@@ -337,6 +371,9 @@ class LocalFile(FileEndpoint):
     def copy_ranges_from(self, source: FileEndpoint, ranges: Iterable[ByteRange]) -> int:
         """Copy ranges of another local file into this one inside the kernel."""
         assert isinstance(source, LocalFile), "the engine asks can_copy_from first"
+        if self.sparse_zeros:  # the kernel's copy cannot look for zeros
+            ranges = list(ranges)
+            return self.write_ranges(ranges, source.read_ranges(ranges))
         source_fd, target_fd = source._reader(), self._writer()
         written = 0
         for offset, length in ranges:

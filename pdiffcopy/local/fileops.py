@@ -7,12 +7,14 @@ descriptors it opened safely beneath its root, and the client to its own.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 import time
 from typing import Callable, Iterable, Iterator, Optional, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.datamap import zero_runs
 # The temporary-name scheme and the transfer chunk are the protocol's (the client names
 # the server's temporaries); they are imported here for this module's many users.
 from pdiffcopy.core.protocol import (  # noqa: F401
@@ -24,6 +26,8 @@ from pdiffcopy.core.protocol import (  # noqa: F401
     temporary_name,
     unique_suffix,
 )
+
+logger = logging.getLogger(__name__)
 
 #: The FICLONE ioctl (linux/fs.h): make the target share the source's extents.
 FICLONE = 0x40049409
@@ -199,7 +203,7 @@ def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
         offset += written
 
 
-def resize(fd: int, size: int) -> None:
+def resize(fd: int, size: int, data_bytes: Optional[int] = None) -> None:
     """Make an open file exactly ``size`` bytes long.
 
     Growth beyond the free space is refused up front (also where the file
@@ -207,10 +211,17 @@ def resize(fd: int, size: int) -> None:
     sparse file), then reserved with :func:`reserve`: a full disk fails now,
     with nothing written, instead of half-way through.
 
+    :param data_bytes: The file grows by a hole: its source has holes, and only this much
+                       data will be written. The growth is not reserved, and only as
+                       much of it as this is checked against the free space.
     :raises OSError: ENOSPC when the growth does not fit, and other failures.
     """
     current = os.fstat(fd).st_size
-    if size > current:
+    if size > current and data_bytes is not None:
+        needed = min(size - current, data_bytes)
+        if needed > free_space(fd):
+            raise OSError(errno.ENOSPC, f"No space left on device ({needed} more bytes of data needed)")
+    elif size > current:
         if size - current > free_space(fd):
             raise OSError(errno.ENOSPC, f"No space left on device ({size - current} more bytes needed)")
         reserve(fd, current, size - current)
@@ -360,6 +371,113 @@ def reserve(fd: int, offset: int, length: int) -> None:
     except OSError as error:
         if error.errno not in REFUSALS:
             raise
+
+
+#: fallocate(2) modes (linux/falloc.h): free a range's blocks, keeping the file's size.
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def data_extents(fd: int, offset: int, length: int, limit: Optional[int] = None) -> "list[ByteRange]":
+    """The extents of ``[offset, offset + length)`` of an open file that hold data (SEEK_DATA/SEEK_HOLE).
+
+    Holes are never read to find them: one pair of seeks per extent. Where the file system
+    (or the kernel) cannot tell, or with the fast paths off, everything is data.
+
+    :param limit: Stop after this many extents (a server's answer is bounded).
+    """
+    end = min(offset + length, os.fstat(fd).st_size)
+    if end <= offset:
+        return []
+    if not (fast_paths_enabled() and hasattr(os, "SEEK_DATA")):
+        return [(offset, end - offset)]
+    extents = []
+    position = offset
+    while position < end:
+        try:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+        except OSError as error:
+            if error.errno == errno.ENXIO:
+                break  # no data after position: the rest is a hole
+            if error.errno in REFUSALS:
+                return [(offset, end - offset)]
+            raise
+        if start >= end:
+            break
+        stop = min(os.lseek(fd, start, os.SEEK_HOLE), end)
+        extents.append((start, stop - start))
+        position = stop
+        if limit is not None and len(extents) >= limit:
+            break
+    return extents
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free the blocks of a range of an open file (it then reads as zeros); keep its size.
+
+    :returns: False where the file system cannot punch (the caller writes zeros instead).
+    :raises OSError: For other failures.
+    """
+    if length <= 0:
+        return True
+    function = _Libc.load().fallocate
+    if function is None or not fast_paths_enabled():
+        return False
+    try:
+        _call_libc(function, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+    except OSError as error:
+        if error.errno in REFUSALS:
+            return False
+        raise
+    return True
+
+
+def write_zeros(fd: int, offset: int, length: int) -> None:
+    """Write ``length`` zero bytes at ``offset`` (where a hole cannot be punched)."""
+    zeros = bytes(min(length, TRANSFER_CHUNK_SIZE))
+    end = offset + length
+    while offset < end:
+        count = min(len(zeros), end - offset)
+        write_all(fd, memoryview(zeros)[:count], offset)
+        offset += count
+
+
+#: The devices this process already warned about for holes written as zeros: one warning each.
+_ZEROS_WARNED: set = set()
+
+
+def punch_ranges(fd: int, ranges: Iterable[ByteRange], where: str) -> bool:
+    """Punch holes into ``ranges`` of an open file, or write zeros where its file system cannot.
+
+    The first file system that cannot punch gets one warning per process.
+
+    :returns: Whether every range became a hole (False: zeros were written somewhere).
+    :raises OSError: When punching or writing fails otherwise.
+    """
+    punched = True
+    for offset, length in ranges:
+        if not punch_hole(fd, offset, length):
+            write_zeros(fd, offset, length)
+            punched = False
+    if not punched:
+        device = os.fstat(fd).st_dev
+        if device not in _ZEROS_WARNED:
+            _ZEROS_WARNED.add(device)
+            logger.warning("The file system of %s cannot punch holes; the source's holes are written "
+                           "there as zeros", where)
+    return punched
+
+
+def write_sparse(fd: int, data: "bytes | memoryview", offset: int, unit: int, where: str) -> None:
+    """Write ``data`` at ``offset``, but punch its runs of whole ``unit``-aligned zero units (``--sparse``)."""
+    view = memoryview(data).cast("B")
+    runs = zero_runs(view, offset, unit)
+    position = offset
+    for start, length in runs + [(offset + len(view), 0)]:
+        if start > position:
+            write_all(fd, view[position - offset : start - offset], position)
+        position = start + length
+    punch_ranges(fd, runs, where)
 
 
 #: Open descriptors a client run may use: tree walks hold one per directory

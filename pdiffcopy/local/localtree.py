@@ -27,6 +27,7 @@ from pdiffcopy.local.fileops import (
     TRANSFER_CHUNK_SIZE,
     clear_umask,
     copy_available,
+    data_extents,
     is_stale_temporary,
     is_temporary_name,
     process_umask,
@@ -908,18 +909,9 @@ def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
 
 
 def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
-    position = 0
-    while position < size:
-        try:
-            start = os.lseek(source_fd, position, os.SEEK_DATA)
-        except OSError as error:
-            if error.errno == errno.ENXIO:  # only a hole is left
-                break
-            raise
-        end = min(os.lseek(source_fd, start, os.SEEK_HOLE), size)
-        if copy_available(source_fd, target_fd, start, end - start) < end - start:
+    for start, length in data_extents(source_fd, 0, size):
+        if copy_available(source_fd, target_fd, start, length) < length:
             raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
-        position = end
     os.ftruncate(target_fd, size)
 
 

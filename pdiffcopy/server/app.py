@@ -21,7 +21,7 @@ import stat as stat_module
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 from urllib.parse import parse_qs
 
 from flask import Flask, Response, g, jsonify, request
@@ -32,6 +32,7 @@ from werkzeug.routing import PathConverter
 from pdiffcopy import __version__
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.bodyreader import BodyReader, open_body
 from pdiffcopy.core.byteranges import (
     boundary_of,
@@ -77,11 +78,14 @@ from pdiffcopy.local.fileops import (
     TRANSFER_CHUNK_SIZE,
     RangeReader,
     copy_available,
+    data_extents,
     etag,
     is_temporary_name,
+    punch_ranges,
     resize,
     start_writeback,
     write_all,
+    write_sparse,
 )
 from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.core.hashing import accepted_methods, digest_size, validate_method
@@ -121,6 +125,12 @@ MAX_CHUNK_RANGES = 65536
 
 #: A range of a chunk list request: offset and length, little-endian.
 CHUNK_RANGE_ENTRY = struct.Struct("<QQ")
+
+#: An extent of a data map answer, and a range of a punch request: offset and length, little-endian.
+EXTENT_ENTRY = CHUNK_RANGE_ENTRY
+
+#: Most ranges one punch request may name (16 bytes each in its body).
+MAX_PUNCH_RANGES = 65536
 
 #: Chunks encoded per write of a chunk list answer (12 KiB): streamed, not held whole.
 CHUNKS_PER_WRITE = 1024
@@ -504,15 +514,66 @@ def create_app(config: ServerConfig) -> Flask:
             check_preconditions(info)
             refuse_hard_links(info, path, config.write_hard_links)
             with leases.writing(info, lease_of_request(), path):
-                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit)
+                written = receive_ranges(fd, info.st_size, path, metrics, rate_limit,
+                                         sparse=request.args.get("sparse") == "1")
         finally:
             os.close(fd)
         return jsonify(written=written)
+
+    @app.get(f"{API_PREFIX}/datamap/<path:path>")
+    def data_map(path: str):
+        """Where the range ``offset``/``length`` of the file holds data: its extents, the rest are holes.
+
+        At most MAX_DATA_MAP_EXTENTS extents (16 bytes each); an answer that long may have
+        more after its last extent: ask again from there.
+        """
+        offset = int_arg("offset", 0, MAX_FILE_SIZE)
+        length = int_arg("length", 0, MAX_FILE_SIZE)
+        fd = served(root, path).open_descriptor(os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            renew(info, path)
+            try:
+                extents = data_extents(fd, offset, length, limit=MAX_DATA_MAP_EXTENTS)
+            except OSError as error:
+                raise storage_error(error, f"read {path}") from None
+        finally:
+            os.close(fd)
+        response = Response(b"".join(EXTENT_ENTRY.pack(start, size) for start, size in extents),
+                            mimetype="application/octet-stream")
+        response.headers["ETag"] = etag(info)
+        return response
+
+    @app.post(f"{API_PREFIX}/punch/<path:path>")
+    def punch_file(path: str):
+        """Make the ranges in the body holes (zeros where the file system cannot), in place.
+
+        A write: refused like a PATCH while another client holds the lease, or when If-Match fails.
+        """
+        ranges = [(offset, length) for offset, length
+                  in EXTENT_ENTRY.iter_unpack(binary_body(EXTENT_ENTRY.size, MAX_PUNCH_RANGES))]
+        fd = served(root, path).open_descriptor(os.O_WRONLY)
+        try:
+            info = os.fstat(fd)
+            check_preconditions(info)
+            refuse_hard_links(info, path, config.write_hard_links)
+            check_disjoint(ranges, info.st_size, ordered=True)
+            with leases.writing(info, lease_of_request(), path):
+                try:
+                    holes = punch_ranges(fd, ranges, path)
+                except OSError as error:
+                    raise storage_error(error, f"write {path}") from None
+        finally:
+            os.close(fd)
+        return jsonify(punched=sum(length for _, length in ranges), holes=holes)
 
     @app.post(f"{API_PREFIX}/resize/<path:path>")
     def resize_file(path: str):
         """Create the file if missing and make it exactly ``size`` bytes long."""
         size = int_arg("size", 0, MAX_FILE_SIZE)
+        # Grown by a hole (the source is sparse): only this much data will be written.
+        data_bytes = int_arg("data", 0, MAX_FILE_SIZE) if "data" in request.args else None
         file = served(root, path)
         fd, created = file.open_writer()
         try:
@@ -520,7 +581,7 @@ def create_app(config: ServerConfig) -> Flask:
                 refuse_hard_links(os.fstat(fd), path, config.write_hard_links)
             with leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
                 try:
-                    resize(fd, size)
+                    resize(fd, size, data_bytes)
                 except OSError as error:
                     raise storage_error(error, f"resize {path}") from None
             return jsonify(describe(os.fstat(fd)))
@@ -972,15 +1033,26 @@ def _coded_body(fd: int, size: int, metrics: Optional[ServerMetrics],
 
 
 def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetrics] = None,
-                   rate_limit: Optional[TokenBucket] = None) -> int:
+                   rate_limit: Optional[TokenBucket] = None, sparse: bool = False) -> int:
     """Write the ranges of a PATCH body into ``fd``; return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
     (a resize does that, bounded by free space), so a bogus offset cannot
     create a huge sparse file.
+
+    :param sparse: Punch the runs of whole zero blocks instead of writing them (``--sparse``).
     """
+    if sparse:
+        unit = os.fstat(fd).st_blksize
+
+        def write(data, offset: int) -> None:
+            write_sparse(fd, data, offset, unit, path)
+    else:
+        def write(data, offset: int) -> None:
+            write_all(fd, data, offset)
+
     if (request.content_type or "").split(";")[0].strip().lower() == FRAMES_TYPE:
-        return _receive_frames(fd, size, path, metrics, rate_limit)
+        return _receive_frames(fd, write, size, path, metrics, rate_limit)
     boundary = boundary_of(request.content_type or "")
     single = None
     if boundary is None:
@@ -992,16 +1064,17 @@ def receive_ranges(fd: int, size: int, path: str, metrics: Optional[ServerMetric
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, buffer, fd, single[0], single[1], size, path, metrics, rate_limit)
+            return _receive_range(body, buffer, fd, write, single[0], single[1], size, path, metrics,
+                                  rate_limit)
         written = 0
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, buffer, fd, offset, length, size, path, metrics, rate_limit)
+            written += _receive_range(body, buffer, fd, write, offset, length, size, path, metrics, rate_limit)
         return written
     finally:
         body.finish()
 
 
-def _receive_frames(fd: int, size: int, path: str, metrics: Optional[ServerMetrics],
+def _receive_frames(fd: int, write: Callable[..., None], size: int, path: str, metrics: Optional[ServerMetrics],
                     rate_limit: Optional[TokenBucket]) -> int:
     """Write the pieces of a compressed PATCH body; each is decompressed and checked before it is written."""
     body = open_body(request.environ, request.content_length)
@@ -1013,7 +1086,7 @@ def _receive_frames(fd: int, size: int, path: str, metrics: Optional[ServerMetri
                     raise RangeNotSatisfiable(f"Range {offset}+{len(data)} is outside the file ({size} bytes)",
                                               size)
                 try:
-                    write_all(fd, data, offset)
+                    write(data, offset)
                 except OSError as error:
                     raise storage_error(error, f"write {path}") from None
                 written += len(data)
@@ -1036,7 +1109,8 @@ def _read_some(body: BodyReader, count: int) -> bytes:
     return bytes(buffer[:got])
 
 
-def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, length: int,
+def _receive_range(body: BodyReader, buffer: memoryview, fd: int, write: Callable[..., None], offset: int,
+                   length: int,
                    size: int, path: str, metrics: Optional[ServerMetrics] = None,
                    rate_limit: Optional[TokenBucket] = None) -> int:
     if offset + length > size:
@@ -1047,7 +1121,7 @@ def _receive_range(body: BodyReader, buffer: memoryview, fd: int, offset: int, l
         if not got:
             raise BadRequest("The request body ended before the range did")
         try:
-            write_all(fd, buffer[:got], position)
+            write(buffer[:got], position)
         except OSError as error:
             raise storage_error(error, f"write {path}") from None
         position += got

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.engine.treeendpoints import OPERATIONS
@@ -204,6 +205,11 @@ def _components() -> Dict[str, Any]:
         },
         "Written": {"type": "object", "required": ["written"],
                     "properties": {"written": _INTEGER}},
+        "Punched": {"type": "object", "required": ["punched", "holes"],
+                    "properties": {"punched": _INTEGER,
+                                   "holes": {"type": "boolean",
+                                             "description": "False: the file system cannot punch, and "
+                                                            "zeros were written instead"}}},
         "Flushed": {"type": "object", "required": ["flushed"],
                     "properties": {"flushed": {"type": "boolean", "enum": [True]}}},
         "Cloned": {"type": "object", "required": ["method"],
@@ -488,6 +494,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
              "description": "bytes FIRST-LAST/SIZE (SIZE may be *): where a one-range body "
                             "goes; required unless the body is multipart/byteranges",
              "schema": {"type": "string"}, "example": "bytes 0-4/*"},
+            _query("sparse", "1: punch the runs of zeros (whole file system blocks) in the bytes "
+                             "instead of writing them (--sparse)", {"type": "integer", "enum": [0, 1]},
+                   required=False, example=1),
             if_match, lease, no_follow,
         ],
         body={"required": True,
@@ -502,7 +511,42 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         errors=_PATH_ERRORS + (412, 423),
         parameters=[path, _query("size", "The new size in bytes",
                                  {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
-                                 example=4096), lease, no_follow])
+                                 example=4096),
+                    _query("data", "Grow by a hole: the source is sparse and only this many bytes of data "
+                                   "will be written; the growth is not reserved, and only this much of "
+                                   "it is checked against the free space",
+                           {"type": "integer", "minimum": 0, "maximum": 2 ** 50}, required=False,
+                           example=12582912),
+                    lease, no_follow])
+    data_map = _operation(
+        "dataMap", "Where a range of a file holds data (SEEK_DATA/SEEK_HOLE); the rest are holes, "
+                   "which read as zeros",
+        {"200": {
+            "description": "The data extents inside the range, in order, 16 bytes each: offset and "
+                           "length (uint64, little-endian); none for a range that is all hole. At most "
+                           f"{MAX_DATA_MAP_EXTENTS:,} extents: an answer that long may have more after "
+                           "its last extent, asked for from there. A file system that cannot tell "
+                           "answers the whole range as data",
+            "headers": {"ETag": file_headers["ETag"]},
+            "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}},
+        }},
+        errors=_PATH_ERRORS + (412,),
+        parameters=[path,
+                    _query("offset", "Where the range starts", _INTEGER, example=0),
+                    _query("length", "How many bytes it covers (clipped to the file)", _INTEGER,
+                           example=1099511627776),
+                    if_match, no_follow])
+    punch = _operation(
+        "punch", "Make ranges of a file holes (fallocate PUNCH_HOLE, keeping the size), or write zeros "
+                 "where the file system cannot; a write like PATCH (403 for a file with several hard "
+                 "links, unless --write-hard-links)",
+        {"200": _json_answer("The bytes punched, and whether they all became holes", "Punched")},
+        errors=_PATH_ERRORS + (412, 413, 416, 423),
+        parameters=[path, if_match, lease, no_follow],
+        body={"required": True,
+              "description": "The ranges, 16 bytes each: offset and length (uint64, little-endian), "
+                             "ascending, none empty, overlapping or past the end; at most 65,536",
+              "content": {_BYTES: {"schema": {"type": "string", "format": "binary"}}}})
     fsync = _operation("fsync", "Flush the file's data and its directory entry to disk",
                        {"200": _json_answer("Flushed", "Flushed")},
                        errors=_PATH_ERRORS + (412,), parameters=[path, lease, no_follow])
@@ -581,6 +625,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
             "get": hashes, "head": _head_of(hashes, "hashesHeaders", "Hash headers")},
         "/{path}": {"get": read, "head": head, "patch": write},
         "/.pdiffcopy/resize/{path}": {"post": resize},
+        "/.pdiffcopy/datamap/{path}": {
+            "get": data_map, "head": _head_of(data_map, "dataMapHeaders", "Data map headers")},
+        "/.pdiffcopy/punch/{path}": {"post": punch},
         "/.pdiffcopy/fsync/{path}": {"post": fsync},
         "/.pdiffcopy/clone/{path}": {"post": clone},
         "/.pdiffcopy/chunks/{path}": {"post": chunks},

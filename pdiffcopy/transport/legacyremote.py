@@ -195,6 +195,12 @@ class LegacyRemoteFile(RemoteFile):
         self._changed(0, sys.maxsize)  # a new size changes the blocks at the end: refetch all
         self._body(self.request("POST", self._legacy("resize", size=size)))
 
+    # A 1.0.1 server has no data map and cannot punch: every byte is data, holes are written as zeros.
+    data_map = FileEndpoint.data_map
+    punch_ranges = FileEndpoint.punch_ranges
+    prepare_sparse = FileEndpoint.prepare_sparse
+    write_sparse = FileEndpoint.write_sparse
+
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         for offset, length in ranges:
             end = offset + length

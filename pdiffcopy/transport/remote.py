@@ -32,6 +32,7 @@ from pdiffcopy.core import compression
 from pdiffcopy.transport import wire
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.core.byteranges import (
     boundary_of,
     closing_delimiter,
@@ -126,6 +127,8 @@ _CHUNK_RANGE = struct.Struct("<QQ")
 _COPY_MOVE = struct.Struct("<QQQ")
 #: Most ranges one chunk list request names: the server's bound (server.app.MAX_CHUNK_RANGES).
 MAX_CHUNK_RANGES = 65536
+#: Most ranges one punch request names: the server's bound (server.app.MAX_PUNCH_RANGES).
+MAX_PUNCH_RANGES = 65536
 
 logger = logging.getLogger(__name__)
 
@@ -719,6 +722,10 @@ class RemoteFile(FileEndpoint):
             compress, self.base, cores=compressing_cores(concurrency))
         #: The answer of the stat :meth:`on_legacy_server` sent, for the next :meth:`stat` (at most one).
         self._first_stat: List["Optional[FileInfo] | PdiffcopyError"] = []
+        #: Whether this file's server already said it wrote zeros for holes (warned once).
+        self._warned_zeros = False
+        #: ``--sparse``: the server punches the runs of zeros in what we write (a PATCH parameter).
+        self._sparse_writes = False
 
     # -- transport -------------------------------------------------------
 
@@ -833,6 +840,42 @@ class RemoteFile(FileEndpoint):
     def prepare(self, size: int) -> None:
         self._call("POST", "resize", params={"size": size})
 
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        self._call("POST", "resize", params={"size": size, "data": data_bytes})
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        """One answer of the server's data map (at most MAX_DATA_MAP_EXTENTS extents)."""
+        if length <= 0:
+            return []
+        response = self.request("GET", self._target("datamap", params={"offset": offset, "length": length}),
+                                headers=self._conditions())
+        body = self._body(response)
+        if len(body) % _CHUNK_RANGE.size or len(body) // _CHUNK_RANGE.size > MAX_DATA_MAP_EXTENTS:
+            raise self.client.malformed("its data map is not a list of extents")
+        extents = list(_CHUNK_RANGE.iter_unpack(body))
+        if any(start < offset or start + size > offset + length or size == 0 for start, size in extents) or \
+                any(a[0] + a[1] > b[0] for a, b in zip(extents, extents[1:])):
+            raise self.client.malformed("its data map has extents outside the range asked, or out of order")
+        return extents
+
+    def write_sparse(self, enabled: bool) -> None:
+        self._sparse_writes = enabled
+
+    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+        """The server punches the holes (or writes zeros where its file system cannot), in pages."""
+        ranges = list(ranges)
+        for start in range(0, len(ranges), MAX_PUNCH_RANGES):
+            asked = ranges[start:start + MAX_PUNCH_RANGES]
+            body = b"".join(_CHUNK_RANGE.pack(offset, length) for offset, length in asked)
+            response = self.request("POST", self._target("punch"), body=body, headers={
+                "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
+            answer = self.client.json(response)
+            if isinstance(answer, dict) and answer.get("holes") is False and not self._warned_zeros:
+                self._warned_zeros = True
+                logger.warning("The file system of %s cannot punch holes; the source's holes are written "
+                               "there as zeros", self.location)
+        return sum(length for _, length in ranges)
+
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         ranges = list(ranges)
         if self.compression.probing():
@@ -945,7 +988,7 @@ class RemoteFile(FileEndpoint):
             body = _framed_body(ranges, chunks, level)
             compressed = time.perf_counter()
             self.compression.compressed_started(compressed)
-            response = self.request("PATCH", self._target(), headers={
+            response = self.request("PATCH", self._patch_target(), headers={
                 "Content-Length": str(len(body)), "Content-Type": FRAMES_TYPE}, body=body, replayable=False)
             self._body(response)
             self.compression.compressed_moved(len(body))
@@ -964,12 +1007,15 @@ class RemoteFile(FileEndpoint):
         else:
             headers["Content-Type"] = "application/octet-stream"
             headers["Content-Range"] = format_content_range(ranges[0][0], ranges[0][1], None)
-        response = self.request("PATCH", self._target(), headers=headers, body=body,
+        response = self.request("PATCH", self._patch_target(), headers=headers, body=body,
                                 replayable=False)
         self._body(response)
         if learning:
             self.compression.observed(len(body), time.perf_counter() - started, None)
         return sum(length for _, length in ranges)
+
+    def _patch_target(self) -> str:
+        return self._target(params={"sparse": 1}) if self._sparse_writes else self._target()
 
     def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
         """The server cuts its file (on its cores) and sends the list: 12 bytes a chunk."""
