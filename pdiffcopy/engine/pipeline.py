@@ -675,8 +675,12 @@ class _SyncJob:
         return self.transfers.submit(self._transfer, batch, work)
 
     def _transfer(self, batch, work: FileEndpoint) -> None:
-        """Move one batch of ranges from the source to ``work`` (runs in a transfer thread)."""
-        written = move_ranges(self.source, work, batch, self.progress.add_moved)
+        """Move one batch of ranges from the source to ``work`` (runs in a transfer thread).
+
+        A source without holes is not asked for its data map again (a request per batch).
+        """
+        move = move_ranges if self.source_data is not None else move_data
+        written = move(self.source, work, batch, self.progress.add_moved)
         with self.lock:
             self.bytes_moved += written
 
