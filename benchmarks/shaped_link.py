@@ -157,7 +157,7 @@ class Server:
     process: Optional[subprocess.Popen] = None
 
     def start(self, link: Link) -> None:
-        log("starting %s on %s:%i" % (self.name, SERVER_IP, self.port))
+        log("starting %s on %s:%i" % (self.name, getattr(link, "address", SERVER_IP), self.port))
         self.process = benchlib.start_process(link.in_server(self.command), self.log_path, self.env)
         deadline = time.monotonic() + benchlib.SERVER_START_TIMEOUT
         probe = link.in_server(["ss", "-Hltn", "sport", "=", ":%i" % self.port])
