@@ -1,5 +1,5 @@
 """``python -m pdiffcopy``: the same as the ``pdiffcopy`` command."""
 
-from pdiffcopy.cli.main import main
+from pdiffcopy.cli import main
 
 main()

@@ -7,7 +7,7 @@ endpoint and an ``http(s)://`` URL into a remote one, and hands both over
 holds for every caller lives: at most one side may be a URL.
 
 A token is what the caller passes: the library never reads ``$PDIFFCOPY_TOKEN``
-or a token file (the command line does, see :mod:`pdiffcopy.cli.main`).
+or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 """
 
 from __future__ import annotations
@@ -155,7 +155,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     trailing slash is the command line's, see :mod:`pdiffcopy.cli.treecli`).
 
     :param options: A :class:`~pdiffcopy.engine.treesync.TreeOptions`; ``fields``
-                    (``delete=True``, ``concurrency=4``...) replace some of its values.
+                    (``delete=True``, ``xattrs=True``, ``acls=True``, ``concurrency=4``...)
+                    replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
     :returns: A :class:`~pdiffcopy.engine.treesync.TreeResult`; failures of single

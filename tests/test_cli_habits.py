@@ -106,7 +106,7 @@ def test_missing_ca_file_is_named(tmp_path):
 def test_missing_server_extra_says_what_to_install(tmp_path):
     """With flask and gunicorn not importable (as without the server extra)."""
     script = ("import sys; sys.modules['flask'] = sys.modules['gunicorn'] = None; "
-              "from pdiffcopy.cli.main import main; main()")
+              "from pdiffcopy.cli import main; main()")
     try:
         completed = subprocess.run([sys.executable, "-c", script, "--listen", f"127.0.0.1:{free_port()}"],
                                    capture_output=True, text=True, timeout=REFUSAL_SECONDS, cwd=tmp_path)
@@ -120,7 +120,7 @@ def test_missing_server_extra_says_what_to_install(tmp_path):
 def test_missing_client_extra_for_benchmark_says_what_to_install(tmp_path):
     (tmp_path / "a").write_bytes(os.urandom(64 * 1024))
     (tmp_path / "b").write_bytes(os.urandom(64 * 1024))
-    script = "import sys; sys.modules['executor'] = None; from pdiffcopy.cli.main import main; main()"
+    script = "import sys; sys.modules['executor'] = None; from pdiffcopy.cli import main; main()"
     completed = subprocess.run([sys.executable, "-c", script, "-q", "-B", "1", "a", "b"],
                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode == 1, completed.stderr
@@ -194,3 +194,24 @@ def test_interrupted_tree_pull_says_the_server_closed_the_connection(tmp_path):
         kill_while_streaming(server, files)
     finally:
         server.stop()
+
+
+def test_the_entry_point_of_101_takes_an_argument_list(tmp_path):
+    """``from pdiffcopy.cli import main; main([...])``, as 1.0.1's tests and users' scripts call it."""
+    (tmp_path / "a").write_bytes(os.urandom(3 * 1024 * 1024 + 5))
+    script = ("import sys; from pdiffcopy.cli import main; status = main(['-q', 'a', 'b']); "
+              "from pdiffcopy.cli import main as again; print(status, callable(again))")
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                               cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["0", "True"]
+    assert (tmp_path / "b").read_bytes() == (tmp_path / "a").read_bytes()
+
+
+def test_the_entry_point_of_101_reads_the_command_line_when_given_nothing(tmp_path):
+    (tmp_path / "a").write_bytes(b"x" * 100)
+    script = "from pdiffcopy.cli import main; main()"
+    completed = subprocess.run([sys.executable, "-c", script, "-q", "a", "b"], capture_output=True, text=True,
+                               timeout=120, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "b").read_bytes() == b"x" * 100

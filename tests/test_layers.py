@@ -29,26 +29,26 @@ FORBIDDEN = {
     "pdiffcopy.engine.pipeline": {
         "pdiffcopy.server.service",
         "pdiffcopy.server.app",
-        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.command",
         "pdiffcopy.cli.treecli",
     },
     "pdiffcopy.engine.treesync": {
         "pdiffcopy.server.service",
         "pdiffcopy.server.app",
-        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.command",
         "pdiffcopy.cli.treecli",
         "pdiffcopy.transport.remote",
     },
     "pdiffcopy.server.app": {
         "pdiffcopy.server.service",
-        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.command",
         "pdiffcopy.transport.remote",
     },
     "pdiffcopy.transport.remote": {
         "pdiffcopy.local.leases",
         "pdiffcopy.server.app",
         "pdiffcopy.server.service",
-        "pdiffcopy.cli.main",
+        "pdiffcopy.cli.command",
     },
     "pdiffcopy.core.treewire": {
         "pdiffcopy.local.paths",
@@ -176,3 +176,61 @@ def test_the_import_contracts_catch_a_core_module_importing_the_transport(lint_i
     assert result.returncode != 0
     assert "pdiffcopy.core.blocks -> pdiffcopy.transport.remote" in result.stdout
 
+
+
+def package_modules():
+    """Every module of the package, by full name (subpackages' __init__ by the package's name)."""
+    root = Path(pdiffcopy.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        yield ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """Module -> the package's modules it imports, lazily or not (names that are not modules dropped)."""
+    modules = set(package_modules())
+    return {name: {other for other in imported_modules(name) if other in modules and other != name}
+            for name in modules}
+
+
+def cycles(graph):
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_module_imports_itself_back_through_others():
+    # The package's __init__ re-exports the public API lazily (PEP 562); every other
+    # import, at the top or inside a function, counts.
+    graph = import_graph()
+    graph["pdiffcopy"] = set()
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

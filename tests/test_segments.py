@@ -194,7 +194,7 @@ def test_the_engine_imports_no_kind_of_endpoint():
         {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     assert not imported & {"pdiffcopy.local.file", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
                            "pdiffcopy.transport.remotetree", "pdiffcopy.server.app", "pdiffcopy.server.service",
-                           "pdiffcopy.api", "pdiffcopy.cli.main"}
+                           "pdiffcopy.api", "pdiffcopy.cli.command"}
 
 
 class _LocalHashes:

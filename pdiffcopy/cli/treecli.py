@@ -1,6 +1,6 @@
 """The command line's tree half: what SOURCE and TARGET mean, running and reporting a tree sync.
 
-:mod:`pdiffcopy.cli.main` parses the options and calls :func:`resolve`; a
+:mod:`pdiffcopy.cli.command` parses the options and calls :func:`resolve`; a
 directory SOURCE comes here, a file SOURCE stays with the single-file sync.
 """
 
@@ -141,8 +141,9 @@ def tree_options(args: argparse.Namespace):
     block_size = parse_block_size(args.block_size)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
-        delete=args.delete, force=args.force, dry_run=args.dry_run or args.diff,
+        delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
+        xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids,
         block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
         hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
         concurrency=_concurrency(args), includes=tuple(args.include),
@@ -174,12 +175,13 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         return _finish(result)
     from humanfriendly import format_size, format_timespan
 
-    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, "
+    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
                 "%d deleted, %d unchanged, in %s", source, target, result.files_copied,
                 format_size(result.bytes_moved, binary=True), result.directories_made,
-                "y" if result.directories_made == 1 else "ies", result.deleted, result.unchanged,
-                format_timespan(result.seconds))
-    from pdiffcopy.cli.main import print_stats, wants_stats
+                "y" if result.directories_made == 1 else "ies",
+                f"{result.linked} hard link(s) made, " if options.hard_links else "",
+                result.deleted, result.unchanged, format_timespan(result.seconds))
+    from pdiffcopy.cli.reports import print_stats, wants_stats
 
     if wants_stats(args):
         print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
@@ -256,11 +258,11 @@ def _finish(result) -> int:
 
 
 class _display:
-    """The tree progress line (see :func:`pdiffcopy.cli.main.show_progress`; never with -n or --diff)."""
+    """The tree progress line (see :func:`pdiffcopy.cli.reports.show_progress`; never with -n or --diff)."""
 
     def __init__(self, progress, args: argparse.Namespace) -> None:
         self.display = None
-        from pdiffcopy.cli.main import show_progress
+        from pdiffcopy.cli.reports import show_progress
 
         if show_progress(args) and not (args.dry_run or args.diff):
             from pdiffcopy.cli.progress import TreeProgressDisplay

@@ -17,6 +17,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from pdiffcopy.core.xattrs import attributes_differ
+
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
@@ -312,6 +314,9 @@ class PlanOptions:
     times: bool = False  # -t: keep modification times
     owner: bool = False  # -o: keep user and group
     delete: bool = False  # remove target entries the source does not have
+    #: -X/-A: the listings carry extended attributes and ACLs, and an entry whose differ is fixed.
+    attributes: bool = False
+    hard_links: bool = False  # -H: names sharing a file in the source share one in the target
 
 
 @dataclass(frozen=True)
@@ -328,11 +333,32 @@ class FileAction:
 
 
 @dataclass(frozen=True)
+class LinkAction:
+    """A name to make another name of the file at ``leader`` (-H), once that file is in place.
+
+    ``leader`` is the path of its hard-link group's first name that the filters
+    keep, which is copied like any file; ``target`` is what has the name now.
+    """
+
+    source: Entry
+    leader: str
+    target: Optional[Entry]
+
+    @property
+    def path(self) -> str:
+        return self.source.path
+
+    def operation(self) -> "Operation":
+        """The :data:`LINK` operation that makes it (the leader's path travels as the entry's target)."""
+        return Operation(LINK, self.source._replace(target=self.leader))
+
+
+@dataclass(frozen=True)
 class MetadataFix:
     """Metadata to set on an entry whose content is right (or a directory)."""
 
     source: Entry
-    changes: Tuple[str, ...]  # "mode", "time", "owner"
+    changes: Tuple[str, ...]  # "mode", "time", "owner", "xattrs"
 
 
 @dataclass
@@ -344,7 +370,9 @@ class TreePlan:
     2. :attr:`files` and :attr:`symlinks` (in parallel; the files largest first);
     3. :attr:`metadata` of files and symlinks, then :attr:`deletions`
        (files, then directories deepest first);
-    4. :attr:`directory_metadata`, deepest first, after everything inside
+    4. :attr:`links` (-H), once the files of 2 and 3 are in place (before
+       the directories of :attr:`deletions`);
+    5. :attr:`directory_metadata`, deepest first, after everything inside
        them has changed.
     """
 
@@ -358,7 +386,8 @@ class TreePlan:
     extraneous: List[Entry] = field(default_factory=list)  # left alone (no --delete)
     unchanged: int = 0
     specials: List[Entry] = field(default_factory=list)  # skipped with a warning
-    hard_links: List[Entry] = field(default_factory=list)  # copied as separate files
+    hard_links: List[Entry] = field(default_factory=list)  # copied as separate files (no -H)
+    links: List[LinkAction] = field(default_factory=list)  # -H: names linked to their group's first
     blocked: List[Tuple[Entry, str]] = field(default_factory=list)  # cannot be synced
 
     @property
@@ -368,7 +397,7 @@ class TreePlan:
     @property
     def empty(self) -> bool:
         return not (self.directories or self.files or self.symlinks or self.metadata
-                    or self.directory_metadata or self.removals or self.deletions)
+                    or self.directory_metadata or self.removals or self.deletions or self.links)
 
 
 def _metadata_changes(source: Entry, target: Entry, options: PlanOptions) -> Tuple[str, ...]:
@@ -379,6 +408,8 @@ def _metadata_changes(source: Entry, target: Entry, options: PlanOptions) -> Tup
         changes.append("time")
     if options.owner and (source.uid, source.gid) != (target.uid, target.gid):
         changes.append("owner")
+    if options.attributes and attributes_differ(source.xattrs, target.xattrs):
+        changes.append("xattrs")
     return tuple(changes)
 
 
@@ -401,16 +432,18 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     plan = TreePlan()
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
     same_owner = not options.owner
+    groups: Dict[str, _Group] = {}  # -H: by link, the group's first name; only linked files kept
     for entry in sorted(wanted):  # by path (the first field): parents before children
         if removed and is_under(entry.parent, removed):
             current = None
         else:
             current = existing.get(entry.path)
             # The common case first: a single-linked file or a symlink whose
-            # kind, size, time and mode match, and owner if asked.
+            # kind, size, time and mode match, and owner and attributes if asked.
             if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
                     and entry.target == current.target and entry.nlink == 1 \
-                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]):
+                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]) \
+                    and entry.xattrs == current.xattrs:
                 plan.unchanged += 1
                 continue
         if entry.kind == OTHER:
@@ -432,14 +465,23 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
         elif entry.kind == SYMLINK:
             if current is None or current.target != entry.target:
                 plan.symlinks.append((entry, current))
-            elif options.times and current.mtime_ns != entry.mtime_ns:
-                plan.metadata.append(MetadataFix(entry, ("time",)))
             else:
-                plan.unchanged += 1
+                changes = tuple(c for c in _metadata_changes(entry, current, options) if c != "owner")
+                if changes:
+                    plan.metadata.append(MetadataFix(entry, changes))
+                else:
+                    plan.unchanged += 1
         else:
-            if entry.nlink > 1:
+            linked = options.hard_links and bool(entry.link)
+            if linked and entry.link in groups:
+                _plan_follower(plan, entry, current, groups[entry.link])
+                continue
+            if entry.nlink > 1 and not linked:
                 plan.hard_links.append(entry)
             reason = _file_reason(entry, current, options)
+            if linked:  # the group's first name: copied like any file, the others linked to it
+                groups[entry.link] = _Group(entry.path, reason is not None,
+                                            current.link if current is not None else "")
             if reason is not None:
                 plan.files.append(FileAction(entry, current, reason))
                 continue
@@ -454,6 +496,23 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     # Deepest first: setting a parent's time before its children change would not last.
     plan.directory_metadata.sort(key=lambda fix: fix.source.depth, reverse=True)
     return plan
+
+
+class _Group(NamedTuple):
+    """A hard-link group met in the source (-H): its first name, and what the others need."""
+
+    leader: str
+    rewritten: bool  # the leader gets a new file: every other name must be linked again
+    target_link: str  # the target leader's link group ("" when it has one name or none)
+
+
+def _plan_follower(plan: TreePlan, entry: Entry, current: Optional[Entry], group: _Group) -> None:
+    """A name of a group whose first name is already planned: linked to it, unless it already is."""
+    if not group.rewritten and group.target_link and current is not None \
+            and current.link == group.target_link:
+        plan.unchanged += 1  # one file with the leader in the target: its metadata is the leader's
+        return
+    plan.links.append(LinkAction(entry, group.leader, current))
 
 
 def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -> Optional[str]:
@@ -548,6 +607,9 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
     for entry, current in plan.symlinks:
         lines.append(Difference("new" if current is None else "changed", SYMLINK, entry.path,
                                 f"-> {entry.target}"))
+    for link in plan.links:
+        lines.append(Difference("new" if link.target is None else "changed", FILE, link.path,
+                                f"hard link to {printable(link.leader)}"))
     for fix in plan.metadata + [f for f in plan.directory_metadata
                                 if f.changes and f.source not in plan.directories]:
         lines.append(Difference("changed", fix.source.kind, fix.source.path, ", ".join(fix.changes)))
@@ -596,7 +658,7 @@ def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
 
 
 __all__ = [
-    "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "MetadataFix",
+    "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "LinkAction", "MetadataFix",
     "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "is_under", "kind_of", "plan_tree",
     "printable",
     "removal_order",
@@ -605,6 +667,7 @@ __all__ = [
     "METADATA",
     "DELETE",
     "REMOVE",
+    "LINK",
     "OPERATIONS",
     "Operation",
 ]
@@ -619,7 +682,10 @@ MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is 
 METADATA = "metadata"  # set permissions, and times/owner as the options say
 DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
 REMOVE = "remove"  # remove whatever is there, a whole directory tree included
-OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE)
+#: Make entry.path another name of the regular file at entry.target (a path in the same
+#: tree), replacing what has the name in one step (-H/--hard-links).
+LINK = "link"
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK)
 
 
 @dataclass(frozen=True)

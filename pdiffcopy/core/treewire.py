@@ -35,7 +35,7 @@ import xxhash
 
 from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treeplan import DIR, FILE, OPERATIONS, OTHER, SYMLINK, Entry, Operation
+from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -242,7 +242,23 @@ def parse_operation(value: Any) -> Operation:
     name, entry = value
     if name not in OPERATIONS:
         raise TreeWireError(f"Unknown operation {str(name)[:100]!r}")
-    return Operation(name, parse_entry(entry, allow_root=True))
+    operation = Operation(name, parse_entry(entry, allow_root=True))
+    if name == LINK:
+        check_link(operation.entry)
+    return operation
+
+
+def check_link(entry: Entry) -> None:
+    """Insist that a :data:`LINK` operation names a file and another path of the tree to link it to.
+
+    :raises AccessDenied: When either path leads out of the tree.
+    :raises TreeWireError: For anything else that is not such a pair.
+    """
+    if entry.kind != FILE or not entry.path or not entry.target:
+        raise TreeWireError("Invalid link operation: its entry must be a file whose target is the path to link to")
+    check_relative_path(entry.target)
+    if entry.target == entry.path:
+        raise TreeWireError(f"Invalid link operation: {entry.path[:200]!r} is linked to itself")
 
 
 # -- encoding ------------------------------------------------------------------
@@ -433,6 +449,6 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 __all__ = [
     "DIGEST_SIZE", "END_MARKER", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
     "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS",
-    "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_relative_path", "decode_files",
+    "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_link", "check_relative_path", "decode_files",
     "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
 ]

@@ -25,6 +25,7 @@ from pdiffcopy.errors import Unsupported
 # The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
 from pdiffcopy.core.treeplan import (  # noqa: F401
     DELETE,
+    LINK,
     METADATA,
     MKDIR,
     OPERATIONS,
@@ -34,6 +35,7 @@ from pdiffcopy.core.treeplan import (  # noqa: F401
     Failure,
     Operation,
 )
+from pdiffcopy.core.xattrs import selects
 
 @dataclass(frozen=True)
 class MetadataOptions:
@@ -44,6 +46,22 @@ class MetadataOptions:
     #: Flush each file written, and the directory holding it, before reporting
     #: success (rsync's --fsync): what was reported copied survives a crash.
     fsync: bool = False
+    #: -X: extended attributes (user.*, security.*, trusted.*); -A: the two POSIX ACL attributes.
+    xattrs: bool = False
+    acls: bool = False
+    #: ACL entries by user and group number, not by name (--numeric-ids).
+    numeric_ids: bool = False
+    #: Whether -X covers security.* and trusted.* (a server takes them from trusted clients only).
+    privileged_xattrs: bool = True
+
+    @property
+    def attributes(self) -> bool:
+        """Whether any extended attributes (ACLs included) are listed and kept."""
+        return self.xattrs or self.acls
+
+    def wants_attribute(self, name: str) -> bool:
+        """Whether the attribute ``name`` is listed and kept (:func:`pdiffcopy.core.xattrs.selects`)."""
+        return selects(name, self.xattrs, self.acls, self.privileged_xattrs)
 
 
 @dataclass
@@ -123,6 +141,13 @@ class TreeEndpoint(ABC):
     def add_traffic(self, sent: int, received: int) -> None:
         """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
 
+    def list_attributes(self, options: MetadataOptions) -> None:
+        """Have :meth:`list` give each entry the extended attributes and ACLs ``options`` ask for (-X, -A)."""
+
+    def take_notices(self) -> List[str]:
+        """What this tree could not keep since the last call (one line per kind), to be said once; none by default."""
+        return []
+
     def sweep_while_listing(self) -> None:
         """Have :meth:`list` also remove the temporaries that killed runs left.
 
@@ -158,5 +183,5 @@ class TreeEndpoint(ABC):
         """Release connections and descriptors."""
 
 
-__all__ = ["DELETE", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
+__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
            "MetadataOptions", "Operation", "TreeEndpoint"]

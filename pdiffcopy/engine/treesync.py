@@ -74,6 +74,7 @@ from pdiffcopy.core.treeplan import (
     Difference,
     Entry,
     FileAction,
+    LinkAction,
     PathFilter,
     PlanOptions,
     TreePlan,
@@ -118,6 +119,10 @@ class TreeOptions(FileOptions):
     delete: bool = False
     force: bool = False
     fsync: bool = False
+    xattrs: bool = False  # -X: extended attributes
+    acls: bool = False  # -A: POSIX ACLs
+    numeric_ids: bool = False  # ACL entries by number between hosts, not by name
+    hard_links: bool = False  # -H: names sharing a file in the source share one in the target
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
@@ -125,7 +130,8 @@ class TreeOptions(FileOptions):
 
     @property
     def metadata(self) -> MetadataOptions:
-        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync)
+        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
+                               acls=self.acls, numeric_ids=self.numeric_ids)
 
 
 @dataclass
@@ -140,6 +146,7 @@ class TreeResult:
     deleted: int = 0
     unchanged: int = 0
     metadata_fixed: int = 0
+    linked: int = 0  # names made (or made again) another name of their hard-link group's file (-H)
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)
     skipped: List[Entry] = field(default_factory=list)
@@ -259,6 +266,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()
+    if options.metadata.attributes:
+        for tree in (source, target):
+            tree.list_attributes(options.metadata)
     source_listing, target_listing = _list_both(source, target)
     _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
                len(target_listing.entries))
@@ -271,7 +281,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     plan = plan_tree(source_listing.entries,
                      target_listing.entries if target_listing.root is not None else None,
                      PlanOptions(checksum=options.checksum, times=options.times,
-                                 owner=options.owner, delete=options.delete), path_filter)
+                                 owner=options.owner, delete=options.delete,
+                                 attributes=options.metadata.attributes,
+                                 hard_links=options.hard_links), path_filter)
     _log_phase(started, "planned %d file(s) to copy or check", len(plan.files))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run,
                         failures=list(source_listing.failures) + list(target_listing.failures),
@@ -295,7 +307,10 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         return result
     runner = _Runner(source, target, options, plan, progress, result)
     runner.source_root = source_listing.root
-    runner.run(target_listing.root is None)
+    try:
+        runner.run(target_listing.root is None)
+    finally:
+        runner.announce(target.take_notices())
     result.seconds = time.monotonic() - started
     return result
 
@@ -330,8 +345,11 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
         result.seconds = time.monotonic() - started
         return result
     runner = _Runner(tree, tree, options, plan, progress, result)
-    runner.delete_everything(remove_root=not path_filter.active and not listing.failures
-                             and listing.root.kind == DIR)
+    try:
+        runner.delete_everything(remove_root=not path_filter.active and not listing.failures
+                                 and listing.root.kind == DIR)
+    finally:
+        runner.announce(tree.take_notices())
     result.seconds = time.monotonic() - started
     return result
 
@@ -437,8 +455,8 @@ def _warn_about(plan: TreePlan) -> None:
         logger.warning("Skipped %d special file(s) (fifos, sockets, devices): %s%s",
                        len(plan.specials), names, more)
     if plan.hard_links:
-        logger.warning("Copied %d hard-linked file(s) as separate files (hard links are not kept)",
-                       len(plan.hard_links))
+        logger.warning("Copied %d hard-linked file(s) as separate files (hard links are kept "
+                       "with -H/--hard-links)", len(plan.hard_links))
 
 
 def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan,
@@ -479,6 +497,7 @@ class _Runner:
         self.units: List[Unit] = []
         self.source_root: Optional[Entry] = None
         self.started = time.monotonic()
+        self.announced: set = set()
 
     # -- sequential steps --------------------------------------------------
 
@@ -513,6 +532,7 @@ class _Runner:
             big.work.close()  # forked workers ended the leases; our copies of them go too
         _log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
+        self._link(plan.links, failed_directories)
         directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
         self.result.deleted += len(directories) - len(self._apply(
             [Operation(DELETE, entry) for entry in directories]))
@@ -532,6 +552,27 @@ class _Runner:
         self.result.deleted += len(directories) - len(failed)
         if remove_root and not self.result.failures:
             self._apply([Operation(DELETE, Entry("", DIR, 0, 0, 0o40755))])
+
+    def _link(self, links: List[LinkAction], failed_directories: set) -> None:
+        """Link the other names of hard-link groups (-H), now that every group's file is in place.
+
+        After the queue, whichever worker wrote a group's file; a name whose
+        group's file (or own directory) failed is a failure of its own, not a
+        link to an old file.
+        """
+        if not links:
+            return
+        failed = {path for path, _ in self.result.failures} | failed_directories
+        operations = []
+        for link in links:
+            if link.leader in failed:
+                self.result.failures.append((link.path, f"not linked: {link.leader!r} was not copied"))
+            elif failed_directories and is_under(link.source.parent, failed_directories):
+                self.result.failures.append((link.path, "its directory could not be made"))
+            else:
+                operations.append(link.operation())
+        self.result.linked += len(operations) - len(self._apply(operations))
+        _log_phase(self.started, "linked %d name(s)", self.result.linked)
 
     def _deletable(self, directories: List[Entry]) -> List[Entry]:
         """The directories to delete, less those holding what the listings could not list.
@@ -570,6 +611,7 @@ class _Runner:
         if self.options.times:
             changed_paths = [a.path for a in self.plan.files] + \
                 [e.path for e, _ in self.plan.symlinks] + [e.path for e in self.plan.deletions] + \
+                [link.path for link in self.plan.links] + \
                 [e.path for e in self.plan.directories] + [e.path for e in self.plan.removals]
             touched = {path.rpartition("/")[0] for path in changed_paths}
         for fix in self.plan.directory_metadata:
@@ -630,7 +672,10 @@ class _Runner:
         try:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
-            temporary = not delta or self.options.atomic
+            # A target with other names gets a new file (-H): written in place it would
+            # change names outside its group too (and a server refuses that).
+            temporary = not delta or self.options.atomic or \
+                (self.options.hard_links and action.target is not None and action.target.nlink > 1)
             partial = False
             if not temporary:
                 # Updated in place: nobody else may write it until its last part is
@@ -745,7 +790,7 @@ class _Runner:
                                 next_unit.value = len(self.units)
                     state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
                     with os.fdopen(writer, "wb") as stream:
-                        pickle.dump((state.failures, state.counts), stream)
+                        pickle.dump((state.failures, state.counts, self.target.take_notices()), stream)
                 except BaseException:  # never run the parent's code in a child
                     code = 1
                 finally:
@@ -758,13 +803,21 @@ class _Runner:
                     data = stream.read()
                 _, status = os.waitpid(pid, 0)
                 if data:
-                    failures, counts = pickle.loads(data)
+                    failures, counts, notices = pickle.loads(data)
                     self._collect(failures, counts)
+                    self.announce(notices)
                 elif status:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
         except BaseException:
             _stop_workers([pid for pid, _ in processes])
             raise
+
+    def announce(self, notices: List[str]) -> None:
+        """Say what the target could not keep (attributes, say), each kind once however many workers met it."""
+        for notice in notices:
+            if notice not in self.announced:
+                self.announced.add(notice)
+                logger.warning("%s: %s", self.target.location, notice)
 
     def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
         if counts.get("full") and not any(path == "" and message.startswith(_FULL_STOP)

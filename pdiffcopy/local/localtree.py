@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
@@ -34,10 +34,11 @@ from pdiffcopy.local.fileops import (
     replace_atomically,
     temporary_name,
 )
-from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
+from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
+    LINK,
     METADATA,
     MKDIR,
     REMOVE,
@@ -50,6 +51,7 @@ from pdiffcopy.engine.treeendpoints import (
 )
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
+from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +78,14 @@ def _why(error: OSError) -> str:
     return os.strerror(error.errno) if error.errno else str(error)
 
 
-def entry_from_stat(path: str, info: os.stat_result, target: str = "") -> Entry:
-    """An :class:`Entry` from an ``lstat`` result."""
+def entry_from_stat(path: str, info: os.stat_result, target: str = "",
+                    xattrs: Tuple[Tuple[str, bytes], ...] = ()) -> Entry:
+    """An :class:`Entry` from an ``lstat`` result (and the attributes read for it)."""
     kind = kind_of(info.st_mode)
     size = info.st_size if kind == FILE else 0
     sparse = kind == FILE and info.st_blocks * 512 < size
     return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
-                 target, info.st_nlink, sparse)
+                 target, info.st_nlink, sparse, link_group(info) if kind == FILE else "", xattrs)
 
 
 #: A directory a walk is in: its descriptor, its path below the tree, and the
@@ -139,6 +142,10 @@ class LocalTree(TreeEndpoint):
         self.write_hard_links = True
         #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
         self.entries_from_client = False
+        #: The attributes a listing reads (-X, -A; :meth:`list_attributes`), or None.
+        self._attributes: Optional[MetadataOptions] = None
+        #: What could not be kept, one line per kind (:meth:`take_notices`).
+        self._notices: Set[str] = set()
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -203,19 +210,20 @@ class LocalTree(TreeEndpoint):
     def root_entry(self) -> Optional[Entry]:
         """What the root itself is (following a symlink to it), or ``None`` when missing."""
         try:
-            if self._prefix:
-                fd = self.root.open(self._prefix, os.O_PATH)
-                try:
-                    info = os.fstat(fd)
-                finally:
-                    os.close(fd)
-            else:
-                info = os.stat(self.directory)
+            fd = self.root.open(self._prefix, os.O_PATH) if self._prefix else \
+                os.open(self.directory, os.O_PATH | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                # Through the descriptor's /proc name: the directory itself, whatever its path becomes.
+                xattrs = read_attributes(f"/proc/self/fd/{fd}", self._attributes, follow=True) \
+                    if self._attributes is not None and stat.S_ISDIR(info.st_mode) else ()
+            finally:
+                os.close(fd)
         except (FileNotFoundError, FileMissing):
             return None
         except (NotADirectoryError, NotAFile):  # a parent is a file: nothing here either
             return None
-        return entry_from_stat("", info)
+        return entry_from_stat("", info, xattrs=xattrs)
 
     def list(self) -> Listing:
         root, directories = self.walk()
@@ -259,7 +267,7 @@ class LocalTree(TreeEndpoint):
                 fd, relative, names = frames[-1]
                 if names is None:  # not scanned yet
                     names = []
-                    for _ in self._scan(fd, relative, entries, failures, names, swept):
+                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes):
                         yield entries, failures
                         entries.clear()
                         failures.clear()
@@ -296,7 +304,8 @@ class LocalTree(TreeEndpoint):
 
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              subdirectories: List[str], swept: Optional[List[str]] = None) -> Iterator[None]:
+              subdirectories: List[str], swept: Optional[List[str]] = None,
+              attributes: Optional[MetadataOptions] = None) -> Iterator[None]:
         """Add a directory's entries to ``entries`` and the names of its
         subdirectories to ``subdirectories``; pause (yield) whenever ``entries``
         holds a batch.
@@ -305,6 +314,7 @@ class LocalTree(TreeEndpoint):
         entry whose path is longer than :data:`~pdiffcopy.core.protocol.MAX_PATH_LENGTH`
         bytes is a failure of its own, not listed: no path-based call (nor
         the server's protocol) can name it; the rest of the tree goes on.
+        With ``attributes``, each entry gets the extended attributes and ACLs they choose.
         """
         prefix = relative + "/" if relative else ""
         try:
@@ -314,6 +324,7 @@ class LocalTree(TreeEndpoint):
             return
         new = tuple.__new__
         is_file = stat.S_ISREG
+        directory = f"/proc/self/fd/{fd}/"
         with scanner:
             for item in scanner:
                 if len(entries) >= WALK_BATCH_ENTRIES:
@@ -332,16 +343,18 @@ class LocalTree(TreeEndpoint):
                 try:
                     info = item.stat(follow_symlinks=False)
                     mode = info.st_mode
+                    # Read by the name below the directory's descriptor, the link itself for a symlink.
+                    xattrs = () if attributes is None else read_attributes(directory + item.name, attributes)
                     if is_file(mode):  # most entries: built inline, as a plain tuple is
                         size = info.st_size
                         entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
                                                    info.st_gid, "", info.st_nlink,
-                                                   info.st_blocks * 512 < size, "", ())))
+                                                   info.st_blocks * 512 < size, link_group(info), xattrs)))
                         continue
                     if stat.S_ISLNK(mode):
-                        entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd)))
+                        entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd), xattrs))
                         continue
-                    entries.append(entry_from_stat(path, info))
+                    entries.append(entry_from_stat(path, info, xattrs=xattrs))
                     if stat.S_ISDIR(mode):
                         subdirectories.append(item.name)
                 except FileNotFoundError:
@@ -542,18 +555,21 @@ class LocalTree(TreeEndpoint):
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
 
-    @staticmethod
-    def _set_metadata_fd(fd: int, entry: Entry, options: MetadataOptions, created: bool = False
+    def _set_metadata_fd(self, fd: int, entry: Entry, options: MetadataOptions, created: bool = False
                          ) -> None:
-        """Owner, permissions and times of an open file.
+        """Owner, attributes, permissions and times of an open file.
 
         A file this process ``created`` got its permissions from ``open``:
         chmod is needed only for what the umask took away and for set-id and
-        sticky bits (which open does not set and chown clears).
+        sticky bits (which open does not set and chown clears), or after its
+        ACL was set (the chmod makes the ACL's mask the mode's group bits, as
+        the source's is).
         """
         if options.owner and _IS_ROOT:
             os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
-        if not created or entry.permissions & (0o7000 | process_umask()):
+        if options.attributes:
+            apply_attributes(fd, entry.xattrs, options, self._notices)
+        if not created or options.acls or entry.permissions & (0o7000 | process_umask()):
             os.fchmod(fd, entry.permissions)
         if options.times:
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
@@ -574,6 +590,8 @@ class LocalTree(TreeEndpoint):
         if entry.kind == SYMLINK_KIND:
             if options.owner and _IS_ROOT:
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
+            if options.attributes:
+                self._set_link_attributes(directory, name, entry, options)
             if options.times:
                 os.utime(name, ns=(entry.mtime_ns, entry.mtime_ns), dir_fd=directory,
                          follow_symlinks=False)
@@ -592,6 +610,8 @@ class LocalTree(TreeEndpoint):
             fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
             try:
                 self._check_links(_check_kind(fd, entry))
+                if options.attributes:
+                    apply_attributes(f"/proc/self/fd/{fd}", entry.xattrs, options, self._notices)
                 os.chmod(f"/proc/self/fd/{fd}", entry.permissions)
                 if options.times:
                     os.utime(f"/proc/self/fd/{fd}", ns=(entry.mtime_ns, entry.mtime_ns))
@@ -603,6 +623,27 @@ class LocalTree(TreeEndpoint):
             self._set_metadata_fd(fd, entry, options)
         finally:
             os.close(fd)
+
+    def _set_link_attributes(self, directory: int, name: str, entry: Entry, options: MetadataOptions) -> None:
+        """A symlink's own attributes, through the /proc name of an O_PATH descriptor of the link.
+
+        Following that name reaches the link itself, never what it points at
+        (Linux keeps only security.* and trusted.* on a symlink).
+        """
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        try:
+            _check_kind(fd, entry)
+            apply_attributes(f"/proc/self/fd/{fd}", entry.xattrs, options, self._notices, symlink=True)
+        finally:
+            os.close(fd)
+
+    def list_attributes(self, options: MetadataOptions) -> None:
+        self._attributes = options if options.attributes else None
+
+    def take_notices(self) -> List[str]:
+        notices = sorted(self._notices)
+        self._notices.clear()
+        return notices
 
     def _check_links(self, info: os.stat_result) -> None:
         """Refuse a metadata change of a file with several hard links, unless allowed.
@@ -660,6 +701,8 @@ class LocalTree(TreeEndpoint):
                     pass  # not created, or already renamed
                 raise
             self.set_metadata(entry, options)
+        elif operation.name == LINK:
+            self._link(entry.target, directory, name)
         elif operation.name == DELETE:
             if entry.kind == DIR:
                 os.rmdir(name, dir_fd=directory)
@@ -671,6 +714,42 @@ class LocalTree(TreeEndpoint):
             self._forget_directories()
         else:
             raise TreeFailure(f"Unknown operation {operation.name!r}")
+
+    def _link(self, leader: str, directory: int, name: str) -> None:
+        """Make ``name`` in ``directory`` another name of the regular file at ``leader`` (-H).
+
+        The leader is opened beneath the root without following a symlink and
+        linked through its descriptor, so no symlink swapped in can make the
+        link reach a file elsewhere; the new name is made as a temporary and
+        renamed over the old one, so the name is never missing.
+        """
+        leader_directory, leader_name = self._parent(leader)
+        try:
+            source = os.open(leader_name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=leader_directory)
+        except FileNotFoundError:
+            raise TreeFailure(f"cannot link to {leader!r}: it is missing") from None
+        try:
+            info = os.fstat(source)
+            if not stat.S_ISREG(info.st_mode):
+                raise TreeFailure(f"cannot link to {leader!r}: it is {describe_kind(info.st_mode)}, "
+                                  f"not a regular file")
+            try:
+                present = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                if (present.st_dev, present.st_ino) == (info.st_dev, info.st_ino):
+                    return  # already a name of that file (a rename would then do nothing)
+            except FileNotFoundError:
+                pass
+            temporary = temporary_name(name)
+            try:
+                # linkat(2) of a descriptor by its /proc name, AT_SYMLINK_FOLLOW: the file
+                # opened above, whatever its name is now (AT_EMPTY_PATH would need a capability).
+                os.link(f"/proc/self/fd/{source}", temporary, dst_dir_fd=directory, follow_symlinks=True)
+                replace_atomically(temporary, name, directory, directory, flush=False)
+            except BaseException:
+                _unlink_quietly(temporary, directory)  # not made, or already renamed: fine
+                raise
+        finally:
+            os.close(source)
 
     def _root_itself(self, name: str) -> None:
         """Make the tree's directory (parents too), or remove it once it is empty."""

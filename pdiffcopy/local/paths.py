@@ -143,6 +143,14 @@ def has_other_names(info: os.stat_result) -> bool:
     return info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode)
 
 
+def link_group(info: os.stat_result) -> str:
+    """A file's :attr:`~pdiffcopy.core.treeplan.Entry.link`: its device and inode when it has
+    other names, else ""."""
+    # Listed always (a few linked files cost a string each): -H needs it on both sides, and
+    # the target's groups are how a sync sees names that are already linked.
+    return f"{info.st_dev:x}:{info.st_ino:x}" if has_other_names(info) else ""
+
+
 def refuse_hard_links(info: os.stat_result, path: str, allowed: bool) -> None:
     """Refuse to change a file with several hard links in place, unless the operator allows it.
 

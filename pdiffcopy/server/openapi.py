@@ -79,7 +79,14 @@ _ENTRY: Dict[str, Any] = {
                    "[..., sparse, link, xattrs]: path "
                    "relative to the tree, kind file, dir, symlink or other, the whole st_mode, "
                    "a symlink's target, sparse 0 or 1, link a name shared by the hard links of one "
-                   "file (-H), xattrs [name, base64 value] pairs (-X, -A)",
+                   "file (-H), xattrs [name, base64 value] pairs (-X, -A; sorted by name). The "
+                   "value of system.posix_acl_access and system.posix_acl_default is not the "
+                   "kernel's binary but a portable text, one line per ACL entry, "
+                   "TAG:NAME:ID:PERMS (user, group, mask or other; NAME and ID empty but for "
+                   "named users and groups, NAME empty when unknown or with numeric_ids; PERMS "
+                   "rwx with -), e.g. user:::rw-\\nuser:daemon:1:r--\\ngroup:::r--\\n"
+                   "mask:::r--\\nother:::---\\n: the applying side maps NAME to its own number "
+                   "and keeps ID when it does not know the name",
     "example": ["db/small.txt", "file", 6, 1795369760261932937, 33188, 0, 0, "", 1, 0],
 }
 
@@ -232,7 +239,9 @@ def _components() -> Dict[str, Any]:
                 "failures": _FAILURE_LIST,
                 "ignored": {"type": "array", "items": {"type": "string"},
                             "description": "What the server did not do because it does not trust "
-                                           "its clients with it (owners, setuid/setgid bits); "
+                                           "its clients with it (owners, setuid/setgid bits, "
+                                           "security.* and trusted.* attributes) or because its "
+                                           "file system cannot (attributes it does not support); "
                                            "absent when nothing was ignored."},
             },
         },
@@ -264,8 +273,11 @@ def _components() -> Dict[str, Any]:
                 "items": {"type": "array", "minItems": 2, "maxItems": 2,
                           "items": {"anyOf": [{"type": "string", "enum": list(OPERATIONS)},
                                               _ref("schemas", "Entry")]},
-                          "description": "[operation, entry]: mkdir, symlink, metadata, delete "
-                                         "or remove"}}},
+                          "description": "[operation, entry]: mkdir, symlink, metadata, delete, "
+                                         "remove or link (the entry, a file, becomes another "
+                                         "name of the regular file at its target, a path in "
+                                         "the same tree; a target leading out gets 403, one "
+                                         "through a symlink is that operation's failure)"}}},
         },
     }
     parameters = {
@@ -308,6 +320,28 @@ def _components() -> Dict[str, Any]:
             "description": "1: flush every file written and every directory that got a new "
                            "name to disk before answering; 0 (the default): leave them to the "
                            "kernel's writeback",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Xattrs": {
+            "name": "xattrs", "in": "query", "required": False,
+            "description": "1 (-X): list, or set and remove, the user.*, security.* and trusted.* "
+                           "extended attributes of the entries (security.* and trusted.* are set "
+                           "and removed only by a server started with --trust-clients); 0 (the "
+                           "default): neither listed nor touched",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "Acls": {
+            "name": "acls", "in": "query", "required": False,
+            "description": "1 (-A): list, or set and remove, the POSIX ACLs (system.posix_acl_access, "
+                           "system.posix_acl_default) of the entries, in the portable text of an "
+                           "Entry; 0 (the default): neither listed nor touched",
+            "schema": {"type": "string", "enum": ["0", "1"]},
+        },
+        "NumericIds": {
+            "name": "numeric_ids", "in": "query", "required": False,
+            "description": "1 (--numeric-ids): ACL entries name users and groups by number only "
+                           "(listed without names, applied by ID); 0 (the default): by name, the "
+                           "number kept for names the host does not know",
             "schema": {"type": "string", "enum": ["0", "1"]},
         },
         "Fresh": {
@@ -608,14 +642,15 @@ def _paths() -> Dict[str, Dict[str, Any]]:
 def _tree_paths() -> Dict[str, Dict[str, Any]]:
     """The tree endpoints, each for a directory below the root and for the root itself."""
     tree = _ref("parameters", "TreePath")
-    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner"), _ref("parameters", "Fsync")]
+    attributes = [_ref("parameters", "Xattrs"), _ref("parameters", "Acls"), _ref("parameters", "NumericIds")]
+    flags = [_ref("parameters", "Times"), _ref("parameters", "Owner"), _ref("parameters", "Fsync"), *attributes]
     binary = {"schema": {"type": "string", "format": "binary"}}
     paths: Dict[str, Dict[str, Any]] = {}
     for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):
         listing = _operation(
             f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
             {"200": _json_answer("The listing", "Listing")},
-            errors=_PATH_ERRORS, parameters=list(parameters))
+            errors=_PATH_ERRORS, parameters=list(parameters) + attributes)
         read = _operation(
             f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",
             {"200": {"description": "The files in the order asked, as a batch stream (records "
@@ -633,7 +668,7 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
                                                    "10,000 files and 256 MiB)",
                   "content": {_BYTES: binary}})
         apply = _operation(
-            f"treeApply{name}", "Make directories and symlinks, set metadata, delete entries",
+            f"treeApply{name}", "Make directories, symlinks and hard links, set metadata, delete entries",
             {"200": _json_answer("The operations that failed", "Failures")},
             errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags,
             body={"required": True, "description": "The operations, run in order (at most 64 MiB "

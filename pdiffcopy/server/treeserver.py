@@ -19,12 +19,13 @@ docs/protocol.rst, section Trees, describes the endpoints and the format.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import os
 import stat
-from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Set, Tuple
+from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from flask import Flask, Response, request
 
@@ -48,6 +49,7 @@ from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
+from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.core.treewire import (
     MAX_BATCH_BYTES,
     MAX_BATCH_FILES,
@@ -104,6 +106,9 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
     def tree_list(path: str = ""):
         """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
         tree = open_tree(root, path, write_hard_links)
+        # -X/-A: every attribute asked for is listed, security.* and trusted.* too
+        # (what a client may read, as it reads owners and content); applying them is the policy's.
+        tree.list_attributes(metadata_options())
         try:
             # The root now: a missing or unreadable tree is an error status.
             top, directories = tree.walk()
@@ -200,7 +205,7 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
             tree.close()
         if refusal:
             raise refusal[0]
-        return failures_answer(failures, ignored)
+        return failures_answer(failures, ignored, tree.take_notices())
 
     @app.post(f"{PREFIX}/tree-apply/")
     @app.post(f"{PREFIX}/tree-apply/<path:path>")
@@ -217,7 +222,7 @@ def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
             failures = tree.apply(operations, options)
         finally:
             tree.close()
-        return failures_answer(failures, ignored)
+        return failures_answer(failures, ignored, tree.take_notices())
 
 
 def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: TokenBucket
@@ -237,13 +242,20 @@ class _Policy:
     def options(self, options: MetadataOptions) -> Tuple[MetadataOptions, Set[str]]:
         """The options to apply, and a set that collects what was ignored."""
         ignored: Set[str] = set()
-        if options.owner and not self.trust_clients:
+        if self.trust_clients:
+            return options, ignored
+        if options.owner:
             ignored.add("owner")
-            options = MetadataOptions(times=options.times, owner=False)
-        return options, ignored
+        # security.* and trusted.* of the server's files are neither set nor removed.
+        return dataclasses.replace(options, owner=False, privileged_xattrs=False), ignored
 
     def entry(self, entry: Entry, ignored: Set[str]) -> Entry:
-        """The entry with the set-id bits the client may not set taken out."""
+        """The entry with the set-id bits and attributes the client may not set taken out."""
+        if not self.trust_clients and entry.xattrs:
+            kept = tuple(pair for pair in entry.xattrs if not pair[0].startswith(PRIVILEGED_PREFIXES))
+            if len(kept) != len(entry.xattrs):
+                ignored.add("xattrs")
+                entry = entry._replace(xattrs=kept)
         if self.trust_clients or not entry.mode & SET_ID_BITS:
             return entry
         bits = stat.S_ISUID if entry.kind == DIR else SET_ID_BITS
@@ -258,6 +270,8 @@ IGNORED_MESSAGES = {
     "owner": "owners are not kept: the server does not trust clients with them (--trust-clients)",
     "setid": "setuid/setgid bits are not kept: the server does not trust clients with them "
              "(--trust-clients)",
+    "xattrs": "security.* and trusted.* attributes are not kept: the server does not trust clients "
+              "with them (--trust-clients)",
 }
 
 
@@ -326,8 +340,11 @@ def check_server_root_kept(operations: List[Operation]) -> None:
 
 
 def metadata_options() -> MetadataOptions:
-    """The ``times``, ``owner`` and ``fsync`` query flags (0 or 1, 0 when missing)."""
-    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"), fsync=flag_arg("fsync"))
+    """The ``times``, ``owner``, ``fsync``, ``xattrs``, ``acls`` and ``numeric_ids`` query flags
+    (0 or 1, 0 when missing)."""
+    return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"), fsync=flag_arg("fsync"),
+                           xattrs=flag_arg("xattrs"), acls=flag_arg("acls"),
+                           numeric_ids=flag_arg("numeric_ids"))
 
 
 def flag_arg(name: str) -> bool:
@@ -421,11 +438,13 @@ def json_answer(document: Any) -> Response:
     return Response(text, mimetype="application/json")
 
 
-def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozenset()) -> Response:
-    """The failures of a batch, and (``ignored``, when not empty) what the server did not do."""
+def failures_answer(failures: List[Failure], ignored: AbstractSet[str] = frozenset(),
+                    notices: Sequence[str] = ()) -> Response:
+    """The failures of a batch, and (``ignored`` and ``notices``, when not empty) what the server did
+    not do: by its policy, or because its file system could not (attributes it does not support)."""
     document: dict = {"failures": [list(failure) for failure in failures]}
-    if ignored:
-        document["ignored"] = [IGNORED_MESSAGES[name] for name in sorted(ignored)]
+    if ignored or notices:
+        document["ignored"] = [IGNORED_MESSAGES[name] for name in sorted(ignored)] + list(notices)
     return json_answer(document)
 
 

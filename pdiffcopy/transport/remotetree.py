@@ -34,7 +34,7 @@ from pdiffcopy.transport.remote import (
     quote_path,
     split_server_url,
 )
-from pdiffcopy.engine.treeendpoints import Failure, Listing, MetadataOptions, Operation, TreeEndpoint
+from pdiffcopy.engine.treeendpoints import LINK, Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.core.treeplan import FILE, Entry
 from pdiffcopy.core.treewire import (
     MAX_BATCH_BYTES,
@@ -84,11 +84,15 @@ class RemoteTree(TreeEndpoint):
         self.compression = compress if isinstance(compress, Compression) else Compression(
             compress, self.base, cores=compressing_cores(self.concurrency))
         self._warned: set = set()
+        self._notices: List[str] = []
+        #: What the listing asks for (-X, -A; :meth:`list_attributes`), or None.
+        self._attributes: Optional[MetadataOptions] = None
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
         if options is not None:
             target += f"?times={int(options.times)}&owner={int(options.owner)}&fsync={int(options.fsync)}"
+            target += _attribute_flags(options, "&")
         return target
 
     # -- TreeEndpoint ----------------------------------------------------
@@ -99,7 +103,10 @@ class RemoteTree(TreeEndpoint):
         The server streams it (docs/protocol.rst): the answer ends with
         ``"complete": true``, or with ``"error"`` when the walk failed midway.
         """
-        response = self.client.request("GET", self._target("tree"))
+        target = self._target("tree")
+        if self._attributes is not None:
+            target += _attribute_flags(self._attributes, "?")
+        response = self.client.request("GET", target)
         try:
             reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
             reader.begin_object()
@@ -262,6 +269,8 @@ class RemoteTree(TreeEndpoint):
         allowed: List[Operation] = []
         for operation in operations:
             refusal = _leaves_the_tree(operation.entry.path, allow_root=True)
+            if not refusal and operation.name == LINK:
+                refusal = _leaves_the_tree(operation.entry.target)  # the file it is linked to
             if refusal:
                 failures.append((operation.entry.path, refusal))
             else:
@@ -272,6 +281,13 @@ class RemoteTree(TreeEndpoint):
                                            headers={"Content-Type": "application/json"})
             failures.extend(self._failures_of(response))
         return failures
+
+    def list_attributes(self, options: MetadataOptions) -> None:
+        self._attributes = options if options.attributes else None
+
+    def take_notices(self) -> List[str]:
+        notices, self._notices = self._notices, []
+        return notices
 
     def may_change_root(self) -> bool:
         return self.path != ""  # the server keeps its root directory as it is
@@ -315,11 +331,19 @@ class RemoteTree(TreeEndpoint):
         return failures
 
     def _warn(self, ignored: List[str]) -> None:
-        """Say once (per process) what the server did not do, such as keeping owners."""
+        """Keep what the server did not do, such as keeping owners, for :meth:`take_notices` (once per process)."""
         for message in ignored:
             if message not in self._warned:
                 self._warned.add(message)
-                logger.warning("%s: %s", self.base, message[:500])
+                self._notices.append(" ".join(message.splitlines())[:500])
+
+
+def _attribute_flags(options: MetadataOptions, separator: str) -> str:
+    """The query flags of -X, -A and --numeric-ids; none without them (as older servers were asked)."""
+    if not options.attributes:
+        return ""
+    return (f"{separator}xattrs={int(options.xattrs)}&acls={int(options.acls)}"
+            f"&numeric_ids={int(options.numeric_ids)}")
 
 
 def _leaves_the_tree(path: str, allow_root: bool = False) -> str:

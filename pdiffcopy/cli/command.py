@@ -15,11 +15,12 @@ import re
 import signal
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from pdiffcopy import __version__
-from pdiffcopy.transport import wire
 from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.transport import wire
+from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
 from pdiffcopy.errors import PdiffcopyError, UsageError
 
 logger = logging.getLogger("pdiffcopy")
@@ -159,8 +160,18 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
+    tree.add_argument("-H", "--hard-links", action="store_true",
+                      help="keep hard links: names sharing a file in SOURCE share one in TARGET "
+                           "(as rsync -H; not implied by -a)")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
+    tree.add_argument("-X", "--xattrs", action="store_true",
+                      help="keep extended attributes (user.*; security.* and trusted.* as root); not "
+                           "part of -a, as in rsync")
+    tree.add_argument("-A", "--acls", action="store_true",
+                      help="keep POSIX ACLs, their users and groups by name (not part of -a)")
+    tree.add_argument("--numeric-ids", action="store_true",
+                      help="name the users and groups of ACLs by number between hosts, not by name")
     tree.add_argument("--fsync", action="store_true",
                       help="flush every file written, and its directory, to disk before reporting "
                            "success (as rsync --fsync; a server does it per request). Single "
@@ -213,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--insecure", action="store_true",
                         help="allow listening on a non-loopback address without a token")
     server.add_argument("--trust-clients", action="store_true",
-                        help="let clients set owners and setuid/setgid bits (tree syncs with -o, "
-                             "-a); without it they are ignored with a warning")
+                        help="let clients set owners, setuid/setgid bits (tree syncs with -o, "
+                             "-a) and security.*/trusted.* attributes (-X); without it they are "
+                             "ignored with a warning")
     server.add_argument("--write-hard-links", action="store_true",
                         help="let clients change files with several hard links in place (data, "
                              "size, metadata): every name of such a file changes, also outside "
@@ -595,41 +607,6 @@ def require_extra(modules, extra: str, what: str) -> None:
         except ImportError:
             raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
                                  f"pip install 'pdiffcopy[{extra}]'") from None
-
-
-def wants_stats(args: argparse.Namespace) -> bool:
-    """Whether to end with the stats line: --stats or -v (as rsync's -v prints its summary)."""
-    return bool(args.stats or args.verbose)
-
-
-def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
-                wire_before: Tuple[int, int] = (0, 0)) -> None:
-    """Print rsync's --stats figures on one line of stdout.
-
-    :param moved: Bytes moved (sent, received or written) to bring the target up to date.
-    :param files: Files copied or updated (tree syncs), or None (a single file).
-    :param seconds: Elapsed time of the whole sync.
-    :param remote: Whether a server took part: then the bytes on the wire are shown, counted
-                   by :mod:`pdiffcopy.transport.wire` since ``wire_before``.
-    """
-    from humanfriendly import format_size
-
-    parts = [f"stats: moved {moved} bytes" + ("" if files is None else
-                                                 f" in {files} file{'' if files == 1 else 's'}")]
-    sent, received = (now - before for now, before in zip(wire.totals(), wire_before))
-    if remote and (sent or received):
-        parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
-    seconds = max(seconds, 1e-6)
-    parts += [f"{seconds:.2f} s", f"{format_size(moved / seconds, binary=True)}/s"]
-    sys.stdout.write(", ".join(parts) + "\n")
-    sys.stdout.flush()
-
-
-def show_progress(args: argparse.Namespace) -> bool:
-    """Whether to draw the progress line: on a terminal unless -q or --no-progress; always with -P."""
-    if args.no_progress:
-        return False
-    return args.progress or (not args.quiet and sys.stderr.isatty())
 
 
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
