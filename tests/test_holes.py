@@ -339,3 +339,38 @@ def test_zero_runs_are_whole_units_and_the_zero_edges_of_partly_covered_ones():
     # the zeros at 13..16 share a unit with data and stay data.
     assert zero_runs(bytes(3) + b"z" * 5 + bytes(9), 5, unit) == [(5, 3), (16, 6)]
     assert zero_runs(b"", 0, unit) == []
+
+
+def test_a_server_that_cannot_punch_writes_zeros_and_the_client_warns_once(unpunchable, tmp_path, caplog):
+    from conftest import start_server
+
+    source = tmp_path / "source.img"
+    size, extents = LAYOUTS["scattered"]
+    expected = make_sparse(source, size, extents)
+    (unpunchable / "target.img").write_bytes(random_bytes(size, seed=9))
+    server = start_server(unpunchable, tmp_path / "server.log")
+    try:
+        with caplog.at_level(logging.WARNING):
+            result = sync(str(source), server.url("target.img"), block_size=BLOCK, concurrency=2)
+    finally:
+        server.stop()
+    assert result.verified
+    assert (unpunchable / "target.img").read_bytes() == expected
+    warnings = [r for r in caplog.records if "cannot punch holes" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_tree_sparse_option_turns_zero_runs_of_big_files_into_holes(direction, request, tmp_path, unique):
+    server = request.getfixturevalue("server") if direction != "local" else None
+    name = unique.replace(".img", "")
+    source_dir = server.root / name if direction == "pull" else tmp_path / "src"
+    target_dir = server.root / name if direction == "push" else tmp_path / "dst"
+    source_dir.mkdir(parents=True)
+    data = random_bytes(MIB, seed=5) + bytes(70 * MIB) + random_bytes(MIB, seed=6)  # dense: zeros as data
+    (source_dir / "disk.img").write_bytes(data)
+    source_arg = f"{server.url(name)}/" if direction == "pull" else f"{source_dir}/"
+    target_arg = f"{server.url(name)}/" if direction == "push" else str(target_dir)
+    result = sync_tree(source_arg, target_arg, concurrency=2, sparse=True)
+    assert not result.failures
+    assert (target_dir / "disk.img").read_bytes() == data
+    assert allocated(target_dir / "disk.img") <= 2 * MIB + 2 * block_of(target_dir / "disk.img")

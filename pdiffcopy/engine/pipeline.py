@@ -418,7 +418,7 @@ class _SyncJob:
         if self.options.sparse:
             work.write_sparse(True)
         try:
-            prepare_work(work, plan.size, self.source_data)
+            prepare_work(work, plan.size, self.source_data, self.options.sparse)
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
@@ -577,7 +577,7 @@ class _SyncJob:
         leaves the target exactly as it was.
         """
         if not self.prepared:
-            prepare_work(work, size, self.source_data)
+            prepare_work(work, size, self.source_data, self.options.sparse)
             self.prepared = True
 
     def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
@@ -608,7 +608,7 @@ class _SyncJob:
             work.prepare(plan.size)  # cuts an in-place target that was longer
             self.bytes_moved = plan.size
         else:
-            prepare_work(work, plan.size, self.source_data)
+            prepare_work(work, plan.size, self.source_data, self.options.sparse)
             self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)

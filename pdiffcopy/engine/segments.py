@@ -323,8 +323,15 @@ def source_data_bytes(source: FileEndpoint, size: int) -> Optional[int]:
     return data if size else None
 
 
-def prepare_work(work: FileEndpoint, size: int, data_bytes: Optional[int]) -> None:
-    """Size the work file; by a hole when the source is sparse (``data_bytes`` of data will be written)."""
+def prepare_work(work: FileEndpoint, size: int, data_bytes: Optional[int], zeros_to_holes: bool = False) -> None:
+    """Size the work file; by a hole when the source is sparse (``data_bytes`` of data will be written).
+
+    :param zeros_to_holes: ``--sparse``: the zeros written become holes, so a dense source's
+                           growth is not reserved either (a reserved block that a write only
+                           partly covers would stay allocated); all of it is checked.
+    """
+    if data_bytes is None and zeros_to_holes:
+        data_bytes = size
     if data_bytes is None:
         work.prepare(size)
     else:

@@ -694,7 +694,8 @@ class _Runner:
                            partial)
             try:
                 prepare_work(work, action.source.size,
-                             source_data_bytes(source, action.source.size) if action.source.sparse else None)
+                             source_data_bytes(source, action.source.size) if action.source.sparse else None,
+                             self.options.sparse)
             except BaseException:
                 big.give_up()
                 raise
