@@ -96,6 +96,12 @@ _FAILURE_LIST: Dict[str, Any] = {
 }
 
 
+def _flag(name: str, description: str) -> Dict[str, Any]:
+    """A query parameter that is 0 (the default) or 1."""
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": {"type": "string", "enum": ["0", "1"]}}
+
+
 def _ref(kind: str, name: str) -> Dict[str, str]:
     return {"$ref": f"#/components/{kind}/{name}"}
 
@@ -304,54 +310,26 @@ def _components() -> Dict[str, Any]:
                            "403.",
             "schema": {"type": "string", "minLength": 1}, "example": "db",
         },
-        "Times": {
-            "name": "times", "in": "query", "required": False,
-            "description": "1: set modification times from the entries; 0 (the default): do not",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "Owner": {
-            "name": "owner", "in": "query", "required": False,
-            "description": "1: set user and group from the entries (when the server runs as "
-                           "root); 0 (the default): do not",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "Fsync": {
-            "name": "fsync", "in": "query", "required": False,
-            "description": "1: flush every file written and every directory that got a new "
-                           "name to disk before answering; 0 (the default): leave them to the "
-                           "kernel's writeback",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "Xattrs": {
-            "name": "xattrs", "in": "query", "required": False,
-            "description": "1 (-X): list, or set and remove, the user.*, security.* and trusted.* "
-                           "extended attributes of the entries (security.* and trusted.* are set "
-                           "and removed only by a server started with --trust-clients); 0 (the "
-                           "default): neither listed nor touched",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "Acls": {
-            "name": "acls", "in": "query", "required": False,
-            "description": "1 (-A): list, or set and remove, the POSIX ACLs (system.posix_acl_access, "
-                           "system.posix_acl_default) of the entries, in the portable text of an "
-                           "Entry; 0 (the default): neither listed nor touched",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "NumericIds": {
-            "name": "numeric_ids", "in": "query", "required": False,
-            "description": "1 (--numeric-ids): ACL entries name users and groups by number only "
-                           "(listed without names, applied by ID); 0 (the default): by name, the "
-                           "number kept for names the host does not know",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
-        "Fresh": {
-            "name": "fresh", "in": "query", "required": False,
-            "description": "1: the files are new; each is created under its name exclusively "
-                           "(no temporary and rename) and removed if writing it fails; a name "
-                           "that exists gets the temporary and rename after all. 0 (the "
-                           "default): every file goes through a temporary",
-            "schema": {"type": "string", "enum": ["0", "1"]},
-        },
+        "Times": _flag("times", "1: set modification times from the entries; 0 (the default): do not"),
+        "Owner": _flag("owner", "1: set user and group from the entries (when the server runs as "
+                                "root); 0 (the default): do not"),
+        "Fsync": _flag("fsync", "1: flush every file written and every directory that got a new "
+                                "name to disk before answering; 0 (the default): leave them to the "
+                                "kernel's writeback"),
+        "Xattrs": _flag("xattrs", "1 (-X): list, or set and remove, the user.*, security.* and trusted.* "
+                                  "extended attributes of the entries (security.* and trusted.* are set "
+                                  "and removed only by a server started with --trust-clients); 0 (the "
+                                  "default): neither listed nor touched"),
+        "Acls": _flag("acls", "1 (-A): list, or set and remove, the POSIX ACLs (system.posix_acl_access, "
+                              "system.posix_acl_default) of the entries, in the portable text of an "
+                              "Entry; 0 (the default): neither listed nor touched"),
+        "NumericIds": _flag("numeric_ids", "1 (--numeric-ids): ACL entries name users and groups by number only "
+                                           "(listed without names, applied by ID); 0 (the default): by name, the "
+                                           "number kept for names the host does not know"),
+        "Fresh": _flag("fresh", "1: the files are new; each is created under its name exclusively "
+                                "(no temporary and rename) and removed if writing it fails; a name "
+                                "that exists gets the temporary and rename after all. 0 (the "
+                                "default): every file goes through a temporary"),
         "Lease": {
             "name": "X-Pdiffcopy-Lease", "in": "header", "required": False,
             "description": "The id of the client's write lease on the file (POST "
