@@ -83,6 +83,27 @@ def sparse_copy(source: Path, target: Path) -> None:
         os.fsync(dst.fileno())
 
 
+def same_content(source: Path, target: Path) -> bool:
+    """Whether two files hold the same bytes, reading only where either has data (holes read as zeros).
+
+    Exact, and fast for a 1 TiB image: a sha256 of it would read a tebibyte of zeros.
+    """
+    if source.stat().st_size != target.stat().st_size:
+        return False
+    ranges = sorted(data_extents(source) + data_extents(target))
+    with open(source, "rb") as a, open(target, "rb") as b:
+        position = 0
+        for offset, length in ranges:
+            start, end = max(offset, position), offset + length
+            while start < end:
+                count = min(benchlib.IO_CHUNK, end - start)
+                if os.pread(a.fileno(), count, start) != os.pread(b.fileno(), count, start):
+                    return False
+                start += count
+            position = max(position, end)
+    return True
+
+
 def make_image(path: Path, size: int, data: int, extents: int, seed: int) -> None:
     """A sparse image of `size` bytes with `data` bytes of random data in `extents` extents."""
     rng = random.Random("image-%i" % seed)
@@ -229,7 +250,7 @@ def build(args, net, work: Path, logs: Path):
     return servers, [tool for tool in tools if tool.mode in args.modes]
 
 
-def measure(tool: Tool, case: str, source: Path, older: Path, net, work: Path, logs: Path, expected: str,
+def measure(tool: Tool, case: str, source: Path, older: Path, net, work: Path, logs: Path,
             warm_up: bool) -> Sample:
     target = work / "run" / ("%s-%s-%s.img" % (case, tool.name, tool.mode))
     log_path = logs / ("%s-%s-%s.log" % (tool.name, tool.mode, case))
@@ -248,7 +269,9 @@ def measure(tool: Tool, case: str, source: Path, older: Path, net, work: Path, l
         result = benchlib.run_tool(command if tool.mode == "local" else net.in_client(command), log_path, tool.env)
         wire = net.wire_bytes() - before
     allocated = target.stat().st_blocks * 512
-    benchlib.verify_copy(target, expected, source.stat().st_size, "%s %s on %s" % (tool.name, tool.mode, case))
+    if not same_content(source, target):
+        raise BenchmarkError("VERIFICATION FAILED for %s %s on %s: %s differs from the source"
+                             % (tool.name, tool.mode, case, target))
     target.unlink()
     return Sample(result.seconds, wire, result.max_rss_kib, allocated)
 
@@ -321,7 +344,6 @@ def main(argv=None) -> int:
         log("making a %s image with %s of data" % (benchlib.format_size(args.size), benchlib.format_size(args.data)))
         make_image(source, args.size, args.data, args.extents, args.seed)
         changed = make_older(source, older, args.seed) if "changed10" in args.cases else 0
-        expected = benchlib.sha256_file(source)
         source_allocated = source.stat().st_blocks * 512
         results: Dict = {}
         server_rss: Dict = {}
@@ -340,7 +362,7 @@ def main(argv=None) -> int:
                 for case in args.cases:
                     for round_number in range(args.rounds):
                         for tool in (tools if round_number % 2 == 0 else list(reversed(tools))):
-                            sample = measure(tool, case, source, older, net, work, logs, expected, args.warm_up)
+                            sample = measure(tool, case, source, older, net, work, logs, args.warm_up)
                             where = "local" if tool.mode == "local" else label
                             log("%s %s %s %s: %.2f s, %.1f MiB on the link, allocation %.3f" % (
                                 where, case, tool.mode, tool.name, sample.seconds, sample.wire / 2**20,
