@@ -10,8 +10,9 @@ import os
 import re
 import secrets
 
-#: Bytes moved per read or write system call. BENCHMARKING.md: writes into
-#: new files of 128 KiB to 1 MiB are several times faster here than 4 MiB ones.
+#: Bytes moved per read or write system call: writes into new files of 128 KiB
+#: to 1 MiB are several times faster than 4 MiB ones (docs/benchmarks.rst,
+#: "Local copies").
 TRANSFER_CHUNK_SIZE = 1024 * 1024
 
 #: The first path component reserved for the server's API (``/.pdiffcopy/...``);
