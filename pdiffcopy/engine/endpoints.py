@@ -41,9 +41,6 @@ class FileEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the file lives behind a server (for messages and logs; the
-    #: engine asks for capabilities instead: :meth:`can_copy_from`, ...).
-    is_remote: bool = False
 
     @abstractmethod
     def stat(self) -> Optional[FileInfo]:

@@ -126,8 +126,6 @@ def _close_pending(pending: List[_Frame]) -> None:
 class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
-    is_remote = False
-
     #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
     sweep = False
 
@@ -800,9 +798,6 @@ class LocalTree(TreeEndpoint):
 
         # Beneath the root, like every other access of the tree (docs/trees.rst).
         return LocalFile.below(self.root, self._full(path))
-
-    def file_path(self, path: str) -> str:
-        return os.path.join(self.directory, path)
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:

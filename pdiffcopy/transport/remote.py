@@ -698,8 +698,6 @@ class RemoteFile(FileEndpoint):
     local tree's member is.
     """
 
-    is_remote = True
-
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
                  _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None,
