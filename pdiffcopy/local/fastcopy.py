@@ -58,7 +58,7 @@ from pdiffcopy.errors import (
     UsageError,
     storage_error,
 )
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local.descriptors import (
     FICLONE,
     NO_FASTPATH_VARIABLE,
     REFUSALS,

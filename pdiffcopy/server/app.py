@@ -74,7 +74,7 @@ from pdiffcopy.errors import (
     UsageError,
     storage_error,
 )
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local.descriptors import (
     TRANSFER_CHUNK_SIZE,
     RangeReader,
     copy_available,
@@ -93,8 +93,8 @@ from pdiffcopy.local.leases import LEASE_SECONDS, Leases
 from pdiffcopy.server.legacyapi import add_legacy_api
 from pdiffcopy.server.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED, ServerMetrics
 from pdiffcopy.server.openapi import DOCUMENT_PATH, render_document
-from pdiffcopy.local.file import LocalFile
-from pdiffcopy.local.paths import Root, refuse_hard_links
+from pdiffcopy.local.localfile import LocalFile
+from pdiffcopy.local.confinement import Root, refuse_hard_links
 from pdiffcopy.core.protocol import LEASE_HEADER, NO_FOLLOW_HEADER
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.server.slots import FairSlots
@@ -193,7 +193,7 @@ class AnyPathConverter(PathConverter):
     The stock one wants a first character other than ``/`` and no newline
     after it, so ``/.pdiffcopy/resize//x`` or a name with a newline fell
     through to other rules (405, a generic 404, or the reserved-name 403).
-    Matching everything lets one function, :func:`pdiffcopy.local.paths.clean_relative_path`,
+    Matching everything lets one function, :func:`pdiffcopy.local.confinement.clean_relative_path`,
     judge every path, with a message that names the problem.
     """
 

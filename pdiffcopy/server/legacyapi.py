@@ -38,11 +38,11 @@ from pdiffcopy import __version__
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.server.bodyreader import open_body
 from pdiffcopy.errors import AccessDenied, BadRequest, RangeNotSatisfiable, ServerBusy, storage_error
-from pdiffcopy.local.fileops import TRANSFER_CHUNK_SIZE, start_writeback, write_all
+from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE, start_writeback, write_all
 from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.core.hashing import digest_size, validate_method
 from pdiffcopy.local.leases import Leases
-from pdiffcopy.local.paths import Root
+from pdiffcopy.local.confinement import Root
 from pdiffcopy.server.slots import FairSlots
 
 #: The paths and methods of 1.0.1's requests (HEAD as GET: Flask answers both).

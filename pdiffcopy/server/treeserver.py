@@ -10,7 +10,7 @@ root (or the root itself, without ``{path}``):
 * ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions.
 
 The work is done by a :class:`~pdiffcopy.local.localtree.LocalTree` confined
-beneath the server's :class:`~pdiffcopy.local.paths.Root`; the views check what
+beneath the server's :class:`~pdiffcopy.local.confinement.Root`; the views check what
 the client sent (entries, operations, bounds) before it reaches it, so a
 malformed request is a 400 (a path leading out a 403), never a 500. The
 token check and the JSON error answers are the application's (server.py).
@@ -44,7 +44,7 @@ from pdiffcopy.errors import (
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.local.localtree import Directories, LocalTree
 from pdiffcopy.server.metrics import ServerMetrics
-from pdiffcopy.local.paths import Root, clean_relative_path
+from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation

@@ -22,7 +22,7 @@ from pdiffcopy.errors import (
     StorageError,
     storage_error,
 )
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local.descriptors import (
     RangeReader,
     copy_available,
     copy_range,
@@ -43,7 +43,7 @@ from pdiffcopy.local.fileops import (
     write_sparse,
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
-from pdiffcopy.local.paths import Root, clean_relative_path, has_other_names, open_regular_path
+from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
 from pdiffcopy.engine.workers import die_with_parent
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class LocalFile(FileEndpoint):
     ``LocalFile(path)`` is a file the user named: its path is resolved as
     given, symlinks included. :meth:`below` makes a file confined beneath a
     directory (a tree's member): every open goes through
-    :class:`~pdiffcopy.local.paths.Root` (``openat2`` with ``RESOLVE_BENEATH``,
+    :class:`~pdiffcopy.local.confinement.Root` (``openat2`` with ``RESOLVE_BENEATH``,
     ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
     removed through a descriptor of its directory, so a directory swapped
     for a symlink after the tree was listed can never lead a read or a write

@@ -8,7 +8,7 @@ between a check and the open for a swapped-in symlink to exploit. Symlinks
 that stay inside the root work.
 
 Where ``openat2`` is missing (Linux < 5.6, other systems), or the fast paths
-are turned off (:func:`~pdiffcopy.local.fileops.fast_paths_enabled`), the fallback
+are turned off (:func:`~pdiffcopy.local.descriptors.fast_paths_enabled`), the fallback
 walks the path one component at a time with ``O_NOFOLLOW``: stricter (it
 refuses every symlink) but equally safe.
 """
@@ -22,7 +22,7 @@ import stat
 from typing import Optional, Tuple
 
 from pdiffcopy.errors import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
-from pdiffcopy.local.fileops import fast_paths_enabled
+from pdiffcopy.local.descriptors import fast_paths_enabled
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH, RESERVED_NAME
 
 
