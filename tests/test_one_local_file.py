@@ -298,6 +298,15 @@ def test_one_umask_reader_and_one_range_copy_loop():
     assert calls_in_package("os.copy_file_range(") == ["descriptors.py", "fastcopy.py"]
 
 
+def test_libc_is_loaded_in_one_place():
+    # local/libc.py loads it once for every platform call. The engine's prctl
+    # (engine/workers.py) waits for the worker pool's move (issue 20, item 2).
+    package = Path(pdiffcopy.__file__).parent
+    loaders = [path.relative_to(package).as_posix() for path in package_modules()
+               if "CDLL(" in path.read_text() and path.relative_to(package).parts[0] != "engine"]
+    assert loaders == ["local/libc.py"]
+
+
 @pytest.mark.parametrize("switch", ["", "1"])
 @pytest.mark.parametrize("length", [0, 1, 5000, 3 * 1024 * 1024 + 7])
 def test_the_copy_loop_copies_what_there_is(tmp_path, kill_switch, switch, length):

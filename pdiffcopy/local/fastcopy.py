@@ -58,6 +58,7 @@ from pdiffcopy.errors import (
     UsageError,
     storage_error,
 )
+from pdiffcopy.local import libc
 from pdiffcopy.local.descriptors import (
     FICLONE,
     NO_FASTPATH_VARIABLE,
@@ -66,8 +67,6 @@ from pdiffcopy.local.descriptors import (
     SYNC_FILE_RANGE_WAIT_BEFORE,
     SYNC_FILE_RANGE_WRITE,
     TRANSFER_CHUNK_SIZE,
-    _call_libc,
-    _Libc,
     fast_paths_enabled,
     replace_atomically,
     reserve,
@@ -289,7 +288,7 @@ class _CacheWindow:
         self.read_dropped = 0  # source pages below this offset were dropped
         self.write_started = 0  # target writeback was started below this offset
         self.write_dropped = 0  # target pages below this offset were written and dropped
-        self._sync_file_range = _Libc.load().sync_file_range \
+        self._sync_file_range = libc.sync_file_range() \
             if self.writeback and fast_paths_enabled() else None
 
     def begin(self, position: int, size: int) -> None:
@@ -342,7 +341,7 @@ class _CacheWindow:
     def _sync(self, offset: int, length: int, flags: int) -> None:
         if self._sync_file_range is not None:
             try:
-                _call_libc(self._sync_file_range, self.target_fd, offset, length, flags)
+                libc.call(self._sync_file_range, self.target_fd, offset, length, flags)
                 return
             except OSError as error:
                 if error.errno not in REFUSALS and error.errno != errno.ESPIPE:
