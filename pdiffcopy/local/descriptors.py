@@ -173,26 +173,30 @@ def sweep_stale_temporaries(directory: str, recursive: bool = False,
     return removed
 
 
-def read_chunks(fd: int, ranges: Iterable[ByteRange],
-                chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Tuple[int, memoryview]]:
+def read_chunks(fd: int, ranges: Iterable[ByteRange], chunk_size: int = TRANSFER_CHUNK_SIZE,
+                copies: bool = False) -> "Iterator[Tuple[int, bytes | memoryview]]":
     """Read ranges of a file as (offset, chunk) pairs.
 
-    The chunks are views of one reused buffer: consume each before asking for
-    the next.
+    The chunks are views of one reused buffer (consume each before asking for
+    the next), or with ``copies`` new ``bytes`` each (for a caller that keeps
+    them, as a response body's consumer may).
 
     :raises OSError: When reading fails.
     :raises EOFError: When the file is shorter than a range (it shrank).
     """
-    buffer = bytearray(chunk_size)
-    view = memoryview(buffer)
+    view = None if copies else memoryview(bytearray(chunk_size))
     for offset, length in ranges:
         position, end = offset, offset + length
         while position < end:
-            got = os.preadv(fd, [view[: min(chunk_size, end - position)]], position)
-            if got <= 0:
+            wanted = min(chunk_size, end - position)
+            if view is None:
+                chunk: "bytes | memoryview" = os.pread(fd, wanted, position)
+            else:
+                chunk = view[: os.preadv(fd, [view[:wanted]], position)]
+            if not chunk:
                 raise EOFError(f"file ended at {position} bytes, before {end}")
-            yield position, view[:got]
-            position += got
+            yield position, chunk
+            position += len(chunk)
 
 
 def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:

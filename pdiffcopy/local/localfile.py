@@ -23,6 +23,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.descriptors import (
+    TRANSFER_CHUNK_SIZE,
     RangeReader,
     copy_available,
     copy_range,
@@ -303,6 +304,17 @@ class LocalFile(FileEndpoint):
             self._read_fd = self._open(os.O_RDONLY)
         return self._read_fd
 
+    def read_descriptor(self) -> int:
+        """The descriptor the file is read through (opened on first use; :meth:`close` closes it)."""
+        return self._reader()
+
+    def write_in_place(self) -> int:
+        """Open the file, which must exist, for writing in place; the descriptor its writes
+        go through (:meth:`close` closes it)."""
+        if self._write_fd is None:
+            self._write_fd = self._open(os.O_WRONLY)
+        return self._write_fd
+
     def _writer(self) -> int:
         if self._closed:
             raise StorageError(f"Cannot write {self.path}: the sync was stopped")
@@ -347,9 +359,16 @@ class LocalFile(FileEndpoint):
             write_all(fd, data, offset)
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
+        return self._read(ranges, TRANSFER_CHUNK_SIZE, copies=False)
+
+    def read_copies(self, ranges: Iterable[ByteRange], chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Chunk]:
+        """:meth:`read_ranges`, each chunk new ``bytes`` (a response body's consumer may keep them)."""
+        return self._read(ranges, chunk_size, copies=True)
+
+    def _read(self, ranges: Iterable[ByteRange], chunk_size: int, copies: bool) -> Iterator[Chunk]:
         fd = self._reader()
         try:
-            yield from read_chunks(fd, ranges)
+            yield from read_chunks(fd, ranges, chunk_size, copies)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
         except EOFError:
@@ -358,12 +377,14 @@ class LocalFile(FileEndpoint):
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
         fd = self._writer()
         written = 0
-        try:
-            for offset, data in chunks:
+        # Only the writes are this file's errors: the chunks' source (a request body, a
+        # connection) raises its own, a client's timeout included.
+        for offset, data in chunks:
+            try:
                 self._write_chunk(fd, data, offset)
-                written += len(data)
-        except OSError as error:
-            raise storage_error(error, f"write {self.path}") from None
+            except OSError as error:
+                raise storage_error(error, f"write {self.path}") from None
+            written += len(data)
         for offset, length in ranges:
             start_writeback(fd, offset, length)  # the final fsync then has little left
         return written

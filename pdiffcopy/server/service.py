@@ -234,7 +234,7 @@ def answer_protocol_errors_in_json() -> None:
         return
 
     def write_error(sock, status_int: int, reason: str, mesg: str) -> None:
-        from pdiffcopy.server.app import one_line
+        from pdiffcopy.server.requests import one_line
 
         message = one_line(f"{reason}: {mesg}" if mesg else reason)[:1000]
         body = json.dumps({"error": message, "status": status_int}).encode("ascii") + b"\n"
