@@ -332,12 +332,13 @@ def test_the_copy_loop_copies_what_there_is(tmp_path, kill_switch, switch, lengt
 def test_the_servers_file_views_open_files_only_through_a_confined_local_file():
     """One implementation of a file on this machine: the views call LocalFile.below, not Root."""
     views = Path(pdiffcopy.__file__).parent / "server"
-    for module in ("app.py", "legacyapi.py"):  # the file views of today's API and of 1.0.1's
+    # The file views of today's API and of 1.0.1's, what parses their requests, what streams their bytes.
+    for module in ("app.py", "files.py", "legacyapi.py", "requests.py", "streaming.py"):
         source = (views / module).read_text()
         assert re.findall(r"root\.(open\w*)\(", source) == [], module
         for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
             assert call not in source, (module, call)
-    assert "LocalFile.below(" in (views / "app.py").read_text()
+    assert "LocalFile.below(" in (views / "requests.py").read_text()  # served(), which every view asks
 
 
 def test_every_atomic_replace_goes_through_one_helper():
@@ -370,3 +371,13 @@ def test_one_refusal_set():
     assert calls_in_package("st_nlink > 1") == ["confinement.py"]
     assert calls_in_package("def describe_kind(") == ["confinement.py"]
     assert calls_in_package("def refuse_hard_links(") == ["confinement.py"]
+
+
+def test_a_confined_file_is_a_class_of_its_own(tmp_path):
+    # One class per case: a plain path's LocalFile and below()'s confined one never
+    # ask which they are (no `_root is None` branches).
+    from pdiffcopy.local import localfile
+
+    confined = LocalFile.below(Root(str(tmp_path), reserve=False), "a")
+    assert isinstance(confined, LocalFile) and type(confined) is not LocalFile
+    assert "_root is None" not in Path(localfile.__file__).read_text()
