@@ -53,7 +53,7 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
         # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
         return remote_file(location, token=token, concurrency=concurrency,
                            timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
-    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.local.localfile import LocalFile
 
     if not location or location.endswith("/"):
         raise UsageError(f"Not a file name: {location!r}")

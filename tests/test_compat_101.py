@@ -343,7 +343,7 @@ def test_hashes_serial_parallel_and_http_agree(server, unique):
 
     from conftest import http_get
 
-    from pdiffcopy.local.file import LocalFile, start_hash_pool
+    from pdiffcopy.local.localfile import LocalFile, start_hash_pool
 
     data = random_bytes(SIZE, seed=18)
     path = server.root / unique

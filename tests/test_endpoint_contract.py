@@ -24,7 +24,7 @@ import pytest
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError
 from pdiffcopy.core.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
-from pdiffcopy.local.file import LocalFile
+from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.transport.remote import RemoteFile
 from pdiffcopy.transport.remotetree import RemoteTree
@@ -200,7 +200,7 @@ def test_read_ranges_gives_the_bytes_asked_for(files):
     assert [offset for offset, _ in chunks] == sorted(offset for offset, _ in chunks)
 
 
-#: Larger than the buffer a reader reuses (fileops.TRANSFER_CHUNK_SIZE, 1 MiB), so that one range takes several chunks.
+#: Larger than the buffer a reader reuses (descriptors.TRANSFER_CHUNK_SIZE, 1 MiB): one range takes several chunks.
 REUSED_BUFFER_DATA_SIZE = 2 * 1024 * 1024 + 4321
 
 

@@ -25,7 +25,7 @@ import pytest
 from pdiffcopy.local import fastcopy
 from pdiffcopy.errors import Conflict, FileMissing, NotAFile, StorageError, UsageError
 from pdiffcopy.local.fastcopy import METHODS, copy_file, copy_into
-from pdiffcopy.local.fileops import FICLONE, is_temporary_name
+from pdiffcopy.local.descriptors import FICLONE, is_temporary_name
 
 MiB = 1024 * 1024
 

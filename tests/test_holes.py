@@ -293,7 +293,7 @@ def test_a_file_system_that_cannot_punch_gets_zeros_and_one_warning(unpunchable,
 
 def test_a_source_whose_holes_change_during_the_sync_is_caught(tmp_path, monkeypatch):
     from pdiffcopy.errors import Conflict
-    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.local.localfile import LocalFile
 
     source, target = tmp_path / "source.img", tmp_path / "target.img"
     size, extents = LAYOUTS["hole-in-middle"]

@@ -51,7 +51,7 @@ FORBIDDEN = {
         "pdiffcopy.cli.command",
     },
     "pdiffcopy.core.treewire": {
-        "pdiffcopy.local.paths",
+        "pdiffcopy.local.confinement",
     },
 }
 

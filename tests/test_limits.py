@@ -20,7 +20,7 @@ from conftest import mutate, start_server
 from pdiffcopy import sync
 from pdiffcopy.errors import ServerBusy
 from pdiffcopy.transport.remote import MAX_BUSY_RETRIES, RemoteFile
-from pdiffcopy.server.app import MAX_CONCURRENT_HASHES
+from pdiffcopy.server.context import MAX_CONCURRENT_HASHES
 
 #: The file the syncs move.
 SIZE = 64 * 1024 * 1024

@@ -192,7 +192,7 @@ def test_the_engine_imports_no_kind_of_endpoint():
     tree = ast.parse(Path(importlib.util.find_spec("pdiffcopy.engine.segments").origin).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
         {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert not imported & {"pdiffcopy.local.file", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
+    assert not imported & {"pdiffcopy.local.localfile", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
                            "pdiffcopy.transport.remotetree", "pdiffcopy.server.app", "pdiffcopy.server.service",
                            "pdiffcopy.api", "pdiffcopy.cli.command"}
 
@@ -272,7 +272,7 @@ def test_a_segment_hashes_both_sides_at_once(server, tmp_path, unique, direction
     """
     from pdiffcopy.core.blocks import BlockPlan
     from pdiffcopy.engine.segments import sync_segment
-    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.local.localfile import LocalFile
     from pdiffcopy.transport.remote import RemoteFile
 
     old = random_bytes(4 * 64 * 1024, seed=21)

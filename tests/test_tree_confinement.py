@@ -2,7 +2,7 @@
 
 A tree sync lists both trees, then works through the plan; the big files
 (changed ones from 8 MiB, new ones from 64 MiB) go through the block engine
-as :class:`~pdiffcopy.local.file.LocalFile` endpoints. If those were opened by
+as :class:`~pdiffcopy.local.localfile.LocalFile` endpoints. If those were opened by
 path, a directory of the tree replaced by a symlink between the listing and
 the copy would send the write (or the read) to wherever the symlink points.
 """

@@ -505,7 +505,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.max_rate:
         raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
     handle_termination()
-    from pdiffcopy.local.fileops import raise_open_file_limit
+    from pdiffcopy.local.descriptors import raise_open_file_limit
 
     raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:

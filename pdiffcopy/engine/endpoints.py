@@ -1,7 +1,7 @@
 """One interface for a file, wherever it is.
 
 A sync talks to its source and its target through :class:`FileEndpoint`:
-a local file (:mod:`pdiffcopy.local.file`) and a file behind a pdiffcopy server
+a local file (:mod:`pdiffcopy.local.localfile`) and a file behind a pdiffcopy server
 (:mod:`pdiffcopy.transport.remote`) offer the same few operations, so the sync logic
 is written once and one test suite exercises both.
 """
@@ -41,9 +41,6 @@ class FileEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the file lives behind a server (for messages and logs; the
-    #: engine asks for capabilities instead: :meth:`can_copy_from`, ...).
-    is_remote: bool = False
 
     @abstractmethod
     def stat(self) -> Optional[FileInfo]:

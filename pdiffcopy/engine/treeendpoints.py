@@ -78,8 +78,6 @@ class TreeEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the tree lives behind a server.
-    is_remote: bool = False
 
     @abstractmethod
     def list(self) -> Listing:

@@ -125,9 +125,9 @@ _STATUS_ERRORS: Dict[int, Type[PdiffcopyError]] = {
 #: a chunk list request (offset, length) and a move of a copy request (from, to, length).
 _CHUNK_RANGE = struct.Struct("<QQ")
 _COPY_MOVE = struct.Struct("<QQQ")
-#: Most ranges one chunk list request names: the server's bound (server.app.MAX_CHUNK_RANGES).
+#: Most ranges one chunk list request names: the server's bound (server.files.MAX_CHUNK_RANGES).
 MAX_CHUNK_RANGES = 65536
-#: Most ranges one punch request names: the server's bound (server.app.MAX_PUNCH_RANGES).
+#: Most ranges one punch request names: the server's bound (server.files.MAX_PUNCH_RANGES).
 MAX_PUNCH_RANGES = 65536
 
 logger = logging.getLogger(__name__)
@@ -697,8 +697,6 @@ class RemoteFile(FileEndpoint):
     such a file is refused with :class:`~pdiffcopy.errors.NotAFile`, as a
     local tree's member is.
     """
-
-    is_remote = True
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,

@@ -66,8 +66,6 @@ class RemoteTree(TreeEndpoint):
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
     """
 
-    is_remote = True
-
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
                  compress: "str | Compression" = "auto") -> None:
