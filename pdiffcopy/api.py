@@ -1,6 +1,6 @@
 """The library's face: paths and URLs in, endpoints built, the engine run.
 
-The engine (:mod:`pdiffcopy.engine.pipeline`, :mod:`pdiffcopy.engine.treesync`) works on
+The engine (:mod:`pdiffcopy.engine.filejob`, :mod:`pdiffcopy.engine.treesync`) works on
 endpoints and never builds one: this module turns a path into a local
 endpoint and an ``http(s)://`` URL into a remote one, and hands both over
 (dependency inversion, see docs/design.rst). It is also where the rule that
@@ -18,7 +18,7 @@ from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-from pdiffcopy.engine.pipeline import Progress, SyncResult, file_options, run_sync
+from pdiffcopy.engine.filejob import Progress, SyncResult, file_options, run_sync
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -124,7 +124,7 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param sparse: Also turn runs of zeros (whole file system blocks) in the data written into
                    holes (rsync's ``-S``). The source's own holes stay holes either way: they
                    are never read nor sent, and are punched in the target.
-    :returns: A :class:`~pdiffcopy.engine.pipeline.SyncResult`.
+    :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
     options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
@@ -165,7 +165,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     """
     import dataclasses
 
-    from pdiffcopy.engine.pipeline import check_concurrency
+    from pdiffcopy.engine.filejob import check_concurrency
     from pdiffcopy.engine.treesync import TreeOptions, sync_tree as run_tree
 
     options = dataclasses.replace(options or TreeOptions(), **fields)

@@ -26,7 +26,7 @@ from pdiffcopy.errors import AuthenticationFailed, RemoteError, RemoteProtocolEr
 #: names, so that they follow the modules into their layers (import-linter's
 #: contracts then say the rest).
 FORBIDDEN = {
-    "pdiffcopy.engine.pipeline": {
+    "pdiffcopy.engine.filejob": {
         "pdiffcopy.server.service",
         "pdiffcopy.server.app",
         "pdiffcopy.cli.command",

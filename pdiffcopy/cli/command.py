@@ -612,7 +612,7 @@ def require_extra(modules, extra: str, what: str) -> None:
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
     """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
     from pdiffcopy.api import sync
-    from pdiffcopy.engine.pipeline import Progress
+    from pdiffcopy.engine.filejob import Progress
 
     progress = Progress()
     if not show_progress:

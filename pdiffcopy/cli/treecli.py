@@ -123,7 +123,7 @@ def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str])
 
 
 def _concurrency(args: argparse.Namespace) -> int:
-    from pdiffcopy.engine.pipeline import check_concurrency
+    from pdiffcopy.engine.filejob import check_concurrency
 
     return check_concurrency(args.concurrency)
 

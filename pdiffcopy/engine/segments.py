@@ -1,6 +1,6 @@
 """The segment engine: one segment of one file, brought from a source to a target.
 
-A single-file sync (:mod:`pdiffcopy.engine.pipeline`) and a tree sync's big files
+A single-file sync (:mod:`pdiffcopy.engine.filejob`) and a tree sync's big files
 (:mod:`pdiffcopy.engine.treesync`) both go through these steps, segment by segment::
 
     hash both sides -> compare (changed ranges) -> refine them into pieces
@@ -111,7 +111,7 @@ class FileOptions:
     #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
     partial: bool = False
     #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
-    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunked).
+    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunkdelta).
     delta: str = "blocks"
     #: Also turn runs of zeros (whole file system blocks) in the data written into holes
     #: (rsync's ``-S``); the source's own holes stay holes either way.

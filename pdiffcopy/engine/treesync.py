@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.core.compression import check_mode
-from pdiffcopy.engine import chunked
+from pdiffcopy.engine import chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
@@ -259,7 +259,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
         bucket = TokenBucket(rate, shared=True)
         for tree in (source, target):
             tree.limit_rate(bucket)
-    chunked.check_delta(options.delta)
+    chunkdelta.check_delta(options.delta)
     if check_mode(options.compress) != "auto":
         for tree in (source, target):
             tree.compress_with(options.compress)
@@ -953,13 +953,13 @@ class _WorkerState:
         self._run_segment(unit, compare=True)
 
     def _run_chunks(self, unit: Unit) -> None:
-        """A big changed file by content-defined chunks (pdiffcopy.engine.chunked), whole, verified."""
+        """A big changed file by content-defined chunks (pdiffcopy.engine.chunkdelta), whole, verified."""
         index, _ = unit.items
         big = self.runner.big[index]
         moved = 0
         try:
             assert big.action.target is not None, "only files with an old version are queued so"
-            moved = chunked.sync_file(big.source, big.target, big.work, big.action.source.size,
+            moved = chunkdelta.sync_file(big.source, big.target, big.work, big.action.source.size,
                                       big.action.target.size, self.runner.options.block_size,
                                       verify_method(self.runner.options.hash_method),
                                       self.runner.options.concurrency, big.action.path)

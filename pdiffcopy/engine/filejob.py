@@ -38,8 +38,8 @@ from pdiffcopy.core.blocks import (
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.compression import check_mode
 from pdiffcopy.core.refine import RefineTally, resolve_piece_size
-from pdiffcopy.engine import chunked
-from pdiffcopy.engine.chunked import check_delta
+from pdiffcopy.engine import chunkdelta
+from pdiffcopy.engine.chunkdelta import check_delta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.errors import (
     Conflict,
@@ -165,13 +165,6 @@ def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
     return _SyncJob(source, target, options, progress or Progress()).run()
-
-
-def sync(source: str, target: str, **options) -> SyncResult:
-    """The same as :func:`pdiffcopy.api.sync` (the name 2.0 documented, kept for its callers)."""
-    from pdiffcopy.api import sync as api_sync  # the one import upwards: see the import contracts
-
-    return api_sync(source, target, **options)
 
 
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
@@ -378,12 +371,12 @@ class _SyncJob:
 
     def _run_chunked(self, plan: BlockPlan, source_info: FileInfo, target_info: FileInfo
                      ) -> Optional[SyncResult]:
-        """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunked`) into a new temporary.
+        """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunkdelta`) into a new temporary.
 
         :returns: None when a side cannot do it (an older server): the blocks then do.
         """
         try:
-            steps = chunked.plan_delta(self.source, self.target, source_info.size, target_info.size)
+            steps = chunkdelta.plan_delta(self.source, self.target, source_info.size, target_info.size)
         except Unsupported as error:
             logger.warning("%s; comparing fixed blocks instead", error)
             return None
@@ -404,7 +397,7 @@ class _SyncJob:
             # Every chunk where it was: nothing to write if the strong digests agree.
             self.progress.phase = "verifying"
             try:
-                digest = chunked.verify(self.source, self.target, plan.size, plan.block_size,
+                digest = chunkdelta.verify(self.source, self.target, plan.size, plan.block_size,
                                         verify_method(self.options.hash_method), self.target.location,
                                         self.progress.add_hashed)
             except VerificationFailed:
@@ -422,13 +415,13 @@ class _SyncJob:
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
-            self.bytes_moved = chunked.build(self.source, self.target, work, steps, self.transfers,
+            self.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
                                              self.progress.add_moved)
             self._log_phase("built: %d bytes sent", self.bytes_moved)
             self.progress.phase = "verifying"
             work.flush()
             try:
-                digest = chunked.verify(self.source, work, plan.size, plan.block_size,
+                digest = chunkdelta.verify(self.source, work, plan.size, plan.block_size,
                                         verify_method(self.options.hash_method), self.target.location,
                                         self.progress.add_hashed)
             except VerificationFailed:
