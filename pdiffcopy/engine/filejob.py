@@ -211,14 +211,9 @@ class _SyncJob:
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if e.hashes_here()]
         if self.target.can_copy_from(self.source) and (options.whole_file or not target.exists()):
-            # A whole-file copy between local files hashes in a thread beside
-            # the copy: the hash functions release the GIL, forking processes
-            # (and importing multiprocessing) costs more than it saves, and
-            # one thread hashes (10 GB/s here) faster than the kernel copies,
-            # so more only take CPU and disk from the copy. Measured here
-            # (2 CPUs), -c 2 against -c 1 with a thread per -c: 256 MiB 0.244 /
-            # 0.232 s, 1 GiB 0.676 / 0.607 s (medians of 30 / 16), 3 GiB with
-            # --cache drop 9.6 / 6.7 s and 5.7 / 3.0 CPU seconds.
+            # A whole-file copy between local files hashes in one thread beside the
+            # copy: hashing releases the GIL and outruns the kernel's copy, so forked
+            # processes or more threads only take CPU and disk from it (docs/benchmarks.rst).
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="hash")
         elif local:
             # Forked before any thread exists (see FileEndpoint.start_hash_pool).

@@ -69,9 +69,7 @@ PARTIAL_LEASE_POLL_SECONDS = 1.0
 #: side, in parallel): one transfer batch, so a batch is refined in one round trip.
 #: The first step is smaller: the probe (:data:`~pdiffcopy.core.refine.REFINE_PROBE_BYTES`)
 #: that finds a dense rewrite out; after it, a step that stops paying wastes at most
-#: 16 MiB of piece hashing (a few ms) and 64 KiB of digests. With 4 MiB steps, the
-#: sparse 1 GiB pull on the shaped link spent 0.1 s after the last segment was hashed
-#: on refinement round trips, one after the other.
+#: 16 MiB of piece hashing (a few ms) and 64 KiB of digests (docs/benchmarks.rst).
 REFINE_BATCH_BYTES = TRANSFER_REQUEST_BYTES
 
 #: Workers (processes, connections) when the caller names none: two keeps a
