@@ -542,3 +542,23 @@ def test_remove_deletes_a_tree(request, tmp_path, where):
     assert "sub/deeper/c.bin" in dry.stdout
     sync("--remove", argument)
     assert not tree.exists()
+
+
+def test_sync_tree_takes_sizes_as_text_as_sync_does(tmp_path):
+    """The library's tree sync checks its options as the file sync does: ``"1M"`` is a size."""
+    import pdiffcopy
+    from pdiffcopy.errors import UsageError
+
+    source = tmp_path / "src"
+    source.mkdir()
+    data = random_bytes(10 * 1024 * 1024)  # big enough for the block engine (DELTA_MIN_SIZE)
+    (source / "big.bin").write_bytes(data)
+    target = tmp_path / "dst"
+    target.mkdir()
+    (target / "big.bin").write_bytes(data[:5_000_000] + b"changed" + data[5_000_007:])
+    result = pdiffcopy.sync_tree(str(source), str(target), block_size="1M", piece_size="4K",
+                                 bwlimit="1G", concurrency=2)
+    assert not result.failures
+    assert (target / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+    with pytest.raises(UsageError, match="block size"):
+        pdiffcopy.sync_tree(str(source), str(target), block_size="lots")

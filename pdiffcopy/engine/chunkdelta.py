@@ -36,13 +36,7 @@ from pdiffcopy.engine.segments import (
     punch_holes_of,
     source_data_bytes,
 )
-from pdiffcopy.errors import Unsupported, UsageError
-
-#: The delta modes, by ``--delta`` name: fixed blocks compared in place (the default, best for
-#: files changed in place: disk images, databases), or content-defined chunks (files whose
-#: bytes move: archives, logs, dumps).
-DELTA_MODES = ("blocks", "chunks")
-DEFAULT_DELTA = "blocks"
+from pdiffcopy.errors import Unsupported
 
 #: Most bytes one copy request copies on the target's side: the server copies them inside
 #: the kernel (a GiB in about a second here), so a request stays well inside the timeout.
@@ -50,16 +44,6 @@ COPY_REQUEST_BYTES = 1024 * 1024 * 1024
 
 #: Most moves one copy request names (12 to 40 bytes of JSON each: a body under 1 MiB).
 COPY_REQUEST_MOVES = 16384
-
-
-def check_delta(mode: str) -> str:
-    """``mode`` if it names a delta mode.
-
-    :raises UsageError: Naming the modes there are.
-    """
-    if mode not in DELTA_MODES:
-        raise UsageError(f"Invalid delta mode: {mode!r} (expected {' or '.join(DELTA_MODES)})")
-    return mode
 
 
 def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int) -> List[cdc.Step]:
@@ -179,5 +163,5 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     return sent
 
 
-__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "DEFAULT_DELTA", "DELTA_MODES", "build", "check_delta",
+__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "build",
            "plan_delta", "sync_file", "verify"]

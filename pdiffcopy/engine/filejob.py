@@ -16,7 +16,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import os
 import threading
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
@@ -24,23 +23,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from pdiffcopy.core.blocks import (
-    DEFAULT_BLOCK_SIZE,
     BlockPlan,
     ByteRange,
     Segment,
     Similarity,
     batch_ranges,
-    parse_block_size,
     split_digests,
     split_ranges,
     tree_digest_input,
 )
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.core.compression import check_mode
-from pdiffcopy.core.refine import RefineTally, resolve_piece_size
+from pdiffcopy.core.refine import RefineTally
 from pdiffcopy.engine import chunkdelta
-from pdiffcopy.engine.chunkdelta import check_delta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
+from pdiffcopy.engine.options import FileOptions
 from pdiffcopy.errors import (
     Conflict,
     FileMissing,
@@ -52,7 +48,6 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    FileOptions,
     changed_ranges,
     check_blocks,
     check_size,
@@ -71,12 +66,10 @@ from pdiffcopy.engine.segments import (
     source_data_bytes,
     source_unchanged,
 )
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core.hashing import (
-    DEFAULT_HASH_METHOD,
     digest_bytes,
     digest_size,
-    validate_method,
     verify_method,
     zero_digests,
 )
@@ -85,10 +78,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
 logger = logging.getLogger(__name__)
-
-#: Most worker processes or connections a user may ask for.
-MAX_CONCURRENCY = 256
-
 
 class Progress:
     """Counters a progress display reads; the sync only adds to them."""
@@ -126,35 +115,6 @@ class SyncResult:
     seconds: float
 
 
-def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
-                 whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
-                 atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-                 partial: bool = False, delta: str = "blocks", sparse: bool = False) -> FileOptions:
-    """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
-
-    :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
-                       the block size, else off; a size given must divide it (0: off).
-    :raises UsageError: For a value that makes no sense.
-    """
-    blocks = parse_block_size(block_size)
-    return FileOptions(
-        block_size=blocks,
-        piece_size=resolve_piece_size(piece_size, blocks),
-        hash_method=validate_method(hash_method),
-        whole_file=whole_file,
-        concurrency=check_concurrency(concurrency),
-        dry_run=dry_run,
-        atomic=atomic,
-        cache=_check_cache(cache),
-        bwlimit=bandwidth_limit(bwlimit),
-        compress=check_mode(compress),
-        partial=bool(partial),
-        delta=check_delta(delta),
-        sparse=bool(sparse),
-    )
-
-
 def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
              progress: Optional[Progress] = None) -> SyncResult:
     """Bring the endpoint ``target`` to exactly the bytes of the endpoint ``source``.
@@ -173,20 +133,6 @@ def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Seg
     size = digest_size(method)
     return [digest for segment in segments
             for digest in split_digests(futures[segment.index].result(), size)]
-
-
-def _check_cache(value: str) -> str:
-    if value not in ("auto", "drop", "keep"):
-        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
-    return value
-
-
-def check_concurrency(value: Optional[int]) -> int:
-    if value is None:
-        return max(1, os.cpu_count() or 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
-        raise UsageError(f"Invalid concurrency: {value!r} (expected 1 to {MAX_CONCURRENCY})")
-    return value
 
 
 class _SyncJob:
@@ -277,7 +223,7 @@ class _SyncJob:
         segments = plan.segments()
         self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
-            self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
+            self.piece_size = options.piece_size
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:

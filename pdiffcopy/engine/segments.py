@@ -28,11 +28,9 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
-    DEFAULT_BLOCK_SIZE,
     BlockPlan,
     ByteRange,
     Segment,
@@ -46,7 +44,7 @@ from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
-from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
+from pdiffcopy.core.hashing import digest_size, verify_method
 
 logger = logging.getLogger(__name__)
 
@@ -71,50 +69,6 @@ PARTIAL_LEASE_POLL_SECONDS = 1.0
 #: that finds a dense rewrite out; after it, a step that stops paying wastes at most
 #: 16 MiB of piece hashing (a few ms) and 64 KiB of digests (docs/benchmarks.rst).
 REFINE_BATCH_BYTES = TRANSFER_REQUEST_BYTES
-
-#: Workers (processes, connections) when the caller names none: two keeps a
-#: tree sync's listing, planning and first units overlapped on the smallest
-#: machines; the command line and :func:`pdiffcopy.sync` default to the CPU count.
-DEFAULT_CONCURRENCY = 2
-
-
-@dataclass(frozen=True)
-class FileOptions:
-    """How one file is synced; a tree sync's options (:class:`~pdiffcopy.engine.treesync.TreeOptions`) extend these."""
-
-    block_size: int = DEFAULT_BLOCK_SIZE
-    hash_method: str = DEFAULT_HASH_METHOD
-    #: Skip the comparison and copy every block.
-    whole_file: bool = False
-    concurrency: int = DEFAULT_CONCURRENCY
-    #: Only compare and report; change nothing.
-    dry_run: bool = False
-    #: Write a temporary sibling and rename it over the target at the end.
-    atomic: bool = False
-    #: Page cache policy of whole-file copies between local files (auto, drop or keep).
-    cache: str = "auto"
-    #: Most bytes per second on the network, both directions, all workers together: an int or
-    #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
-    #: no limit. Local files and trees ignore it.
-    bwlimit: "int | str | None" = None
-    #: zstd on the wire: "auto" (when it pays), "always" (-z), "never" (--no-compress) or a
-    #: level (--compress-level: always, at that level).
-    compress: "str | int" = "auto"
-    #: Changed blocks are hashed again in pieces of this size (bytes, or ``"4K"``) and only the
-    #: pieces that differ move (:mod:`pdiffcopy.core.refine`); 0: off; None:
-    #: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides the block size.
-    #: Checked by :func:`~pdiffcopy.core.refine.resolve_piece_size` when a sync starts.
-    piece_size: "int | str | None" = None
-    #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
-    #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
-    partial: bool = False
-    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
-    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunkdelta).
-    delta: str = "blocks"
-    #: Also turn runs of zeros (whole file system blocks) in the data written into holes
-    #: (rsync's ``-S``); the source's own holes stay holes either way.
-    sparse: bool = False
-
 
 # -- partial files (--partial) ----------------------------------------------
 
@@ -519,7 +473,7 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     return moved
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
+__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
            "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",

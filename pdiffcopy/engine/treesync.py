@@ -23,7 +23,6 @@ itself is inherited through the fork, never pickled.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import gc
 import logging
@@ -37,16 +36,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
-from pdiffcopy.core.compression import check_mode
 from pdiffcopy.engine import chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
-from pdiffcopy.core.refine import resolve_piece_size
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    FileOptions,
     check_size,
     give_up,
     open_partial,
@@ -63,7 +60,6 @@ from pdiffcopy.engine.treeendpoints import (
     SYMLINK,
     Failure,
     Listing,
-    MetadataOptions,
     Operation,
     TreeEndpoint,
 )
@@ -104,34 +100,6 @@ BATCH_OPERATIONS = 512
 #: Units below this total are run in this process: forking costs more than it saves.
 INLINE_BYTES = 4 * 1024 * 1024
 INLINE_FILES = 64
-
-
-@dataclass(frozen=True)
-class TreeOptions(FileOptions):
-    """Everything a tree sync can be asked to do differently: a file's options, and these.
-
-    Of the file options, ``cache`` is not used: big members go by ranges, never by a whole-file copy.
-    """
-
-    times: bool = False
-    owner: bool = False
-    checksum: bool = False
-    delete: bool = False
-    force: bool = False
-    fsync: bool = False
-    xattrs: bool = False  # -X: extended attributes
-    acls: bool = False  # -A: POSIX ACLs
-    numeric_ids: bool = False  # ACL entries by number between hosts, not by name
-    hard_links: bool = False  # -H: names sharing a file in the source share one in the target
-    includes: Tuple[str, ...] = ()
-    excludes: Tuple[str, ...] = ()
-    rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
-    files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
-
-    @property
-    def metadata(self) -> MetadataOptions:
-        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
-                               acls=self.acls, numeric_ids=self.numeric_ids)
 
 
 @dataclass
@@ -249,18 +217,14 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                progress: Optional[TreeProgress],
                report_line: Optional[Callable[[str], None]]) -> TreeResult:
     started = time.monotonic()
-    # Checked once, before anything moves; the workers read the size in bytes.
-    options = dataclasses.replace(options, piece_size=resolve_piece_size(options.piece_size, options.block_size))
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
-    rate = bandwidth_limit(options.bwlimit)  # an int, or rsync's syntax from a library caller
-    if rate:
+    if options.bwlimit:
         # In shared memory and made before any worker forks: one limit for all of them.
-        bucket = TokenBucket(rate, shared=True)
+        bucket = TokenBucket(options.bwlimit, shared=True)
         for tree in (source, target):
             tree.limit_rate(bucket)
-    chunkdelta.check_delta(options.delta)
-    if check_mode(options.compress) != "auto":
+    if options.compress != "auto":
         for tree in (source, target):
             tree.compress_with(options.compress)
     if not options.dry_run:
