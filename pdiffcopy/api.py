@@ -178,6 +178,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     import dataclasses
 
     from pdiffcopy.engine.treesync import sync_tree as run_tree
+    from pdiffcopy.local.processes import die_with_parent
 
     options = dataclasses.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
     check_locations(source, target)
@@ -186,7 +187,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
         for location in (source, target):
             trees.append(tree_endpoint(location, token=token, concurrency=options.concurrency,
                                        timeout=timeout, ca_file=ca_file))
-        return run_tree(trees[0], trees[1], options, progress, report_line=report_line)
+        return run_tree(trees[0], trees[1], options, progress, report_line=report_line,
+                        on_worker_start=die_with_parent)
     finally:
         for tree in trees:
             tree.close()

@@ -86,6 +86,13 @@ def test_the_engine_never_looks_at_the_file_system_by_name():
     assert found == []
 
 
+def test_the_engine_makes_no_platform_calls():
+    # libc (prctl, fadvise...) is local/'s: the engine gets what it needs handed in (a worker's start hook).
+    engine = Path(pdiffcopy.__file__).parent / "engine"
+    assert [module.name for module in sorted(engine.glob("*.py"))
+            if "ctypes" in module.read_text() or "prctl" in module.read_text()] == []
+
+
 def test_the_package_has_no_test_hooks():
     # A test changes what it runs against (a proxy, a slow link, the library's parameters), never
     # the program through a variable only tests set.

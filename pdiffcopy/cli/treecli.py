@@ -216,6 +216,7 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
     from pdiffcopy.engine.treeendpoints import DELETE, Operation
     from pdiffcopy.core.treeplan import FILE, Entry
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult, remove_tree
+    from pdiffcopy.local.processes import die_with_parent
 
     if not args.paths:
         raise UsageError("--remove needs at least one PATH")
@@ -243,7 +244,8 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
             progress = TreeProgress(options.concurrency)
             try:
                 with _display(progress, args):
-                    result = remove_tree(tree, options, progress, report_line=_print)
+                    result = remove_tree(tree, options, progress, report_line=_print,
+                                         on_worker_start=die_with_parent)
             finally:
                 tree.close()
             if not args.dry_run:

@@ -23,12 +23,12 @@ itself is inherited through the fork, never pickled.
 from __future__ import annotations
 
 import contextlib
+import functools
 import errno
 import gc
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import threading
 import time
@@ -63,7 +63,16 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
-from pdiffcopy.engine.workers import die_with_parent
+from pdiffcopy.engine.workers import (
+    STOP_SIGNALS,
+    Stop,
+    Worker,
+    WorkerFailed,
+    WorkerStart,
+    request_stop,
+    stop_requests,
+    stop_workers,
+)
 from pdiffcopy.core.treeplan import (
     DIR,
     REASON_NEW,
@@ -184,16 +193,20 @@ class _BigFile:
 
 def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
               progress: Optional[TreeProgress] = None,
-              report_line: Optional[Callable[[str], None]] = None) -> TreeResult:
+              report_line: Optional[Callable[[str], None]] = None,
+              on_worker_start: Optional[WorkerStart] = None) -> TreeResult:
     """Make the tree ``target`` hold what the tree ``source`` holds.
 
     :param report_line: Called with each line of a dry run's or diff's listing.
+    :param on_worker_start: What each forked worker does first, given this process's id:
+                            :func:`pdiffcopy.api.sync_tree` passes
+                            ``pdiffcopy.local.processes.die_with_parent``.
     :raises PdiffcopyError: When the job cannot start (a missing source,
             --delete with an empty source); failures of single files are
             collected in :attr:`TreeResult.failures` instead.
     """
     with _no_garbage_collection():
-        return _sync_tree(source, target, options, progress, report_line)
+        return _sync_tree(source, target, options, progress, report_line, on_worker_start)
 
 
 @contextlib.contextmanager
@@ -215,7 +228,8 @@ def _no_garbage_collection():
 
 def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                progress: Optional[TreeProgress],
-               report_line: Optional[Callable[[str], None]]) -> TreeResult:
+               report_line: Optional[Callable[[str], None]],
+               on_worker_start: Optional[WorkerStart]) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
@@ -233,7 +247,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if options.metadata.attributes:
         for tree in (source, target):
             tree.list_attributes(options.metadata)
-    source_listing, target_listing = _list_both(source, target)
+    source_listing, target_listing = _list_both(source, target, on_worker_start)
     _log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
                len(target_listing.entries))
     if source_listing.root is None:
@@ -269,7 +283,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                 report_line(line.render())
         result.seconds = time.monotonic() - started
         return result
-    runner = _Runner(source, target, options, plan, progress, result)
+    runner = _Runner(source, target, options, plan, progress, result, on_worker_start)
     runner.source_root = source_listing.root
     try:
         runner.run(target_listing.root is None)
@@ -280,18 +294,20 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
 
 
 def remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[TreeProgress] = None,
-                report_line: Optional[Callable[[str], None]] = None) -> TreeResult:
+                report_line: Optional[Callable[[str], None]] = None,
+                on_worker_start: Optional[WorkerStart] = None) -> TreeResult:
     """Delete a tree in parallel: files first (all workers), then directories deepest first.
 
     With includes or excludes only the selected entries go, and the
     directories that end up empty; without, the root goes too.
     """
     with _no_garbage_collection():
-        return _remove_tree(tree, options, progress, report_line)
+        return _remove_tree(tree, options, progress, report_line, on_worker_start)
 
 
 def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[TreeProgress],
-                 report_line: Optional[Callable[[str], None]]) -> TreeResult:
+                 report_line: Optional[Callable[[str], None]],
+                 on_worker_start: Optional[WorkerStart]) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
@@ -308,7 +324,7 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
                 report_line(result.differences[-1].render())
         result.seconds = time.monotonic() - started
         return result
-    runner = _Runner(tree, tree, options, plan, progress, result)
+    runner = _Runner(tree, tree, options, plan, progress, result, on_worker_start)
     try:
         runner.delete_everything(remove_root=not path_filter.active and not listing.failures
                                  and listing.root.kind == DIR)
@@ -329,7 +345,8 @@ def _filter(options: TreeOptions) -> PathFilter:
         raise UsageError(str(error)) from None
 
 
-def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Listing]:
+def _list_both(source: TreeEndpoint, target: TreeEndpoint, on_worker_start: Optional[WorkerStart]
+               ) -> Tuple[Listing, Listing]:
     """List both trees at the same time.
 
     A remote tree is listed by its server while this process walks the
@@ -339,7 +356,7 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
     ~0.1 s to pickle and 0.03 s to read back).
     """
     if source.walks_here() and target.walks_here():
-        receive = _list_in_child(target)
+        receive = _list_in_child(target, on_worker_start)
         try:
             source_listing = source.list()
         except BaseException:
@@ -369,42 +386,22 @@ def _list_both(source: TreeEndpoint, target: TreeEndpoint) -> Tuple[Listing, Lis
     return source_listing, listed[0]
 
 
-def _list_in_child(tree: TreeEndpoint) -> Callable[[], Listing]:
+def _list_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -> Callable[[], Listing]:
     """Start listing ``tree`` in a forked process; return the function that collects it."""
-    reader, writer = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            die_with_parent(parent)
-            os.close(reader)
-            try:
-                listing = tree.list()
-                answer: tuple = ("ok", listing.root and tuple(listing.root),
-                                 [tuple(e) for e in listing.entries], listing.failures, tree.traffic())
-            except BaseException as error:
-                answer = ("error", error)
-            with os.fdopen(writer, "wb") as stream:
-                pickle.dump(answer, stream, protocol=pickle.HIGHEST_PROTOCOL)
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(writer)
+    def listed() -> tuple:
+        listing = tree.list()
+        return (listing.root and tuple(listing.root), [tuple(e) for e in listing.entries], listing.failures,
+                tree.traffic())
+
+    worker = Worker(listed, on_worker_start)
 
     def receive() -> Listing:
         try:
-            with os.fdopen(reader, "rb") as stream:
-                data = stream.read()
-        finally:
-            os.waitpid(pid, 0)
-        if not data:
-            raise StorageError(f"Listing {tree.location} failed: the listing process died")
-        answer = pickle.loads(data)
-        if answer[0] == "error":
-            raise answer[1]
-        _, root, entries, failures, child_wire = answer
+            root, entries, failures, child_wire = worker.answer()
+        except WorkerFailed as failed:
+            if failed.error is not None:
+                raise failed.error from None
+            raise StorageError(f"Listing {tree.location} failed: the listing process died") from None
         tree.add_traffic(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
         return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
@@ -449,8 +446,10 @@ class _Runner:
     """Runs one plan: the sequential steps here, the queue in worker processes."""
 
     def __init__(self, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
-                 plan: TreePlan, progress: TreeProgress, result: TreeResult) -> None:
+                 plan: TreePlan, progress: TreeProgress, result: TreeResult,
+                 on_worker_start: Optional[WorkerStart] = None) -> None:
         self.source = source
+        self.on_worker_start = on_worker_start
         self.target = target
         self.options = options
         self.plan = plan
@@ -697,17 +696,11 @@ class _Runner:
         workers = min(self.options.concurrency, len(self.units))
         if workers <= 1 or small_job:
             state = _WorkerState(self, 0, *self._part_counters())
-            previous = {signum: signal.signal(signum, _request_stop) for signum in _STOP_SIGNALS} \
-                if threading.current_thread() is threading.main_thread() else {}
-            try:
+            with stop_requests():
                 for index in range(len(self.units)):
                     if state.full:
                         break
                     state.run(self.units[index])
-            finally:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
-                _Stop.requested = False
             self._collect(state.failures, state.counts)
             return
         self._run_forked(workers)
@@ -722,57 +715,44 @@ class _Runner:
         context = multiprocessing.get_context("fork")
         next_unit = context.Value("q", 0)
         parts_left, parts_failed = self._part_counters()
-        processes = []
-        parent = os.getpid()
-        for slot in range(workers):
-            reader, writer = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the worker
-                os.close(reader)
-                code = 0
-                try:
-                    # The parent killed outright: stop at once (SIGKILL). What the
-                    # worker was writing stays as a temporary, which later runs sweep.
-                    die_with_parent(parent)
-                    # Ctrl-C or a stop from the parent: unwind, so the file being
-                    # written loses its temporary instead of leaving it behind.
-                    for signum in _STOP_SIGNALS:
-                        signal.signal(signum, _request_stop)
-                    for tree in (self.source, self.target):
-                        tree.enter_worker()
-                    state = _WorkerState(self, slot, parts_left, parts_failed)
-                    while True:
-                        with next_unit.get_lock():
-                            index = next_unit.value
-                            next_unit.value += 1
-                        if index >= len(self.units):
-                            break
-                        state.run(self.units[index])
-                        if state.full:  # no worker takes another unit
-                            with next_unit.get_lock():
-                                next_unit.value = len(self.units)
-                    state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
-                    with os.fdopen(writer, "wb") as stream:
-                        pickle.dump((state.failures, state.counts, self.target.take_notices()), stream)
-                except BaseException:  # never run the parent's code in a child
-                    code = 1
-                finally:
-                    os._exit(code)
-            os.close(writer)
-            processes.append((pid, reader))
+
+        def work(slot: int) -> tuple:
+            # The parent killed outright: stop at once (on_worker_start). What the worker was
+            # writing stays as a temporary, which later runs sweep. Ctrl-C or a stop from the
+            # parent: unwind after the unit in hand, so the file being written loses its
+            # temporary instead of leaving it behind.
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, request_stop)
+            for tree in (self.source, self.target):
+                tree.enter_worker()
+            state = _WorkerState(self, slot, parts_left, parts_failed)
+            while True:
+                with next_unit.get_lock():
+                    index = next_unit.value
+                    next_unit.value += 1
+                if index >= len(self.units):
+                    break
+                state.run(self.units[index])
+                if state.full:  # no worker takes another unit
+                    with next_unit.get_lock():
+                        next_unit.value = len(self.units)
+            state.counts["wire_sent"], state.counts["wire_received"] = _traffic(self.source, self.target)
+            return state.failures, state.counts, self.target.take_notices()
+
+        started: List[Worker] = []
         try:
-            for pid, reader in processes:
-                with os.fdopen(reader, "rb") as stream:
-                    data = stream.read()
-                _, status = os.waitpid(pid, 0)
-                if data:
-                    failures, counts, notices = pickle.loads(data)
-                    self._collect(failures, counts)
-                    self.announce(notices)
-                elif status:
+            for slot in range(workers):
+                started.append(Worker(functools.partial(work, slot), self.on_worker_start))
+            for worker in started:
+                try:
+                    failures, counts, notices = worker.answer()
+                except WorkerFailed:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
+                    continue
+                self._collect(failures, counts)
+                self.announce(notices)
         except BaseException:
-            _stop_workers([pid for pid, _ in processes])
+            stop_workers([worker.pid for worker in started])
             raise
 
     def announce(self, notices: List[str]) -> None:
@@ -820,7 +800,7 @@ class _WorkerState:
             "links": self._run_links, "metadata": self._run_metadata, "delete": self._run_delete}
 
     def run(self, unit: Unit) -> None:
-        if _Stop.requested:
+        if Stop.requested:
             raise KeyboardInterrupt
         known = len(self.failures)
         try:
@@ -989,52 +969,6 @@ class _WorkerState:
         except PdiffcopyError as error:
             self.failures.append((entry.path, str(error)))
             big.give_up()
-
-
-#: Seconds stopped workers get to finish their unit before they are killed.
-STOP_GRACE_SECONDS = 10.0
-
-
-def _stop_workers(pids: List[int]) -> None:
-    """Ask every worker to stop after its unit (Ctrl-C may not have reached them), then wait."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    waiting = set(pids)
-    while waiting:
-        for pid in list(waiting):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG if time.monotonic() < deadline else 0)
-            except ChildProcessError:
-                done = pid
-            if done:
-                waiting.discard(pid)
-        if waiting and time.monotonic() >= deadline:
-            for pid in waiting:
-                os.kill(pid, signal.SIGKILL)
-        if waiting:
-            time.sleep(0.01)
-
-
-#: Signals after which the workers stop after the unit in hand: Ctrl-C, and
-#: what the command line treats like it (cli.CLEAN_UP_SIGNALS).
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class _Stop:
-    """Set by Ctrl-C or SIGTERM while the queue runs: stop after the unit in hand."""
-
-    requested = False
-
-
-def _request_stop(signum, frame) -> None:
-    # No exception here: raised in the middle of a file it would leave a
-    # partial file or a temporary behind. Units are small (a batch of small
-    # files, 64 MiB of a big one), so the stop comes within a fraction of a second.
-    _Stop.requested = True
 
 
 #: How a full target file system shows in a failure, and what the run then says.
