@@ -46,6 +46,7 @@ from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     check_size,
     give_up,
+    hash_both,
     open_partial,
     prepare_work,
     source_data_bytes,
@@ -429,11 +430,15 @@ def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan
         if action.reason == REASON_NEW or action.target is None or \
                 action.source.size != action.target.size:
             continue
+        ranges = [(0, action.source.size)] if action.source.size else []
         try:
-            ranges = [(0, action.source.size)] if action.source.size else []
-            ours = source.file_endpoint(action.path).hash_ranges(ranges, options.block_size, method)
-            theirs = target.file_endpoint(action.path).hash_ranges(ranges, options.block_size, method)
-            differs[action.path] = ours != theirs
+            with contextlib.ExitStack() as opened:
+                ours, theirs = (opened.enter_context(contextlib.closing(tree.file_endpoint(action.path)))
+                                for tree in (source, target))
+                # Both sides at once (a server's while this process hashes its own), as a sync's segments.
+                source_digests, target_digests = hash_both(ours, ranges, theirs, ranges, options.block_size,
+                                                           method)
+            differs[action.path] = source_digests != target_digests
         except PdiffcopyError:
             continue  # unknown: listed without "content"
     return differs
