@@ -28,7 +28,7 @@ from pdiffcopy.local.paths import Root
 #: System calls that are fast paths: none of them may be tried with the kill switch on.
 FAST_CALLS = ("copy_file_range", "sendfile", "openat2", "fadvise64", "sync_file_range")
 
-#: A tree member from this size on goes through the block delta (treesync.DELTA_MIN_SIZE).
+#: A tree member from this size on goes through the block delta (treerunner.DELTA_MIN_SIZE).
 BIG_MEMBER = 9 * 1024 * 1024
 
 KILL_SWITCH = {"PDIFFCOPY_NO_FASTPATH": "1"}

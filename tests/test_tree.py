@@ -222,10 +222,10 @@ def test_remove_missing_path_fails_cleanly(tmp_path):
 
 def small_engine(monkeypatch):
     """Make "big" small, so ranges and block deltas run on files of a few MiB."""
-    from pdiffcopy.engine import treesync
+    from pdiffcopy.engine import treerunner, treesync
 
-    monkeypatch.setattr(treesync, "RANGE_SIZE", 1024 * 1024)
-    monkeypatch.setattr(treesync, "DELTA_MIN_SIZE", 256 * 1024)
+    monkeypatch.setattr(treerunner, "RANGE_SIZE", 1024 * 1024)
+    monkeypatch.setattr(treerunner, "DELTA_MIN_SIZE", 256 * 1024)
     return treesync
 
 
@@ -286,11 +286,11 @@ def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path
 
 
 def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, monkeypatch):
-    from pdiffcopy.engine import treesync
+    from pdiffcopy.engine import treerunner, treesync
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.cli.progress import TreeProgressDisplay
 
-    monkeypatch.setattr(treesync, "INLINE_FILES", 1)  # force the forked workers
+    monkeypatch.setattr(treerunner, "INLINE_FILES", 1)  # force the forked workers
     source = tmp_path / "src"
     sizes = [(f"d{i % 7}/f{i}", 1000 + 37 * i) for i in range(300)]
     for name, size in sizes:
@@ -471,7 +471,7 @@ def test_dry_run_and_diff_change_nothing_and_report_exactly(ends, source_tree):
 
 
 #: Sparse files for each mode: (size, most bytes the copy may allocate). The big one goes
-#: by ranges (at least treesync.RANGE_SIZE), the small one whole.
+#: by ranges (at least treerunner.RANGE_SIZE), the small one whole.
 SPARSE_CASES = {"small": (8 * 1024 * 1024, 64 * 1024), "big": (64 * 1024 * 1024, 1024 * 1024 - 1)}
 
 
