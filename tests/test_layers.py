@@ -19,7 +19,7 @@ from conftest import random_bytes, run_cli, start_server
 from pdiffcopy.errors import AuthenticationFailed, RemoteError, RemoteProtocolError, UsageError
 
 #: Module -> modules it must never import, at the top or inside a function.
-#: The engine (pipeline, treesync) never starts a server nor reads a token; the
+#: The engine (filejob, treesync) never starts a server nor reads a token; the
 #: server never imports its launcher back (the old cycle); the HTTP client
 #: takes its protocol constants from the core, not from the server's leases;
 #: the batch codec (core) does not import the file system helpers. Full

@@ -24,17 +24,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_digests, split_ranges, tree_digest_input
-from pdiffcopy.core.hashing import digest_bytes, digest_size
+from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_ranges
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    check_blocks,
-    check_size,
+    block_digests,
     move_ranges,
     prepare_work,
     punch_holes_of,
     source_data_bytes,
+    verified_digest,
 )
 from pdiffcopy.errors import Unsupported
 
@@ -132,12 +131,7 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
         for ranges, futures in zip(segments, zip(ours, theirs)):
             for future in futures:
                 future.add_done_callback(_counter(on_hashed, ranges[0][1]))
-    width = digest_size(method)
-    source_digests = [d for future in ours for d in split_digests(future.result(), width)]
-    work_digests = [d for future in theirs for d in split_digests(future.result(), width)]
-    check_size(work, size, location)
-    check_blocks(source_digests, work_digests, location)
-    return digest_bytes(method, tree_digest_input(size, block_size, method, source_digests)).hex()
+    return verified_digest(work, plan, method, block_digests(ours, method), block_digests(theirs, method), location)
 
 
 def _counter(on_hashed: Callable[[int], None], length: int) -> Callable[[Future], None]:

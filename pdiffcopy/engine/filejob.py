@@ -30,7 +30,6 @@ from pdiffcopy.core.blocks import (
     batch_ranges,
     split_digests,
     split_ranges,
-    tree_digest_input,
 )
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.refine import RefineTally
@@ -48,13 +47,12 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
+    block_digests,
     changed_ranges,
-    check_blocks,
-    check_size,
     final_digests,
     give_up,
-    lease_partial,
     iter_data_map,
+    lease_partial,
     log_refinement_stopped,
     move_data,
     move_ranges,
@@ -65,10 +63,10 @@ from pdiffcopy.engine.segments import (
     refine_ranges,
     source_data_bytes,
     source_unchanged,
+    verified_digest,
 )
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core.hashing import (
-    digest_bytes,
     digest_size,
     verify_method,
     zero_digests,
@@ -130,9 +128,7 @@ def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
                      method: str) -> List[bytes]:
     """Every block digest of ``segments``, in order, from their hashing futures."""
-    size = digest_size(method)
-    return [digest for segment in segments
-            for digest in split_digests(futures[segment.index].result(), size)]
+    return block_digests((futures[segment.index] for segment in segments), method)
 
 
 class _SyncJob:
@@ -673,10 +669,7 @@ class _SyncJob:
     def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
                 source_digests: List[bytes], target_digests: Optional[List[bytes]],
                 readback: Dict[int, tuple]) -> str:
-        """Compare a whole-file digest of both sides; return it as hex.
-
-        The digest hashes every block digest in order (a one-level hash tree).
-        """
+        """Check every block of ``work`` against the source's digest (:func:`verified_digest`)."""
         method = verify_method(self.options.hash_method)
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
@@ -693,10 +686,7 @@ class _SyncJob:
                 target_digests[segment.first_block:segment.first_block + segment.block_count]
                 if known and target_digests is not None else None,
                 ranges, b"".join(future.result() for future in futures), method)
-        check_size(work, plan.size, self.target.location)
-        check_blocks(source_digests, final, self.target.location)
-        return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
-                                                      source_digests)).hex()
+        return verified_digest(work, plan, method, source_digests, final, self.target.location)
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
         if not source_unchanged(self.source, before.size, before.mtime_ns):

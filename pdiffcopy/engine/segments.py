@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -39,12 +39,13 @@ from pdiffcopy.core.blocks import (
     coalesce,
     split_digests,
     split_ranges,
+    tree_digest_input,
 )
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
-from pdiffcopy.core.hashing import digest_size, verify_method
+from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method
 
 logger = logging.getLogger(__name__)
 
@@ -410,6 +411,25 @@ def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes
                                  f"the source after the sync")
 
 
+def block_digests(futures: "Iterable[Future[bytes]]", method: str) -> List[bytes]:
+    """Every block digest the hashing ``futures`` give, in their order."""
+    width = digest_size(method)
+    return [digest for future in futures for digest in split_digests(future.result(), width)]
+
+
+def verified_digest(work: FileEndpoint, plan: BlockPlan, method: str, source_digests: Sequence[bytes],
+                    target_digests: Sequence[bytes], location: str) -> str:
+    """A whole file's verification: ``work`` has the source's size and every block its digest.
+
+    :returns: The whole-file digest as hex: the digest of every block digest in order
+              (a one-level hash tree, :func:`~pdiffcopy.core.blocks.tree_digest_input`).
+    :raises VerificationFailed: When the size or a block differs.
+    """
+    check_size(work, plan.size, location)
+    check_blocks(source_digests, target_digests, location)
+    return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method, source_digests)).hex()
+
+
 def check_size(work: FileEndpoint, size: int, location: str) -> None:
     """The target has exactly the source's size (the block digests cannot see a longer tail)."""
     info = work.stat()
@@ -473,8 +493,8 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     return moved
 
 
-__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
+__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES", "block_digests",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
            "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
-           "source_data_bytes", "source_unchanged", "sync_segment"]
+           "source_data_bytes", "source_unchanged", "sync_segment", "verified_digest"]

@@ -31,15 +31,6 @@ from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import verify_method
 from pdiffcopy.core.ratelimit import TokenBucket
-from pdiffcopy.engine.segments import (
-    hash_both,
-)
-from pdiffcopy.engine.treeendpoints import (
-    TreeEndpoint,
-)
-from pdiffcopy.engine.workers import (
-    WorkerStart,
-)
 from pdiffcopy.core.treeplan import (
     DIR,
     REASON_NEW,
@@ -50,10 +41,12 @@ from pdiffcopy.core.treeplan import (
     describe_plan,
     plan_tree,
 )
-
+from pdiffcopy.engine.segments import hash_both
+from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.engine.treelisting import list_both
 from pdiffcopy.engine.treerunner import Runner, log_phase
 from pdiffcopy.engine.treeunits import TreeProgress, TreeResult
+from pdiffcopy.engine.workers import WorkerStart
 
 logger = logging.getLogger(__name__)
 

@@ -35,9 +35,7 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
-from pdiffcopy.engine.workers import (
-    Stop,
-)
+from pdiffcopy.engine.workers import Stop
 from pdiffcopy.core.treeplan import (
     Difference,
     Entry,
