@@ -214,7 +214,7 @@ def test_tree_big_files_keep_holes_both_ways(direction, request, tmp_path, uniqu
     source_dir = server.root / name if direction == "pull" else tmp_path / "src"
     target_dir = server.root / name if direction == "push" else tmp_path / "dst"
     source_dir.mkdir(parents=True)
-    # Big enough to go by ranges when new (treesync.RANGE_SIZE), by the block delta when changed.
+    # Big enough to go by ranges when new (treerunner.RANGE_SIZE), by the block delta when changed.
     size, extents = 80 * MIB, [(MIB, MIB), (70 * MIB, 2 * MIB)]
     expected = make_sparse(source_dir / "disk.img", size, extents)
     source_arg = f"{server.url(name)}/" if direction == "pull" else f"{source_dir}/"

@@ -28,7 +28,7 @@ from pdiffcopy.local.confinement import Root
 #: System calls that are fast paths: none of them may be tried with the kill switch on.
 FAST_CALLS = ("copy_file_range", "sendfile", "openat2", "fadvise64", "sync_file_range")
 
-#: A tree member from this size on goes through the block delta (treesync.DELTA_MIN_SIZE).
+#: A tree member from this size on goes through the block delta (treerunner.DELTA_MIN_SIZE).
 BIG_MEMBER = 9 * 1024 * 1024
 
 KILL_SWITCH = {"PDIFFCOPY_NO_FASTPATH": "1"}
@@ -299,11 +299,9 @@ def test_one_umask_reader_and_one_range_copy_loop():
 
 
 def test_libc_is_loaded_in_one_place():
-    # local/libc.py loads it once for every platform call. The engine's prctl
-    # (engine/workers.py) waits for the worker pool's move (issue 20, item 2).
+    # local/libc.py loads it once for every platform call, prctl included.
     package = Path(pdiffcopy.__file__).parent
-    loaders = [path.relative_to(package).as_posix() for path in package_modules()
-               if "CDLL(" in path.read_text() and path.relative_to(package).parts[0] != "engine"]
+    loaders = [path.relative_to(package).as_posix() for path in package_modules() if "CDLL(" in path.read_text()]
     assert loaders == ["local/libc.py"]
 
 

@@ -260,7 +260,7 @@ def test_the_server_refuses_partial_names_outside_its_root(server, tmp_path):
 @pytest.mark.parametrize("direction", ["pull", "push"])
 def test_a_big_new_file_of_a_tree_resumes(server, tmp_path, unique, direction):
     from pdiffcopy.api import sync_tree
-    from pdiffcopy.engine.treesync import RANGE_SIZE
+    from pdiffcopy.engine.treerunner import RANGE_SIZE
 
     size = RANGE_SIZE + 3 * BLOCK + 17  # a big file: copied by ranges, in two segments
     data = random_bytes(size, seed=16)

@@ -21,7 +21,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, VerificationFailed
 from pdiffcopy.core.hashing import digest_bytes
 from pdiffcopy.local.localtree import LocalTree
-from pdiffcopy.engine.pipeline import sync
+from pdiffcopy.pipeline import sync
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 
@@ -175,7 +175,7 @@ def test_a_missing_source_tree_is_file_missing(tmp_path):
 
 
 def test_file_options_are_a_subset_of_tree_options():
-    from pdiffcopy.engine.segments import FileOptions
+    from pdiffcopy.engine.options import FileOptions
 
     assert issubclass(TreeOptions, FileOptions)
     file_fields = {field.name for field in dataclasses.fields(FileOptions)}

@@ -143,7 +143,8 @@ def _traffic(run) -> dict:
 
 def _pull_on_a_slow_link(url: str, target) -> dict:
     """Pull ``url`` into ``target`` through the library over a real slow link (the engine's --bwlimit)."""
-    from pdiffcopy.engine.pipeline import file_options, run_sync
+    from pdiffcopy.engine.filejob import run_sync
+    from pdiffcopy.engine.options import file_options
     from pdiffcopy.local.localfile import LocalFile
     from pdiffcopy.transport.remote import RemoteFile
 
@@ -527,7 +528,8 @@ def _level_one_size(data: bytes) -> int:
 
 
 def _sync_with(policy, source, target):
-    from pdiffcopy.engine.pipeline import file_options, run_sync
+    from pdiffcopy.engine.filejob import run_sync
+    from pdiffcopy.engine.options import file_options
     from pdiffcopy.local.localfile import LocalFile
     from pdiffcopy.transport import wire
     from pdiffcopy.transport.remote import Compression, RemoteFile

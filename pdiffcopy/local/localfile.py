@@ -45,7 +45,7 @@ from pdiffcopy.local.descriptors import (
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
 from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
-from pdiffcopy.engine.workers import die_with_parent
+from pdiffcopy.local.processes import die_with_parent
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor

@@ -80,7 +80,7 @@ MAX_PUNCH_RANGES = 65536
 CHUNKS_PER_WRITE = 1024
 
 #: Most moves one copy request may name (24 bytes each in its body), and most bytes it may
-#: copy: a client sends at most engine.chunked's COPY_REQUEST_MOVES and COPY_REQUEST_BYTES.
+#: copy: a client sends at most engine.chunkdelta's COPY_REQUEST_MOVES and COPY_REQUEST_BYTES.
 MAX_COPY_MOVES = 16384
 MAX_COPY_REQUEST_BYTES = 1024 * 1024 * 1024
 
