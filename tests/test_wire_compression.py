@@ -133,11 +133,11 @@ def _measuring(url: str):
 
 def _traffic(run) -> dict:
     """What ``run()`` (an in-process sync) moved: its result's bytes and this process's bytes on the wire."""
-    from pdiffcopy.transport import wire
+    from pdiffcopy.transport import counters
 
-    before = wire.totals()
+    before = counters.totals()
     result = run()
-    sent, received = (now - then for now, then in zip(wire.totals(), before))
+    sent, received = (now - then for now, then in zip(counters.totals(), before))
     return {"result": result, "sent": sent, "received": received}
 
 
@@ -529,7 +529,7 @@ def _level_one_size(data: bytes) -> int:
 def _sync_with(policy, source, target):
     from pdiffcopy.engine.pipeline import file_options, run_sync
     from pdiffcopy.local.file import LocalFile
-    from pdiffcopy.transport import wire
+    from pdiffcopy.transport import counters
     from pdiffcopy.transport.remote import Compression, RemoteFile
 
     def endpoint(location):
@@ -538,9 +538,9 @@ def _sync_with(policy, source, target):
                 "auto", str(location), measure_loopback=True, cores=2, policy=policy))
         return LocalFile(str(location))
 
-    before = wire.totals()
+    before = counters.totals()
     run_sync(endpoint(source), endpoint(target), file_options(concurrency=2))
-    after = wire.totals()
+    after = counters.totals()
     return after[0] - before[0], after[1] - before[1]
 
 
@@ -597,7 +597,7 @@ def test_the_server_compresses_ranges_at_the_level_asked(server, unique):
 def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique, direction):
     from pdiffcopy.engine.treeendpoints import MetadataOptions
     from pdiffcopy.local.localtree import LocalTree
-    from pdiffcopy.transport import wire
+    from pdiffcopy.transport import counters
     from pdiffcopy.transport.remote import Compression
     from pdiffcopy.transport.remotetree import RemoteTree
 
@@ -612,9 +612,9 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
                 (server.root / unique / name).parent.mkdir(exist_ok=True)
                 (server.root / unique / name).write_bytes(data)
             entries = [entry for entry in remote.list().entries if entry.path in files]
-            before = wire.totals()[1]
+            before = counters.totals()[1]
             got = {entry.path: data for entry, data, error in remote.read_files(entries)}
-            moved = wire.totals()[1] - before
+            moved = counters.totals()[1] - before
             assert got == files
         else:
             source = tmp_path / "src"
@@ -625,10 +625,10 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
             entries = [entry for entry in local.list().entries if entry.path in files]
             (server.root / unique).mkdir()
             remote.list()  # as a sync does first: its answer says the server takes compressed bodies
-            before = wire.totals()[0]
+            before = counters.totals()[0]
             failures = remote.write_files([(entry, data) for entry, data, _ in local.read_files(entries)],
                                           MetadataOptions())
-            moved = wire.totals()[0] - before
+            moved = counters.totals()[0] - before
             assert failures == []
             for name, data in files.items():
                 assert (server.root / unique / name).read_bytes() == data

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional, Tuple
 
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -162,7 +162,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     source_tree = tree_endpoint(source, args, token)
     target_tree = tree_endpoint(target, args, token)
     progress = TreeProgress(options.concurrency)
-    started, wire_before = time.monotonic(), wire.totals()
+    started, wire_before = time.monotonic(), counters.totals()
     try:
         with _display(progress, args):
             result = sync_tree(source_tree, target_tree, options, progress, report_line=_print)

@@ -29,7 +29,7 @@ from urllib.parse import quote, unquote_to_bytes, urlencode, urlsplit
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core import compression
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
@@ -236,19 +236,19 @@ class _Connection:
             connection.connect()
             connection.sock.settimeout(self.timeout)
             connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.track(connection.sock)
+            counters.track(connection.sock)
             self.http = connection
         return self.http
 
     def __del__(self) -> None:  # never closed: its bytes on the wire still count
         http_connection = getattr(self, "http", None)
         if http_connection is not None and http_connection.sock is not None:
-            wire.untrack(http_connection.sock)
+            counters.untrack(http_connection.sock)
 
     def close(self) -> None:
         if self.http is not None:
             if self.http.sock is not None:
-                wire.untrack(self.http.sock)  # its figures, before the kernel forgets them
+                counters.untrack(self.http.sock)  # its figures, before the kernel forgets them
             self.http.close()
             self.http = None
 

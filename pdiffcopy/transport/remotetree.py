@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core.ratelimit import TokenBucket
@@ -305,10 +305,10 @@ class RemoteTree(TreeEndpoint):
                           compress=self.compression)
 
     def traffic(self) -> Tuple[int, int]:
-        return wire.totals()
+        return counters.totals()
 
     def add_traffic(self, sent: int, received: int) -> None:
-        wire.add(sent, received)
+        counters.add(sent, received)
 
     def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
         self.client.rate_limit = bucket
