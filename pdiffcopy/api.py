@@ -48,7 +48,7 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
     """
     if is_url(location):
         from pdiffcopy.transport.legacyremote import remote_file
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
 
         # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
         return remote_file(location, token=token, concurrency=concurrency,
@@ -64,7 +64,7 @@ def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
                   timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
     """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local."""
     if is_url(location):
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
         from pdiffcopy.transport.remotetree import RemoteTree
 
         return RemoteTree(location, token=token, concurrency=concurrency,

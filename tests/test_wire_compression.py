@@ -126,7 +126,8 @@ def test_no_compress_stays_plain(tmp_path, server, unique):
 
 def _measuring(url: str):
     """The adaptive policy told to measure a loopback link, as it would the near end of a tunnel."""
-    from pdiffcopy.transport.remote import Compression, split_server_url
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.urls import split_server_url
 
     return Compression("auto", split_server_url(url)[0], measure_loopback=True)
 
@@ -530,7 +531,8 @@ def _sync_with(policy, source, target):
     from pdiffcopy.engine.pipeline import file_options, run_sync
     from pdiffcopy.local.file import LocalFile
     from pdiffcopy.transport import counters
-    from pdiffcopy.transport.remote import Compression, RemoteFile
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.remote import RemoteFile
 
     def endpoint(location):
         if str(location).startswith("http"):
@@ -598,7 +600,7 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
     from pdiffcopy.engine.treeendpoints import MetadataOptions
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.transport import counters
-    from pdiffcopy.transport.remote import Compression
+    from pdiffcopy.transport.compressionpolicy import Compression
     from pdiffcopy.transport.remotetree import RemoteTree
 
     files = {f"f{i:02d}.txt": words(128 * 1024, seed=i) for i in range(24)}  # 3 MiB in one batch

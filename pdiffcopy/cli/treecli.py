@@ -29,7 +29,7 @@ def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Opti
     """"file", "directory", "other" or None (missing), following a symlink at the top."""
     if is_url(location):
         from pdiffcopy.api import file_endpoint
-        from pdiffcopy.transport.remote import split_server_url
+        from pdiffcopy.transport.urls import split_server_url
 
         if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
             return "directory"  # the server's root
@@ -99,7 +99,7 @@ def last_name(location: str) -> str:
 def join_location(directory: str, name: str) -> str:
     """``directory/name`` for a path or a URL (the name percent-encoded)."""
     if is_url(directory):
-        from pdiffcopy.transport.remote import quote_path
+        from pdiffcopy.transport.urls import quote_path
 
         return directory.rstrip("/") + "/" + quote_path(name)
     return os.path.join(directory, name)

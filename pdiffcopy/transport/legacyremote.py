@@ -29,7 +29,8 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import RemoteError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
-from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
+from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
+from pdiffcopy.transport.remote import RemoteFile
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 :class:`RemoteTree` speaks the tree endpoints of :mod:`pdiffcopy.server.treeserver`
 (docs/protocol.rst, section Trees) through the transport of
-:mod:`pdiffcopy.transport.remote` (:class:`~pdiffcopy.transport.remote.HttpClient`): the same
+:mod:`pdiffcopy.transport.remote` (:class:`~pdiffcopy.transport.httpclient.HttpClient`): the same
 keep-alive connections, token, TLS, timeouts, 503 retries and one-line
 errors as a file sync. Batches larger than one request may carry are split
 into several requests, in order. Big files go through
@@ -25,15 +25,10 @@ from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core import compression
-from pdiffcopy.transport.remote import (
-    DEFAULT_TIMEOUT,
-    Compression,
-    HttpClient,
-    RemoteFile,
-    compressing_cores,
-    quote_path,
-    split_server_url,
-)
+from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
+from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
+from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.transport.urls import quote_path, split_server_url
 from pdiffcopy.engine.treeendpoints import LINK, Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.core.treeplan import FILE, Entry
 from pdiffcopy.core.treewire import (
@@ -62,7 +57,7 @@ class RemoteTree(TreeEndpoint):
     """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
 
     :param compress: A mode (``"auto"``, ``"always"``, ``"never"``) or a
-                     :class:`~pdiffcopy.transport.remote.Compression` to share, as
+                     :class:`~pdiffcopy.transport.compressionpolicy.Compression` to share, as
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
     """
 
