@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
+from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
@@ -34,8 +35,20 @@ def check_locations(source: str, target: str) -> None:
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
 
 
+def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[TokenBucket]:
+    """The one token bucket every connection of a sync takes its bytes from (``--bwlimit``); None: no limit.
+
+    :param bwlimit: Bytes per second, or rsync's syntax (``"50M"``).
+    :param shared: In shared memory, for a tree sync's worker processes (make it before they fork).
+    :raises UsageError: For a limit :func:`~pdiffcopy.core.ratelimit.bandwidth_limit` refuses.
+    """
+    rate = bandwidth_limit(bwlimit)
+    return TokenBucket(rate, shared=shared) if rate else None
+
+
 def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> FileEndpoint:
     """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
     For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
@@ -44,6 +57,10 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
     :param token: The server's shared secret (None: send none).
     :param concurrency: Connections the remote file may open at once.
+    :param rate_limit: For a URL: the bucket of ``--bwlimit`` (:func:`bwlimit_bucket`), shared with
+                       the sync's other endpoint. A local file moves nothing over a network:
+                       it ignores it, as rsync does.
+    :param compress: For a URL: ``-z``'s mode or level, as :func:`sync` takes it.
     :raises UsageError: For a path that names no file or a URL that names no server.
     """
     if is_url(location):
@@ -52,7 +69,8 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
         # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
         return remote_file(location, token=token, concurrency=concurrency,
-                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                           rate_limit=rate_limit, compress=compress)
     from pdiffcopy.local.file import LocalFile
 
     if not location or location.endswith("/"):
@@ -61,14 +79,20 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
-    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local."""
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
+    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local.
+
+    ``rate_limit`` (shared: :func:`bwlimit_bucket` with ``shared=True``) and ``compress`` as for
+    :func:`file_endpoint`.
+    """
     if is_url(location):
         from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
         from pdiffcopy.transport.remotetree import RemoteTree
 
         return RemoteTree(location, token=token, concurrency=concurrency,
-                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                          rate_limit=rate_limit, compress=compress)
     from pdiffcopy.local.localtree import LocalTree
 
     return LocalTree(location)
@@ -132,12 +156,14 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
                            bwlimit=bwlimit, compress=compress, piece_size=piece_size,
                            partial=partial, delta=delta, sparse=sparse)
     check_locations(source, target)
-    # Endpoints before the engine: a bad path or URL fails before any process starts.
-    source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,
-                                    timeout=timeout, ca_file=ca_file)
+    # Endpoints before the engine: a bad path or URL fails before any process starts. The wire's
+    # limit and compression are the remote endpoint's (the engine never sees them): one bucket
+    # for every connection and thread of the sync, the remote end's hashing threads too.
+    wire = dict(token=token, concurrency=options.concurrency, timeout=timeout, ca_file=ca_file,
+                rate_limit=bwlimit_bucket(options.bwlimit), compress=options.compress)
+    source_endpoint = file_endpoint(source, **wire)
     try:
-        target_endpoint = file_endpoint(target, token=token, concurrency=options.concurrency,
-                                        timeout=timeout, ca_file=ca_file)
+        target_endpoint = file_endpoint(target, **wire)
     except BaseException:
         source_endpoint.close()
         raise
@@ -171,15 +197,18 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     options = dataclasses.replace(options or TreeOptions(), **fields)
     check_concurrency(options.concurrency)
     check_locations(source, target)
+    # In shared memory and made before any worker forks: one limit for all of them.
+    bucket = bwlimit_bucket(options.bwlimit, shared=True)
     trees = []
     try:
         for location in (source, target):
             trees.append(tree_endpoint(location, token=token, concurrency=options.concurrency,
-                                       timeout=timeout, ca_file=ca_file))
+                                       timeout=timeout, ca_file=ca_file, rate_limit=bucket,
+                                       compress=options.compress))
         return run_tree(trees[0], trees[1], options, progress, report_line=report_line)
     finally:
         for tree in trees:
             tree.close()
 
 
-__all__ = ["check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]
+__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]

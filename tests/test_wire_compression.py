@@ -143,13 +143,14 @@ def _traffic(run) -> dict:
 
 
 def _pull_on_a_slow_link(url: str, target) -> dict:
-    """Pull ``url`` into ``target`` through the library over a real slow link (the engine's --bwlimit)."""
+    """Pull ``url`` into ``target`` through the library over a real slow link (the transport's --bwlimit)."""
+    from pdiffcopy.api import bwlimit_bucket
     from pdiffcopy.engine.pipeline import file_options, run_sync
     from pdiffcopy.local.file import LocalFile
     from pdiffcopy.transport.remote import RemoteFile
 
-    source = RemoteFile(url, concurrency=1, compress=_measuring(url))
-    return _traffic(lambda: run_sync(source, LocalFile(str(target)), file_options(concurrency=1, bwlimit=SLOW_LINK)))
+    source = RemoteFile(url, concurrency=1, compress=_measuring(url), rate_limit=bwlimit_bucket(SLOW_LINK))
+    return _traffic(lambda: run_sync(source, LocalFile(str(target)), file_options(concurrency=1)))
 
 
 def test_the_default_switches_on_a_slow_link(tmp_path, server, unique):
@@ -442,6 +443,7 @@ def test_the_metrics_count_compressed_bytes_only_when_compressing(tmp_path):
 def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction):
     # The first batch goes plain and teaches the policy (a genuinely slow link); the batches after
     # it go compressed.
+    from pdiffcopy.api import bwlimit_bucket
     from pdiffcopy.engine.treesync import TreeOptions, sync_tree
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.transport.remotetree import RemoteTree
@@ -452,14 +454,15 @@ def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction)
     for name, data in files.items():
         (source / name).write_bytes(data)
     total = sum(len(data) for data in files.values())
-    remote = RemoteTree(server.url(unique), concurrency=1, compress=_measuring(server.url(unique)))
+    remote = RemoteTree(server.url(unique), concurrency=1, compress=_measuring(server.url(unique)),
+                        rate_limit=bwlimit_bucket(SLOW_LINK, shared=True))
     if direction == "pull":
         source.rename(server.root / unique)
         trees, written = (remote, LocalTree(str(tmp_path / "dst"))), tmp_path / "dst"
     else:
         trees, written = (LocalTree(str(source)), remote), server.root / unique
     try:
-        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1, bwlimit=SLOW_LINK)))
+        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1)))
     finally:
         for tree in trees:
             tree.close()

@@ -17,6 +17,7 @@ from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
+from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core.treeplan import printable
 
 logger = logging.getLogger("pdiffcopy")
@@ -115,11 +116,12 @@ def check_not_nested(source: str, target: str) -> None:
         raise UsageError(f"The target {target} is inside the source {source}")
 
 
-def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:
+def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str],
+                  rate_limit: Optional[TokenBucket] = None) -> TreeEndpoint:
     from pdiffcopy.api import tree_endpoint as endpoint
 
     return endpoint(location, token=token, concurrency=_concurrency(args), timeout=args.timeout,
-                    ca_file=args.ca_file)
+                    ca_file=args.ca_file, rate_limit=rate_limit, compress=args.compress)
 
 
 def _concurrency(args: argparse.Namespace) -> int:
@@ -158,9 +160,13 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
 
     if args.benchmark:
         raise UsageError("--benchmark works on a file, not on a directory")
+    from pdiffcopy.api import bwlimit_bucket
+
     options = tree_options(args)
-    source_tree = tree_endpoint(source, args, token)
-    target_tree = tree_endpoint(target, args, token)
+    # One bucket for both trees and every worker (made before they fork), as api.sync_tree makes it.
+    bucket = bwlimit_bucket(options.bwlimit, shared=True)
+    source_tree = tree_endpoint(source, args, token, bucket)
+    target_tree = tree_endpoint(target, args, token, bucket)
     progress = TreeProgress(options.concurrency)
     started, wire_before = time.monotonic(), counters.totals()
     try:

@@ -71,7 +71,7 @@ from pdiffcopy.engine.segments import (
     source_data_bytes,
     source_unchanged,
 )
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import bandwidth_limit
 from pdiffcopy.core.hashing import (
     DEFAULT_HASH_METHOD,
     digest_bytes,
@@ -206,15 +206,6 @@ class _SyncJob:
         self.started = time.monotonic()
         self.source = source
         self.target = target
-        if options.bwlimit:
-            # One bucket for every connection and thread of the sync (the remote
-            # end's hashing and transfer threads alike).
-            bucket = TokenBucket(options.bwlimit)
-            for endpoint in (self.source, self.target):
-                endpoint.limit_rate(bucket)
-        if options.compress != "auto":
-            for endpoint in (self.source, self.target):
-                endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if e.hashes_here()]
         if self.target.can_copy_from(self.source) and (options.whole_file or not target.exists()):

@@ -43,7 +43,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, FileMissing, PdiffcopyError, StorageError, UsageError
 from pdiffcopy.core.hashing import verify_method
 from pdiffcopy.core.refine import resolve_piece_size
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import bandwidth_limit
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     FileOptions,
@@ -253,16 +253,10 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     options = dataclasses.replace(options, piece_size=resolve_piece_size(options.piece_size, options.block_size))
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
-    rate = bandwidth_limit(options.bwlimit)  # an int, or rsync's syntax from a library caller
-    if rate:
-        # In shared memory and made before any worker forks: one limit for all of them.
-        bucket = TokenBucket(rate, shared=True)
-        for tree in (source, target):
-            tree.limit_rate(bucket)
+    # Checked here too for a caller of the engine; the endpoints were built with them (api.sync_tree).
+    bandwidth_limit(options.bwlimit)
     chunked.check_delta(options.delta)
-    if check_mode(options.compress) != "auto":
-        for tree in (source, target):
-            tree.compress_with(options.compress)
+    check_mode(options.compress)
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()

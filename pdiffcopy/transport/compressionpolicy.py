@@ -65,12 +65,6 @@ class Compression:
         self._moved_since: Optional[float] = None
         self._moved = 0
 
-    def with_mode(self, mode: "str | int", concurrency: int) -> "Compression":
-        """This one for the same mode (it keeps what it measured, or the policy given), else a new one."""
-        if mode == self.mode:
-            return self
-        return Compression(mode, self.base, self.measure_loopback, cores=compressing_cores(concurrency))
-
     def now(self) -> bool:
         """Whether the next request should compress."""
         return self.level() is not None

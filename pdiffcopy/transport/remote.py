@@ -176,12 +176,6 @@ class RemoteFile(FileEndpoint):
     def pin(self, info: FileInfo) -> None:
         self._etag = info.etag
 
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        self.client.rate_limit = bucket
-
-    def compress_with(self, mode: "str | int") -> None:
-        self.compression = self.compression.with_mode(mode, self.concurrency)
-
     def stat(self) -> Optional[FileInfo]:
         answer = self._first_stat.pop() if self._first_stat else self._ask_stat()
         if isinstance(answer, PdiffcopyError):

@@ -23,8 +23,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.core.jsonstream import JsonStream
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core import compression
+from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
 from pdiffcopy.transport.remote import RemoteFile
@@ -56,6 +56,8 @@ _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
 class RemoteTree(TreeEndpoint):
     """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
 
+    :param rate_limit: The bucket every byte on the wire is taken from (``--bwlimit``): one
+                       for the whole sync, in shared memory for its worker processes.
     :param compress: A mode (``"auto"``, ``"always"``, ``"never"``) or a
                      :class:`~pdiffcopy.transport.compressionpolicy.Compression` to share, as
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
@@ -65,7 +67,7 @@ class RemoteTree(TreeEndpoint):
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 compress: "str | Compression" = "auto") -> None:
+                 compress: "str | Compression" = "auto", rate_limit: Optional[TokenBucket] = None) -> None:
         self.location = url
         self.base, path = split_server_url(url)
         #: The tree's path below the server's root ("" for the root itself).
@@ -74,7 +76,7 @@ class RemoteTree(TreeEndpoint):
         self.concurrency = concurrency
         self.timeout = timeout
         self.ca_file = ca_file
-        self.client = HttpClient(self.base, token, timeout, ca_file)
+        self.client = HttpClient(self.base, token, timeout, ca_file, rate_limit)
         #: One for the tree's files: what the first big files showed of the link serves the next.
         self.compression = compress if isinstance(compress, Compression) else Compression(
             compress, self.base, cores=compressing_cores(self.concurrency))
@@ -304,13 +306,6 @@ class RemoteTree(TreeEndpoint):
 
     def add_traffic(self, sent: int, received: int) -> None:
         counters.add(sent, received)
-
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        self.client.rate_limit = bucket
-
-    def compress_with(self, mode: "str | int") -> None:
-        # Batches and big files compress one per transfer in flight, each in its own thread.
-        self.compression = self.compression.with_mode(mode, self.concurrency)
 
     def close(self) -> None:
         self.client.close()
