@@ -124,6 +124,9 @@ class LegacyRemoteFile(RemoteFile):
                            "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", self.base)
         return FileInfo("file", size, 0, "")
 
+    # Behind the whole-file hashing of submit_hashes, never RemoteFile's request that 1.0.1 does not know.
+    submit_hashes_first = FileEndpoint.submit_hashes_first
+
     def hashes_pieces_cheaply(self) -> bool:
         return False  # a whole-file hash list per piece size, or the data itself (see _legacy_hashes)
 
@@ -238,6 +241,9 @@ class LegacyRemoteFile(RemoteFile):
 
     def can_copy_within(self, origin: FileEndpoint) -> bool:
         return False  # 1.0.1 cannot copy between files, nor rename a temporary
+
+    # "Unsupported", not RemoteFile's request that 1.0.1 does not know.
+    copy_within = FileEndpoint.copy_within
 
     def flush(self) -> None:
         pass  # 1.0.1 cannot fsync; its writes reach the disk when its kernel decides
