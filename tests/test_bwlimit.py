@@ -118,13 +118,19 @@ def test_push_with_bwlimit_takes_its_time(server, unique, tmp_path, data):
     assert elapsed >= AT_LEAST_SECONDS
 
 
-def test_tree_pull_with_bwlimit_counts_every_worker(server, unique, tmp_path):
-    # Six 1 MiB files, moved in batches by two forked workers: one limit for both.
+def _remote_tree_of_six(server, unique):
+    """Six 1 MiB files in a new directory on the server: (the directory, its files' contents)."""
     remote = server.root / unique.replace(".img", "")
     remote.mkdir()
     files = {f"f{index}": random_bytes(1024 * 1024, seed=index) for index in range(6)}
     for name, content in files.items():
         (remote / name).write_bytes(content)
+    return remote, files
+
+
+def test_tree_pull_with_bwlimit_counts_every_worker(server, unique, tmp_path):
+    # Six 1 MiB files, moved in batches by two forked workers: one limit for both.
+    remote, files = _remote_tree_of_six(server, unique)
     elapsed = timed("-c", "2", "--bwlimit", RATE, server.url(remote.name) + "/", tmp_path / "back")
     assert {path.name: path.read_bytes() for path in (tmp_path / "back").iterdir()} == files
     assert elapsed >= AT_LEAST_SECONDS
@@ -222,11 +228,7 @@ def test_a_file_endpoint_of_the_api_reads_through_its_limit(server, unique, data
 def test_library_sync_tree_with_bwlimit_counts_every_worker(server, unique, tmp_path):
     from pdiffcopy import sync_tree
 
-    remote = server.root / unique.replace(".img", "")
-    remote.mkdir()
-    files = {f"f{index}": random_bytes(1024 * 1024, seed=index) for index in range(6)}
-    for name, content in files.items():
-        (remote / name).write_bytes(content)
+    remote, files = _remote_tree_of_six(server, unique)
     started = time.monotonic()
     result = sync_tree(server.url(remote.name), str(tmp_path / "back"), bwlimit=RATE, concurrency=2)
     assert not result.failures

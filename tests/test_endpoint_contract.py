@@ -1045,9 +1045,8 @@ def test_cut_chunks_and_copy_within_are_unsupported_on_a_101_server(any_files):
         new.copy_within(old, [])
 
 
+@pytest.mark.parametrize("any_files", ["legacy"], indirect=True)  # the other kinds' holes: tests above
 def test_a_101_server_has_no_holes_it_can_tell_or_punch(any_files):
-    if any_files.name != "legacy":
-        pytest.skip("the data map and punching of the other kinds: tests above")
     (any_files.directory / "dense.img").write_bytes(b"y" * DATA_SIZE)
     endpoint = any_files.open("dense.img")
     assert endpoint.data_map(0, DATA_SIZE) == [(0, DATA_SIZE)]  # every byte is data to it
