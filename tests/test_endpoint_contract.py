@@ -1054,3 +1054,29 @@ def test_a_101_server_has_no_holes_it_can_tell_or_punch(any_files):
     assert endpoint.punch_ranges([(BLOCK_SIZE, BLOCK_SIZE)]) == BLOCK_SIZE
     assert (any_files.directory / "dense.img").read_bytes() == \
         b"y" * BLOCK_SIZE + bytes(BLOCK_SIZE) + b"y" * (DATA_SIZE - 2 * BLOCK_SIZE)
+
+
+def test_a_hash_pool_is_started_only_where_hashing_runs_here(any_files):
+    data = random_bytes(DATA_SIZE, seed=45)
+    (any_files.directory / "pooled.img").write_bytes(data)
+    endpoint = any_files.open("pooled.img")
+    pool = endpoint.start_hash_pool(1)
+    try:
+        # A local file hashes in this machine's processes; a server hashes its own files.
+        assert endpoint.hashes_here() is (any_files.name == "local")
+        assert (pool is not None) is endpoint.hashes_here()
+        if pool is not None:
+            endpoint.use_hash_pool(pool)
+        endpoint.keep_out_of_cache()  # a hint: the digests stay the same
+        assert endpoint.submit_hashes([(0, DATA_SIZE)], BLOCK_SIZE, METHOD).result(timeout=30) == block_digests(data)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+@pytest.mark.parametrize("cache", ["drop", "keep"])
+def test_cache_mode_keeps_what_was_asked(any_files, cache):
+    # Only "auto" is decided, by a local whole-file copy's size; elsewhere the cache is kept.
+    endpoint = any_files.open("cached.img")
+    assert endpoint.cache_mode(cache, DATA_SIZE) == cache
+    assert endpoint.cache_mode("auto", DATA_SIZE) in (("drop", "keep") if any_files.name == "local" else ("keep",))
