@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
+from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
@@ -35,8 +36,27 @@ def check_locations(source: str, target: str) -> None:
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
 
 
+def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[TokenBucket]:
+    """The one token bucket every connection of a sync takes its bytes from (``--bwlimit``); None: no limit.
+
+    :param bwlimit: Bytes per second, or rsync's syntax (``"50M"``).
+    :param shared: In shared memory, for a tree sync's worker processes (make it before they fork).
+    :raises UsageError: For a limit :func:`~pdiffcopy.core.ratelimit.bandwidth_limit` refuses.
+    """
+    rate = bandwidth_limit(bwlimit)
+    return TokenBucket(rate, shared=shared) if rate else None
+
+
+def wire_settings(*, token: Optional[str], concurrency: int, timeout: Optional[float], ca_file: Optional[str],
+                  bwlimit: "int | str | None", compress: "str | int") -> dict:
+    """The keyword arguments of :func:`file_endpoint` for one file sync: one ``--bwlimit`` bucket for all."""
+    return dict(token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
+                rate_limit=bwlimit_bucket(bwlimit), compress=compress)
+
+
 def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> FileEndpoint:
     """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
     For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
@@ -45,15 +65,20 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
     :param token: The server's shared secret (None: send none).
     :param concurrency: Connections the remote file may open at once.
+    :param rate_limit: For a URL: the bucket of ``--bwlimit`` (:func:`bwlimit_bucket`), shared with
+                       the sync's other endpoint. A local file moves nothing over a network:
+                       it ignores it, as rsync does.
+    :param compress: For a URL: ``-z``'s mode or level, as :func:`sync` takes it.
     :raises UsageError: For a path that names no file or a URL that names no server.
     """
     if is_url(location):
         from pdiffcopy.transport.legacyremote import remote_file
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
 
         # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
         return remote_file(location, token=token, concurrency=concurrency,
-                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                           rate_limit=rate_limit, compress=compress)
     from pdiffcopy.local.localfile import LocalFile
 
     if not location or location.endswith("/"):
@@ -62,14 +87,20 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
-    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local."""
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
+    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local.
+
+    ``rate_limit`` (shared: :func:`bwlimit_bucket` with ``shared=True``) and ``compress`` as for
+    :func:`file_endpoint`.
+    """
     if is_url(location):
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
         from pdiffcopy.transport.remotetree import RemoteTree
 
         return RemoteTree(location, token=token, concurrency=concurrency,
-                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                          rate_limit=rate_limit, compress=compress)
     from pdiffcopy.local.localtree import LocalTree
 
     return LocalTree(location)
@@ -138,11 +169,15 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
                                bwlimit=bwlimit, compress=compress, piece_size=piece_size,
                                partial=partial, delta=delta, sparse=sparse)
         check_locations(_location(source), _location(target))
-        # Endpoints before the engine: a bad path or URL fails before any process starts.
+        # Endpoints before the engine: a bad path or URL fails before any process starts. The
+        # wire's limit and compression are the remote endpoint's (the engine never sees them):
+        # one bucket for every connection and thread of the sync. An endpoint given (the command
+        # line's probe) was made with the same settings (:func:`wire_settings`).
+        wire = wire_settings(token=token, concurrency=options.concurrency, timeout=timeout, ca_file=ca_file,
+                             bwlimit=options.bwlimit, compress=options.compress)
         for location in (source, target):
             if not isinstance(location, FileEndpoint):
-                made.append(file_endpoint(location, token=token, concurrency=options.concurrency,
-                                          timeout=timeout, ca_file=ca_file))
+                made.append(file_endpoint(location, **wire))
     except BaseException:
         for endpoint in given + made:
             endpoint.close()
@@ -182,11 +217,14 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
 
     options = dataclasses.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
     check_locations(source, target)
+    # In shared memory and made before any worker forks: one limit for all of them.
+    bucket = bwlimit_bucket(options.bwlimit, shared=True)
     trees = []
     try:
         for location in (source, target):
             trees.append(tree_endpoint(location, token=token, concurrency=options.concurrency,
-                                       timeout=timeout, ca_file=ca_file))
+                                       timeout=timeout, ca_file=ca_file, rate_limit=bucket,
+                                       compress=options.compress))
         return run_tree(trees[0], trees[1], options, progress, report_line=report_line,
                         on_worker_start=die_with_parent)
     finally:
@@ -194,4 +232,4 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]
+__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]

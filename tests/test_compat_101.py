@@ -359,7 +359,7 @@ def test_location_parsing():
     """
     from pdiffcopy.engine.endpoints import is_url
     from pdiffcopy.errors import UsageError
-    from pdiffcopy.transport.remote import parse_url
+    from pdiffcopy.transport.urls import parse_url
 
     assert not is_url("/foo/bar")
     assert is_url("http://server:12345/foo/bar")

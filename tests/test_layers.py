@@ -50,6 +50,12 @@ FORBIDDEN = {
         "pdiffcopy.server.service",
         "pdiffcopy.cli.command",
     },
+    "pdiffcopy.transport.httpclient": {
+        "pdiffcopy.local.leases",
+        "pdiffcopy.server.app",
+        "pdiffcopy.server.service",
+        "pdiffcopy.cli.command",
+    },
     "pdiffcopy.core.treewire": {
         "pdiffcopy.local.confinement",
     },

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.engine.endpoints import is_url
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
 from pdiffcopy.errors import PdiffcopyError, UsageError
 
@@ -550,7 +550,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return 0
         if args.diff:
             args.dry_run = True
-        started, wire_before = time.monotonic(), wire.totals()
+        started, wire_before = time.monotonic(), counters.totals()
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
                           show_progress=show_progress(args), keep_last=args.progress, **options)
     report(result)

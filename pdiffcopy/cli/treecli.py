@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional, Tuple
 
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -42,15 +42,18 @@ class Probes:
     def kind(self, location: str) -> Optional[str]:
         """"file", "directory", "other" or None (missing), following a symlink at the top."""
         if is_url(location):
-            from pdiffcopy.api import file_endpoint
+            from pdiffcopy.api import file_endpoint, wire_settings
             from pdiffcopy.engine.options import check_concurrency
-            from pdiffcopy.transport.remote import split_server_url
+            from pdiffcopy.transport.urls import split_server_url
 
             if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
                 return "directory"  # the server's root
+            # Made as api.sync would make it (its --bwlimit and -z too): the file sync takes it.
             endpoint = self.endpoints.get(location) or file_endpoint(
-                location.rstrip("/"), token=self.token, concurrency=check_concurrency(self.args.concurrency),
-                timeout=self.args.timeout, ca_file=self.args.ca_file)
+                location.rstrip("/"), **wire_settings(
+                    token=self.token, concurrency=check_concurrency(self.args.concurrency),
+                    timeout=self.args.timeout, ca_file=self.args.ca_file, bwlimit=self.args.bwlimit,
+                    compress=self.args.compress))
             try:
                 info = endpoint.stat()
             except BaseException:
@@ -134,7 +137,7 @@ def last_name(location: str) -> str:
 def join_location(directory: str, name: str) -> str:
     """``directory/name`` for a path or a URL (the name percent-encoded)."""
     if is_url(directory):
-        from pdiffcopy.transport.remote import quote_path
+        from pdiffcopy.transport.urls import quote_path
 
         return directory.rstrip("/") + "/" + quote_path(name)
     return os.path.join(directory, name)
@@ -185,9 +188,10 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
 
     if args.benchmark:
         raise UsageError("--benchmark works on a file, not on a directory")
+
     options = tree_options(args)
     progress = TreeProgress(options.concurrency)
-    started, wire_before = time.monotonic(), wire.totals()
+    started, wire_before = time.monotonic(), counters.totals()
     with _display(progress, args):
         result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
                            progress=progress, report_line=_print)

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, 
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -307,18 +306,6 @@ class FileEndpoint(ABC):
         """Let other writers in again.
 
         :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
-        """
-
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        """Take every byte this endpoint moves over the network from ``bucket`` (``--bwlimit``).
-
-        A local file moves nothing over a network: it ignores the limit, as rsync's does.
-        """
-
-    def compress_with(self, mode: "str | int") -> None:
-        """Compress what crosses the network: ``"auto"``, ``"always"``, ``"never"`` (``-z``) or at a level.
-
-        A local file moves nothing over a network: it ignores it.
         """
 
     def close(self) -> None:

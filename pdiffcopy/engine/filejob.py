@@ -65,7 +65,6 @@ from pdiffcopy.engine.segments import (
     source_unchanged,
     verified_digest,
 )
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core.hashing import (
     digest_size,
     verify_method,
@@ -141,15 +140,6 @@ class _SyncJob:
         self.started = time.monotonic()
         self.source = source
         self.target = target
-        if options.bwlimit:
-            # One bucket for every connection and thread of the sync (the remote
-            # end's hashing and transfer threads alike).
-            bucket = TokenBucket(options.bwlimit)
-            for endpoint in (self.source, self.target):
-                endpoint.limit_rate(bucket)
-        if options.compress != "auto":
-            for endpoint in (self.source, self.target):
-                endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if e.hashes_here()]
         if self.target.can_copy_from(self.source) and (options.whole_file or not target.exists()):

@@ -30,7 +30,6 @@ from typing import Callable, Dict, Optional
 from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import verify_method
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core.treeplan import (
     DIR,
     REASON_NEW,
@@ -96,14 +95,6 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
-    if options.bwlimit:
-        # In shared memory and made before any worker forks: one limit for all of them.
-        bucket = TokenBucket(options.bwlimit, shared=True)
-        for tree in (source, target):
-            tree.limit_rate(bucket)
-    if options.compress != "auto":
-        for tree in (source, target):
-            tree.compress_with(options.compress)
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()
