@@ -85,7 +85,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from pdiffcopy import copyfile as pdiffcopy_copyfile
-from pdiffcopy.local.fileops import is_temporary_name
+from pdiffcopy.local.descriptors import is_temporary_name
 
 #: The original, whatever patching happens elsewhere.
 SHUTIL_COPYFILE = shutil.copyfile

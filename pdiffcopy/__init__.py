@@ -23,9 +23,9 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name in ("SyncResult", "Progress"):
-        from pdiffcopy.engine import pipeline
+        from pdiffcopy.engine import filejob
 
-        return getattr(pipeline, name)
+        return getattr(filejob, name)
     if name in ("patch_copyfile", "unpatch_copyfile"):
         from pdiffcopy import copyfile as copyfile_module
 

@@ -1,6 +1,6 @@
 """The library's face: paths and URLs in, endpoints built, the engine run.
 
-The engine (:mod:`pdiffcopy.engine.pipeline`, :mod:`pdiffcopy.engine.treesync`) works on
+The engine (:mod:`pdiffcopy.engine.filejob`, :mod:`pdiffcopy.engine.treesync`) works on
 endpoints and never builds one: this module turns a path into a local
 endpoint and an ``http(s)://`` URL into a remote one, and hands both over
 (dependency inversion, see docs/design.rst). It is also where the rule that
@@ -15,14 +15,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
+from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-from pdiffcopy.engine.pipeline import Progress, SyncResult, file_options, run_sync
+from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
+from pdiffcopy.engine.options import TreeOptions, file_options
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
-    from pdiffcopy.engine.treesync import TreeOptions, TreeProgress, TreeResult
+    from pdiffcopy.engine.treesync import TreeProgress, TreeResult
 
 
 def check_locations(source: str, target: str) -> None:
@@ -34,8 +36,27 @@ def check_locations(source: str, target: str) -> None:
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
 
 
+def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[TokenBucket]:
+    """The one token bucket every connection of a sync takes its bytes from (``--bwlimit``); None: no limit.
+
+    :param bwlimit: Bytes per second, or rsync's syntax (``"50M"``).
+    :param shared: In shared memory, for a tree sync's worker processes (make it before they fork).
+    :raises UsageError: For a limit :func:`~pdiffcopy.core.ratelimit.bandwidth_limit` refuses.
+    """
+    rate = bandwidth_limit(bwlimit)
+    return TokenBucket(rate, shared=shared) if rate else None
+
+
+def wire_settings(*, token: Optional[str], concurrency: int, timeout: Optional[float], ca_file: Optional[str],
+                  bwlimit: "int | str | None", compress: "str | int") -> dict:
+    """The keyword arguments of :func:`file_endpoint` for one file sync: one ``--bwlimit`` bucket for all."""
+    return dict(token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
+                rate_limit=bwlimit_bucket(bwlimit), compress=compress)
+
+
 def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> FileEndpoint:
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> FileEndpoint:
     """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
     For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
@@ -44,16 +65,21 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
     :param token: The server's shared secret (None: send none).
     :param concurrency: Connections the remote file may open at once.
+    :param rate_limit: For a URL: the bucket of ``--bwlimit`` (:func:`bwlimit_bucket`), shared with
+                       the sync's other endpoint. A local file moves nothing over a network:
+                       it ignores it, as rsync does.
+    :param compress: For a URL: ``-z``'s mode or level, as :func:`sync` takes it.
     :raises UsageError: For a path that names no file or a URL that names no server.
     """
     if is_url(location):
         from pdiffcopy.transport.legacyremote import remote_file
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
 
         # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
         return remote_file(location, token=token, concurrency=concurrency,
-                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
-    from pdiffcopy.local.file import LocalFile
+                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                           rate_limit=rate_limit, compress=compress)
+    from pdiffcopy.local.localfile import LocalFile
 
     if not location or location.endswith("/"):
         raise UsageError(f"Not a file name: {location!r}")
@@ -61,20 +87,26 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None) -> "TreeEndpoint":
-    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local."""
+                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
+                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
+    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local.
+
+    ``rate_limit`` (shared: :func:`bwlimit_bucket` with ``shared=True``) and ``compress`` as for
+    :func:`file_endpoint`.
+    """
     if is_url(location):
-        from pdiffcopy.transport.remote import DEFAULT_TIMEOUT
+        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
         from pdiffcopy.transport.remotetree import RemoteTree
 
         return RemoteTree(location, token=token, concurrency=concurrency,
-                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file)
+                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
+                          rate_limit=rate_limit, compress=compress)
     from pdiffcopy.local.localtree import LocalTree
 
     return LocalTree(location)
 
 
-def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
+def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
          hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
          concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
          token: Optional[str] = None, timeout: Optional[float] = None,
@@ -87,8 +119,10 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
     a file on a pdiffcopy server: a URL source pulls, a URL target pushes.
 
-    :param source: Path or URL of the file with the wanted bytes.
-    :param target: Path or URL of the file to update (created if missing).
+    :param source: Path or URL of the file with the wanted bytes, or an endpoint made by
+                   :func:`file_endpoint` (the sync then owns it and closes it): a URL probed
+                   once, by its caller, is not probed again.
+    :param target: Path or URL of the file to update (created if missing), or an endpoint.
     :param block_size: Block size in bytes, or an expression like ``"1MiB"``.
     :param hash_method: Block hash (any :mod:`hashlib` name, ``xxh3_128``, ``blake3``...).
     :param whole_file: Skip the comparison and copy every block.
@@ -124,24 +158,37 @@ def sync(source: str, target: str, *, block_size: "int | str" = DEFAULT_BLOCK_SI
     :param sparse: Also turn runs of zeros (whole file system blocks) in the data written into
                    holes (rsync's ``-S``). The source's own holes stay holes either way: they
                    are never read nor sent, and are punched in the target.
-    :returns: A :class:`~pdiffcopy.engine.pipeline.SyncResult`.
+    :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
-    options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
-                           concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
-                           bwlimit=bwlimit, compress=compress, piece_size=piece_size,
-                           partial=partial, delta=delta, sparse=sparse)
-    check_locations(source, target)
-    # Endpoints before the engine: a bad path or URL fails before any process starts.
-    source_endpoint = file_endpoint(source, token=token, concurrency=options.concurrency,
-                                    timeout=timeout, ca_file=ca_file)
+    given = [location for location in (source, target) if isinstance(location, FileEndpoint)]
+    made = []
     try:
-        target_endpoint = file_endpoint(target, token=token, concurrency=options.concurrency,
-                                        timeout=timeout, ca_file=ca_file)
+        options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
+                               concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
+                               bwlimit=bwlimit, compress=compress, piece_size=piece_size,
+                               partial=partial, delta=delta, sparse=sparse)
+        check_locations(_location(source), _location(target))
+        # Endpoints before the engine: a bad path or URL fails before any process starts. The
+        # wire's limit and compression are the remote endpoint's (the engine never sees them):
+        # one bucket for every connection and thread of the sync. An endpoint given (the command
+        # line's probe) was made with the same settings (:func:`wire_settings`).
+        wire = wire_settings(token=token, concurrency=options.concurrency, timeout=timeout, ca_file=ca_file,
+                             bwlimit=options.bwlimit, compress=options.compress)
+        for location in (source, target):
+            if not isinstance(location, FileEndpoint):
+                made.append(file_endpoint(location, **wire))
     except BaseException:
-        source_endpoint.close()
+        for endpoint in given + made:
+            endpoint.close()
         raise
+    source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
+    target_endpoint = target if isinstance(target, FileEndpoint) else made.pop(0)
     return run_sync(source_endpoint, target_endpoint, options, progress)
+
+
+def _location(location: "str | FileEndpoint") -> str:
+    return location.location if isinstance(location, FileEndpoint) else location
 
 
 def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None, *,
@@ -154,7 +201,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     contents are synced into ``target`` (the command line's rsync rule for a
     trailing slash is the command line's, see :mod:`pdiffcopy.cli.treecli`).
 
-    :param options: A :class:`~pdiffcopy.engine.treesync.TreeOptions`; ``fields``
+    :param options: A :class:`~pdiffcopy.engine.options.TreeOptions`; ``fields``
                     (``delete=True``, ``xattrs=True``, ``acls=True``, ``concurrency=4``...)
                     replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
@@ -165,21 +212,24 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     """
     import dataclasses
 
-    from pdiffcopy.engine.pipeline import check_concurrency
-    from pdiffcopy.engine.treesync import TreeOptions, sync_tree as run_tree
+    from pdiffcopy.engine.treesync import sync_tree as run_tree
+    from pdiffcopy.local.processes import die_with_parent
 
-    options = dataclasses.replace(options or TreeOptions(), **fields)
-    check_concurrency(options.concurrency)
+    options = dataclasses.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
     check_locations(source, target)
+    # In shared memory and made before any worker forks: one limit for all of them.
+    bucket = bwlimit_bucket(options.bwlimit, shared=True)
     trees = []
     try:
         for location in (source, target):
             trees.append(tree_endpoint(location, token=token, concurrency=options.concurrency,
-                                       timeout=timeout, ca_file=ca_file))
-        return run_tree(trees[0], trees[1], options, progress, report_line=report_line)
+                                       timeout=timeout, ca_file=ca_file, rate_limit=bucket,
+                                       compress=options.compress))
+        return run_tree(trees[0], trees[1], options, progress, report_line=report_line,
+                        on_worker_start=die_with_parent)
     finally:
         for tree in trees:
             tree.close()
 
 
-__all__ = ["check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]
+__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]

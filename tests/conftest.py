@@ -138,17 +138,17 @@ def unique(request) -> str:
 def kill_switch(monkeypatch):
     """Set ``PDIFFCOPY_NO_FASTPATH`` for this test (None: unset), as a process started with it has it.
 
-    The package reads the switch once per process (``fileops._FAST_PATHS``); processes that
+    The package reads the switch once per process (``descriptors._FAST_PATHS``); processes that
     tests start read it from the environment.
     """
-    from pdiffcopy.local import fileops
+    from pdiffcopy.local import descriptors
 
     def set_to(value: Optional[str]) -> None:
         if value is None:
-            monkeypatch.delenv(fileops.NO_FASTPATH_VARIABLE, raising=False)
+            monkeypatch.delenv(descriptors.NO_FASTPATH_VARIABLE, raising=False)
         else:
-            monkeypatch.setenv(fileops.NO_FASTPATH_VARIABLE, value)
-        monkeypatch.setattr(fileops, "_FAST_PATHS", value in (None, "", "0"))
+            monkeypatch.setenv(descriptors.NO_FASTPATH_VARIABLE, value)
+        monkeypatch.setattr(descriptors, "_FAST_PATHS", value in (None, "", "0"))
     return set_to
 
 

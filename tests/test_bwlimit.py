@@ -118,13 +118,19 @@ def test_push_with_bwlimit_takes_its_time(server, unique, tmp_path, data):
     assert elapsed >= AT_LEAST_SECONDS
 
 
-def test_tree_pull_with_bwlimit_counts_every_worker(server, unique, tmp_path):
-    # Six 1 MiB files, moved in batches by two forked workers: one limit for both.
+def _remote_tree_of_six(server, unique):
+    """Six 1 MiB files in a new directory on the server: (the directory, its files' contents)."""
     remote = server.root / unique.replace(".img", "")
     remote.mkdir()
     files = {f"f{index}": random_bytes(1024 * 1024, seed=index) for index in range(6)}
     for name, content in files.items():
         (remote / name).write_bytes(content)
+    return remote, files
+
+
+def test_tree_pull_with_bwlimit_counts_every_worker(server, unique, tmp_path):
+    # Six 1 MiB files, moved in batches by two forked workers: one limit for both.
+    remote, files = _remote_tree_of_six(server, unique)
     elapsed = timed("-c", "2", "--bwlimit", RATE, server.url(remote.name) + "/", tmp_path / "back")
     assert {path.name: path.read_bytes() for path in (tmp_path / "back").iterdir()} == files
     assert elapsed >= AT_LEAST_SECONDS
@@ -193,3 +199,38 @@ def test_pull_from_a_101_server_with_bwlimit(original_server, tmp_path, data):  
                     tmp_path / "target")
     assert (tmp_path / "target").read_bytes() == data
     assert elapsed >= AT_LEAST_SECONDS
+
+
+# -- the limit is the transport's: the api hands it to the remote endpoints it builds ---------------
+
+def test_the_endpoint_interfaces_carry_no_wire_settings():
+    # --bwlimit and -z wrap a remote endpoint's HTTP client; a local endpoint has nothing to limit.
+    from pdiffcopy.engine.endpoints import FileEndpoint
+    from pdiffcopy.engine.treeendpoints import TreeEndpoint
+
+    for interface in (FileEndpoint, TreeEndpoint):
+        assert not {"limit_rate", "compress_with"} & set(dir(interface))
+
+
+def test_a_file_endpoint_of_the_api_reads_through_its_limit(server, unique, data):
+    from pdiffcopy.api import bwlimit_bucket, file_endpoint
+
+    (server.root / unique).write_bytes(data)
+    endpoint = file_endpoint(server.url(unique), rate_limit=bwlimit_bucket(RATE), compress="never")
+    try:
+        started = time.monotonic()
+        assert b"".join(bytes(chunk) for _, chunk in endpoint.read_ranges([(0, SIZE)])) == data
+        assert time.monotonic() - started >= AT_LEAST_SECONDS
+    finally:
+        endpoint.close()
+
+
+def test_library_sync_tree_with_bwlimit_counts_every_worker(server, unique, tmp_path):
+    from pdiffcopy import sync_tree
+
+    remote, files = _remote_tree_of_six(server, unique)
+    started = time.monotonic()
+    result = sync_tree(server.url(remote.name), str(tmp_path / "back"), bwlimit=RATE, concurrency=2)
+    assert not result.failures
+    assert {path.name: path.read_bytes() for path in (tmp_path / "back").iterdir()} == files
+    assert time.monotonic() - started >= AT_LEAST_SECONDS

@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -166,6 +167,45 @@ def test_the_endpoint_of_a_101_file_is_legacy_from_the_start(original_server, se
             assert type(endpoint) is kind
         finally:
             endpoint.close()
+
+
+#: Runs the command line in a process of its own, counting the remote endpoints it makes
+#: (each one a probe of the server, 1.0.1 detection included) and printing the count.
+COUNT_PROBES = """
+import sys
+from pdiffcopy.cli import main
+from pdiffcopy.transport import legacyremote
+made = []
+real = legacyremote.remote_file
+legacyremote.remote_file = lambda url, **options: made.append(url) or real(url, **options)
+status = main(sys.argv[1:])
+print(len(made), file=sys.stderr)
+sys.exit(status)
+"""
+
+
+@pytest.mark.parametrize("direction", ["pull-101", "pull", "push"])
+def test_a_remote_file_is_probed_once(request, server, unique, tmp_path, direction):
+    """The command line resolves a URL once; the sync takes that endpoint instead of probing again."""
+    data = random_bytes(SIZE, seed=35)
+    local = tmp_path / "local.bin"
+    if direction == "pull-101":
+        original = tmp_path / "old.bin"
+        original.write_bytes(data)
+        source, target = f"{request.getfixturevalue('original_server')}{original}", str(local)
+    elif direction == "pull":
+        (server.root / unique).write_bytes(data)
+        source, target = server.url(unique), str(local)
+    else:
+        local.write_bytes(data)
+        source, target = str(local), server.url(unique)
+    completed = subprocess.run([sys.executable, "-c", COUNT_PROBES, "--no-progress", source, target],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.strip().splitlines()[-1] == "1", completed.stderr
+    assert local.read_bytes() == data
+    if direction == "push":
+        assert (server.root / unique).read_bytes() == data
 
 
 def test_101_server_with_a_token_stops_in_one_line(original_server, tmp_path):
@@ -319,7 +359,7 @@ def test_location_parsing():
     """
     from pdiffcopy.engine.endpoints import is_url
     from pdiffcopy.errors import UsageError
-    from pdiffcopy.transport.remote import parse_url
+    from pdiffcopy.transport.urls import parse_url
 
     assert not is_url("/foo/bar")
     assert is_url("http://server:12345/foo/bar")
@@ -343,7 +383,7 @@ def test_hashes_serial_parallel_and_http_agree(server, unique):
 
     from conftest import http_get
 
-    from pdiffcopy.local.file import LocalFile, start_hash_pool
+    from pdiffcopy.local.localfile import LocalFile, start_hash_pool
 
     data = random_bytes(SIZE, seed=18)
     path = server.root / unique

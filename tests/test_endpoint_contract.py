@@ -22,10 +22,11 @@ from typing import Callable, Iterator
 import pytest
 
 from pdiffcopy.engine.endpoints import FileEndpoint
-from pdiffcopy.errors import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError
+from pdiffcopy.errors import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError, Unsupported
 from pdiffcopy.core.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
-from pdiffcopy.local.file import LocalFile
+from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.local.localtree import LocalTree
+from pdiffcopy.transport.legacyremote import LegacyRemoteFile
 from pdiffcopy.transport.remote import RemoteFile
 from pdiffcopy.transport.remotetree import RemoteTree
 from pdiffcopy.engine.treeendpoints import (
@@ -42,6 +43,7 @@ from pdiffcopy.core.treeplan import DIR, FILE, Entry
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 
 from conftest import random_bytes
+from test_compat_101 import original_server  # noqa: F401 (a fixture: the legacy kind's server)
 
 #: Small blocks, so that a few KiB of data make several of them (and a partial last one).
 BLOCK_SIZE = 1024
@@ -52,8 +54,11 @@ DATA_SIZE = 5 * BLOCK_SIZE + 123
 #: A method every server here accepts and every installation has.
 METHOD = "sha1"
 
-#: The file kinds and tree kinds of the contract.
+#: The file kinds and tree kinds of the contract. "legacy" is a file of a pdiffcopy 1.0.1 server
+#: (skipped where 1.0.1 is not installed): what its old API cannot do, it answers "unsupported"
+#: in the interface's way (:data:`LEGACY_CANNOT`), and the tests assert that answer instead.
 FILE_KINDS = ("local", "remote")
+ANY_FILE_KINDS = FILE_KINDS + ("legacy",)
 TREE_KINDS = ("local", "remote")
 
 #: Metadata options of the tree tests: times kept, so that the metadata operation has something to show.
@@ -86,12 +91,17 @@ def _subdirectory(server, request) -> Path:
     return directory
 
 
-def _kinds(request, tmp_path, local: Callable[[str], object], remote: Callable[[str], object]):
+def _kinds(request, tmp_path, local: Callable[[str], object], remote: Callable[[str], object],
+           legacy: Callable[[str], object] = None):
     """The directory a kind works in and a factory of its endpoints (closed at the end)."""
     opened: list = []
     if request.param == "local":
         directory, make = tmp_path, local
         prefix = str(tmp_path)
+    elif request.param == "legacy":
+        # 1.0.1 names a file by its absolute path, anywhere: the URL's path is the local one.
+        directory, make = tmp_path, legacy
+        prefix = request.getfixturevalue("original_server") + str(tmp_path)
     else:
         server = request.getfixturevalue("server")
         directory, make = _subdirectory(server, request), remote
@@ -105,16 +115,27 @@ def _kinds(request, tmp_path, local: Callable[[str], object], remote: Callable[[
     return directory, open_one, opened
 
 
-@pytest.fixture(params=FILE_KINDS)
-def files(request, tmp_path) -> Iterator[FileKind]:
-    """A factory of file endpoints of each kind, and the directory it works in."""
+def _files(request, tmp_path) -> Iterator[FileKind]:
     pool = ThreadPoolExecutor(2)
     directory, make, opened = _kinds(request, tmp_path, lambda path: LocalFile(path, pool),
-                                     lambda url: RemoteFile(url, concurrency=2))
+                                     lambda url: RemoteFile(url, concurrency=2),
+                                     lambda url: LegacyRemoteFile(url, concurrency=2))
     yield FileKind(request.param, directory, make)
     for endpoint in opened:
         endpoint.close()
     pool.shutdown()
+
+
+@pytest.fixture(params=FILE_KINDS)
+def files(request, tmp_path) -> Iterator[FileKind]:
+    """A factory of file endpoints of each kind, and the directory it works in."""
+    yield from _files(request, tmp_path)
+
+
+@pytest.fixture(params=ANY_FILE_KINDS)
+def any_files(request, tmp_path) -> Iterator[FileKind]:
+    """:func:`files`, and a file of a pdiffcopy 1.0.1 server (for what its old API does, or declines)."""
+    yield from _files(request, tmp_path)
 
 
 @pytest.fixture(params=TREE_KINDS)
@@ -140,22 +161,22 @@ def read_all(endpoint: FileEndpoint, ranges) -> bytes:
 # -- files: describing ----------------------------------------------------------------------
 
 
-def test_exists_says_whether_the_file_is_there(files):
-    (files.directory / "there").write_bytes(b"x")
-    (files.directory / "empty").write_bytes(b"")
-    assert files.open("there").exists()
-    assert files.open("empty").exists()
-    assert not files.open("none").exists()
+def test_exists_says_whether_the_file_is_there(any_files):
+    (any_files.directory / "there").write_bytes(b"x")
+    (any_files.directory / "empty").write_bytes(b"")
+    assert any_files.open("there").exists()
+    assert any_files.open("empty").exists()
+    assert not any_files.open("none").exists()
 
 
 
 
-def test_stat_of_a_missing_file_is_none(files):
-    assert files.open("missing.img").stat() is None
+def test_stat_of_a_missing_file_is_none(any_files):
+    assert any_files.open("missing.img").stat() is None
 
 
-def test_stat_of_a_file_in_a_missing_directory_is_none(files):
-    assert files.open("no-such-dir/missing.img").stat() is None
+def test_stat_of_a_file_in_a_missing_directory_is_none(any_files):
+    assert any_files.open("no-such-dir/missing.img").stat() is None
 
 
 def test_stat_describes_a_present_file(files):
@@ -187,12 +208,12 @@ def test_stat_of_a_directory_says_directory(files):
 # -- files: reading and hashing -------------------------------------------------------------
 
 
-def test_read_ranges_gives_the_bytes_asked_for(files):
+def test_read_ranges_gives_the_bytes_asked_for(any_files):
     data = random_bytes(DATA_SIZE)
-    (files.directory / "read.img").write_bytes(data)
+    (any_files.directory / "read.img").write_bytes(data)
     ranges = [(0, 10), (1000, 2048), (DATA_SIZE - 5, 5)]
     # A chunk may be a view of a reused buffer (see the next test): copied as it comes.
-    chunks = [(offset, bytes(piece)) for offset, piece in files.open("read.img").read_ranges(ranges)]
+    chunks = [(offset, bytes(piece)) for offset, piece in any_files.open("read.img").read_ranges(ranges)]
     assert b"".join(piece for _, piece in chunks) == b"".join(data[o:o + n] for o, n in ranges)
     # Every chunk says where it belongs, in order.
     for offset, piece in chunks:
@@ -200,37 +221,37 @@ def test_read_ranges_gives_the_bytes_asked_for(files):
     assert [offset for offset, _ in chunks] == sorted(offset for offset, _ in chunks)
 
 
-#: Larger than the buffer a reader reuses (fileops.TRANSFER_CHUNK_SIZE, 1 MiB), so that one range takes several chunks.
+#: Larger than the buffer a reader reuses (descriptors.TRANSFER_CHUNK_SIZE, 1 MiB): one range takes several chunks.
 REUSED_BUFFER_DATA_SIZE = 2 * 1024 * 1024 + 4321
 
 
-def test_read_chunks_are_used_before_the_next_is_asked_for(files):
+def test_read_chunks_are_used_before_the_next_is_asked_for(any_files):
     # The rule of FileEndpoint.read_ranges: a chunk may be a view of a buffer the next one reuses
     # (a local file's and a remote file's are), so each is used (checked here) as it comes...
     data = random_bytes(REUSED_BUFFER_DATA_SIZE, seed=12)
-    (files.directory / "big.img").write_bytes(data)
+    (any_files.directory / "big.img").write_bytes(data)
     ranges = [(0, REUSED_BUFFER_DATA_SIZE - 1000), (REUSED_BUFFER_DATA_SIZE - 500, 500)]
     position = 0
-    for offset, piece in files.open("big.img").read_ranges(ranges):
+    for offset, piece in any_files.open("big.img").read_ranges(ranges):
         assert len(piece) > 0 and bytes(piece) == data[offset:offset + len(piece)]
         position += len(piece)
     assert position == sum(length for _, length in ranges)
     # ...which is how a sync uses them: a reader's chunks go straight into a writer, one at a time.
-    copy = files.open("copy.img")
+    copy = any_files.open("copy.img")
     copy.prepare(REUSED_BUFFER_DATA_SIZE)
-    assert copy.write_ranges(ranges, files.open("big.img").read_ranges(ranges)) == position
+    assert copy.write_ranges(ranges, any_files.open("big.img").read_ranges(ranges)) == position
     copy.flush()
-    written = (files.directory / "copy.img").read_bytes()
+    written = (any_files.directory / "copy.img").read_bytes()
     assert all(written[o:o + n] == data[o:o + n] for o, n in ranges)
 
 
 @pytest.mark.parametrize("method", SERVER_HASH_METHODS)
-def test_hashes_are_the_plain_digests_of_the_blocks(files, method):
+def test_hashes_are_the_plain_digests_of_the_blocks(any_files, method):
     if method not in available_methods():
         pytest.skip(f"{method} is not installed")
     data = random_bytes(DATA_SIZE, seed=3)
-    (files.directory / "hash.img").write_bytes(data)
-    endpoint = files.open("hash.img")
+    (any_files.directory / "hash.img").write_bytes(data)
+    endpoint = any_files.open("hash.img")
     everything = endpoint.submit_hashes([(0, DATA_SIZE)], BLOCK_SIZE, method).result(timeout=30)
     assert everything == block_digests(data, method=method)
     # Several block-aligned ranges: the digests of their blocks, in order.
@@ -240,17 +261,17 @@ def test_hashes_are_the_plain_digests_of_the_blocks(files, method):
         block_digests(data[3 * BLOCK_SIZE:], method=method)
 
 
-def test_hashes_of_blocks_beyond_the_end_hash_what_there_is(files):
+def test_hashes_of_blocks_beyond_the_end_hash_what_there_is(any_files):
     data = random_bytes(BLOCK_SIZE + 100, seed=4)
-    (files.directory / "short.img").write_bytes(data)
-    digests = files.open("short.img").submit_hashes([(0, 3 * BLOCK_SIZE)], BLOCK_SIZE, METHOD).result(timeout=30)
+    (any_files.directory / "short.img").write_bytes(data)
+    digests = any_files.open("short.img").submit_hashes([(0, 3 * BLOCK_SIZE)], BLOCK_SIZE, METHOD).result(timeout=30)
     # The whole block, the partial one, and an empty one past the end.
     assert digests == block_digests(data) + digest_bytes(METHOD, b"")
 
 
-def test_check_readable_passes_for_a_regular_file(files):
-    (files.directory / "readable.img").write_bytes(b"x")
-    files.open("readable.img").check_readable()
+def test_check_readable_passes_for_a_regular_file(any_files):
+    (any_files.directory / "readable.img").write_bytes(b"x")
+    any_files.open("readable.img").check_readable()
 
 
 # -- files: errors, the same class from every kind ------------------------------------------
@@ -905,10 +926,160 @@ def test_write_sparse_turns_zero_runs_into_holes(files):
 def test_prepare_sparse_checks_only_the_data_against_the_free_space(files):
     free = os.statvfs(files.directory).f_bavail * os.statvfs(files.directory).f_frsize
     endpoint = files.open("thin.img")
-    # Far bigger than the disk, but its data fits: fine, and nothing is allocated.
-    endpoint.prepare_sparse(free * 4, 64 * 1024)
-    assert (files.directory / "thin.img").stat().st_size == free * 4
-    assert (files.directory / "thin.img").stat().st_blocks == 0
+    try:
+        # Far bigger than the disk, but its data fits: fine, and nothing is allocated.
+        endpoint.prepare_sparse(free * 4, 64 * 1024)
+        assert (files.directory / "thin.img").stat().st_size == free * 4
+        assert (files.directory / "thin.img").stat().st_blocks == 0
+    finally:  # a file bigger than the disk left in the session server's root trips tests that read it all
+        (files.directory / "thin.img").unlink(missing_ok=True)
     # Its data does not fit: refused before anything is written.
     with pytest.raises(PdiffcopyError, match="(?i)space"):
         files.open("thick.img").prepare_sparse(free * 4, free * 2)
+
+
+# -- files: every optional capability, on every kind (1.0.1's answers asserted as what they are) ------
+
+
+def test_hash_ranges_waits_for_the_same_digests(any_files):
+    data = random_bytes(DATA_SIZE, seed=41)
+    (any_files.directory / "waited.img").write_bytes(data)
+    endpoint = any_files.open("waited.img")
+    assert endpoint.hash_ranges([(0, DATA_SIZE)], BLOCK_SIZE, METHOD) == block_digests(data)
+    assert endpoint.hash_ranges([], BLOCK_SIZE, METHOD) == b""
+
+
+def test_submit_hashes_first_gives_the_same_digests(any_files):
+    data = random_bytes(DATA_SIZE, seed=42)
+    (any_files.directory / "first.img").write_bytes(data)
+    ranges = [(0, BLOCK_SIZE), (3 * BLOCK_SIZE, 2 * BLOCK_SIZE)]
+    digests = any_files.open("first.img").submit_hashes_first(ranges, BLOCK_SIZE, METHOD).result(timeout=30)
+    assert digests == block_digests(data[:BLOCK_SIZE]) + block_digests(data[3 * BLOCK_SIZE:5 * BLOCK_SIZE])
+
+
+def test_hashing_pieces_is_cheap_except_on_a_101_server(any_files):
+    # 1.0.1 hashes whole files only: refining changed blocks in pieces would not pay there.
+    assert any_files.open("any.img").hashes_pieces_cheaply() is (any_files.name != "legacy")
+
+
+def test_copy_ranges_from_copies_between_local_files_only(any_files, tmp_path):
+    data = random_bytes(DATA_SIZE, seed=43)
+    (any_files.directory / "from.img").write_bytes(data)
+    (any_files.directory / "into.img").write_bytes(bytes(DATA_SIZE))
+    source, target = any_files.open("from.img"), any_files.open("into.img")
+    if any_files.name != "local":
+        assert not target.can_copy_from(source)
+        with pytest.raises(Unsupported):
+            target.copy_ranges_from(source, [(0, BLOCK_SIZE)])
+        with pytest.raises(Unsupported):
+            target.copy_all_from(source, DATA_SIZE, "keep")
+        return
+    assert target.can_copy_from(source)
+    assert target.copy_ranges_from(source, [(BLOCK_SIZE, 2 * BLOCK_SIZE)]) == 2 * BLOCK_SIZE
+    expected = bytes(BLOCK_SIZE) + data[BLOCK_SIZE:3 * BLOCK_SIZE] + bytes(DATA_SIZE - 3 * BLOCK_SIZE)
+    assert (any_files.directory / "into.img").read_bytes() == expected
+    whole = any_files.open("whole.img")
+    assert isinstance(whole.copy_all_from(source, DATA_SIZE, "keep"), str)
+    assert (any_files.directory / "whole.img").read_bytes() == data
+
+
+def test_is_same_file_tells_a_file_from_another(any_files):
+    (any_files.directory / "one.img").write_bytes(b"1")
+    (any_files.directory / "two.img").write_bytes(b"2")
+    one = any_files.open("one.img")
+    assert not one.is_same_file(any_files.open("two.img"))
+    # Only a local file can tell (False is "cannot tell": the sync then goes on).
+    assert one.is_same_file(any_files.open("one.img")) is (any_files.name == "local")
+
+
+def test_open_partial_keeps_a_sibling_the_next_run_finds(any_files):
+    (any_files.directory / "resumed.img").write_bytes(b"old bytes")
+    target = any_files.open("resumed.img")
+    if any_files.name == "legacy":  # 1.0.1 cannot rename: the sync writes in place instead
+        with pytest.raises(Unsupported):
+            target.open_partial(clone=True)
+        return
+    partial, resumed = target.open_partial(clone=True)
+    try:
+        assert not resumed
+        assert read_all(partial, [(0, 9)]) == b"old bytes"
+        partial.write_ranges([(0, 3)], iter([(0, b"new")]))
+    finally:
+        partial.close()
+    again, resumed = any_files.open("resumed.img").open_partial(clone=True)
+    try:
+        assert resumed and read_all(again, [(0, 9)]) == b"new bytes"
+        again.replace(target)
+    finally:
+        again.close()
+    assert sorted(path.name for path in any_files.directory.iterdir()) == ["resumed.img"]
+    assert (any_files.directory / "resumed.img").read_bytes() == b"new bytes"
+
+
+def test_sweep_temporaries_answers_a_count(any_files):
+    (any_files.directory / "swept.img").write_bytes(b"x")
+    assert any_files.open("swept.img").sweep_temporaries() >= 0
+
+
+def test_leases_stop_other_writers_only_on_a_current_server(any_files):
+    (any_files.directory / "leased.img").write_bytes(b"x" * 10)
+    endpoint = any_files.open("leased.img")
+    endpoint.take_lease()
+    try:
+        # A server refuses writes without the lease (423); a local flock is advisory; 1.0.1 has none.
+        assert endpoint.leases_stop_other_writers() is (any_files.name == "remote")
+        assert endpoint.write_ranges([(0, 2)], iter([(0, b"ab")])) == 2
+    finally:
+        endpoint.end_lease()
+    assert (any_files.directory / "leased.img").read_bytes() == b"ab" + b"x" * 8
+
+
+def test_cut_chunks_and_copy_within_are_unsupported_on_a_101_server(any_files):
+    data = random_bytes(DATA_SIZE, seed=44)
+    (any_files.directory / "old.img").write_bytes(data)
+    old, new = any_files.open("old.img"), any_files.open("new.img")
+    if any_files.name != "legacy":
+        assert new.can_copy_within(old)  # both on one side: the other cases are above
+        return
+    with pytest.raises(Unsupported):
+        old.cut_chunks([(0, DATA_SIZE)], 4096)
+    assert not new.can_copy_within(old)
+    with pytest.raises(Unsupported):
+        new.copy_within(old, [])
+
+
+@pytest.mark.parametrize("any_files", ["legacy"], indirect=True)  # the other kinds' holes: tests above
+def test_a_101_server_has_no_holes_it_can_tell_or_punch(any_files):
+    (any_files.directory / "dense.img").write_bytes(b"y" * DATA_SIZE)
+    endpoint = any_files.open("dense.img")
+    assert endpoint.data_map(0, DATA_SIZE) == [(0, DATA_SIZE)]  # every byte is data to it
+    # Punching writes the zeros (dense, the same bytes).
+    assert endpoint.punch_ranges([(BLOCK_SIZE, BLOCK_SIZE)]) == BLOCK_SIZE
+    assert (any_files.directory / "dense.img").read_bytes() == \
+        b"y" * BLOCK_SIZE + bytes(BLOCK_SIZE) + b"y" * (DATA_SIZE - 2 * BLOCK_SIZE)
+
+
+def test_a_hash_pool_is_started_only_where_hashing_runs_here(any_files):
+    data = random_bytes(DATA_SIZE, seed=45)
+    (any_files.directory / "pooled.img").write_bytes(data)
+    endpoint = any_files.open("pooled.img")
+    pool = endpoint.start_hash_pool(1)
+    try:
+        # A local file hashes in this machine's processes; a server hashes its own files.
+        assert endpoint.hashes_here() is (any_files.name == "local")
+        assert (pool is not None) is endpoint.hashes_here()
+        if pool is not None:
+            endpoint.use_hash_pool(pool)
+        endpoint.keep_out_of_cache()  # a hint: the digests stay the same
+        assert endpoint.submit_hashes([(0, DATA_SIZE)], BLOCK_SIZE, METHOD).result(timeout=30) == block_digests(data)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+@pytest.mark.parametrize("cache", ["drop", "keep"])
+def test_cache_mode_keeps_what_was_asked(any_files, cache):
+    # Only "auto" is decided, by a local whole-file copy's size; elsewhere the cache is kept.
+    endpoint = any_files.open("cached.img")
+    assert endpoint.cache_mode(cache, DATA_SIZE) == cache
+    assert endpoint.cache_mode("auto", DATA_SIZE) in (("drop", "keep") if any_files.name == "local" else ("keep",))

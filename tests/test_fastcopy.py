@@ -25,7 +25,7 @@ import pytest
 from pdiffcopy.local import fastcopy
 from pdiffcopy.errors import Conflict, FileMissing, NotAFile, StorageError, UsageError
 from pdiffcopy.local.fastcopy import METHODS, copy_file, copy_into
-from pdiffcopy.local.fileops import FICLONE, is_temporary_name
+from pdiffcopy.local.descriptors import FICLONE, is_temporary_name
 
 MiB = 1024 * 1024
 
@@ -296,7 +296,7 @@ def test_sync_of_a_new_file_on_xfs_is_a_clone_not_read_back(xfs, caplog):
     content = data(REFLINK_FILE_SIZE // 4, seed=5)
     source.write_bytes(content)
     try:
-        with caplog.at_level(logging.DEBUG, logger="pdiffcopy.engine.pipeline"):
+        with caplog.at_level(logging.DEBUG, logger="pdiffcopy.engine.filejob"):
             result = sync(str(source), str(target))
         assert f"Copied {source} with reflink" in caplog.text
         assert result.verified and result.digest

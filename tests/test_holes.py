@@ -214,7 +214,7 @@ def test_tree_big_files_keep_holes_both_ways(direction, request, tmp_path, uniqu
     source_dir = server.root / name if direction == "pull" else tmp_path / "src"
     target_dir = server.root / name if direction == "push" else tmp_path / "dst"
     source_dir.mkdir(parents=True)
-    # Big enough to go by ranges when new (treesync.RANGE_SIZE), by the block delta when changed.
+    # Big enough to go by ranges when new (treerunner.RANGE_SIZE), by the block delta when changed.
     size, extents = 80 * MIB, [(MIB, MIB), (70 * MIB, 2 * MIB)]
     expected = make_sparse(source_dir / "disk.img", size, extents)
     source_arg = f"{server.url(name)}/" if direction == "pull" else f"{source_dir}/"
@@ -293,7 +293,7 @@ def test_a_file_system_that_cannot_punch_gets_zeros_and_one_warning(unpunchable,
 
 def test_a_source_whose_holes_change_during_the_sync_is_caught(tmp_path, monkeypatch):
     from pdiffcopy.errors import Conflict
-    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.local.localfile import LocalFile
 
     source, target = tmp_path / "source.img", tmp_path / "target.img"
     size, extents = LAYOUTS["hole-in-middle"]

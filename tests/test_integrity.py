@@ -19,7 +19,8 @@ from pathlib import Path
 
 from conftest import random_bytes, run_cli
 
-from pdiffcopy.engine.pipeline import Progress, sync
+from pdiffcopy.engine.filejob import Progress
+from pdiffcopy.pipeline import sync
 
 #: Big enough for several 1 MiB blocks, small enough to sync in a blink.
 SIZE = 4 * 1024 * 1024

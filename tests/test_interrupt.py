@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from conftest import pdiffcopy_command, process_stats, random_bytes
-from pdiffcopy.engine.pipeline import Progress
+from pdiffcopy.engine.filejob import Progress
 from pdiffcopy.cli.progress import ProgressDisplay
 
 

@@ -19,14 +19,14 @@ from conftest import random_bytes, run_cli, start_server
 from pdiffcopy.errors import AuthenticationFailed, RemoteError, RemoteProtocolError, UsageError
 
 #: Module -> modules it must never import, at the top or inside a function.
-#: The engine (pipeline, treesync) never starts a server nor reads a token; the
+#: The engine (filejob, treesync) never starts a server nor reads a token; the
 #: server never imports its launcher back (the old cycle); the HTTP client
 #: takes its protocol constants from the core, not from the server's leases;
 #: the batch codec (core) does not import the file system helpers. Full
 #: names, so that they follow the modules into their layers (import-linter's
 #: contracts then say the rest).
 FORBIDDEN = {
-    "pdiffcopy.engine.pipeline": {
+    "pdiffcopy.engine.filejob": {
         "pdiffcopy.server.service",
         "pdiffcopy.server.app",
         "pdiffcopy.cli.command",
@@ -50,8 +50,14 @@ FORBIDDEN = {
         "pdiffcopy.server.service",
         "pdiffcopy.cli.command",
     },
+    "pdiffcopy.transport.httpclient": {
+        "pdiffcopy.local.leases",
+        "pdiffcopy.server.app",
+        "pdiffcopy.server.service",
+        "pdiffcopy.cli.command",
+    },
     "pdiffcopy.core.treewire": {
-        "pdiffcopy.local.paths",
+        "pdiffcopy.local.confinement",
     },
 }
 
@@ -84,6 +90,13 @@ def test_the_engine_never_looks_at_the_file_system_by_name():
     found = [(module.name, call) for module in sorted(engine.glob("*.py"))
              for call in FILE_SYSTEM_CALLS if call in module.read_text().replace("os.fdopen(", "")]
     assert found == []
+
+
+def test_the_engine_makes_no_platform_calls():
+    # libc (prctl, fadvise...) is local/'s: the engine gets what it needs handed in (a worker's start hook).
+    engine = Path(pdiffcopy.__file__).parent / "engine"
+    assert [module.name for module in sorted(engine.glob("*.py"))
+            if "ctypes" in module.read_text() or "prctl" in module.read_text()] == []
 
 
 def test_the_package_has_no_test_hooks():

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from conftest import pdiffcopy_command, process_stats, random_bytes, run_cli, start_server
-from pdiffcopy.local import fileops
-from pdiffcopy.local.fileops import is_temporary_name
+from pdiffcopy.local import descriptors
+from pdiffcopy.local.descriptors import is_temporary_name
 from test_interrupt import session_processes
 
 #: Big enough (hashed with a slow method) that the sync is still running when the signal comes.
 BIG_SIZE = 128 * 1024 * 1024
 
 # (read with defaults, so that these tests run, and fail, on code without the sweep too)
-ORPHAN_TEMPORARY_SECONDS = getattr(fileops, "ORPHAN_TEMPORARY_SECONDS", 15 * 60)
-STALE_TEMPORARY_SECONDS = getattr(fileops, "STALE_TEMPORARY_SECONDS", 24 * 3600)
+ORPHAN_TEMPORARY_SECONDS = getattr(descriptors, "ORPHAN_TEMPORARY_SECONDS", 15 * 60)
+STALE_TEMPORARY_SECONDS = getattr(descriptors, "STALE_TEMPORARY_SECONDS", 24 * 3600)
 
 #: How long a client's processes may outlive it.
 SURVIVAL_LIMIT = 2.0

@@ -19,8 +19,9 @@ from conftest import mutate, start_server
 
 from pdiffcopy import sync
 from pdiffcopy.errors import ServerBusy
-from pdiffcopy.transport.remote import MAX_BUSY_RETRIES, RemoteFile
-from pdiffcopy.server.app import MAX_CONCURRENT_HASHES
+from pdiffcopy.transport.httpclient import MAX_BUSY_RETRIES
+from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.server.context import MAX_CONCURRENT_HASHES
 
 #: The file the syncs move.
 SIZE = 64 * 1024 * 1024
@@ -188,7 +189,7 @@ def test_the_client_caps_a_huge_retry_after(scripted, monkeypatch):
     handler, url = scripted
     handler.script.extend([(503, "99999")])
     slept = []
-    monkeypatch.setattr("pdiffcopy.transport.remote.time.sleep", slept.append)
+    monkeypatch.setattr("pdiffcopy.transport.httpclient.time.sleep", slept.append)
     RemoteFile(url).stat()
     assert len(slept) == 1 and slept[0] <= 15
 
@@ -200,7 +201,7 @@ def test_the_client_waits_out_a_minute_long_burst(scripted, monkeypatch):
     handler, url = scripted
     handler.script.extend([(503, "1")] * MAX_BUSY_RETRIES)
     slept = []
-    monkeypatch.setattr("pdiffcopy.transport.remote.time.sleep", slept.append)
+    monkeypatch.setattr("pdiffcopy.transport.httpclient.time.sleep", slept.append)
     assert RemoteFile(url).stat() is not None
     assert len(slept) == MAX_BUSY_RETRIES
     assert slept[0] < 2  # the first retry comes soon

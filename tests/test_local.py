@@ -152,20 +152,20 @@ def test_whole_file_copy_reads_back_every_segment_but_not_a_clone(tmp_path, monk
     The clone shares the source's extents, so reading it would read the very
     blocks the source's digests came from. Every other method's result is read.
     """
-    import pdiffcopy.local.file
+    import pdiffcopy.local.localfile
     from pdiffcopy import sync
     from pdiffcopy.local import fastcopy
 
     data = random_bytes(TWO_SEGMENTS, seed=10)
     (tmp_path / "a").write_bytes(data)
     hashed = []
-    real_hash = pdiffcopy.local.file.hash_file_ranges
+    real_hash = pdiffcopy.local.localfile.hash_file_ranges
 
     def spy(path, ranges, *args):
         hashed.append((os.path.basename(path), tuple(ranges)))
         return real_hash(path, ranges, *args)
 
-    monkeypatch.setattr(pdiffcopy.local.file, "hash_file_ranges", spy)
+    monkeypatch.setattr(pdiffcopy.local.localfile, "hash_file_ranges", spy)
     result = sync(str(tmp_path / "a"), str(tmp_path / "b"), cache="keep")
     assert result.verified and (tmp_path / "b").read_bytes() == data
     target_reads = sorted(ranges for name, ranges in hashed if name != "a")

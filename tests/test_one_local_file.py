@@ -20,15 +20,15 @@ import pytest
 
 from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_server
 import pdiffcopy
-from pdiffcopy.local import fileops
+from pdiffcopy.local import descriptors
 from pdiffcopy.errors import AccessDenied, NotAFile
-from pdiffcopy.local.file import LocalFile
-from pdiffcopy.local.paths import Root
+from pdiffcopy.local.localfile import LocalFile
+from pdiffcopy.local.confinement import Root
 
 #: System calls that are fast paths: none of them may be tried with the kill switch on.
 FAST_CALLS = ("copy_file_range", "sendfile", "openat2", "fadvise64", "sync_file_range")
 
-#: A tree member from this size on goes through the block delta (treesync.DELTA_MIN_SIZE).
+#: A tree member from this size on goes through the block delta (treerunner.DELTA_MIN_SIZE).
 BIG_MEMBER = 9 * 1024 * 1024
 
 KILL_SWITCH = {"PDIFFCOPY_NO_FASTPATH": "1"}
@@ -133,7 +133,7 @@ def _fast_paths_in_a_new_process(value, code: str = "") -> str:
     env = {key: item for key, item in os.environ.items() if key != "PDIFFCOPY_NO_FASTPATH"}
     if value is not None:
         env["PDIFFCOPY_NO_FASTPATH"] = value
-    program = "from pdiffcopy.local import fileops\nprint(fileops.fast_paths_enabled())\n" + code
+    program = "from pdiffcopy.local import descriptors\nprint(descriptors.fast_paths_enabled())\n" + code
     completed = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True,
                                timeout=60)
     assert completed.returncode == 0, completed.stderr
@@ -151,10 +151,10 @@ def test_the_kill_switch_is_read_once_per_process_and_inherited_by_forks():
         "import os\n"
         "if os.environ.pop('PDIFFCOPY_NO_FASTPATH', None) is None:\n"
         "    os.environ['PDIFFCOPY_NO_FASTPATH'] = '1'\n"
-        "print(fileops.fast_paths_enabled(), flush=True)\n"
+        "print(descriptors.fast_paths_enabled(), flush=True)\n"
         "child = os.fork()\n"
         "if child == 0:\n"
-        "    print(fileops.fast_paths_enabled(), flush=True)\n"
+        "    print(descriptors.fast_paths_enabled(), flush=True)\n"
         "    os._exit(0)\n"
         "os.waitpid(child, 0)\n")
     assert _fast_paths_in_a_new_process(None, flip_then_fork) == ["True"] * 3
@@ -263,11 +263,11 @@ def test_every_temporary_any_path_makes_is_one_the_sweep_recognises(tmp_path):
         server.process.wait(timeout=15)
     names += renamed_names(server_trace)
     assert len(names) >= 6, names  # the small file, the big one, the symlink, two atomic syncs, the server
-    assert [name for name in names if not fileops.is_temporary_name(name)] == []
+    assert [name for name in names if not descriptors.is_temporary_name(name)] == []
     # And the sweep takes each of them for a leftover once it is old (and its maker gone).
     for name in set(names):
         info = os.stat_result((0o100600, 0, 0, 1, 0, 0, 0, 0, 0, 0))
-        assert fileops.is_stale_temporary(name, info, now=fileops.STALE_TEMPORARY_SECONDS + 1)
+        assert descriptors.is_stale_temporary(name, info, now=descriptors.STALE_TEMPORARY_SECONDS + 1)
 
 
 def test_one_temporary_name_generator(tmp_path):
@@ -276,8 +276,8 @@ def test_one_temporary_name_generator(tmp_path):
     makers = [path.name for path in package_modules()
               if re.search(r"""f["']\.\{[^}]*\}\.pdiffcopy-""", path.read_text())]
     assert makers == ["protocol.py"]
-    first, second = fileops.temporary_name("x"), fileops.temporary_name("x")
-    assert first != second and fileops.is_temporary_name(first)
+    first, second = descriptors.temporary_name("x"), descriptors.temporary_name("x")
+    assert first != second and descriptors.is_temporary_name(first)
 
 
 def package_modules() -> List[Path]:
@@ -291,11 +291,18 @@ def calls_in_package(call: str) -> List[str]:
 
 
 def test_one_umask_reader_and_one_range_copy_loop():
-    # Reading the umask means setting it: one reader, once (fileops.process_umask).
-    assert calls_in_package("os.umask(") == ["fileops.py"]
-    # Range copies (a delta's blocks, a tree's files) go through fileops.copy_available;
+    # Reading the umask means setting it: one reader, once (descriptors.process_umask).
+    assert calls_in_package("os.umask(") == ["descriptors.py"]
+    # Range copies (a delta's blocks, a tree's files) go through descriptors.copy_available;
     # fastcopy's whole-file engine has its own steps (progress, cache window).
-    assert calls_in_package("os.copy_file_range(") == ["fastcopy.py", "fileops.py"]
+    assert calls_in_package("os.copy_file_range(") == ["descriptors.py", "fastcopy.py"]
+
+
+def test_libc_is_loaded_in_one_place():
+    # local/libc.py loads it once for every platform call, prctl included.
+    package = Path(pdiffcopy.__file__).parent
+    loaders = [path.relative_to(package).as_posix() for path in package_modules() if "CDLL(" in path.read_text()]
+    assert loaders == ["local/libc.py"]
 
 
 @pytest.mark.parametrize("switch", ["", "1"])
@@ -308,12 +315,12 @@ def test_the_copy_loop_copies_what_there_is(tmp_path, kill_switch, switch, lengt
     target = os.open(tmp_path / "target", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         # One byte more than there is: the copy says how much there was.
-        assert fileops.copy_available(source, target, 0, length + 1, probe_last_byte=True) == length
-        assert fileops.copy_available(source, target, 0, length + 100) == length
+        assert descriptors.copy_available(source, target, 0, length + 1, probe_last_byte=True) == length
+        assert descriptors.copy_available(source, target, 0, length + 100) == length
         if length:
-            fileops.copy_range(source, target, 0, length)
+            descriptors.copy_range(source, target, 0, length)
             with pytest.raises(EOFError):
-                fileops.copy_range(source, target, 0, length + 1)
+                descriptors.copy_range(source, target, 0, length + 1)
     finally:
         os.close(source)
         os.close(target)
@@ -323,16 +330,17 @@ def test_the_copy_loop_copies_what_there_is(tmp_path, kill_switch, switch, lengt
 def test_the_servers_file_views_open_files_only_through_a_confined_local_file():
     """One implementation of a file on this machine: the views call LocalFile.below, not Root."""
     views = Path(pdiffcopy.__file__).parent / "server"
-    for module in ("app.py", "legacyapi.py"):  # the file views of today's API and of 1.0.1's
+    # The file views of today's API and of 1.0.1's, what parses their requests, what streams their bytes.
+    for module in ("app.py", "files.py", "legacyapi.py", "requests.py", "streaming.py"):
         source = (views / module).read_text()
         assert re.findall(r"root\.(open\w*)\(", source) == [], module
         for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
             assert call not in source, (module, call)
-    assert "LocalFile.below(" in (views / "app.py").read_text()
+    assert "LocalFile.below(" in (views / "requests.py").read_text()  # served(), which every view asks
 
 
 def test_every_atomic_replace_goes_through_one_helper():
-    assert calls_in_package("os.replace(") == ["fileops.py"]
+    assert calls_in_package("os.replace(") == ["descriptors.py"]
     assert calls_in_package("os.rename(") == []
 
 
@@ -352,12 +360,22 @@ def test_a_server_serves_a_symlink_inside_its_root_and_clones_and_renames_tempor
     done = run_cli("--atomic", str(tmp_path / "local"), server.url(unique))
     assert done.returncode == 0, done.stderr
     assert (server.root / unique).read_bytes() == changed
-    assert [name for name in os.listdir(server.root) if fileops.is_temporary_name(name)] == []
+    assert [name for name in os.listdir(server.root) if descriptors.is_temporary_name(name)] == []
 
 
 def test_one_refusal_set():
     """FIFOs, devices and the like (describe_kind, check_regular) and hard links (has_other_names)
-    are judged in paths.py alone; the file views, LocalFile and LocalTree ask it."""
-    assert calls_in_package("st_nlink > 1") == ["paths.py"]
-    assert calls_in_package("def describe_kind(") == ["paths.py"]
-    assert calls_in_package("def refuse_hard_links(") == ["paths.py"]
+    are judged in confinement.py alone; the file views, LocalFile and LocalTree ask it."""
+    assert calls_in_package("st_nlink > 1") == ["confinement.py"]
+    assert calls_in_package("def describe_kind(") == ["confinement.py"]
+    assert calls_in_package("def refuse_hard_links(") == ["confinement.py"]
+
+
+def test_a_confined_file_is_a_class_of_its_own(tmp_path):
+    # One class per case: a plain path's LocalFile and below()'s confined one never
+    # ask which they are (no `_root is None` branches).
+    from pdiffcopy.local import localfile
+
+    confined = LocalFile.below(Root(str(tmp_path), reserve=False), "a")
+    assert isinstance(confined, LocalFile) and type(confined) is not LocalFile
+    assert "_root is None" not in Path(localfile.__file__).read_text()

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from conftest import random_bytes, run_cli
-from pdiffcopy.engine.pipeline import Progress
+from pdiffcopy.engine.filejob import Progress
 from pdiffcopy.cli.progress import ProgressDisplay, TreeProgressDisplay
 from pdiffcopy.engine.treesync import TreeProgress
 

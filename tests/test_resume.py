@@ -12,7 +12,7 @@ import pytest
 
 from conftest import pdiffcopy_command, random_bytes, run_cli, start_server
 from pdiffcopy.api import sync
-from pdiffcopy.local import fileops
+from pdiffcopy.local import descriptors
 
 #: The file every interrupted sync moves: with BWLIMIT it takes seconds, so the
 #: kill lands in the middle, where the partial file's content says it is.
@@ -20,7 +20,7 @@ SIZE = 32 * 1024 * 1024
 BWLIMIT = "8M"
 BLOCK = 1024 * 1024
 
-STALE_TEMPORARY_SECONDS = getattr(fileops, "STALE_TEMPORARY_SECONDS", 24 * 3600)
+STALE_TEMPORARY_SECONDS = getattr(descriptors, "STALE_TEMPORARY_SECONDS", 24 * 3600)
 
 
 def partial_of(path: Path) -> Path:
@@ -135,7 +135,7 @@ def test_only_partial_keeps_what_an_interrupted_sync_wrote(server, tmp_path, uni
     before = set(watched.iterdir())
 
     def temporary() -> Path:
-        new = [p for p in watched.iterdir() if p not in before and fileops.is_temporary_name(p.name)]
+        new = [p for p in watched.iterdir() if p not in before and descriptors.is_temporary_name(p.name)]
         return new[0] if new else watched / "none-yet"
 
     # Without --partial, as ever: the temporary goes with the interrupted sync.
@@ -260,7 +260,7 @@ def test_the_server_refuses_partial_names_outside_its_root(server, tmp_path):
 @pytest.mark.parametrize("direction", ["pull", "push"])
 def test_a_big_new_file_of_a_tree_resumes(server, tmp_path, unique, direction):
     from pdiffcopy.api import sync_tree
-    from pdiffcopy.engine.treesync import RANGE_SIZE
+    from pdiffcopy.engine.treerunner import RANGE_SIZE
 
     size = RANGE_SIZE + 3 * BLOCK + 17  # a big file: copied by ranges, in two segments
     data = random_bytes(size, seed=16)

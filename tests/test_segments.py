@@ -21,7 +21,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, VerificationFailed
 from pdiffcopy.core.hashing import digest_bytes
 from pdiffcopy.local.localtree import LocalTree
-from pdiffcopy.engine.pipeline import sync
+from pdiffcopy.pipeline import sync
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 
@@ -175,7 +175,7 @@ def test_a_missing_source_tree_is_file_missing(tmp_path):
 
 
 def test_file_options_are_a_subset_of_tree_options():
-    from pdiffcopy.engine.segments import FileOptions
+    from pdiffcopy.engine.options import FileOptions
 
     assert issubclass(TreeOptions, FileOptions)
     file_fields = {field.name for field in dataclasses.fields(FileOptions)}
@@ -192,7 +192,7 @@ def test_the_engine_imports_no_kind_of_endpoint():
     tree = ast.parse(Path(importlib.util.find_spec("pdiffcopy.engine.segments").origin).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module} | \
         {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert not imported & {"pdiffcopy.local.file", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
+    assert not imported & {"pdiffcopy.local.localfile", "pdiffcopy.transport.remote", "pdiffcopy.local.localtree",
                            "pdiffcopy.transport.remotetree", "pdiffcopy.server.app", "pdiffcopy.server.service",
                            "pdiffcopy.api", "pdiffcopy.cli.command"}
 
@@ -272,7 +272,7 @@ def test_a_segment_hashes_both_sides_at_once(server, tmp_path, unique, direction
     """
     from pdiffcopy.core.blocks import BlockPlan
     from pdiffcopy.engine.segments import sync_segment
-    from pdiffcopy.local.file import LocalFile
+    from pdiffcopy.local.localfile import LocalFile
     from pdiffcopy.transport.remote import RemoteFile
 
     old = random_bytes(4 * 64 * 1024, seed=21)

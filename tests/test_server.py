@@ -46,3 +46,29 @@ def test_each_request_is_logged_once(server, unique):
     log = server.log.read_text()
     lines = [line for line in log.splitlines() if f"GET /{unique}?marker=1 200" in line]
     assert len(lines) == 1 and " INFO " in lines[0]
+
+
+def test_the_views_live_in_blueprints(tmp_path):
+    # Files, trees and 1.0.1's API each in a blueprint of their own; the application
+    # itself keeps only what says who it is (health, version, metrics, its document).
+    from pdiffcopy.server.app import ServerConfig, create_app
+
+    app = create_app(ServerConfig(root=str(tmp_path), lease_directory=str(tmp_path / "leases")))
+    assert set(app.blueprints) == {"files", "trees", "legacy"}
+    own = {rule.endpoint for rule in app.url_map.iter_rules() if "." not in rule.endpoint}
+    assert own == {"health", "version", "metrics", "openapi", "index"}
+    assert any(rule.endpoint.startswith("files.") for rule in app.url_map.iter_rules())
+    assert any(rule.endpoint.startswith("trees.") for rule in app.url_map.iter_rules())
+
+
+def test_the_server_moves_file_bytes_through_local_file():
+    # Reads and writes of file data go through LocalFile (its loops, its errors): no
+    # pread or write loop of the server's own.
+    from pathlib import Path
+
+    import pdiffcopy.server
+
+    sources = {path.name: path.read_text() for path in Path(pdiffcopy.server.__file__).parent.glob("*.py")}
+    own_loops = sorted(name for name, text in sources.items()
+                       if "os.pread(" in text or "write_all(" in text or "os.pwrite(" in text)
+    assert own_loops == []

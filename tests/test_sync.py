@@ -169,17 +169,17 @@ def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
 
 def test_verification_catches_a_corrupted_write(server, tmp_path, unique, monkeypatch):
     """A write that lands wrong (here: one flipped byte) fails the sync; --atomic keeps the old file."""
-    import pdiffcopy.local.file
+    import pdiffcopy.local.localfile
     from pdiffcopy.errors import VerificationFailed
 
-    real_write_all = pdiffcopy.local.file.write_all
+    real_write_all = pdiffcopy.local.localfile.write_all
 
     def corrupting_write_all(fd, data, offset):
         data = bytearray(data)
         data[0] ^= 0xFF
         real_write_all(fd, data, offset)
 
-    monkeypatch.setattr(pdiffcopy.local.file, "write_all", corrupting_write_all)
+    monkeypatch.setattr(pdiffcopy.local.localfile, "write_all", corrupting_write_all)
     data = random_bytes(8 * BLOCK)
     old = mutate(data, [3 * BLOCK])
     (server.root / unique).write_bytes(data)

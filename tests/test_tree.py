@@ -222,10 +222,10 @@ def test_remove_missing_path_fails_cleanly(tmp_path):
 
 def small_engine(monkeypatch):
     """Make "big" small, so ranges and block deltas run on files of a few MiB."""
-    from pdiffcopy.engine import treesync
+    from pdiffcopy.engine import treerunner, treesync
 
-    monkeypatch.setattr(treesync, "RANGE_SIZE", 1024 * 1024)
-    monkeypatch.setattr(treesync, "DELTA_MIN_SIZE", 256 * 1024)
+    monkeypatch.setattr(treerunner, "RANGE_SIZE", 1024 * 1024)
+    monkeypatch.setattr(treerunner, "DELTA_MIN_SIZE", 256 * 1024)
     return treesync
 
 
@@ -286,11 +286,11 @@ def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path
 
 
 def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, monkeypatch):
-    from pdiffcopy.engine import treesync
+    from pdiffcopy.engine import treerunner, treesync
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.cli.progress import TreeProgressDisplay
 
-    monkeypatch.setattr(treesync, "INLINE_FILES", 1)  # force the forked workers
+    monkeypatch.setattr(treerunner, "INLINE_FILES", 1)  # force the forked workers
     source = tmp_path / "src"
     sizes = [(f"d{i % 7}/f{i}", 1000 + 37 * i) for i in range(300)]
     for name, size in sizes:
@@ -471,7 +471,7 @@ def test_dry_run_and_diff_change_nothing_and_report_exactly(ends, source_tree):
 
 
 #: Sparse files for each mode: (size, most bytes the copy may allocate). The big one goes
-#: by ranges (at least treesync.RANGE_SIZE), the small one whole.
+#: by ranges (at least treerunner.RANGE_SIZE), the small one whole.
 SPARSE_CASES = {"small": (8 * 1024 * 1024, 64 * 1024), "big": (64 * 1024 * 1024, 1024 * 1024 - 1)}
 
 
@@ -542,3 +542,58 @@ def test_remove_deletes_a_tree(request, tmp_path, where):
     assert "sub/deeper/c.bin" in dry.stdout
     sync("--remove", argument)
     assert not tree.exists()
+
+
+def test_sync_tree_takes_sizes_as_text_as_sync_does(tmp_path):
+    """The library's tree sync checks its options as the file sync does: ``"1M"`` is a size."""
+    import pdiffcopy
+    from pdiffcopy.errors import UsageError
+
+    source = tmp_path / "src"
+    source.mkdir()
+    data = random_bytes(10 * 1024 * 1024)  # big enough for the block engine (DELTA_MIN_SIZE)
+    (source / "big.bin").write_bytes(data)
+    target = tmp_path / "dst"
+    target.mkdir()
+    (target / "big.bin").write_bytes(data[:5_000_000] + b"changed" + data[5_000_007:])
+    result = pdiffcopy.sync_tree(str(source), str(target), block_size="1M", piece_size="4K",
+                                 bwlimit="1G", concurrency=2)
+    assert not result.failures
+    assert (target / "big.bin").read_bytes() == (source / "big.bin").read_bytes()
+    with pytest.raises(UsageError, match="block size"):
+        pdiffcopy.sync_tree(str(source), str(target), block_size="lots")
+
+
+def test_a_dry_run_closes_the_files_it_compares(tmp_path):
+    """The dry run's content check (-n -c) hashes both sides and closes both: no descriptor outlives it."""
+    import gc
+
+    import pdiffcopy
+
+    for side in ("src", "dst"):
+        (tmp_path / side).mkdir()
+        for index in range(20):
+            (tmp_path / side / f"f{index}").write_bytes(random_bytes(100_000, seed=index + len(side)))
+
+    def open_files():
+        """The files of the two trees this process has open."""
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:  # (the listing's own descriptor)
+                continue
+            if path.startswith(str(tmp_path)) and os.path.isfile(path):
+                found.append(path)
+        return found
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # a collection would close what the sync left open, by chance
+    try:
+        result = pdiffcopy.sync_tree(str(tmp_path / "src"), str(tmp_path / "dst"), dry_run=True, checksum=True)
+        left_open = open_files()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert len(result.differences) == 20  # every file differs, found by content
+    assert left_open == []

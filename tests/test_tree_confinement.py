@@ -2,7 +2,7 @@
 
 A tree sync lists both trees, then works through the plan; the big files
 (changed ones from 8 MiB, new ones from 64 MiB) go through the block engine
-as :class:`~pdiffcopy.local.file.LocalFile` endpoints. If those were opened by
+as :class:`~pdiffcopy.local.localfile.LocalFile` endpoints. If those were opened by
 path, a directory of the tree replaced by a symlink between the listing and
 the copy would send the write (or the read) to wherever the symlink points.
 """
@@ -93,9 +93,9 @@ def test_local_source_directory_swapped_for_a_symlink(tmp_path, outside):
 
 def test_new_big_file_by_ranges_into_a_swapped_directory(tmp_path, outside, monkeypatch):
     """New files from 64 MiB are written by ranges into a temporary: made beneath the root too."""
-    import pdiffcopy.engine.treesync as treesync
+    import pdiffcopy.engine.treerunner as treerunner
 
-    monkeypatch.setattr(treesync, "RANGE_SIZE", 4 * MIB)  # 9 MiB then goes by ranges, as 64 MiB would
+    monkeypatch.setattr(treerunner, "RANGE_SIZE", 4 * MIB)  # 9 MiB then goes by ranges, as 64 MiB would
     source, target = tmp_path / "src", tmp_path / "dst"
     (source / "sub").mkdir(parents=True)
     (source / "sub" / "new.img").write_bytes(random_bytes(BIG, seed=7))

@@ -126,29 +126,32 @@ def test_no_compress_stays_plain(tmp_path, server, unique):
 
 def _measuring(url: str):
     """The adaptive policy told to measure a loopback link, as it would the near end of a tunnel."""
-    from pdiffcopy.transport.remote import Compression, split_server_url
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.urls import split_server_url
 
     return Compression("auto", split_server_url(url)[0], measure_loopback=True)
 
 
 def _traffic(run) -> dict:
     """What ``run()`` (an in-process sync) moved: its result's bytes and this process's bytes on the wire."""
-    from pdiffcopy.transport import wire
+    from pdiffcopy.transport import counters
 
-    before = wire.totals()
+    before = counters.totals()
     result = run()
-    sent, received = (now - then for now, then in zip(wire.totals(), before))
+    sent, received = (now - then for now, then in zip(counters.totals(), before))
     return {"result": result, "sent": sent, "received": received}
 
 
 def _pull_on_a_slow_link(url: str, target) -> dict:
-    """Pull ``url`` into ``target`` through the library over a real slow link (the engine's --bwlimit)."""
-    from pdiffcopy.engine.pipeline import file_options, run_sync
-    from pdiffcopy.local.file import LocalFile
+    """Pull ``url`` into ``target`` through the library over a real slow link (the transport's --bwlimit)."""
+    from pdiffcopy.api import bwlimit_bucket
+    from pdiffcopy.engine.filejob import run_sync
+    from pdiffcopy.engine.options import file_options
+    from pdiffcopy.local.localfile import LocalFile
     from pdiffcopy.transport.remote import RemoteFile
 
-    source = RemoteFile(url, concurrency=1, compress=_measuring(url))
-    return _traffic(lambda: run_sync(source, LocalFile(str(target)), file_options(concurrency=1, bwlimit=SLOW_LINK)))
+    source = RemoteFile(url, concurrency=1, compress=_measuring(url), rate_limit=bwlimit_bucket(SLOW_LINK))
+    return _traffic(lambda: run_sync(source, LocalFile(str(target)), file_options(concurrency=1)))
 
 
 def test_the_default_switches_on_a_slow_link(tmp_path, server, unique):
@@ -441,6 +444,7 @@ def test_the_metrics_count_compressed_bytes_only_when_compressing(tmp_path):
 def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction):
     # The first batch goes plain and teaches the policy (a genuinely slow link); the batches after
     # it go compressed.
+    from pdiffcopy.api import bwlimit_bucket
     from pdiffcopy.engine.treesync import TreeOptions, sync_tree
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.transport.remotetree import RemoteTree
@@ -451,14 +455,15 @@ def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction)
     for name, data in files.items():
         (source / name).write_bytes(data)
     total = sum(len(data) for data in files.values())
-    remote = RemoteTree(server.url(unique), concurrency=1, compress=_measuring(server.url(unique)))
+    remote = RemoteTree(server.url(unique), concurrency=1, compress=_measuring(server.url(unique)),
+                        rate_limit=bwlimit_bucket(SLOW_LINK, shared=True))
     if direction == "pull":
         source.rename(server.root / unique)
         trees, written = (remote, LocalTree(str(tmp_path / "dst"))), tmp_path / "dst"
     else:
         trees, written = (LocalTree(str(source)), remote), server.root / unique
     try:
-        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1, bwlimit=SLOW_LINK)))
+        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1)))
     finally:
         for tree in trees:
             tree.close()
@@ -527,10 +532,12 @@ def _level_one_size(data: bytes) -> int:
 
 
 def _sync_with(policy, source, target):
-    from pdiffcopy.engine.pipeline import file_options, run_sync
-    from pdiffcopy.local.file import LocalFile
-    from pdiffcopy.transport import wire
-    from pdiffcopy.transport.remote import Compression, RemoteFile
+    from pdiffcopy.engine.filejob import run_sync
+    from pdiffcopy.engine.options import file_options
+    from pdiffcopy.local.localfile import LocalFile
+    from pdiffcopy.transport import counters
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.remote import RemoteFile
 
     def endpoint(location):
         if str(location).startswith("http"):
@@ -538,9 +545,9 @@ def _sync_with(policy, source, target):
                 "auto", str(location), measure_loopback=True, cores=2, policy=policy))
         return LocalFile(str(location))
 
-    before = wire.totals()
+    before = counters.totals()
     run_sync(endpoint(source), endpoint(target), file_options(concurrency=2))
-    after = wire.totals()
+    after = counters.totals()
     return after[0] - before[0], after[1] - before[1]
 
 
@@ -597,8 +604,8 @@ def test_the_server_compresses_ranges_at_the_level_asked(server, unique):
 def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique, direction):
     from pdiffcopy.engine.treeendpoints import MetadataOptions
     from pdiffcopy.local.localtree import LocalTree
-    from pdiffcopy.transport import wire
-    from pdiffcopy.transport.remote import Compression
+    from pdiffcopy.transport import counters
+    from pdiffcopy.transport.compressionpolicy import Compression
     from pdiffcopy.transport.remotetree import RemoteTree
 
     files = {f"f{i:02d}.txt": words(128 * 1024, seed=i) for i in range(24)}  # 3 MiB in one batch
@@ -612,9 +619,9 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
                 (server.root / unique / name).parent.mkdir(exist_ok=True)
                 (server.root / unique / name).write_bytes(data)
             entries = [entry for entry in remote.list().entries if entry.path in files]
-            before = wire.totals()[1]
+            before = counters.totals()[1]
             got = {entry.path: data for entry, data, error in remote.read_files(entries)}
-            moved = wire.totals()[1] - before
+            moved = counters.totals()[1] - before
             assert got == files
         else:
             source = tmp_path / "src"
@@ -625,10 +632,10 @@ def test_tree_batches_at_the_chosen_level_decode_right(tmp_path, server, unique,
             entries = [entry for entry in local.list().entries if entry.path in files]
             (server.root / unique).mkdir()
             remote.list()  # as a sync does first: its answer says the server takes compressed bodies
-            before = wire.totals()[0]
+            before = counters.totals()[0]
             failures = remote.write_files([(entry, data) for entry, data, _ in local.read_files(entries)],
                                           MetadataOptions())
-            moved = wire.totals()[0] - before
+            moved = counters.totals()[0] - before
             assert failures == []
             for name, data in files.items():
                 assert (server.root / unique / name).read_bytes() == data

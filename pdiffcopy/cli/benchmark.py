@@ -139,7 +139,7 @@ def run_benchmark(source: str, target: str, rounds: int, **options) -> List[dict
     :param source: Path or URL of the source file.
     :param target: Local path of the target (created by a first sync if missing).
     :param rounds: How many rounds, at evenly spaced similarity.
-    :param options: Options for :func:`~pdiffcopy.engine.pipeline.sync`.
+    :param options: Options for :func:`~pdiffcopy.api.sync`.
     :returns: One dict per round: delta (the % of the file that moved), mutated (the %
               of blocks mutated), bytes moved, seconds, rsync seconds or None.
     :raises UsageError: When ``target`` is a URL.

@@ -19,7 +19,7 @@ from typing import List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.engine.endpoints import is_url
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
 from pdiffcopy.errors import PdiffcopyError, UsageError
 
@@ -505,7 +505,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.max_rate:
         raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
     handle_termination()
-    from pdiffcopy.local.fileops import raise_open_file_limit
+    from pdiffcopy.local.descriptors import raise_open_file_limit
 
     raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:
@@ -526,30 +526,33 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_ca_file(args.ca_file)
     if args.benchmark:
         require_extra(("executor",), "client", "The benchmark (-B)")
-    from pdiffcopy.cli.treecli import resolve
+    from pdiffcopy.cli.treecli import Probes, resolve
 
-    source, target, is_tree = resolve(source, target, args, token)
-    if is_tree:
-        from pdiffcopy.cli.treecli import run_tree
+    with Probes(token, args) as probes:  # a URL is probed once, here: the file sync takes its endpoint
+        source, target, is_tree = resolve(source, target, probes)
+        if is_tree:
+            from pdiffcopy.cli.treecli import run_tree
 
-        return run_tree(source, target, args, token)
-    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+            probes.close()
+            return run_tree(source, target, args, token)
+        from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 
-    options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
-                   whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
-                   token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
-                   bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
-                   partial=args.partial, delta=args.delta, sparse=args.sparse)
-    if args.benchmark:
-        from pdiffcopy.cli.benchmark import run_benchmark
+        options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+                       whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
+                       token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
+                       bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
+                       partial=args.partial, delta=args.delta, sparse=args.sparse)
+        if args.benchmark:
+            from pdiffcopy.cli.benchmark import run_benchmark
 
-        run_benchmark(source, target, rounds=args.benchmark, **options)
-        return 0
-    if args.diff:
-        args.dry_run = True
-    started, wire_before = time.monotonic(), wire.totals()
-    result = run_sync(source, target, dry_run=args.dry_run, show_progress=show_progress(args),
-                      keep_last=args.progress, **options)
+            probes.close()  # every round makes its own
+            run_benchmark(source, target, rounds=args.benchmark, **options)
+            return 0
+        if args.diff:
+            args.dry_run = True
+        started, wire_before = time.monotonic(), counters.totals()
+        result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
+                          show_progress=show_progress(args), keep_last=args.progress, **options)
     report(result)
     if wants_stats(args) and not result.dry_run:
         print_stats(result.bytes_moved, None, time.monotonic() - started,
@@ -612,7 +615,7 @@ def require_extra(modules, extra: str, what: str) -> None:
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
     """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
     from pdiffcopy.api import sync
-    from pdiffcopy.engine.pipeline import Progress
+    from pdiffcopy.engine.filejob import Progress
 
     progress = Progress()
     if not show_progress:

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, List, Optional, TextIO, Tuple
 
-from pdiffcopy.engine.pipeline import Progress
+from pdiffcopy.engine.filejob import Progress
 
 #: Seconds between redraws: often enough to look alive, rarely enough to cost nothing.
 REFRESH_SECONDS = 0.25

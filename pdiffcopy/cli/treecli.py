@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Optional, Tuple
 
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -25,30 +25,68 @@ logger = logging.getLogger("pdiffcopy")
 MAX_FAILURES_LISTED = 50
 
 
-def _kind(location: str, token: Optional[str], args: argparse.Namespace) -> Optional[str]:
-    """"file", "directory", "other" or None (missing), following a symlink at the top."""
-    if is_url(location):
-        from pdiffcopy.api import file_endpoint
-        from pdiffcopy.transport.remote import split_server_url
+class Probes:
+    """The remote files SOURCE and TARGET were looked at through, kept for the file sync.
 
-        if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
-            return "directory"  # the server's root
-        endpoint = file_endpoint(location.rstrip("/"), token=token, concurrency=1, timeout=args.timeout,
-                                 ca_file=args.ca_file)
-        try:
-            info = endpoint.stat()
-        finally:
+    A URL is resolved once: its endpoint (a 1.0.1 server found out on the way)
+    is made here, with the sync's connections, and handed to :func:`pdiffcopy.api.sync`
+    (:meth:`take`) instead of another being made and probed there. What is not
+    taken is closed at the end of the ``with`` block.
+    """
+
+    def __init__(self, token: Optional[str], args: argparse.Namespace) -> None:
+        self.token = token
+        self.args = args
+        self.endpoints: dict = {}
+
+    def kind(self, location: str) -> Optional[str]:
+        """"file", "directory", "other" or None (missing), following a symlink at the top."""
+        if is_url(location):
+            from pdiffcopy.api import file_endpoint, wire_settings
+            from pdiffcopy.engine.options import check_concurrency
+            from pdiffcopy.transport.urls import split_server_url
+
+            if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
+                return "directory"  # the server's root
+            # Made as api.sync would make it (its --bwlimit and -z too): the file sync takes it.
+            endpoint = self.endpoints.get(location) or file_endpoint(
+                location.rstrip("/"), **wire_settings(
+                    token=self.token, concurrency=check_concurrency(self.args.concurrency),
+                    timeout=self.args.timeout, ca_file=self.args.ca_file, bwlimit=self.args.bwlimit,
+                    compress=self.args.compress))
+            try:
+                info = endpoint.stat()
+            except BaseException:
+                endpoint.close()
+                raise
+            if location.endswith("/"):
+                endpoint.close()  # not the name a file sync would open
+            else:
+                self.endpoints[location] = endpoint
+            return info.kind if info is not None else None
+        if os.path.isdir(location):
+            return "directory"
+        if os.path.exists(location):
+            return "file"
+        return None
+
+    def take(self, location: str):
+        """The endpoint made for ``location`` (the caller closes it now), else ``location`` itself."""
+        return self.endpoints.pop(location, location)
+
+    def close(self) -> None:
+        for endpoint in self.endpoints.values():
             endpoint.close()
-        return info.kind if info is not None else None
-    if os.path.isdir(location):
-        return "directory"
-    if os.path.exists(location):
-        return "file"
-    return None
+        self.endpoints.clear()
+
+    def __enter__(self) -> "Probes":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
-def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[str]
-            ) -> Tuple[str, str, bool]:
+def resolve(source: str, target: str, probes: Probes) -> Tuple[str, str, bool]:
     """What to sync to what: ``(source, target, is_tree)``.
 
     A directory SOURCE is a tree (rsync's trailing-slash rule decides where it
@@ -57,17 +95,17 @@ def resolve(source: str, target: str, args: argparse.Namespace, token: Optional[
     """
     if is_url(source) and is_url(target):
         return source, target, False  # the single-file sync says why not
-    source_kind = _kind(source, token, args)
+    source_kind = probes.kind(source)
     if source_kind == "directory":
-        target_kind = _kind(target, token, args)
+        target_kind = probes.kind(target)
         if target_kind is not None and target_kind != "directory":
             raise UsageError(f"Cannot sync the directory {source} onto {target}: it is not a directory")
         source_tree, target_tree = tree_locations(source, target)
         check_not_nested(source_tree, target_tree)
         return source_tree, target_tree, True
-    if source_kind is None and (source.endswith("/") or args.delete):
+    if source_kind is None and (source.endswith("/") or probes.args.delete):
         raise FileMissing(f"Source does not exist: {source}")
-    if source_kind is not None and (_kind(target, token, args) == "directory" or target.endswith("/")):
+    if source_kind is not None and (probes.kind(target) == "directory" or target.endswith("/")):
         return source, join_location(target, last_name(source)), False
     return source, target, False
 
@@ -99,7 +137,7 @@ def last_name(location: str) -> str:
 def join_location(directory: str, name: str) -> str:
     """``directory/name`` for a path or a URL (the name percent-encoded)."""
     if is_url(directory):
-        from pdiffcopy.transport.remote import quote_path
+        from pdiffcopy.transport.urls import quote_path
 
         return directory.rstrip("/") + "/" + quote_path(name)
     return os.path.join(directory, name)
@@ -115,38 +153,29 @@ def check_not_nested(source: str, target: str) -> None:
         raise UsageError(f"The target {target} is inside the source {source}")
 
 
-def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str]) -> TreeEndpoint:
+def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str], concurrency: int) -> TreeEndpoint:
     from pdiffcopy.api import tree_endpoint as endpoint
 
-    return endpoint(location, token=token, concurrency=_concurrency(args), timeout=args.timeout,
-                    ca_file=args.ca_file)
-
-
-def _concurrency(args: argparse.Namespace) -> int:
-    from pdiffcopy.engine.pipeline import check_concurrency
-
-    return check_concurrency(args.concurrency)
+    return endpoint(location, token=token, concurrency=concurrency, timeout=args.timeout, ca_file=args.ca_file)
 
 
 def tree_options(args: argparse.Namespace):
-    from pdiffcopy.core.blocks import parse_block_size
-    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, validate_method
-    from pdiffcopy.core.refine import resolve_piece_size
-    from pdiffcopy.engine.treesync import TreeOptions
+    """The command line's tree options; :class:`~pdiffcopy.engine.options.TreeOptions` checks them."""
+    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+    from pdiffcopy.engine.options import TreeOptions
 
     owner = args.owner or args.archive
     if owner and os.geteuid() != 0:
         logger.warning("Not running as root: user and group are not kept (-o)")
         owner = False
-    block_size = parse_block_size(args.block_size)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
         xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids,
-        block_size=block_size, piece_size=resolve_piece_size(args.piece_size, block_size),
-        hash_method=validate_method(args.hash_method or DEFAULT_HASH_METHOD),
-        concurrency=_concurrency(args), includes=tuple(args.include),
+        block_size=args.block_size, piece_size=args.piece_size,
+        hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+        concurrency=args.concurrency, includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),
         files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
         compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse)
@@ -154,21 +183,18 @@ def tree_options(args: argparse.Namespace):
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:
     """Sync a tree and report; exit status 23 when some paths failed."""
-    from pdiffcopy.engine.treesync import TreeProgress, sync_tree
+    from pdiffcopy.api import sync_tree
+    from pdiffcopy.engine.treesync import TreeProgress
 
     if args.benchmark:
         raise UsageError("--benchmark works on a file, not on a directory")
+
     options = tree_options(args)
-    source_tree = tree_endpoint(source, args, token)
-    target_tree = tree_endpoint(target, args, token)
     progress = TreeProgress(options.concurrency)
-    started, wire_before = time.monotonic(), wire.totals()
-    try:
-        with _display(progress, args):
-            result = sync_tree(source_tree, target_tree, options, progress, report_line=_print)
-    finally:
-        source_tree.close()
-        target_tree.close()
+    started, wire_before = time.monotonic(), counters.totals()
+    with _display(progress, args):
+        result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
+                           progress=progress, report_line=_print)
     if options.dry_run:
         if not args.diff:
             _summarise_dry_run(result)
@@ -194,18 +220,20 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
     from pdiffcopy.engine.treeendpoints import DELETE, Operation
     from pdiffcopy.core.treeplan import FILE, Entry
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult, remove_tree
+    from pdiffcopy.local.processes import die_with_parent
 
     if not args.paths:
         raise UsageError("--remove needs at least one PATH")
     options = tree_options(args)
     status = 0
     for location in args.paths:
-        kind = _kind(location, token, args)
+        with Probes(token, args) as probes:
+            kind = probes.kind(location)
         if kind is None:
             raise FileMissing(f"Nothing to remove: {location} does not exist")
         if kind != "directory":
             parent, _, name = location.rstrip("/").rpartition("/")
-            tree = tree_endpoint(parent or ".", args, token)
+            tree = tree_endpoint(parent or ".", args, token, options.concurrency)
             try:
                 if args.dry_run:
                     _print(f"{'delete':<10} {FILE:<7} {location}")
@@ -216,11 +244,12 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
             finally:
                 tree.close()
         else:
-            tree = tree_endpoint(location, args, token)
+            tree = tree_endpoint(location, args, token, options.concurrency)
             progress = TreeProgress(options.concurrency)
             try:
                 with _display(progress, args):
-                    result = remove_tree(tree, options, progress, report_line=_print)
+                    result = remove_tree(tree, options, progress, report_line=_print,
+                                         on_worker_start=die_with_parent)
             finally:
                 tree.close()
             if not args.dry_run:

@@ -10,8 +10,9 @@ import os
 import re
 import secrets
 
-#: Bytes moved per read or write system call. BENCHMARKING.md: writes into
-#: new files of 128 KiB to 1 MiB are several times faster here than 4 MiB ones.
+#: Bytes moved per read or write system call: writes into new files of 128 KiB
+#: to 1 MiB are several times faster than 4 MiB ones (docs/benchmarks.rst,
+#: "Local copies").
 TRANSFER_CHUNK_SIZE = 1024 * 1024
 
 #: The first path component reserved for the server's API (``/.pdiffcopy/...``);
@@ -56,7 +57,7 @@ def temporary_name(name: str) -> str:
     :func:`is_temporary_name` and the leftovers sweep know them all. The 12
     hex digits hold the process id (above a 24-bit serial), so a later run
     can tell a temporary of a dead process
-    (:func:`pdiffcopy.local.fileops.is_stale_temporary`).
+    (:func:`pdiffcopy.local.descriptors.is_stale_temporary`).
     """
     return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
 

@@ -1,7 +1,7 @@
 """One interface for a file, wherever it is.
 
 A sync talks to its source and its target through :class:`FileEndpoint`:
-a local file (:mod:`pdiffcopy.local.file`) and a file behind a pdiffcopy server
+a local file (:mod:`pdiffcopy.local.localfile`) and a file behind a pdiffcopy server
 (:mod:`pdiffcopy.transport.remote`) offer the same few operations, so the sync logic
 is written once and one test suite exercises both.
 """
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, 
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.errors import Unsupported
 
 if TYPE_CHECKING:
@@ -41,9 +40,6 @@ class FileEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the file lives behind a server (for messages and logs; the
-    #: engine asks for capabilities instead: :meth:`can_copy_from`, ...).
-    is_remote: bool = False
 
     @abstractmethod
     def stat(self) -> Optional[FileInfo]:
@@ -310,18 +306,6 @@ class FileEndpoint(ABC):
         """Let other writers in again.
 
         :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
-        """
-
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        """Take every byte this endpoint moves over the network from ``bucket`` (``--bwlimit``).
-
-        A local file moves nothing over a network: it ignores the limit, as rsync's does.
-        """
-
-    def compress_with(self, mode: "str | int") -> None:
-        """Compress what crosses the network: ``"auto"``, ``"always"``, ``"never"`` (``-z``) or at a level.
-
-        A local file moves nothing over a network: it ignores it.
         """
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """The segment engine: one segment of one file, brought from a source to a target.
 
-A single-file sync (:mod:`pdiffcopy.engine.pipeline`) and a tree sync's big files
+A single-file sync (:mod:`pdiffcopy.engine.filejob`) and a tree sync's big files
 (:mod:`pdiffcopy.engine.treesync`) both go through these steps, segment by segment::
 
     hash both sides -> compare (changed ranges) -> refine them into pieces
@@ -28,11 +28,9 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
-    DEFAULT_BLOCK_SIZE,
     BlockPlan,
     ByteRange,
     Segment,
@@ -41,12 +39,13 @@ from pdiffcopy.core.blocks import (
     coalesce,
     split_digests,
     split_ranges,
+    tree_digest_input,
 )
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
-from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, digest_size, verify_method
+from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method
 
 logger = logging.getLogger(__name__)
 
@@ -69,54 +68,8 @@ PARTIAL_LEASE_POLL_SECONDS = 1.0
 #: side, in parallel): one transfer batch, so a batch is refined in one round trip.
 #: The first step is smaller: the probe (:data:`~pdiffcopy.core.refine.REFINE_PROBE_BYTES`)
 #: that finds a dense rewrite out; after it, a step that stops paying wastes at most
-#: 16 MiB of piece hashing (a few ms) and 64 KiB of digests. With 4 MiB steps, the
-#: sparse 1 GiB pull on the shaped link spent 0.1 s after the last segment was hashed
-#: on refinement round trips, one after the other.
+#: 16 MiB of piece hashing (a few ms) and 64 KiB of digests (docs/benchmarks.rst).
 REFINE_BATCH_BYTES = TRANSFER_REQUEST_BYTES
-
-#: Workers (processes, connections) when the caller names none: two keeps a
-#: tree sync's listing, planning and first units overlapped on the smallest
-#: machines; the command line and :func:`pdiffcopy.sync` default to the CPU count.
-DEFAULT_CONCURRENCY = 2
-
-
-@dataclass(frozen=True)
-class FileOptions:
-    """How one file is synced; a tree sync's options (:class:`~pdiffcopy.engine.treesync.TreeOptions`) extend these."""
-
-    block_size: int = DEFAULT_BLOCK_SIZE
-    hash_method: str = DEFAULT_HASH_METHOD
-    #: Skip the comparison and copy every block.
-    whole_file: bool = False
-    concurrency: int = DEFAULT_CONCURRENCY
-    #: Only compare and report; change nothing.
-    dry_run: bool = False
-    #: Write a temporary sibling and rename it over the target at the end.
-    atomic: bool = False
-    #: Page cache policy of whole-file copies between local files (auto, drop or keep).
-    cache: str = "auto"
-    #: Most bytes per second on the network, both directions, all workers together: an int or
-    #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
-    #: no limit. Local files and trees ignore it.
-    bwlimit: "int | str | None" = None
-    #: zstd on the wire: "auto" (when it pays), "always" (-z), "never" (--no-compress) or a
-    #: level (--compress-level: always, at that level).
-    compress: "str | int" = "auto"
-    #: Changed blocks are hashed again in pieces of this size (bytes, or ``"4K"``) and only the
-    #: pieces that differ move (:mod:`pdiffcopy.core.refine`); 0: off; None:
-    #: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides the block size.
-    #: Checked by :func:`~pdiffcopy.core.refine.resolve_piece_size` when a sync starts.
-    piece_size: "int | str | None" = None
-    #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
-    #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
-    partial: bool = False
-    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
-    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunked).
-    delta: str = "blocks"
-    #: Also turn runs of zeros (whole file system blocks) in the data written into holes
-    #: (rsync's ``-S``); the source's own holes stay holes either way.
-    sparse: bool = False
-
 
 # -- partial files (--partial) ----------------------------------------------
 
@@ -465,6 +418,25 @@ def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes
                                  f"the source after the sync")
 
 
+def block_digests(futures: "Iterable[Future[bytes]]", method: str) -> List[bytes]:
+    """Every block digest the hashing ``futures`` give, in their order."""
+    width = digest_size(method)
+    return [digest for future in futures for digest in split_digests(future.result(), width)]
+
+
+def verified_digest(work: FileEndpoint, plan: BlockPlan, method: str, source_digests: Sequence[bytes],
+                    target_digests: Sequence[bytes], location: str) -> str:
+    """A whole file's verification: ``work`` has the source's size and every block its digest.
+
+    :returns: The whole-file digest as hex: the digest of every block digest in order
+              (a one-level hash tree, :func:`~pdiffcopy.core.blocks.tree_digest_input`).
+    :raises VerificationFailed: When the size or a block differs.
+    """
+    check_size(work, plan.size, location)
+    check_blocks(source_digests, target_digests, location)
+    return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method, source_digests)).hex()
+
+
 def check_size(work: FileEndpoint, size: int, location: str) -> None:
     """The target has exactly the source's size (the block digests cannot see a longer tail)."""
     info = work.stat()
@@ -528,8 +500,8 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     return moved
 
 
-__all__ = ["DEFAULT_CONCURRENCY", "FileOptions", "PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES",
+__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES", "block_digests",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
            "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
-           "source_data_bytes", "source_unchanged", "sync_segment"]
+           "source_data_bytes", "source_unchanged", "sync_segment", "verified_digest"]

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.errors import Unsupported
 # The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
 from pdiffcopy.core.treeplan import (  # noqa: F401
@@ -78,8 +77,6 @@ class TreeEndpoint(ABC):
 
     #: The path or URL the user gave, for messages.
     location: str
-    #: Whether the tree lives behind a server.
-    is_remote: bool = False
 
     @abstractmethod
     def list(self) -> Listing:
@@ -113,18 +110,6 @@ class TreeEndpoint(ABC):
     @abstractmethod
     def file_endpoint(self, path: str) -> FileEndpoint:
         """The file at ``path`` below the root, for the block engine (big files)."""
-
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        """Take every byte this tree moves over the network from ``bucket`` (``--bwlimit``).
-
-        A local tree moves nothing over a network: it ignores the limit, as rsync's does.
-        """
-
-    def compress_with(self, mode: "str | int") -> None:
-        """Compress what crosses the network: ``"auto"``, ``"always"``, ``"never"`` (``-z``) or at a level.
-
-        A local tree moves nothing over a network: it ignores it.
-        """
 
     # -- optional capabilities, with defaults for a tree that has none --------
 

@@ -1,37 +1,142 @@
-"""The engine's worker processes: what each forked worker does first.
+"""The engine's worker processes: forked, answering through a pipe, stopped by a signal.
 
-The engine forks its workers (tree units, listings) and the local hash pool
-forks its own; a worker must never outlive the sync that forked it.
+A tree sync forks its workers (the units of its queue, the listing of a
+second local tree): per-file work is Python that threads would run one at a
+time. Each worker inherits what it needs through the fork and hands back
+one pickled answer through a pipe when it is done.
+
+A worker must never outlive the sync that forked it: the caller passes the
+platform's way to see to that as ``on_start`` (``pdiffcopy.local.processes.die_with_parent``,
+which :mod:`pdiffcopy.api` hands in: the engine imports nothing of local/).
+
+Ctrl-C, SIGTERM and SIGHUP do not raise in a worker (nor in a sync running
+its units inline): they set :attr:`Stop.requested`, and the unit in hand
+finishes first, so that no file is left half-written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import signal
+import threading
+import time
+from typing import Callable, Iterator, List, Optional
 
-#: prctl(2) option (linux/prctl.h): the signal a process gets when its parent dies.
-PR_SET_PDEATHSIG = 1
+#: What a forked worker does first, given its parent's process id (read before the fork).
+WorkerStart = Callable[[int], None]
+
+#: Signals after which the workers stop after the unit in hand: Ctrl-C, and
+#: what the command line treats like it (cli.CLEAN_UP_SIGNALS).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+#: Seconds workers asked to stop (SIGTERM) get to finish their unit before they are killed.
+STOP_GRACE_SECONDS = 10.0
 
 
-def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
-    """In a forked worker: get ``signum`` as soon as the parent process dies.
+class WorkerFailed(Exception):
+    """A worker gave no answer: its task raised :attr:`error`, or (None) the process died."""
 
-    A client killed outright (SIGKILL, or a signal it cannot clean up after)
-    would otherwise leave its hashing and tree workers running on, adopted by
-    init. ``prctl(PR_SET_PDEATHSIG)`` makes the kernel send the signal; the
-    check of ``getppid`` afterwards covers a parent that died before the call.
-    Without prctl (not Linux, no ctypes) nothing is set.
+    def __init__(self, pid: int, error: Optional[BaseException]) -> None:
+        super().__init__(f"worker process {pid} " + (f"failed: {error!r}" if error is not None else "died"))
+        self.error = error
 
-    :param parent_pid: The parent's process id, read before the fork.
-    """
+
+class Stop:
+    """Set by Ctrl-C or SIGTERM while the queue runs: stop after the unit in hand."""
+
+    requested = False
+
+
+def request_stop(signum, frame) -> None:
+    # No exception here: raised in the middle of a file it would leave a
+    # partial file or a temporary behind. Units are small (a batch of small
+    # files, 64 MiB of a big one), so the stop comes within a fraction of a second.
+    Stop.requested = True
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[None]:
+    """Stop signals set :attr:`Stop.requested` in this process while the block runs (from the main thread)."""
+    previous = {signum: signal.signal(signum, request_stop) for signum in STOP_SIGNALS} \
+        if threading.current_thread() is threading.main_thread() else {}
     try:
-        import ctypes
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        Stop.requested = False
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-        prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        prctl.restype = ctypes.c_int
-        prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
-    except (ImportError, OSError, AttributeError):
-        pass  # no ctypes, no libc or no prctl: only the check below
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signum)
+
+class Worker:
+    """A forked process running one task; :meth:`answer` collects what it returned."""
+
+    def __init__(self, task: Callable[[], object], on_start: Optional[WorkerStart] = None) -> None:
+        reader, writer = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(reader)
+                if on_start is not None:
+                    on_start(parent)
+                try:
+                    answer: tuple = ("ok", task())
+                except BaseException as error:  # handed to the parent, which raises it
+                    answer = ("error", error)
+                with os.fdopen(writer, "wb") as stream:
+                    pickle.dump(answer, stream, protocol=pickle.HIGHEST_PROTOCOL)
+            except BaseException:  # never run the parent's code in a child
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(writer)
+        self.pid = pid
+        self._reader = reader
+
+    def answer(self) -> object:
+        """Wait for the worker; return what its task returned.
+
+        :raises WorkerFailed: When its task raised, or it died without an answer.
+        """
+        try:
+            with os.fdopen(self._reader, "rb") as stream:
+                data = stream.read()
+        finally:
+            os.waitpid(self.pid, 0)
+        if not data:
+            raise WorkerFailed(self.pid, None)
+        kind, value = pickle.loads(data)
+        if kind == "error":
+            raise WorkerFailed(self.pid, value)
+        return value
+
+
+def stop_workers(pids: List[int]) -> None:
+    """Ask every worker to stop after its unit (Ctrl-C may not have reached them), then wait."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    waiting = set(pids)
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG if time.monotonic() < deadline else 0)
+            except ChildProcessError:
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if waiting and time.monotonic() >= deadline:
+            for pid in waiting:
+                os.kill(pid, signal.SIGKILL)
+        if waiting:
+            time.sleep(0.01)
+
+
+__all__ = ["STOP_SIGNALS", "Stop", "Worker", "WorkerFailed", "WorkerStart", "request_stop", "stop_requests",
+           "stop_workers"]

@@ -43,7 +43,7 @@ import threading
 import types
 from typing import Any, Callable, Union
 
-from pdiffcopy.local import fastcopy
+from pdiffcopy.local import fastcopy, libc
 
 #: The logger that says which path each copy took.
 LOGGER = logging.getLogger("pdiffcopy.copyfile")
@@ -206,11 +206,13 @@ def filesystem_magic(fd: int) -> int | None:
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
+        fstatfs = libc.function("fstatfs")
+        if fstatfs is None:
+            return None
         # struct statfs starts with f_type (a long on Linux); 256 bytes is more
         # than the whole struct on every architecture.
         buffer = (ctypes.c_long * 32)()
-        if libc.fstatfs(fd, ctypes.byref(buffer)) != 0:
+        if fstatfs(fd, ctypes.byref(buffer)) != 0:
             return None
     except (ImportError, OSError, AttributeError):
         return None

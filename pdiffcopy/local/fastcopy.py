@@ -58,7 +58,8 @@ from pdiffcopy.errors import (
     UsageError,
     storage_error,
 )
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local import libc
+from pdiffcopy.local.descriptors import (
     FICLONE,
     NO_FASTPATH_VARIABLE,
     REFUSALS,
@@ -66,8 +67,6 @@ from pdiffcopy.local.fileops import (
     SYNC_FILE_RANGE_WAIT_BEFORE,
     SYNC_FILE_RANGE_WRITE,
     TRANSFER_CHUNK_SIZE,
-    _call_libc,
-    _Libc,
     fast_paths_enabled,
     replace_atomically,
     reserve,
@@ -87,11 +86,8 @@ METHOD_VARIABLE = "PDIFFCOPY_COPY_METHOD"
 #: picks one by the file's size (see :func:`resolve_cache`).
 CACHE_MODES: tuple[str, ...] = ("auto", "drop", "keep")
 
-#: Default page cache policy. Measured here (benchmarks/results-copy.txt):
-#: dropping makes a big cold copy with its final fsync about twice as fast as
-#: ``cp`` and ``sync``, and leaves nothing behind in the page cache, but a warm
-#: 1 GiB copy with fsync takes 0.9 s with it and 0.44 s keeping the cache (with
-#: early writeback), so the size decides.
+#: Default page cache policy: dropping pays for big cold copies and costs warm
+#: small ones, so the size decides (figures: docs/benchmarks.rst, "Local copies").
 DEFAULT_CACHE = "auto"
 
 #: The threshold's fallback when /proc/sys/vm cannot be read: the kernel's
@@ -99,25 +95,19 @@ DEFAULT_CACHE = "auto"
 FALLBACK_DROP_THRESHOLD = 1600 * 1024 * 1024
 
 #: Files from this size on get their space reserved (``fallocate``) before the
-#: copy (and a full disk fails before anything is written). Measured here with
-#: ``pdiffcopy.copyfile`` into new files on ext4, warm source, blocks of 40
-#: copies (each target removed and the removal flushed) rotating between with
-#: and without the reservation, median us of 9 blocks each: 128 KiB 95 with /
-#: 88 without, 256 KiB 111 / 110, 512 KiB 147 / 160, 1 MiB 257 / 301
-#: (shutil.copyfile: 91, 112, 195, 307). ext4 then allocates the extent once
-#: instead of block by block under the page cache; with an fsync after a
-#: 1 MiB copy it still paid (1.04 instead of 1.13 ms).
+#: copy (and a full disk fails before anything is written): ext4 then allocates
+#: the extent once instead of block by block, which pays from about this size
+#: on (figures: docs/benchmarks.rst, "Local copies").
 RESERVE_MIN_SIZE = 512 * 1024
 
 #: Bytes per ``copy_file_range`` or ``sendfile`` call. The kernel copies as fast
-#: in 8 MiB steps as in one call for the whole file (measured here: 2.6 to
-#: 3.0 GB/s either way), and the steps are where progress is reported, the cache
-#: window moves and Ctrl-C gets through.
+#: in 8 MiB steps as in one call for the whole file, and the steps are where
+#: progress is reported, the cache window moves and Ctrl-C gets through.
 KERNEL_COPY_STEP = 8 * 1024 * 1024
 
-#: Bytes per buffer of the read/write pipeline: on the benchmark machine (see
-#: docs/benchmarks.rst, "Method"), writes into new files took 0.25 to 0.31 s per
-#: GiB in 128 KiB calls and 0.6 to 1.85 s in 4 MiB ones, so 128 KiB to 1 MiB.
+#: Bytes per buffer of the read/write pipeline: writes into new files are
+#: several times faster in calls of 128 KiB to 1 MiB than in 4 MiB ones
+#: (docs/benchmarks.rst, "Local copies").
 PIPELINE_BLOCK_SIZE = TRANSFER_CHUNK_SIZE
 
 #: Buffers in flight between the reader thread and the writer. fastsync found
@@ -298,7 +288,7 @@ class _CacheWindow:
         self.read_dropped = 0  # source pages below this offset were dropped
         self.write_started = 0  # target writeback was started below this offset
         self.write_dropped = 0  # target pages below this offset were written and dropped
-        self._sync_file_range = _Libc.load().sync_file_range \
+        self._sync_file_range = libc.sync_file_range() \
             if self.writeback and fast_paths_enabled() else None
 
     def begin(self, position: int, size: int) -> None:
@@ -351,7 +341,7 @@ class _CacheWindow:
     def _sync(self, offset: int, length: int, flags: int) -> None:
         if self._sync_file_range is not None:
             try:
-                _call_libc(self._sync_file_range, self.target_fd, offset, length, flags)
+                libc.call(self._sync_file_range, self.target_fd, offset, length, flags)
                 return
             except OSError as error:
                 if error.errno not in REFUSALS and error.errno != errno.ESPIPE:
@@ -530,9 +520,7 @@ def copy_into(source_fd: int, target_fd: int, size: int, *, cache: str = DEFAULT
     refused = _refusals.get(devices, ())
     drop = resolve_cache(cache, size) == "drop"
     # Starting writeback early pays only when the caller flushes at the end
-    # anyway. Measured with a warm 1 GiB source: followed by an fsync, the copy
-    # took 0.42 s with it and 0.66 s without; with no fsync, 0.54 s with it and
-    # 0.34 s without.
+    # anyway (docs/benchmarks.rst, "Local copies").
     window = _CacheWindow(source_fd, target_fd, drop=drop, writeback=durable)
     position = 0
     reserved = False

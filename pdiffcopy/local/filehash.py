@@ -12,7 +12,7 @@ from typing import List, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import storage_error
-from pdiffcopy.local.fileops import data_extents, fast_paths_enabled
+from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled
 from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
 
 
@@ -133,7 +133,7 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
     :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
     """
-    from pdiffcopy.local.paths import open_regular_path  # (a FIFO is refused, never waited on)
+    from pdiffcopy.local.confinement import open_regular_path  # (a FIFO is refused, never waited on)
 
     fd = open_regular_path(path, os.O_RDONLY)
     try:

@@ -1,7 +1,7 @@
 """A directory tree on a local file system (:class:`LocalTree`).
 
 Every access is confined beneath the tree's directory, the way the server
-confines requests (:mod:`pdiffcopy.local.paths`): a directory is opened relative
+confines requests (:mod:`pdiffcopy.local.confinement`): a directory is opened relative
 to the root with ``openat2(RESOLVE_BENEATH)`` and a file by its last name
 relative to that directory with ``O_NOFOLLOW``. A symlink in the target
 tree, planted or swapped in, can therefore never send a write outside it,
@@ -23,7 +23,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tupl
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local.descriptors import (
     TRANSFER_CHUNK_SIZE,
     clear_umask,
     copy_available,
@@ -34,7 +34,7 @@ from pdiffcopy.local.fileops import (
     replace_atomically,
     temporary_name,
 )
-from pdiffcopy.local.paths import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
+from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
@@ -126,8 +126,6 @@ def _close_pending(pending: List[_Frame]) -> None:
 class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
-    is_remote = False
-
     #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
     sweep = False
 
@@ -138,7 +136,7 @@ class LocalTree(TreeEndpoint):
         self._prefix = ""
         self._local = threading.local()
         #: Change the metadata of files with several hard links (a server
-        #: refuses unless started with --write-hard-links; see paths.refuse_hard_links).
+        #: refuses unless started with --write-hard-links; see confinement.refuse_hard_links).
         self.write_hard_links = True
         #: The entries to read come from a client (a server's tree; see :meth:`open_file`).
         self.entries_from_client = False
@@ -796,17 +794,14 @@ class LocalTree(TreeEndpoint):
         return isinstance(other, LocalTree)
 
     def file_endpoint(self, path: str) -> FileEndpoint:
-        from pdiffcopy.local.file import LocalFile
+        from pdiffcopy.local.localfile import LocalFile
 
         # Beneath the root, like every other access of the tree (docs/trees.rst).
         return LocalFile.below(self.root, self._full(path))
 
-    def file_path(self, path: str) -> str:
-        return os.path.join(self.directory, path)
-
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
-    """Remove a temporary file left behind by an earlier run (:func:`~pdiffcopy.local.fileops.is_stale_temporary`)."""
+    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.is_stale_temporary`)."""
     try:
         if is_stale_temporary(item.name, item.stat(follow_symlinks=False)):
             os.unlink(item.name, dir_fd=directory)

@@ -81,7 +81,7 @@ REQUEST_THREADS = 1024
 
 #: Connections one worker process keeps open at most (the rest wait in the
 #: listen backlog). Each costs a file descriptor and, while its headers are
-#: incomplete, only a buffer; :func:`pdiffcopy.local.fileops.raise_open_file_limit`
+#: incomplete, only a buffer; :func:`pdiffcopy.local.descriptors.raise_open_file_limit`
 #: makes room for them.
 MAX_CONNECTIONS = 4096
 

@@ -14,7 +14,7 @@ path of the server's file system:
 The new server serves files at their own URL, so without care ``GET
 /blocks?filename=...`` was answered with the bytes of a file called
 ``blocks`` below the root, and the old client stored them as if they were
-the file it asked for. :func:`add_legacy_api` recognises these requests by
+the file it asked for. The blueprint :data:`legacy` recognises these requests by
 their path and their ``filename`` parameter (a plain ``GET /blocks`` is
 still that file) and either refuses them with a 400 that says what to do,
 or, with ``--legacy-api``, serves them with the new server's own confined
@@ -29,21 +29,22 @@ is below the root.
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, cast
+from typing import Callable, Dict, Iterator, List, Optional
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Blueprint, Response, g, jsonify, request
 from werkzeug.wsgi import ClosingIterator
 
 from pdiffcopy import __version__
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
-from pdiffcopy.server.bodyreader import open_body
-from pdiffcopy.errors import AccessDenied, BadRequest, RangeNotSatisfiable, ServerBusy, storage_error
-from pdiffcopy.local.fileops import TRANSFER_CHUNK_SIZE, start_writeback, write_all
-from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.core.hashing import digest_size, validate_method
-from pdiffcopy.local.leases import Leases
-from pdiffcopy.local.paths import Root
-from pdiffcopy.server.slots import FairSlots
+from pdiffcopy.errors import AccessDenied, BadRequest, ServerBusy, StorageError, storage_error
+from pdiffcopy.local.confinement import refuse_hard_links
+from pdiffcopy.local.filehash import hash_region
+from pdiffcopy.server.bodyreader import open_body
+from pdiffcopy.server.context import HASH_RETRY_AFTER_SECONDS, HASH_SLOT_WAIT_SECONDS, server_state
+from pdiffcopy.server.files import resize_file
+from pdiffcopy.server.requests import MAX_FILE_SIZE, int_arg, path_arg, served
+from pdiffcopy.server.streaming import body_chunks, check_inside
 
 #: The paths and methods of 1.0.1's requests (HEAD as GET: Flask answers both).
 LEGACY_ENDPOINTS = {
@@ -111,172 +112,152 @@ def status_reason(message: str) -> str:
     return text[:MAX_REASON_CHARS]
 
 
-def add_legacy_api(app: Flask, root: Root, leases: Leases, hash_slots: FairSlots, *, enabled: bool,
-                   hash_methods: Tuple[str, ...], write_hard_links: bool) -> None:
-    """Recognise 1.0.1's requests in ``app``: serve them (``enabled``) or refuse them.
-
-    Called last by :func:`pdiffcopy.server.app.create_app`: the token check runs
-    before (1.0.1 requests need the token like any other), and the views it
-    registered are there to reuse.
-    """
-    # Imported here: pdiffcopy.server.app imports this module.
-    from pdiffcopy.server.app import (
-        HASH_RETRY_AFTER_SECONDS,
-        HASH_SLOT_WAIT_SECONDS,
-        MAX_FILE_SIZE,
-        int_arg,
-        path_arg,
-        refuse_hard_links,
-        served,
-    )
-
-    metrics = app.extensions["pdiffcopy.server.metrics"]  # the server's counters (pdiffcopy.server.metrics)
-    # The new API's resize, parameters and all (it answers with jsonify).
-    resize_view = cast(Callable[..., Response], app.view_functions["resize_file"])
-
-    def info(path: str) -> Response:
-        fd = served(root, path).open_descriptor(os.O_RDONLY)
-        try:
-            return jsonify(size=os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-
-    def hashes(path: str) -> Response:
-        method = validate_method(request.args.get("method") or LEGACY_DEFAULT_METHOD)
-        if method not in hash_methods:
-            raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
-                             f"{', '.join(hash_methods)}); choose one with -m")
-        block_size = (int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-                      if "block_size" in request.args else LEGACY_DEFAULT_BLOCK_SIZE)
-        # 1.0.1's concurrency parameter is ignored: hash slots are the server's to share.
-        fd = served(root, path).open_descriptor(os.O_RDONLY)
-        client = request.remote_addr or ""
-        if not hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
-            os.close(fd)
-            raise ServerBusy("Busy: too many hash requests are running; retry later", HASH_RETRY_AFTER_SECONDS)
-        metrics.hash_jobs.inc()
-        size = os.fstat(fd).st_size
-        region = max(block_size, LEGACY_HASH_REGION_BYTES // block_size * block_size)
-        width = digest_size(method)
-
-        def lines() -> Iterator[bytes]:
-            for offset in range(0, size, region):
-                try:
-                    digests = hash_region(fd, offset, min(region, size - offset), block_size, method)
-                except OSError as error:
-                    raise storage_error(error, f"read {path}") from None
-                yield "".join(f"{offset + index * block_size}\t{digests[start:start + width].hex()}\n"
-                              for index, start in enumerate(range(0, len(digests), width))).encode("ascii")
-
-        released: List[bool] = []
-
-        def release() -> None:  # called once the answer is sent, or abandoned
-            if not released:
-                released.append(True)
-                metrics.hash_jobs.dec()
-                hash_slots.release(client)
-                os.close(fd)
-
-        return Response(ClosingIterator(lines(), [release]), mimetype="text/plain")
-
-    def read_block(path: str) -> Response:
-        offset = int_arg("offset", 0, MAX_FILE_SIZE)
-        wanted = int_arg("size", 0, MAX_FILE_SIZE)
-        fd = served(root, path).open_descriptor(os.O_RDONLY)
-        length = max(0, min(wanted, os.fstat(fd).st_size - offset))  # short at the end, as 1.0.1 read
-
-        def chunks() -> Iterator[bytes]:
-            position, end = offset, offset + length
-            while position < end:
-                data = os.pread(fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
-                if not data:
-                    return  # the file shrank: the client sees a short body
-                position += len(data)
-                yield data
-
-        response = Response(ClosingIterator(metrics.served(chunks()), [lambda: os.close(fd)]),
-                            mimetype="application/octet-stream", direct_passthrough=True)
-        response.headers["Content-Length"] = str(length)
-        return response
-
-    def write_block(path: str) -> Response:
-        offset = int_arg("offset", 0, MAX_FILE_SIZE)
-        length = request.content_length
-        if length is None:
-            raise BadRequest("Missing Content-Length")
-        fd = served(root, path).open_descriptor(os.O_WRONLY)
-        try:
-            info = os.fstat(fd)
-            refuse_hard_links(info, path, write_hard_links)
-            with leases.writing(info, None, path):
-                size = os.fstat(fd).st_size
-                if offset + length > size:
-                    # Writes never grow a file (1.0.1's client resizes first): a resize
-                    # checks the free space, a write far out would make a huge sparse file.
-                    raise RangeNotSatisfiable(f"Range {offset}+{length} is outside the file ({size} bytes)",
-                                              size)
-                _receive(fd, offset, length, path)
-                metrics.bytes_received.inc(length)
-        finally:
-            os.close(fd)
-        return jsonify(written=length)
-
-    def resize(path: str) -> Response:
-        return resize_view(path=path)
-
-    views: Dict[str, Callable[[str], Response]] = {
-        "GET /info": info, "GET /hashes": hashes, "GET /blocks": read_block,
-        "POST /blocks": write_block, "POST /resize": resize,
-    }
-
-    @app.before_request
-    def legacy_request() -> Optional[Response]:
-        if not is_legacy_request():
-            return None  # a file of that name, or anything else: the ordinary routes
-        if not enabled:
-            raise BadRequest(REFUSAL)
-        path = legacy_relative_path(path_arg(LEGACY_PARAMETER), root.directory)
-        method = "GET" if request.method == "HEAD" else request.method
-        return views[f"{method} {request.path}"](path)
-
-    @app.after_request
-    def legacy_answer(response: Response) -> Response:
-        """Label the request for the metrics, and put an error's message in the status line,
-        the one part of an error 1.0.1's client shows.
-
-        Registered after the server's own hooks, so it runs before them (Flask runs them in
-        reverse), for refusals and 401s too: the metrics show whether 1.0.1 clients still come.
-        """
-        if not is_legacy_request():
-            return response
-        g.endpoint_label = "legacy" + request.path.replace("/", "_")  # legacy_blocks, legacy_info...
-        if response.status_code < 400:
-            return response
-        if response.status_code == 401:  # the token is checked first: say what helps
-            message = TOKEN_REASON if enabled else REFUSAL
-        else:
-            body = response.get_json(silent=True) if response.is_json else None
-            message = body.get("error", "") if isinstance(body, dict) else ""
-        if message:
-            response.status = f"{response.status_code} {status_reason(message)}"
-        return response
+#: The 1.0.1 API, with no routes of its own: its requests look like files' (``GET /blocks?filename=``),
+#: so it recognises them before routing, and refuses them when ``--legacy-api`` is off.
+legacy = Blueprint("legacy", __name__)
 
 
-def _receive(fd: int, offset: int, length: int, path: str) -> None:
-    """Write the request body (``length`` bytes) at ``offset``."""
-    body = open_body(request.environ, length)
-    buffer = memoryview(bytearray(min(TRANSFER_CHUNK_SIZE, max(1, length))))
+def _info(path: str) -> Response:
+    fd = served(server_state().root, path).open_descriptor(os.O_RDONLY)
     try:
-        position, end = offset, offset + length
-        while position < end:
-            got = body.readinto(buffer[: min(len(buffer), end - position)])
-            if not got:
-                raise BadRequest("The request body ended before its Content-Length")
-            try:
-                write_all(fd, buffer[:got], position)
-            except OSError as error:
-                raise storage_error(error, f"write {path}") from None
-            position += got
+        return jsonify(size=os.fstat(fd).st_size)
     finally:
-        body.finish()
-    start_writeback(fd, offset, length)
+        os.close(fd)
+
+
+def _hashes(path: str) -> Response:
+    state = server_state()
+    hash_methods = state.config.hash_methods
+    method = validate_method(request.args.get("method") or LEGACY_DEFAULT_METHOD)
+    if method not in hash_methods:
+        raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
+                         f"{', '.join(hash_methods)}); choose one with -m")
+    block_size = (int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
+                  if "block_size" in request.args else LEGACY_DEFAULT_BLOCK_SIZE)
+    # 1.0.1's concurrency parameter is ignored: hash slots are the server's to share.
+    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    client = request.remote_addr or ""
+    if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
+        os.close(fd)
+        raise ServerBusy("Busy: too many hash requests are running; retry later", HASH_RETRY_AFTER_SECONDS)
+    state.metrics.hash_jobs.inc()
+    size = os.fstat(fd).st_size
+    region = max(block_size, LEGACY_HASH_REGION_BYTES // block_size * block_size)
+    width = digest_size(method)
+
+    def lines() -> Iterator[bytes]:
+        for offset in range(0, size, region):
+            try:
+                digests = hash_region(fd, offset, min(region, size - offset), block_size, method)
+            except OSError as error:
+                raise storage_error(error, f"read {path}") from None
+            yield "".join(f"{offset + index * block_size}\t{digests[start:start + width].hex()}\n"
+                          for index, start in enumerate(range(0, len(digests), width))).encode("ascii")
+
+    released: List[bool] = []
+
+    def release() -> None:  # called once the answer is sent, or abandoned
+        if not released:
+            released.append(True)
+            state.metrics.hash_jobs.dec()
+            state.hash_slots.release(client)
+            os.close(fd)
+
+    return Response(ClosingIterator(lines(), [release]), mimetype="text/plain")
+
+
+def _read_block(path: str) -> Response:
+    offset = int_arg("offset", 0, MAX_FILE_SIZE)
+    wanted = int_arg("size", 0, MAX_FILE_SIZE)
+    file = served(server_state().root, path)
+    try:
+        # Short at the end, as 1.0.1 read.
+        length = max(0, min(wanted, os.fstat(file.read_descriptor()).st_size - offset))
+    except BaseException:
+        file.close()
+        raise
+
+    def chunks() -> Iterator[bytes]:
+        try:
+            for _, data in file.read_copies([(offset, length)] if length else []):
+                yield data
+        except StorageError:
+            return  # the file shrank: the client sees a short body
+
+    response = Response(ClosingIterator(server_state().metrics.served(chunks()), [file.close]),
+                        mimetype="application/octet-stream", direct_passthrough=True)
+    response.headers["Content-Length"] = str(length)
+    return response
+
+
+def _write_block(path: str) -> Response:
+    state = server_state()
+    offset = int_arg("offset", 0, MAX_FILE_SIZE)
+    length = request.content_length
+    if length is None:
+        raise BadRequest("Missing Content-Length")
+    file = served(state.root, path)
+    try:
+        info = os.fstat(file.write_in_place())
+        refuse_hard_links(info, path, state.config.write_hard_links)
+        with state.leases.writing(info, None, path):
+            # Writes never grow a file (1.0.1's client resizes first): a resize
+            # checks the free space, a write far out would make a huge sparse file.
+            check_inside(offset, length, os.fstat(file.write_in_place()).st_size)
+            body = open_body(request.environ, length)
+            try:
+                file.write_ranges([(offset, length)], body_chunks(
+                    body, offset, length, "The request body ended before its Content-Length"))
+            finally:
+                body.finish()
+            state.metrics.bytes_received.inc(length)
+    finally:
+        file.close()
+    return jsonify(written=length)
+
+
+def _resize(path: str) -> Response:
+    return resize_file(path=path)  # the new API's resize, parameters and all
+
+
+_VIEWS: Dict[str, Callable[[str], Response]] = {
+    "GET /info": _info, "GET /hashes": _hashes, "GET /blocks": _read_block,
+    "POST /blocks": _write_block, "POST /resize": _resize,
+}
+
+
+@legacy.before_app_request
+def legacy_request() -> Optional[Response]:
+    """Serve a 1.0.1 request, or refuse it. Registered after the server's token check,
+    which 1.0.1 requests need like any other."""
+    if not is_legacy_request():
+        return None  # a file of that name, or anything else: the ordinary routes
+    state = server_state()
+    if not state.config.legacy_api:
+        raise BadRequest(REFUSAL)
+    path = legacy_relative_path(path_arg(LEGACY_PARAMETER), state.root.directory)
+    method = "GET" if request.method == "HEAD" else request.method
+    return _VIEWS[f"{method} {request.path}"](path)
+
+
+@legacy.after_app_request
+def legacy_answer(response: Response) -> Response:
+    """Label the request for the metrics, and put an error's message in the status line,
+    the one part of an error 1.0.1's client shows.
+
+    Registered after the server's own hooks, so it runs before them (Flask runs them in
+    reverse), for refusals and 401s too: the metrics show whether 1.0.1 clients still come.
+    """
+    if not is_legacy_request():
+        return response
+    g.endpoint_label = "legacy" + request.path.replace("/", "_")  # legacy_blocks, legacy_info...
+    if response.status_code < 400:
+        return response
+    if response.status_code == 401:  # the token is checked first: say what helps
+        message = TOKEN_REASON if server_state().config.legacy_api else REFUSAL
+    else:
+        body = response.get_json(silent=True) if response.is_json else None
+        message = body.get("error", "") if isinstance(body, dict) else ""
+    if message:
+        response.status = f"{response.status_code} {status_reason(message)}"
+    return response

@@ -166,7 +166,7 @@ def run_server(options: ServerOptions) -> None:
             return app
 
     answer_protocol_errors_in_json()
-    from pdiffcopy.local.fileops import raise_open_file_limit
+    from pdiffcopy.local.descriptors import raise_open_file_limit
 
     # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
     # walks hold one per level; the workers inherit the limit.
@@ -185,10 +185,10 @@ def sweep_root(root: str) -> int:
     """Remove the stale temporaries (of pushes whose client was killed, say) below ``root``.
 
     Before the workers start, so none of this server's writes is in flight;
-    bounded by :data:`~pdiffcopy.local.fileops.SWEEP_MAX_ENTRIES` and
-    :data:`~pdiffcopy.local.fileops.SWEEP_MAX_SECONDS`.
+    bounded by :data:`~pdiffcopy.local.descriptors.SWEEP_MAX_ENTRIES` and
+    :data:`~pdiffcopy.local.descriptors.SWEEP_MAX_SECONDS`.
     """
-    from pdiffcopy.local.fileops import sweep_stale_temporaries
+    from pdiffcopy.local.descriptors import sweep_stale_temporaries
 
     removed = sweep_stale_temporaries(root, recursive=True)
     if removed:
@@ -234,7 +234,7 @@ def answer_protocol_errors_in_json() -> None:
         return
 
     def write_error(sock, status_int: int, reason: str, mesg: str) -> None:
-        from pdiffcopy.server.app import one_line
+        from pdiffcopy.server.requests import one_line
 
         message = one_line(f"{reason}: {mesg}" if mesg else reason)[:1000]
         body = json.dumps({"error": message, "status": status_int}).encode("ascii") + b"\n"

@@ -1,6 +1,6 @@
 """The server's tree endpoints: list, read, write and change a directory tree in batches.
 
-:func:`add_tree_routes` adds four endpoints to the application of
+:data:`trees`, a blueprint, holds four endpoints of the application of
 :mod:`pdiffcopy.server.app`, each for the tree at ``{path}`` below the server's
 root (or the root itself, without ``{path}``):
 
@@ -10,7 +10,7 @@ root (or the root itself, without ``{path}``):
 * ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions.
 
 The work is done by a :class:`~pdiffcopy.local.localtree.LocalTree` confined
-beneath the server's :class:`~pdiffcopy.local.paths.Root`; the views check what
+beneath the server's :class:`~pdiffcopy.local.confinement.Root`; the views check what
 the client sent (entries, operations, bounds) before it reaches it, so a
 malformed request is a 400 (a path leading out a 403), never a 500. The
 token check and the JSON error answers are the application's (server.py).
@@ -27,7 +27,7 @@ import os
 import stat
 from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from flask import Flask, Response, request
+from flask import Blueprint, Response, request
 
 from pdiffcopy.core import compression
 from pdiffcopy.server.bodyreader import open_body
@@ -43,8 +43,8 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.local.localtree import Directories, LocalTree
-from pdiffcopy.server.metrics import ServerMetrics
-from pdiffcopy.local.paths import Root, clean_relative_path
+from pdiffcopy.server.context import server_state
+from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
@@ -84,145 +84,6 @@ logger = logging.getLogger(__name__)
 #: for anyone on the server who runs it. A directory's set-group-ID bit only
 #: passes its group on to new files and stays.
 SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
-
-
-def add_tree_routes(app: Flask, root: Root, trust_clients: bool = False,
-                    write_hard_links: bool = False, metrics: Optional[ServerMetrics] = None,
-                    rate_limit: Optional[TokenBucket] = None) -> None:
-    """Add the tree endpoints, serving the trees below ``root``, to ``app``.
-
-    :param trust_clients: Let clients set owners and set-id bits (else they are
-                          ignored, and the answer says so).
-    :param write_hard_links: Let clients change the metadata of files with
-                             several hard links (else refused per file).
-    :param metrics: Where the file bytes read and written are counted.
-    :param rate_limit: The server's ``--max-rate``, which those bytes are taken from.
-    """
-    policy = _Policy(trust_clients)
-
-    @app.get(f"{PREFIX}/tree/")
-    @app.get(f"{PREFIX}/tree/<path:path>")
-    @storage_failures
-    def tree_list(path: str = ""):
-        """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
-        tree = open_tree(root, path, write_hard_links)
-        # -X/-A: every attribute asked for is listed, security.* and trusted.* too
-        # (what a client may read, as it reads owners and content); applying them is the policy's.
-        tree.list_attributes(metadata_options())
-        try:
-            # The root now: a missing or unreadable tree is an error status.
-            top, directories = tree.walk()
-        except BaseException:
-            tree.close()
-            raise
-
-        def release() -> None:
-            directories.close()
-            tree.close()
-
-        return Response(_ClosingBody(listing_stream(tree, top, directories), release),
-                        mimetype="application/json")
-
-    @app.post(f"{PREFIX}/tree-read/")
-    @app.post(f"{PREFIX}/tree-read/<path:path>")
-    @storage_failures
-    def tree_read(path: str = ""):
-        """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
-        entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
-        check_files_to_read(entries)
-        tree = open_tree(root, path, write_hard_links)
-
-        def stream() -> Iterator[bytes]:
-            # Runs after the view has returned; closes the tree when the
-            # answer is done or abandoned (a client gone mid-stream).
-            try:
-                records = tree.read_files(entries)
-                if metrics is not None:
-                    records = metrics.served(records, size=lambda record: len(record[1] or b""))
-                if rate_limit is not None:
-                    records = _limited(records, rate_limit)
-                if coded:
-                    if metrics is not None:
-                        records = _counted(records, metrics.compressed_bytes.labels("sent"))
-                    yield from compression.compressed_stream(encode_files(records), level)
-                else:
-                    yield from encode_files(records)
-            finally:
-                tree.close()
-
-        # Compressed when the client asks (RFC 9110 content coding of the answer).
-        coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
-        # At the level our client chose from the link it measured (?level=N); 1 for anyone else.
-        level = compression.asked_level(request.args.get(compression.LEVEL_PARAMETER))
-        response = Response(stream(), mimetype="application/octet-stream")
-        response.headers["Vary"] = "Accept-Encoding"
-        if coded:
-            response.headers["Content-Encoding"] = compression.ENCODING
-        return response
-
-    @app.post(f"{PREFIX}/tree-write/")
-    @app.post(f"{PREFIX}/tree-write/<path:path>")
-    @storage_failures
-    def tree_write(path: str = ""):
-        """Write the files of the treewire stream in the body, each whole or not at all."""
-        options, ignored = policy.options(metadata_options())
-        tree = open_tree(root, path, write_hard_links)
-        body = open_body(request.environ, request.content_length)
-        coding = (request.headers.get("Content-Encoding") or "").strip().lower()
-        if coding not in ("", "identity", compression.ENCODING):
-            raise BadRequest(f"Unsupported Content-Encoding: {coding[:100]!r}")
-        stream: Any = _ClientBody(body)
-        if coding == compression.ENCODING:
-            # Decompressed as read; every record's digest is checked before it is written.
-            stream = compression.DecompressingReader(stream, TreeWireError)
-        refusal: List[PdiffcopyError] = []
-
-        def files() -> Iterator[Tuple[Entry, bytes]]:
-            # Only records whose digest matched come out of decode_files: a
-            # corrupt or cut-off record stops the stream before it is written.
-            try:
-                for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
-                    if data is None:
-                        raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
-                    if metrics is not None:
-                        metrics.bytes_received.inc(len(data))
-                        if coding == compression.ENCODING:
-                            metrics.compressed_bytes.labels("received").inc(len(data))
-                    if rate_limit is not None:
-                        rate_limit.take(len(data))
-                    yield policy.entry(entry, ignored), data
-            except PdiffcopyError as problem:
-                refusal.append(problem)  # raised below, even if the tree took it for one failure
-                raise
-
-        try:
-            failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))
-        except PdiffcopyError:
-            if not refusal:
-                raise
-        finally:
-            body.finish()
-            tree.close()
-        if refusal:
-            raise refusal[0]
-        return failures_answer(failures, ignored, tree.take_notices())
-
-    @app.post(f"{PREFIX}/tree-apply/")
-    @app.post(f"{PREFIX}/tree-apply/<path:path>")
-    @storage_failures
-    def tree_apply(path: str = ""):
-        """Run the operations of the body in order; report the ones that failed."""
-        options, ignored = policy.options(metadata_options())
-        operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
-                      for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
-        if not clean_relative_path(path):
-            check_server_root_kept(operations)
-        tree = open_tree(root, path, write_hard_links)
-        try:
-            failures = tree.apply(operations, options)
-        finally:
-            tree.close()
-        return failures_answer(failures, ignored, tree.take_notices())
 
 
 def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: TokenBucket
@@ -487,4 +348,144 @@ class _ClientBody:
             raise BadRequest(f"The request body could not be read: {error}") from None
 
 
-__all__ = ["add_tree_routes"]
+#: The tree endpoints, each for a directory below the root and for the root itself.
+trees = Blueprint("trees", __name__)
+
+
+@trees.get(f"{PREFIX}/tree/")
+@trees.get(f"{PREFIX}/tree/<path:path>")
+@storage_failures
+def tree_list(path: str = ""):
+    """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
+    state = server_state()
+    tree = open_tree(state.root, path, state.config.write_hard_links)
+    # -X/-A: every attribute asked for is listed, security.* and trusted.* too
+    # (what a client may read, as it reads owners and content); applying them is the policy's.
+    tree.list_attributes(metadata_options())
+    try:
+        # The root now: a missing or unreadable tree is an error status.
+        top, directories = tree.walk()
+    except BaseException:
+        tree.close()
+        raise
+
+    def release() -> None:
+        directories.close()
+        tree.close()
+
+    return Response(_ClosingBody(listing_stream(tree, top, directories), release),
+                    mimetype="application/json")
+
+
+@trees.post(f"{PREFIX}/tree-read/")
+@trees.post(f"{PREFIX}/tree-read/<path:path>")
+@storage_failures
+def tree_read(path: str = ""):
+    """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
+    state = server_state()
+    metrics, rate_limit = state.metrics, state.rate_limit
+    entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
+    check_files_to_read(entries)
+    tree = open_tree(state.root, path, state.config.write_hard_links)
+
+    def stream() -> Iterator[bytes]:
+        # Runs after the view has returned; closes the tree when the
+        # answer is done or abandoned (a client gone mid-stream).
+        try:
+            records = tree.read_files(entries)
+            if metrics is not None:
+                records = metrics.served(records, size=lambda record: len(record[1] or b""))
+            if rate_limit is not None:
+                records = _limited(records, rate_limit)
+            if coded:
+                if metrics is not None:
+                    records = _counted(records, metrics.compressed_bytes.labels("sent"))
+                yield from compression.compressed_stream(encode_files(records), level)
+            else:
+                yield from encode_files(records)
+        finally:
+            tree.close()
+
+    # Compressed when the client asks (RFC 9110 content coding of the answer).
+    coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
+    # At the level our client chose from the link it measured (?level=N); 1 for anyone else.
+    level = compression.asked_level(request.args.get(compression.LEVEL_PARAMETER))
+    response = Response(stream(), mimetype="application/octet-stream")
+    response.headers["Vary"] = "Accept-Encoding"
+    if coded:
+        response.headers["Content-Encoding"] = compression.ENCODING
+    return response
+
+
+@trees.post(f"{PREFIX}/tree-write/")
+@trees.post(f"{PREFIX}/tree-write/<path:path>")
+@storage_failures
+def tree_write(path: str = ""):
+    """Write the files of the treewire stream in the body, each whole or not at all."""
+    state = server_state()
+    policy = _Policy(state.config.trust_clients)
+    metrics, rate_limit = state.metrics, state.rate_limit
+    options, ignored = policy.options(metadata_options())
+    tree = open_tree(state.root, path, state.config.write_hard_links)
+    body = open_body(request.environ, request.content_length)
+    coding = (request.headers.get("Content-Encoding") or "").strip().lower()
+    if coding not in ("", "identity", compression.ENCODING):
+        raise BadRequest(f"Unsupported Content-Encoding: {coding[:100]!r}")
+    stream: Any = _ClientBody(body)
+    if coding == compression.ENCODING:
+        # Decompressed as read; every record's digest is checked before it is written.
+        stream = compression.DecompressingReader(stream, TreeWireError)
+    refusal: List[PdiffcopyError] = []
+
+    def files() -> Iterator[Tuple[Entry, bytes]]:
+        # Only records whose digest matched come out of decode_files: a
+        # corrupt or cut-off record stops the stream before it is written.
+        try:
+            for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
+                if data is None:
+                    raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
+                if metrics is not None:
+                    metrics.bytes_received.inc(len(data))
+                    if coding == compression.ENCODING:
+                        metrics.compressed_bytes.labels("received").inc(len(data))
+                if rate_limit is not None:
+                    rate_limit.take(len(data))
+                yield policy.entry(entry, ignored), data
+        except PdiffcopyError as problem:
+            refusal.append(problem)  # raised below, even if the tree took it for one failure
+            raise
+
+    try:
+        failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))
+    except PdiffcopyError:
+        if not refusal:
+            raise
+    finally:
+        body.finish()
+        tree.close()
+    if refusal:
+        raise refusal[0]
+    return failures_answer(failures, ignored, tree.take_notices())
+
+
+@trees.post(f"{PREFIX}/tree-apply/")
+@trees.post(f"{PREFIX}/tree-apply/<path:path>")
+@storage_failures
+def tree_apply(path: str = ""):
+    """Run the operations of the body in order; report the ones that failed."""
+    state = server_state()
+    policy = _Policy(state.config.trust_clients)
+    options, ignored = policy.options(metadata_options())
+    operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
+                  for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
+    if not clean_relative_path(path):
+        check_server_root_kept(operations)
+    tree = open_tree(state.root, path, state.config.write_hard_links)
+    try:
+        failures = tree.apply(operations, options)
+    finally:
+        tree.close()
+    return failures_answer(failures, ignored, tree.take_notices())
+
+
+__all__ = ["trees"]

@@ -29,7 +29,9 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import RemoteError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
-from pdiffcopy.transport.remote import DEFAULT_TIMEOUT, RemoteFile
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
+from pdiffcopy.transport.remote import RemoteFile
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,8 @@ _warned: Set[str] = set()
 
 
 def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
-                timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None) -> RemoteFile:
+                timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
+                rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> RemoteFile:
     """The endpoint of a file URL: a :class:`RemoteFile`, or a :class:`LegacyRemoteFile` on a 1.0.1 server.
 
     Decided here by the file's first request (:meth:`RemoteFile.on_legacy_server`), whose answer
@@ -56,9 +59,13 @@ def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
     the sync instead: the user asked for a server that checks who writes, and 1.0.1 lets anyone
     in. Without one, the token is never sent (1.0.1 has no use for it).
 
+    ``rate_limit`` (``--bwlimit``) holds for either; ``compress`` for a current server (1.0.1
+    sends every byte plain).
+
     :raises RemoteError: For a 1.0.1 server when a token is set.
     """
-    remote = RemoteFile(url, token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
+    remote = RemoteFile(url, token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
+                        rate_limit=rate_limit, compress=compress)
     try:
         if not remote.on_legacy_server():
             return remote
@@ -69,15 +76,16 @@ def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
     if token:
         raise RemoteError(f"{remote.base}: this is a pdiffcopy 1.0.1 server, which cannot check a token; "
                           f"sync without one to use its old API, or upgrade it (see docs/migration.rst)")
-    return LegacyRemoteFile(url, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
+    return LegacyRemoteFile(url, concurrency=concurrency, timeout=timeout, ca_file=ca_file, rate_limit=rate_limit)
 
 
 class LegacyRemoteFile(RemoteFile):
     """A file on a pdiffcopy 1.0.1 server (made by :func:`remote_file` when it finds one)."""
 
     def __init__(self, url: str, concurrency: int = 4, timeout: float = DEFAULT_TIMEOUT,
-                 ca_file: Optional[str] = None) -> None:
-        super().__init__(url, token=None, concurrency=concurrency, timeout=timeout, ca_file=ca_file)
+                 ca_file: Optional[str] = None, rate_limit: Optional[TokenBucket] = None) -> None:
+        super().__init__(url, token=None, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
+                         rate_limit=rate_limit)
         #: By (block size, method): how many writes preceded the fetch, and the digests by offset.
         self._digest_cache: Dict[Tuple[int, str], Tuple[int, Dict[int, bytes]]] = {}
         #: Byte ranges (offset, end) written, in order: what makes cached digests stale.
@@ -115,6 +123,9 @@ class LegacyRemoteFile(RemoteFile):
             logger.warning("%s: this is a pdiffcopy 1.0.1 server; syncing through its old API, without "
                            "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", self.base)
         return FileInfo("file", size, 0, "")
+
+    # Behind the whole-file hashing of submit_hashes, never RemoteFile's request that 1.0.1 does not know.
+    submit_hashes_first = FileEndpoint.submit_hashes_first
 
     def hashes_pieces_cheaply(self) -> bool:
         return False  # a whole-file hash list per piece size, or the data itself (see _legacy_hashes)
@@ -230,6 +241,9 @@ class LegacyRemoteFile(RemoteFile):
 
     def can_copy_within(self, origin: FileEndpoint) -> bool:
         return False  # 1.0.1 cannot copy between files, nor rename a temporary
+
+    # "Unsupported", not RemoteFile's request that 1.0.1 does not know.
+    copy_within = FileEndpoint.copy_within
 
     def flush(self) -> None:
         pass  # 1.0.1 cannot fsync; its writes reach the disk when its kernel decides

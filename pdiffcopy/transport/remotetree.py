@@ -2,7 +2,7 @@
 
 :class:`RemoteTree` speaks the tree endpoints of :mod:`pdiffcopy.server.treeserver`
 (docs/protocol.rst, section Trees) through the transport of
-:mod:`pdiffcopy.transport.remote` (:class:`~pdiffcopy.transport.remote.HttpClient`): the same
+:mod:`pdiffcopy.transport.remote` (:class:`~pdiffcopy.transport.httpclient.HttpClient`): the same
 keep-alive connections, token, TLS, timeouts, 503 retries and one-line
 errors as a file sync. Batches larger than one request may carry are split
 into several requests, in order. Big files go through
@@ -20,20 +20,15 @@ import logging
 import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.transport import wire
+from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.core.jsonstream import JsonStream
-from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.core import compression
-from pdiffcopy.transport.remote import (
-    DEFAULT_TIMEOUT,
-    Compression,
-    HttpClient,
-    RemoteFile,
-    compressing_cores,
-    quote_path,
-    split_server_url,
-)
+from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
+from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
+from pdiffcopy.transport.remote import RemoteFile
+from pdiffcopy.transport.urls import quote_path, split_server_url
 from pdiffcopy.engine.treeendpoints import LINK, Failure, Listing, MetadataOptions, Operation, TreeEndpoint
 from pdiffcopy.core.treeplan import FILE, Entry
 from pdiffcopy.core.treewire import (
@@ -61,16 +56,16 @@ _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
 class RemoteTree(TreeEndpoint):
     """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
 
+    :param rate_limit: The bucket every byte on the wire is taken from (``--bwlimit``): one
+                       for the whole sync, in shared memory for its worker processes.
     :param compress: A mode (``"auto"``, ``"always"``, ``"never"``) or a
-                     :class:`~pdiffcopy.transport.remote.Compression` to share, as
+                     :class:`~pdiffcopy.transport.compressionpolicy.Compression` to share, as
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
     """
 
-    is_remote = True
-
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 compress: "str | Compression" = "auto") -> None:
+                 compress: "str | Compression" = "auto", rate_limit: Optional[TokenBucket] = None) -> None:
         self.location = url
         self.base, path = split_server_url(url)
         #: The tree's path below the server's root ("" for the root itself).
@@ -79,7 +74,7 @@ class RemoteTree(TreeEndpoint):
         self.concurrency = concurrency
         self.timeout = timeout
         self.ca_file = ca_file
-        self.client = HttpClient(self.base, token, timeout, ca_file)
+        self.client = HttpClient(self.base, token, timeout, ca_file, rate_limit)
         #: One for the tree's files: what the first big files showed of the link serves the next.
         self.compression = compress if isinstance(compress, Compression) else Compression(
             compress, self.base, cores=compressing_cores(self.concurrency))
@@ -305,17 +300,10 @@ class RemoteTree(TreeEndpoint):
                           compress=self.compression)
 
     def traffic(self) -> Tuple[int, int]:
-        return wire.totals()
+        return counters.totals()
 
     def add_traffic(self, sent: int, received: int) -> None:
-        wire.add(sent, received)
-
-    def limit_rate(self, bucket: Optional[TokenBucket]) -> None:
-        self.client.rate_limit = bucket
-
-    def compress_with(self, mode: "str | int") -> None:
-        # Batches and big files compress one per transfer in flight, each in its own thread.
-        self.compression = self.compression.with_mode(mode, self.concurrency)
+        counters.add(sent, received)
 
     def close(self) -> None:
         self.client.close()

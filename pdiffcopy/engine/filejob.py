@@ -16,7 +16,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-import os
 import threading
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
@@ -24,23 +23,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from pdiffcopy.core.blocks import (
-    DEFAULT_BLOCK_SIZE,
     BlockPlan,
     ByteRange,
     Segment,
     Similarity,
     batch_ranges,
-    parse_block_size,
     split_digests,
     split_ranges,
-    tree_digest_input,
 )
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.core.compression import check_mode
-from pdiffcopy.core.refine import RefineTally, resolve_piece_size
-from pdiffcopy.engine import chunked
-from pdiffcopy.engine.chunked import check_delta
+from pdiffcopy.core.refine import RefineTally
+from pdiffcopy.engine import chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
+from pdiffcopy.engine.options import FileOptions
 from pdiffcopy.errors import (
     Conflict,
     FileMissing,
@@ -52,14 +47,12 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    FileOptions,
+    block_digests,
     changed_ranges,
-    check_blocks,
-    check_size,
     final_digests,
     give_up,
-    lease_partial,
     iter_data_map,
+    lease_partial,
     log_refinement_stopped,
     move_data,
     move_ranges,
@@ -70,13 +63,10 @@ from pdiffcopy.engine.segments import (
     refine_ranges,
     source_data_bytes,
     source_unchanged,
+    verified_digest,
 )
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.core.hashing import (
-    DEFAULT_HASH_METHOD,
-    digest_bytes,
     digest_size,
-    validate_method,
     verify_method,
     zero_digests,
 )
@@ -85,10 +75,6 @@ if TYPE_CHECKING:
     from concurrent.futures import Executor
 
 logger = logging.getLogger(__name__)
-
-#: Most worker processes or connections a user may ask for.
-MAX_CONCURRENCY = 256
-
 
 class Progress:
     """Counters a progress display reads; the sync only adds to them."""
@@ -126,35 +112,6 @@ class SyncResult:
     seconds: float
 
 
-def file_options(*, block_size: "int | str" = DEFAULT_BLOCK_SIZE, hash_method: str = DEFAULT_HASH_METHOD,
-                 whole_file: bool = False, concurrency: Optional[int] = None, dry_run: bool = False,
-                 atomic: bool = False, cache: str = "auto", bwlimit: "int | str | None" = None,
-                 compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-                 partial: bool = False, delta: str = "blocks", sparse: bool = False) -> FileOptions:
-    """Check the options of a file sync (see :func:`pdiffcopy.api.sync`) before anything opens.
-
-    :param piece_size: None: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides
-                       the block size, else off; a size given must divide it (0: off).
-    :raises UsageError: For a value that makes no sense.
-    """
-    blocks = parse_block_size(block_size)
-    return FileOptions(
-        block_size=blocks,
-        piece_size=resolve_piece_size(piece_size, blocks),
-        hash_method=validate_method(hash_method),
-        whole_file=whole_file,
-        concurrency=check_concurrency(concurrency),
-        dry_run=dry_run,
-        atomic=atomic,
-        cache=_check_cache(cache),
-        bwlimit=bandwidth_limit(bwlimit),
-        compress=check_mode(compress),
-        partial=bool(partial),
-        delta=check_delta(delta),
-        sparse=bool(sparse),
-    )
-
-
 def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
              progress: Optional[Progress] = None) -> SyncResult:
     """Bring the endpoint ``target`` to exactly the bytes of the endpoint ``source``.
@@ -167,33 +124,10 @@ def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
     return _SyncJob(source, target, options, progress or Progress()).run()
 
 
-def sync(source: str, target: str, **options) -> SyncResult:
-    """The same as :func:`pdiffcopy.api.sync` (the name 2.0 documented, kept for its callers)."""
-    from pdiffcopy.api import sync as api_sync  # the one import upwards: see the import contracts
-
-    return api_sync(source, target, **options)
-
-
 def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
                      method: str) -> List[bytes]:
     """Every block digest of ``segments``, in order, from their hashing futures."""
-    size = digest_size(method)
-    return [digest for segment in segments
-            for digest in split_digests(futures[segment.index].result(), size)]
-
-
-def _check_cache(value: str) -> str:
-    if value not in ("auto", "drop", "keep"):
-        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
-    return value
-
-
-def check_concurrency(value: Optional[int]) -> int:
-    if value is None:
-        return max(1, os.cpu_count() or 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
-        raise UsageError(f"Invalid concurrency: {value!r} (expected 1 to {MAX_CONCURRENCY})")
-    return value
+    return block_digests((futures[segment.index] for segment in segments), method)
 
 
 class _SyncJob:
@@ -206,26 +140,12 @@ class _SyncJob:
         self.started = time.monotonic()
         self.source = source
         self.target = target
-        if options.bwlimit:
-            # One bucket for every connection and thread of the sync (the remote
-            # end's hashing and transfer threads alike).
-            bucket = TokenBucket(options.bwlimit)
-            for endpoint in (self.source, self.target):
-                endpoint.limit_rate(bucket)
-        if options.compress != "auto":
-            for endpoint in (self.source, self.target):
-                endpoint.compress_with(options.compress)
         self.pool: Optional[Executor] = None
         local = [e for e in (self.source, self.target) if e.hashes_here()]
         if self.target.can_copy_from(self.source) and (options.whole_file or not target.exists()):
-            # A whole-file copy between local files hashes in a thread beside
-            # the copy: the hash functions release the GIL, forking processes
-            # (and importing multiprocessing) costs more than it saves, and
-            # one thread hashes (10 GB/s here) faster than the kernel copies,
-            # so more only take CPU and disk from the copy. Measured here
-            # (2 CPUs), -c 2 against -c 1 with a thread per -c: 256 MiB 0.244 /
-            # 0.232 s, 1 GiB 0.676 / 0.607 s (medians of 30 / 16), 3 GiB with
-            # --cache drop 9.6 / 6.7 s and 5.7 / 3.0 CPU seconds.
+            # A whole-file copy between local files hashes in one thread beside the
+            # copy: hashing releases the GIL and outruns the kernel's copy, so forked
+            # processes or more threads only take CPU and disk from it (docs/benchmarks.rst).
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="hash")
         elif local:
             # Forked before any thread exists (see FileEndpoint.start_hash_pool).
@@ -289,7 +209,7 @@ class _SyncJob:
         segments = plan.segments()
         self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
         if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
-            self.piece_size = resolve_piece_size(options.piece_size, options.block_size)
+            self.piece_size = options.piece_size
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:
@@ -378,12 +298,12 @@ class _SyncJob:
 
     def _run_chunked(self, plan: BlockPlan, source_info: FileInfo, target_info: FileInfo
                      ) -> Optional[SyncResult]:
-        """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunked`) into a new temporary.
+        """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunkdelta`) into a new temporary.
 
         :returns: None when a side cannot do it (an older server): the blocks then do.
         """
         try:
-            steps = chunked.plan_delta(self.source, self.target, source_info.size, target_info.size)
+            steps = chunkdelta.plan_delta(self.source, self.target, source_info.size, target_info.size)
         except Unsupported as error:
             logger.warning("%s; comparing fixed blocks instead", error)
             return None
@@ -404,7 +324,7 @@ class _SyncJob:
             # Every chunk where it was: nothing to write if the strong digests agree.
             self.progress.phase = "verifying"
             try:
-                digest = chunked.verify(self.source, self.target, plan.size, plan.block_size,
+                digest = chunkdelta.verify(self.source, self.target, plan.size, plan.block_size,
                                         verify_method(self.options.hash_method), self.target.location,
                                         self.progress.add_hashed)
             except VerificationFailed:
@@ -422,13 +342,13 @@ class _SyncJob:
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
-            self.bytes_moved = chunked.build(self.source, self.target, work, steps, self.transfers,
+            self.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
                                              self.progress.add_moved)
             self._log_phase("built: %d bytes sent", self.bytes_moved)
             self.progress.phase = "verifying"
             work.flush()
             try:
-                digest = chunked.verify(self.source, work, plan.size, plan.block_size,
+                digest = chunkdelta.verify(self.source, work, plan.size, plan.block_size,
                                         verify_method(self.options.hash_method), self.target.location,
                                         self.progress.add_hashed)
             except VerificationFailed:
@@ -743,10 +663,7 @@ class _SyncJob:
     def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
                 source_digests: List[bytes], target_digests: Optional[List[bytes]],
                 readback: Dict[int, tuple]) -> str:
-        """Compare a whole-file digest of both sides; return it as hex.
-
-        The digest hashes every block digest in order (a one-level hash tree).
-        """
+        """Check every block of ``work`` against the source's digest (:func:`verified_digest`)."""
         method = verify_method(self.options.hash_method)
         if method != self.options.hash_method and not self.options.whole_file:
             futures = self._hash_all(self.source, segments, method)
@@ -763,10 +680,7 @@ class _SyncJob:
                 target_digests[segment.first_block:segment.first_block + segment.block_count]
                 if known and target_digests is not None else None,
                 ranges, b"".join(future.result() for future in futures), method)
-        check_size(work, plan.size, self.target.location)
-        check_blocks(source_digests, final, self.target.location)
-        return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method,
-                                                      source_digests)).hex()
+        return verified_digest(work, plan, method, source_digests, final, self.target.location)
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
         if not source_unchanged(self.source, before.size, before.mtime_ns):

@@ -22,7 +22,8 @@ from pdiffcopy.errors import (
     StorageError,
     storage_error,
 )
-from pdiffcopy.local.fileops import (
+from pdiffcopy.local.descriptors import (
+    TRANSFER_CHUNK_SIZE,
     RangeReader,
     copy_available,
     copy_range,
@@ -43,8 +44,8 @@ from pdiffcopy.local.fileops import (
     write_sparse,
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
-from pdiffcopy.local.paths import Root, clean_relative_path, has_other_names, open_regular_path
-from pdiffcopy.engine.workers import die_with_parent
+from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
+from pdiffcopy.local.processes import die_with_parent
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
@@ -93,7 +94,7 @@ class LocalFile(FileEndpoint):
     ``LocalFile(path)`` is a file the user named: its path is resolved as
     given, symlinks included. :meth:`below` makes a file confined beneath a
     directory (a tree's member): every open goes through
-    :class:`~pdiffcopy.local.paths.Root` (``openat2`` with ``RESOLVE_BENEATH``,
+    :class:`~pdiffcopy.local.confinement.Root` (``openat2`` with ``RESOLVE_BENEATH``,
     ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
     removed through a descriptor of its directory, so a directory swapped
     for a symlink after the tree was listed can never lead a read or a write
@@ -117,10 +118,6 @@ class LocalFile(FileEndpoint):
         self._lease_fd: Optional[int] = None
         #: Drop what hashing reads from the page cache (set for --cache drop copies).
         self.drop_cache = False
-        #: Set by :meth:`below`: the root, and the path relative to it.
-        self._root: Optional[Root] = None
-        self._relative = ""
-        self._follow = False
         #: How the last copy into a temporary was made (:meth:`create_temporary`'s clone).
         self.clone_method = ""
         #: Turn runs of zeros in what is written into holes (``--sparse``).
@@ -138,17 +135,13 @@ class LocalFile(FileEndpoint):
         :param name: What messages call the file (default: its full path; a
                      server names the path its client asked for, not its root).
         """
-        file = cls(name if name is not None else os.path.join(root.directory, relative), pool)
-        file._root, file._relative, file._follow = root, relative, follow
-        return file
+        return ConfinedFile(root, relative, pool, follow, name)
 
     # -- opening -----------------------------------------------------------
 
     def _open(self, flags: int, mode: int = 0o666) -> int:
-        """Open the file, a regular one only; beneath the root when there is one."""
-        if self._root is None:
-            return open_regular_path(self.path, flags, mode)
-        return self._root.open_regular(self._relative, flags, mode, follow=self._follow)
+        """Open the file, a regular one only."""
+        return open_regular_path(self.path, flags, mode)
 
     def open_descriptor(self, flags: int) -> int:
         """A new descriptor of the file (a regular one only, beneath the root if any); the caller closes it.
@@ -160,64 +153,38 @@ class LocalFile(FileEndpoint):
 
     def open_writer(self) -> "tuple[int, bool]":
         """A new descriptor for writing, the file created if missing; and whether it was."""
-        if self._root is None:
-            created = not os.path.lexists(self.path)
-            return self._open(os.O_WRONLY | os.O_CREAT), created
-        try:
-            return self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL), True
-        except Conflict:  # it exists: update it in place
-            return self._open(os.O_WRONLY), False
+        created = not os.path.lexists(self.path)
+        return self._open(os.O_WRONLY | os.O_CREAT), created
 
     def status(self) -> os.stat_result:
         """The file's ``stat`` (whatever kind it is), symlinks followed as :meth:`below` says.
 
         :raises PdiffcopyError: :class:`~pdiffcopy.errors.FileMissing` when there is none.
         """
-        if self._root is None:
-            try:
-                return os.stat(self.path)
-            except OSError as error:
-                raise storage_error(error, f"access {self.path}") from None
-        fd = self._root.open(self._relative, os.O_PATH | (0 if self._follow else os.O_NOFOLLOW))
         try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
+            return os.stat(self.path)
+        except OSError as error:
+            raise storage_error(error, f"access {self.path}") from None
 
-    def _parent(self) -> "tuple[int, str]":
-        """A descriptor of the confined file's directory (``O_RDONLY``: it can be flushed) and its name.
-
-        :raises AccessDenied: For the root itself, which has no name to rename or remove.
-        """
-        assert self._root is not None
-        relative = clean_relative_path(self._relative, self._root.reserve)
-        if not relative:
-            raise AccessDenied("The root directory itself cannot be changed")
-        parent, _, name = relative.rpartition("/")
-        return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
+    def _name_status(self) -> os.stat_result:
+        """The ``lstat`` of the file's name (a symlink is not followed)."""
+        try:
+            return os.lstat(self.path)
+        except OSError as error:
+            raise storage_error(error, f"open {self.path}") from None
 
     def flush_directory(self) -> None:
         """Flush the directory holding the file, so that its name survives a crash."""
         try:
-            if self._root is None:
-                fsync_directory(os.path.dirname(self.path))
-                return
-            directory, _ = self._parent()
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            self._flush_directory()
         except OSError as error:
             raise storage_error(error, f"flush the directory of {self.path}") from None
 
+    def _flush_directory(self) -> None:
+        fsync_directory(os.path.dirname(self.path))
+
     def exists(self) -> bool:
-        if self._root is None:
-            return os.path.lexists(self.path)
-        try:
-            os.close(self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW))
-        except FileMissing:
-            return False
-        return True
+        return os.path.lexists(self.path)
 
     def stat(self) -> Optional[FileInfo]:
         try:
@@ -241,11 +208,11 @@ class LocalFile(FileEndpoint):
             except PdiffcopyError as error:
                 done.set_exception(error)
             return done
-        if self._root is not None:
-            return self.pool.submit(_hash_below, self._root.directory, self._relative, list(ranges),
-                                    block_size, method)
-        return self.pool.submit(hash_file_ranges, self.path, list(ranges), block_size, method,
-                                self.drop_cache)
+        return self._submit_hashes(self.pool, list(ranges), block_size, method)
+
+    def _submit_hashes(self, pool: "Executor", ranges: List[ByteRange], block_size: int, method: str
+                       ) -> "Future[bytes]":
+        return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache)
 
     def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
         """The block digests of some ranges, hashed in this thread from the open file."""
@@ -303,6 +270,17 @@ class LocalFile(FileEndpoint):
             self._read_fd = self._open(os.O_RDONLY)
         return self._read_fd
 
+    def read_descriptor(self) -> int:
+        """The descriptor the file is read through (opened on first use; :meth:`close` closes it)."""
+        return self._reader()
+
+    def write_in_place(self) -> int:
+        """Open the file, which must exist, for writing in place; the descriptor its writes
+        go through (:meth:`close` closes it)."""
+        if self._write_fd is None:
+            self._write_fd = self._open(os.O_WRONLY)
+        return self._write_fd
+
     def _writer(self) -> int:
         if self._closed:
             raise StorageError(f"Cannot write {self.path}: the sync was stopped")
@@ -347,9 +325,16 @@ class LocalFile(FileEndpoint):
             write_all(fd, data, offset)
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
+        return self._read(ranges, TRANSFER_CHUNK_SIZE, copies=False)
+
+    def read_copies(self, ranges: Iterable[ByteRange], chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Chunk]:
+        """:meth:`read_ranges`, each chunk new ``bytes`` (a response body's consumer may keep them)."""
+        return self._read(ranges, chunk_size, copies=True)
+
+    def _read(self, ranges: Iterable[ByteRange], chunk_size: int, copies: bool) -> Iterator[Chunk]:
         fd = self._reader()
         try:
-            yield from read_chunks(fd, ranges)
+            yield from read_chunks(fd, ranges, chunk_size, copies)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
         except EOFError:
@@ -358,12 +343,14 @@ class LocalFile(FileEndpoint):
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
         fd = self._writer()
         written = 0
-        try:
-            for offset, data in chunks:
+        # Only the writes are this file's errors: the chunks' source (a request body, a
+        # connection) raises its own, a client's timeout included.
+        for offset, data in chunks:
+            try:
                 self._write_chunk(fd, data, offset)
-                written += len(data)
-        except OSError as error:
-            raise storage_error(error, f"write {self.path}") from None
+            except OSError as error:
+                raise storage_error(error, f"write {self.path}") from None
+            written += len(data)
         for offset, length in ranges:
             start_writeback(fd, offset, length)  # the final fsync then has little left
         return written
@@ -488,9 +475,9 @@ class LocalFile(FileEndpoint):
         except Conflict:
             partial = self._sibling(partial_name)[0]
             try:
-                info = os.lstat(partial.path) if partial._root is None else partial.status()
-            except OSError as error:
-                raise storage_error(error, f"open {partial.path}") from None
+                info = partial._name_status()
+            except PdiffcopyError as error:
+                raise error from None  # not the Conflict that led here
             # Checked by name here, and opened by name later: a race only someone who
             # can write the target's directory can run, and they could replace the target.
             if not stat_module.S_ISREG(info.st_mode):
@@ -505,16 +492,12 @@ class LocalFile(FileEndpoint):
                  relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
         """The endpoint of a hidden sibling named by ``naming`` (or at ``relative`` beneath the root)."""
         parent, name = os.path.split(self.path)
-        if self._root is None:
-            sibling = LocalFile(os.path.join(parent, naming(name)), self.pool, temporary=True)
-            return sibling, None
-        display: Optional[str] = relative
-        if relative is None:
-            head, sibling_name = self._relative.rpartition("/")[0], naming(name)
-            relative = f"{head}/{sibling_name}" if head else sibling_name
-        sibling = LocalFile.below(self._root, relative, self.pool, name=display)
-        sibling.temporary = True
-        return sibling, display
+        return LocalFile(os.path.join(parent, naming(name)), self.pool, temporary=True), None
+
+    def _directory_and_name(self) -> "tuple[Optional[int], str]":
+        """A descriptor of the directory to make, rename or remove the file in (None: the
+        working directory's paths), and the file's name there; the caller closes the descriptor."""
+        return None, self.path
 
     def _create_sibling(self, naming: Callable[[str], str], relative: Optional[str] = None) -> "tuple[LocalFile, int]":
         """Create the sibling :meth:`_sibling` names, exclusively (:class:`Conflict` when it exists)."""
@@ -522,7 +505,7 @@ class LocalFile(FileEndpoint):
         # A confined one is made, renamed and removed by name in its directory, the
         # directory opened beneath the root each time (not held open: a tree sync
         # prepares every big file's temporary up front).
-        directory, name = (None, sibling.path) if sibling._root is None else sibling._parent()
+        directory, name = sibling._directory_and_name()
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                          dir_fd=directory)
@@ -571,18 +554,17 @@ class LocalFile(FileEndpoint):
         try:
             if held is not None:
                 _lock_or_refuse(held, other.path)
-            if self._root is None or other._root is None:
-                replace_atomically(self.path, other.path)
-                return
-            source_directory, source_name = self._parent()
+            source_directory, source_name = self._directory_and_name()
             try:
-                directory, name = other._parent()
+                directory, name = other._directory_and_name()
                 try:
                     replace_atomically(source_name, name, source_directory, directory)
                 finally:
-                    os.close(directory)
+                    if directory is not None:
+                        os.close(directory)
             finally:
-                os.close(source_directory)
+                if source_directory is not None:
+                    os.close(source_directory)
         except OSError as error:
             raise storage_error(error, f"rename {self.path} to {other.path}") from None
         finally:
@@ -603,13 +585,11 @@ class LocalFile(FileEndpoint):
         :raises PdiffcopyError: :class:`~pdiffcopy.errors.FileMissing` when it is gone, and the like.
         """
         try:
-            if self._root is None:
-                os.unlink(self.path)
-            else:
-                directory, name = self._parent()
-                try:
-                    os.unlink(name, dir_fd=directory)
-                finally:
+            directory, name = self._directory_and_name()
+            try:
+                os.unlink(name, dir_fd=directory)
+            finally:
+                if directory is not None:
                     os.close(directory)
         except OSError as error:
             raise storage_error(error, f"remove {self.path}") from None
@@ -623,6 +603,74 @@ class LocalFile(FileEndpoint):
                     os.close(fd)
                 except OSError:
                     pass
+
+
+class ConfinedFile(LocalFile):
+    """A :class:`LocalFile` beneath a root directory, opened only beneath it (:meth:`LocalFile.below`)."""
+
+    def __init__(self, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
+                 name: Optional[str] = None) -> None:
+        super().__init__(name if name is not None else os.path.join(root.directory, relative), pool)
+        self._root, self._relative, self._follow = root, relative, follow
+
+    def _open(self, flags: int, mode: int = 0o666) -> int:
+        return self._root.open_regular(self._relative, flags, mode, follow=self._follow)
+
+    def open_writer(self) -> "tuple[int, bool]":
+        try:
+            return self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL), True
+        except Conflict:  # it exists: update it in place
+            return self._open(os.O_WRONLY), False
+
+    def status(self) -> os.stat_result:
+        fd = self._root.open(self._relative, os.O_PATH | (0 if self._follow else os.O_NOFOLLOW))
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def _name_status(self) -> os.stat_result:
+        return self.status()  # a sibling is never followed
+
+    def _directory_and_name(self) -> "tuple[Optional[int], str]":
+        """A descriptor of the file's directory (``O_RDONLY``: it can be flushed) and its name.
+
+        :raises AccessDenied: For the root itself, which has no name to rename or remove.
+        """
+        relative = clean_relative_path(self._relative, self._root.reserve)
+        if not relative:
+            raise AccessDenied("The root directory itself cannot be changed")
+        parent, _, name = relative.rpartition("/")
+        return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
+
+    def _flush_directory(self) -> None:
+        directory, _ = self._directory_and_name()
+        assert directory is not None
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def exists(self) -> bool:
+        try:
+            os.close(self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW))
+        except FileMissing:
+            return False
+        return True
+
+    def _submit_hashes(self, pool: "Executor", ranges: List[ByteRange], block_size: int, method: str
+                       ) -> "Future[bytes]":
+        return pool.submit(_hash_below, self._root.directory, self._relative, ranges, block_size, method)
+
+    def _sibling(self, naming: Callable[[str], str],
+                 relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
+        display: Optional[str] = relative
+        if relative is None:
+            head, sibling_name = self._relative.rpartition("/")[0], naming(os.path.basename(self.path))
+            relative = f"{head}/{sibling_name}" if head else sibling_name
+        sibling = ConfinedFile(self._root, relative, self.pool, name=display)
+        sibling.temporary = True
+        return sibling, display
 
 
 #: The roots a hashing process has opened, by directory (one descriptor each, kept).

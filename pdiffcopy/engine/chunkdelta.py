@@ -24,25 +24,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Optional, Sequence
 
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_digests, split_ranges, tree_digest_input
-from pdiffcopy.core.hashing import digest_bytes, digest_size
+from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_ranges
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    check_blocks,
-    check_size,
+    block_digests,
     move_ranges,
     prepare_work,
     punch_holes_of,
     source_data_bytes,
+    verified_digest,
 )
-from pdiffcopy.errors import Unsupported, UsageError
-
-#: The delta modes, by ``--delta`` name: fixed blocks compared in place (the default, best for
-#: files changed in place: disk images, databases), or content-defined chunks (files whose
-#: bytes move: archives, logs, dumps).
-DELTA_MODES = ("blocks", "chunks")
-DEFAULT_DELTA = "blocks"
+from pdiffcopy.errors import Unsupported
 
 #: Most bytes one copy request copies on the target's side: the server copies them inside
 #: the kernel (a GiB in about a second here), so a request stays well inside the timeout.
@@ -50,16 +43,6 @@ COPY_REQUEST_BYTES = 1024 * 1024 * 1024
 
 #: Most moves one copy request names (12 to 40 bytes of JSON each: a body under 1 MiB).
 COPY_REQUEST_MOVES = 16384
-
-
-def check_delta(mode: str) -> str:
-    """``mode`` if it names a delta mode.
-
-    :raises UsageError: Naming the modes there are.
-    """
-    if mode not in DELTA_MODES:
-        raise UsageError(f"Invalid delta mode: {mode!r} (expected {' or '.join(DELTA_MODES)})")
-    return mode
 
 
 def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int) -> List[cdc.Step]:
@@ -148,12 +131,7 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
         for ranges, futures in zip(segments, zip(ours, theirs)):
             for future in futures:
                 future.add_done_callback(_counter(on_hashed, ranges[0][1]))
-    width = digest_size(method)
-    source_digests = [d for future in ours for d in split_digests(future.result(), width)]
-    work_digests = [d for future in theirs for d in split_digests(future.result(), width)]
-    check_size(work, size, location)
-    check_blocks(source_digests, work_digests, location)
-    return digest_bytes(method, tree_digest_input(size, block_size, method, source_digests)).hex()
+    return verified_digest(work, plan, method, block_digests(ours, method), block_digests(theirs, method), location)
 
 
 def _counter(on_hashed: Callable[[int], None], length: int) -> Callable[[Future], None]:
@@ -179,5 +157,5 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     return sent
 
 
-__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "DEFAULT_DELTA", "DELTA_MODES", "build", "check_delta",
+__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "build",
            "plan_delta", "sync_file", "verify"]

@@ -11,8 +11,9 @@ import logging
 import os
 import stat
 import time
-from typing import Callable, Iterable, Iterator, Optional, Tuple
+from typing import Iterable, Iterator, Optional, Tuple
 
+from pdiffcopy.local import libc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.datamap import zero_runs
 # The temporary-name scheme and the transfer chunk are the protocol's (the client names
@@ -172,26 +173,30 @@ def sweep_stale_temporaries(directory: str, recursive: bool = False,
     return removed
 
 
-def read_chunks(fd: int, ranges: Iterable[ByteRange],
-                chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Tuple[int, memoryview]]:
+def read_chunks(fd: int, ranges: Iterable[ByteRange], chunk_size: int = TRANSFER_CHUNK_SIZE,
+                copies: bool = False) -> "Iterator[Tuple[int, bytes | memoryview]]":
     """Read ranges of a file as (offset, chunk) pairs.
 
-    The chunks are views of one reused buffer: consume each before asking for
-    the next.
+    The chunks are views of one reused buffer (consume each before asking for
+    the next), or with ``copies`` new ``bytes`` each (for a caller that keeps
+    them, as a response body's consumer may).
 
     :raises OSError: When reading fails.
     :raises EOFError: When the file is shorter than a range (it shrank).
     """
-    buffer = bytearray(chunk_size)
-    view = memoryview(buffer)
+    view = None if copies else memoryview(bytearray(chunk_size))
     for offset, length in ranges:
         position, end = offset, offset + length
         while position < end:
-            got = os.preadv(fd, [view[: min(chunk_size, end - position)]], position)
-            if got <= 0:
+            wanted = min(chunk_size, end - position)
+            if view is None:
+                chunk: "bytes | memoryview" = os.pread(fd, wanted, position)
+            else:
+                chunk = view[: os.preadv(fd, [view[:wanted]], position)]
+            if not chunk:
                 raise EOFError(f"file ended at {position} bytes, before {end}")
-            yield position, view[:got]
-            position += got
+            yield position, chunk
+            position += len(chunk)
 
 
 def write_all(fd: int, data: "bytes | memoryview", offset: int) -> None:
@@ -298,42 +303,6 @@ def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
     return position - offset
 
 
-class _Libc:
-    """The few libc functions Python's os module lacks, loaded on first use."""
-
-    _loaded = False
-    sync_file_range: Callable[..., int] | None = None
-    fallocate: Callable[..., int] | None = None
-
-    @classmethod
-    def load(cls) -> type[_Libc]:
-        if not cls._loaded:
-            cls._loaded = True
-            try:
-                import ctypes
-
-                libc = ctypes.CDLL(None, use_errno=True)
-                for name in ("sync_file_range", "fallocate"):
-                    function = getattr(libc, name, None)
-                    if function is not None:
-                        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
-                                             ctypes.c_uint] if name == "sync_file_range" else \
-                            [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-                        function.restype = ctypes.c_int
-                        setattr(cls, name, function)
-            except (ImportError, OSError):
-                pass  # no ctypes or no libc: the callers have fallbacks
-        return cls
-
-
-def _call_libc(function: Callable[..., int], *args: int) -> None:
-    import ctypes
-
-    if function(*args) != 0:
-        number = ctypes.get_errno()
-        raise OSError(number, os.strerror(number))
-
-
 def start_writeback(fd: int, offset: int, length: int) -> None:
     """Start writing a just-written range to disk, without waiting for it.
 
@@ -342,7 +311,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     system that refuses it (or a system without sync_file_range) is simply
     left to write back later.
     """
-    function = _Libc.load().sync_file_range
+    function = libc.sync_file_range()
     if function is not None and length > 0 and fast_paths_enabled():
         function(fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
@@ -362,10 +331,10 @@ def reserve(fd: int, offset: int, length: int) -> None:
     """
     if length <= 0:
         return
-    function = _Libc.load().fallocate
+    function = libc.fallocate()
     try:
         if function is not None:
-            _call_libc(function, fd, 0, offset, length)
+            libc.call(function, fd, 0, offset, length)
         elif hasattr(os, "posix_fallocate"):
             os.posix_fallocate(fd, offset, length)
     except OSError as error:
@@ -420,11 +389,11 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     """
     if length <= 0:
         return True
-    function = _Libc.load().fallocate
+    function = libc.fallocate()
     if function is None or not fast_paths_enabled():
         return False
     try:
-        _call_libc(function, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+        libc.call(function, fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
     except OSError as error:
         if error.errno in REFUSALS:
             return False

@@ -8,7 +8,7 @@ between a check and the open for a swapped-in symlink to exploit. Symlinks
 that stay inside the root work.
 
 Where ``openat2`` is missing (Linux < 5.6, other systems), or the fast paths
-are turned off (:func:`~pdiffcopy.local.fileops.fast_paths_enabled`), the fallback
+are turned off (:func:`~pdiffcopy.local.descriptors.fast_paths_enabled`), the fallback
 walks the path one component at a time with ``O_NOFOLLOW``: stricter (it
 refuses every symlink) but equally safe.
 """
@@ -22,7 +22,8 @@ import stat
 from typing import Optional, Tuple
 
 from pdiffcopy.errors import AccessDenied, BadRequest, FileMissing, NotAFile, storage_error
-from pdiffcopy.local.fileops import fast_paths_enabled
+from pdiffcopy.local import libc
+from pdiffcopy.local.descriptors import fast_paths_enabled
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH, RESERVED_NAME
 
 
@@ -42,21 +43,19 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
-_libc = None
 _have_openat2: Optional[bool] = None
 
 
 def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.function("syscall")
+    if syscall is None:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), path)
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
                    _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
-    fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how),
+    fd = syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how),
                        ctypes.sizeof(how))
     if fd < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), path)
+        raise libc.last_error(path)
     return fd
 
 

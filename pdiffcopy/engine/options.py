@@ -1,0 +1,171 @@
+"""The options of a file sync and of a tree sync, and their one check.
+
+:class:`FileOptions` says how one file is synced; :class:`TreeOptions` extends
+it with what only a tree has. Both check and normalise their values when made
+(sizes such as ``"1M"`` become bytes, the piece size is resolved against the
+block size, a bad value raises :class:`~pdiffcopy.errors.UsageError`), so that
+whoever makes them (:mod:`pdiffcopy.api`, the command line, a library caller of
+the engine) gets the same rules, and the engine reads checked values only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE, parse_block_size
+from pdiffcopy.core.compression import check_mode
+from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD, validate_method
+from pdiffcopy.core.ratelimit import bandwidth_limit
+from pdiffcopy.core.refine import resolve_piece_size
+from pdiffcopy.engine.treeendpoints import MetadataOptions
+from pdiffcopy.errors import UsageError
+
+#: Most worker processes or connections a user may ask for.
+MAX_CONCURRENCY = 256
+
+#: Workers (processes, connections) when the caller names none: two keeps a
+#: tree sync's listing, planning and first units overlapped on the smallest
+#: machines; the command line and :func:`pdiffcopy.sync` default to the CPU count.
+DEFAULT_CONCURRENCY = 2
+
+#: The delta modes, by ``--delta`` name: fixed blocks compared in place (the default, best for
+#: files changed in place: disk images, databases), or content-defined chunks (files whose
+#: bytes move: archives, logs, dumps).
+DELTA_MODES = ("blocks", "chunks")
+DEFAULT_DELTA = "blocks"
+
+#: Page cache policies of whole-file copies between local files.
+CACHE_MODES = ("auto", "drop", "keep")
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How one file is synced; a tree sync's options (:class:`TreeOptions`) extend these.
+
+    Checked when made: see the module's docstring.
+    """
+
+    #: Bytes, or a size such as ``"1MiB"`` (:func:`~pdiffcopy.core.blocks.parse_block_size`).
+    block_size: "int | str" = DEFAULT_BLOCK_SIZE
+    hash_method: str = DEFAULT_HASH_METHOD
+    #: Skip the comparison and copy every block.
+    whole_file: bool = False
+    #: None: the CPU count.
+    concurrency: Optional[int] = DEFAULT_CONCURRENCY
+    #: Only compare and report; change nothing.
+    dry_run: bool = False
+    #: Write a temporary sibling and rename it over the target at the end.
+    atomic: bool = False
+    #: Page cache policy of whole-file copies between local files (auto, drop or keep).
+    cache: str = "auto"
+    #: Most bytes per second on the network, both directions, all workers together: an int or
+    #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
+    #: no limit. Local files and trees ignore it. Bytes per second (0: none) once checked.
+    bwlimit: "int | str | None" = None
+    #: zstd on the wire: "auto" (when it pays), "always" (-z), "never" (--no-compress) or a
+    #: level (--compress-level: always, at that level).
+    compress: "str | int" = "auto"
+    #: Changed blocks are hashed again in pieces of this size (bytes, or ``"4K"``) and only the
+    #: pieces that differ move (:mod:`pdiffcopy.core.refine`); 0: off; None:
+    #: :data:`~pdiffcopy.core.refine.DEFAULT_PIECE_SIZE` where it divides the block size.
+    #: Bytes (0: off) once checked.
+    piece_size: "int | str | None" = None
+    #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
+    #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
+    partial: bool = False
+    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
+    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunkdelta).
+    delta: str = DEFAULT_DELTA
+    #: Also turn runs of zeros (whole file system blocks) in the data written into holes
+    #: (rsync's ``-S``); the source's own holes stay holes either way.
+    sparse: bool = False
+
+    def __post_init__(self) -> None:
+        # The one check. It is idempotent: dataclasses.replace() checks a checked value again.
+        block_size = parse_block_size(self.block_size)
+        checked = dict(
+            block_size=block_size,
+            piece_size=resolve_piece_size(self.piece_size, block_size),
+            hash_method=validate_method(self.hash_method),
+            concurrency=check_concurrency(self.concurrency),
+            cache=check_cache(self.cache),
+            bwlimit=bandwidth_limit(self.bwlimit),
+            compress=check_mode(self.compress),
+            delta=check_delta(self.delta),
+            partial=bool(self.partial),
+            sparse=bool(self.sparse),
+        )
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # (frozen)
+
+
+@dataclass(frozen=True)
+class TreeOptions(FileOptions):
+    """Everything a tree sync can be asked to do differently: a file's options, and these.
+
+    Of the file options, ``cache`` is not used: big members go by ranges, never by a whole-file copy.
+    """
+
+    times: bool = False
+    owner: bool = False
+    checksum: bool = False
+    delete: bool = False
+    force: bool = False
+    fsync: bool = False
+    xattrs: bool = False  # -X: extended attributes
+    acls: bool = False  # -A: POSIX ACLs
+    numeric_ids: bool = False  # ACL entries by number between hosts, not by name
+    hard_links: bool = False  # -H: names sharing a file in the source share one in the target
+    includes: Tuple[str, ...] = ()
+    excludes: Tuple[str, ...] = ()
+    rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
+    files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
+
+    @property
+    def metadata(self) -> MetadataOptions:
+        return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
+                               acls=self.acls, numeric_ids=self.numeric_ids)
+
+
+def file_options(*, concurrency: Optional[int] = None, **values) -> FileOptions:
+    """The options of a file sync (see :func:`pdiffcopy.api.sync`), checked before anything opens.
+
+    As :class:`FileOptions`, but without ``concurrency`` a file sync takes every CPU.
+
+    :raises UsageError: For a value that makes no sense.
+    """
+    return FileOptions(concurrency=concurrency, **values)
+
+
+def check_concurrency(value: Optional[int]) -> int:
+    """``value`` workers, or the CPU count for None.
+
+    :raises UsageError: Outside 1 to :data:`MAX_CONCURRENCY`.
+    """
+    if value is None:
+        return max(1, os.cpu_count() or 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise UsageError(f"Invalid concurrency: {value!r} (expected 1 to {MAX_CONCURRENCY})")
+    return value
+
+
+def check_cache(value: str) -> str:
+    if value not in CACHE_MODES:
+        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
+    return value
+
+
+def check_delta(mode: str) -> str:
+    """``mode`` if it names a delta mode.
+
+    :raises UsageError: Naming the modes there are.
+    """
+    if mode not in DELTA_MODES:
+        raise UsageError(f"Invalid delta mode: {mode!r} (expected {' or '.join(DELTA_MODES)})")
+    return mode
+
+
+__all__ = ["CACHE_MODES", "DEFAULT_CONCURRENCY", "DEFAULT_DELTA", "DELTA_MODES", "MAX_CONCURRENCY", "FileOptions",
+           "TreeOptions", "check_concurrency", "file_options"]

@@ -1,0 +1,420 @@
+"""Runs a tree sync's plan: the steps in order here, the queue of units in worker processes.
+
+Workers are forked processes, not threads: per-file work is a dozen system
+calls and the Python around them, which threads would serialise on the GIL
+(measured: 2 threads copied 10,000 small files slower than 1, 2 processes
+1.8x faster). They take unit numbers from one shared counter; the plan
+itself is inherited through the fork, never pickled.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import signal
+import time
+from typing import Dict, List, Optional
+
+from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
+from pdiffcopy.engine.options import TreeOptions
+from pdiffcopy.errors import PdiffcopyError, StorageError
+from pdiffcopy.engine.segments import (
+    TRANSFER_REQUEST_BYTES,
+    open_partial,
+    prepare_work,
+    source_data_bytes,
+)
+from pdiffcopy.engine.treeendpoints import (
+    DELETE,
+    METADATA,
+    MKDIR,
+    REMOVE,
+    Failure,
+    Operation,
+    TreeEndpoint,
+)
+from pdiffcopy.engine.workers import (
+    STOP_SIGNALS,
+    Worker,
+    WorkerFailed,
+    WorkerStart,
+    request_stop,
+    stop_requests,
+    stop_workers,
+)
+from pdiffcopy.core.treeplan import (
+    DIR,
+    REASON_NEW,
+    Entry,
+    FileAction,
+    LinkAction,
+    TreePlan,
+    is_under,
+)
+from pdiffcopy.engine.treeunits import FULL_STOP, BigFile, TreeProgress, TreeResult, Unit, UnitWorker, traffic
+
+logger = logging.getLogger(__name__)
+
+#: A file at least this big, with an older version in the target, goes
+#: through the block engine; smaller ones are cheaper to copy whole.
+DELTA_MIN_SIZE = 8 * 1024 * 1024
+
+#: A new file at least this big is copied in ranges of this size by several workers.
+RANGE_SIZE = DEFAULT_SEGMENT_SIZE
+
+#: A batch of small files: at most this many, or this many bytes (one request
+#: each way for remote trees: big enough to hide the round trip; the same
+#: bound as one transfer of a big file's ranges).
+BATCH_FILES = 256
+BATCH_BYTES = TRANSFER_REQUEST_BYTES
+
+#: Deletions and metadata changes per batch.
+BATCH_OPERATIONS = 512
+
+#: Units below this total are run in this process: forking costs more than it saves.
+INLINE_BYTES = 4 * 1024 * 1024
+INLINE_FILES = 64
+
+
+
+def log_phase(started: float, message: str, *args) -> None:
+    logger.debug("%.3f s: " + message, time.monotonic() - started, *args)
+
+
+class Runner:
+    """Runs one plan: the sequential steps here, the queue in worker processes."""
+
+    def __init__(self, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
+                 plan: TreePlan, progress: TreeProgress, result: TreeResult,
+                 on_worker_start: Optional[WorkerStart] = None) -> None:
+        self.source = source
+        self.on_worker_start = on_worker_start
+        self.target = target
+        self.options = options
+        self.plan = plan
+        self.progress = progress
+        self.result = result
+        self.meta = options.metadata
+        self.big: List[BigFile] = []
+        self.units: List[Unit] = []
+        self.source_root: Optional[Entry] = None
+        self.started = time.monotonic()
+        self.announced: set = set()
+
+    # -- sequential steps --------------------------------------------------
+
+    def run(self, target_missing: bool) -> None:
+        plan = self.plan
+        progress = self.progress
+        progress.phase = "preparing"
+        if target_missing:
+            failures = self.target.apply([Operation(MKDIR, Entry("", DIR, 0, 0, 0o40755))], self.meta)
+            if failures:
+                raise StorageError(f"Cannot create {self.target.location}: {failures[0][1]}")
+        operations = [Operation(REMOVE, entry) for entry in plan.removals] + \
+            [Operation(MKDIR, entry) for entry in plan.directories]
+        failed_directories = self._apply(operations)
+        self.result.directories_made = len(plan.directories) - len(failed_directories)
+        log_phase(self.started, "made %d directories", self.result.directories_made)
+        self._build_units(failed_directories)
+        log_phase(self.started, "queued %d units", len(self.units))
+        progress.files_total = len(plan.files)
+        progress.bytes_total = plan.bytes_to_copy
+        progress.phase = "copying"
+        try:
+            self._run_units()
+        except BaseException:
+            for big in self.big:  # the ones a worker did not finish (renamed or removed)
+                big.give_up(announce=False)  # some may be done: not named one by one
+            if any(big.partial for big in self.big):
+                logger.warning("Kept the partial files of the big files not done; run again with "
+                               "--partial (-P) to resume")
+            raise
+        for big in self.big:
+            big.work.close()  # forked workers ended the leases; our copies of them go too
+        log_phase(self.started, "ran the queue")
+        progress.phase = "finishing"
+        self._link(plan.links, failed_directories)
+        directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
+        self.result.deleted += len(directories) - len(self._apply(
+            [Operation(DELETE, entry) for entry in directories]))
+        self._apply([Operation(METADATA, fix.source) for fix in self._directory_fixes()]
+                    + self._root_fix())
+        log_phase(self.started, "deleted and set directory metadata")
+
+    def delete_everything(self, remove_root: bool) -> None:
+        files = [e for e in self.plan.deletions if e.kind != DIR]
+        directories = self._deletable([e for e in self.plan.deletions if e.kind == DIR])
+        self.progress.files_total = len(files)
+        self.progress.phase = "deleting"
+        self.units = [Unit(0, "delete", tuple(files[i:i + BATCH_OPERATIONS]))
+                      for i in range(0, len(files), BATCH_OPERATIONS)]
+        self._run_units()
+        failed = self._apply([Operation(DELETE, entry) for entry in directories])
+        self.result.deleted += len(directories) - len(failed)
+        if remove_root and not self.result.failures:
+            self._apply([Operation(DELETE, Entry("", DIR, 0, 0, 0o40755))])
+
+    def _link(self, links: List[LinkAction], failed_directories: set) -> None:
+        """Link the other names of hard-link groups (-H), now that every group's file is in place.
+
+        After the queue, whichever worker wrote a group's file; a name whose
+        group's file (or own directory) failed is a failure of its own, not a
+        link to an old file.
+        """
+        if not links:
+            return
+        failed = {path for path, _ in self.result.failures} | failed_directories
+        operations = []
+        for link in links:
+            if link.leader in failed:
+                self.result.failures.append((link.path, f"not linked: {link.leader!r} was not copied"))
+            elif failed_directories and is_under(link.source.parent, failed_directories):
+                self.result.failures.append((link.path, "its directory could not be made"))
+            else:
+                operations.append(link.operation())
+        self.result.linked += len(operations) - len(self._apply(operations))
+        log_phase(self.started, "linked %d name(s)", self.result.linked)
+
+    def _deletable(self, directories: List[Entry]) -> List[Entry]:
+        """The directories to delete, less those holding what the listings could not list.
+
+        Such a directory cannot be emptied: trying would add a "Directory not
+        empty" failure for it and each of its parents to the one that says why.
+        """
+        holding = set()
+        for path, _ in self.result.failures:
+            while path and path not in holding:
+                holding.add(path)
+                path = path.rpartition("/")[0]
+        return [entry for entry in directories if entry.path not in holding]
+
+    def _apply(self, operations: List[Operation]) -> set:
+        """Apply operations in batches, in order; return the paths that failed."""
+        failed: List[Failure] = []
+        for start in range(0, len(operations), BATCH_OPERATIONS * 8):
+            failed += self.target.apply(operations[start:start + BATCH_OPERATIONS * 8], self.meta)
+        self.result.failures += failed
+        return {path for path, _ in failed}
+
+    def _root_fix(self) -> List[Operation]:
+        """The target root's own permissions (and time, owner), as rsync -a sets them.
+
+        Not for a server's root directory, which the server keeps as it is.
+        """
+        root = self.source_root
+        if root is None or not self.target.may_change_root():
+            return []
+        return [Operation(METADATA, root._replace(path=""))]
+
+    def _directory_fixes(self):
+        """Directory metadata, deepest first: with -t every directory whose contents changed too."""
+        touched = set()
+        if self.options.times:
+            changed_paths = [a.path for a in self.plan.files] + \
+                [e.path for e, _ in self.plan.symlinks] + [e.path for e in self.plan.deletions] + \
+                [link.path for link in self.plan.links] + \
+                [e.path for e in self.plan.directories] + [e.path for e in self.plan.removals]
+            touched = {path.rpartition("/")[0] for path in changed_paths}
+        for fix in self.plan.directory_metadata:
+            if fix.changes or fix.source.path in touched:
+                yield fix
+
+    # -- the queue ---------------------------------------------------------
+
+    def _build_units(self, failed_directories: set) -> None:
+        small: List[FileAction] = []
+        for action in self.plan.files:
+            if failed_directories and is_under(action.source.parent, failed_directories):
+                self.result.failures.append((action.path, "its directory could not be made"))
+                continue
+            size = action.source.size
+            if size >= DELTA_MIN_SIZE and action.reason != REASON_NEW and not self.options.whole_file:
+                if self.options.delta == "chunks" and action.target is not None and action.target.size:
+                    self._add_chunked(action)
+                else:
+                    self._add_big(action, delta=True)
+            elif size >= RANGE_SIZE and not (action.source.sparse and self._copies_locally):
+                self._add_big(action, delta=False)
+            elif size >= RANGE_SIZE:  # copied whole, hole by hole, as one unit
+                self.units.append(Unit(size, "files", (action,)))
+            else:
+                small.append(action)
+        # Batches keep path order (neighbours share directories); the queue then
+        # runs them by weight.
+        small.sort(key=lambda a: a.path)
+        batch: List[FileAction] = []
+        weight = 0
+        for action in small:
+            batch.append(action)
+            weight += action.source.size
+            if len(batch) >= BATCH_FILES or weight >= BATCH_BYTES:
+                self.units.append(Unit(weight, "files", tuple(batch)))
+                batch, weight = [], 0
+        if batch:
+            self.units.append(Unit(weight, "files", tuple(batch)))
+        links = [entry for entry, _ in self.plan.symlinks]
+        for start in range(0, len(links), BATCH_OPERATIONS):
+            self.units.append(Unit(0, "links", tuple(links[start:start + BATCH_OPERATIONS])))
+        fixes = [fix.source for fix in self.plan.metadata]
+        for start in range(0, len(fixes), BATCH_OPERATIONS):
+            self.units.append(Unit(0, "metadata", tuple(fixes[start:start + BATCH_OPERATIONS])))
+        files = [e for e in self.plan.deletions if e.kind != DIR]
+        for start in range(0, len(files), BATCH_OPERATIONS):
+            self.units.append(Unit(0, "delete", tuple(files[start:start + BATCH_OPERATIONS])))
+        self.units.sort(key=lambda unit: unit.weight, reverse=True)
+
+    @property
+    def _copies_locally(self) -> bool:
+        """Whether files go from the source tree to the target by the kernel (whole, holes kept)."""
+        return self.target.can_copy_files_from(self.source)
+
+    def _add_big(self, action: FileAction, delta: bool) -> None:
+        """Prepare a big file (temporary, size) and queue its parts."""
+        try:
+            source = self.source.file_endpoint(action.path)
+            target = self.target.file_endpoint(action.path)
+            # A target with other names gets a new file (-H): written in place it would
+            # change names outside its group too (and a server refuses that).
+            temporary = not delta or self.options.atomic or \
+                (self.options.hard_links and action.target is not None and action.target.nlink > 1)
+            partial = False
+            if not temporary:
+                # Updated in place: nobody else may write it until its last part is
+                # checked, or the blocks it leaves alone could change unseen.
+                target.take_lease()
+            if temporary and self.options.partial:
+                # Leased from the start (its segments are read back by several
+                # workers as they finish): a killed push's next run may wait for it.
+                work, resumed, partial = open_partial(target, clone=delta)
+                delta = delta or resumed  # what a killed run left is compared, not copied again
+            else:
+                work = target.create_temporary(clone=delta) if temporary else target
+            if self.options.sparse:
+                work.write_sparse(True)
+            big = BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
+                           partial)
+            try:
+                prepare_work(work, action.source.size,
+                             source_data_bytes(source, action.source.size) if action.source.sparse else None,
+                             self.options.sparse)
+            except BaseException:
+                big.give_up()
+                raise
+        except PdiffcopyError as error:
+            self.result.failures.append((action.path, str(error)))
+            return
+        index = len(self.big)
+        # A changed file goes by segments of the block engine; a new one by
+        # segments of RANGE_SIZE, copied whole and read back.
+        plan = BlockPlan(action.source.size, self.options.block_size,
+                         *(() if delta else (max(RANGE_SIZE, self.options.block_size),)))
+        segments = plan.segments()
+        self.big.append(BigFile(action, plan, source, work, target, temporary, len(segments) or 1, partial))
+        for segment in segments or [Segment(0, 0, 0, 0, 0)]:
+            self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
+
+    def _add_chunked(self, action: FileAction) -> None:
+        """Queue a big changed file for the shift-tolerant delta: one unit, into a new temporary."""
+        try:
+            source = self.source.file_endpoint(action.path)
+            target = self.target.file_endpoint(action.path)
+            work = target.create_temporary(clone=False)
+        except PdiffcopyError as error:
+            self.result.failures.append((action.path, str(error)))
+            return
+        index = len(self.big)
+        self.big.append(BigFile(action, BlockPlan(action.source.size, self.options.block_size), source, work,
+                                 target, True, 1))
+        self.units.append(Unit(action.source.size, "chunks", (index, 0)))
+
+    def _run_units(self) -> None:
+        if not self.units:
+            return
+        small_job = sum(u.weight for u in self.units) < INLINE_BYTES and \
+            sum(len(u.items) for u in self.units if u.kind != "range" and u.kind != "delta") < INLINE_FILES
+        workers = min(self.options.concurrency, len(self.units))
+        if workers <= 1 or small_job:
+            state = UnitWorker(self, 0, *self._part_counters())
+            with stop_requests():
+                for index in range(len(self.units)):
+                    if state.full:
+                        break
+                    state.run(self.units[index])
+            self._collect(state.failures, state.counts)
+            return
+        self._run_forked(workers)
+
+    def _part_counters(self):
+        """Per big file: parts left to do, and whether one failed (shared by forked workers)."""
+        context = multiprocessing.get_context("fork")
+        return (context.Array("i", [b.parts for b in self.big] or [0]),
+                context.Array("i", [0] * (len(self.big) or 1)))
+
+    def _run_forked(self, workers: int) -> None:
+        context = multiprocessing.get_context("fork")
+        next_unit = context.Value("q", 0)
+        parts_left, parts_failed = self._part_counters()
+
+        def work(slot: int) -> tuple:
+            # The parent killed outright: stop at once (on_worker_start). What the worker was
+            # writing stays as a temporary, which later runs sweep. Ctrl-C or a stop from the
+            # parent: unwind after the unit in hand, so the file being written loses its
+            # temporary instead of leaving it behind.
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, request_stop)
+            for tree in (self.source, self.target):
+                tree.enter_worker()
+            state = UnitWorker(self, slot, parts_left, parts_failed)
+            while True:
+                with next_unit.get_lock():
+                    index = next_unit.value
+                    next_unit.value += 1
+                if index >= len(self.units):
+                    break
+                state.run(self.units[index])
+                if state.full:  # no worker takes another unit
+                    with next_unit.get_lock():
+                        next_unit.value = len(self.units)
+            state.counts["wire_sent"], state.counts["wire_received"] = traffic(self.source, self.target)
+            return state.failures, state.counts, self.target.take_notices()
+
+        started: List[Worker] = []
+        try:
+            for slot in range(workers):
+                started.append(Worker(functools.partial(work, slot), self.on_worker_start))
+            for worker in started:
+                try:
+                    failures, counts, notices = worker.answer()
+                except WorkerFailed:
+                    self.result.failures.append(("", "a worker process died; run again to finish"))
+                    continue
+                self._collect(failures, counts)
+                self.announce(notices)
+        except BaseException:
+            stop_workers([worker.pid for worker in started])
+            raise
+
+    def announce(self, notices: List[str]) -> None:
+        """Say what the target could not keep (attributes, say), each kind once however many workers met it."""
+        for notice in notices:
+            if notice not in self.announced:
+                self.announced.add(notice)
+                logger.warning("%s: %s", self.target.location, notice)
+
+    def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
+        if counts.get("full") and not any(path == "" and message.startswith(FULL_STOP)
+                                          for path, message in self.result.failures):
+            self.result.failures.append(("", f"{FULL_STOP}; free some space and run again"))
+        self.result.failures += failures
+        self.result.files_copied += counts.get("files", 0)
+        self.result.bytes_moved += counts.get("bytes", 0)
+        self.result.deleted += counts.get("deleted", 0)
+        self.result.metadata_fixed += counts.get("metadata", 0)
+        self.result.unchanged += counts.get("unchanged", 0)
+        for tree in (self.source, self.target):  # a worker's bytes on the wire, counted here
+            tree.add_traffic(counts.get("wire_sent", 0), counts.get("wire_received", 0))
+
+
+__all__ = ["Runner", "log_phase"]
