@@ -222,6 +222,34 @@ class TreeEnds:
             else LocalTree(str(self.target))
         return source, target
 
+    def sync_engine(self, options):
+        """Run the engine's tree sync between :meth:`trees` with ``options``; close both after."""
+        from pdiffcopy.engine import treesync
+
+        trees = self.trees()
+        try:
+            return treesync.sync_tree(*trees, options)
+        finally:
+            for tree in trees:
+                tree.close()
+
+
+@pytest.fixture
+def ramfs(tmp_path):
+    """A mounted ramfs: no fallocate (holes cannot be punched) and no extended attributes.
+
+    Skipped where it cannot be mounted (not root, or no ramfs).
+    """
+    if os.geteuid() != 0:
+        pytest.skip("mounting a file system needs root")
+    mount = tmp_path / "ramfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a ramfs: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
 
 @pytest.fixture(params=TREE_MODES)
 def ends(request, tmp_path, unique) -> TreeEnds:

@@ -154,12 +154,7 @@ def test_a_big_group_is_written_once_by_the_workers_and_linked(ends, monkeypatch
     options = treesync.TreeOptions(times=True, concurrency=2, block_size=64 * 1024, hard_links=True)
 
     def run():
-        trees = ends.trees()
-        try:
-            return treesync.sync_tree(*trees, options)
-        finally:
-            for tree in trees:
-                tree.close()
+        return ends.sync_engine(options)
 
     first = run()
     assert not first.failures

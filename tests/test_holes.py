@@ -264,22 +264,9 @@ def test_holes_are_never_read_from_the_source(tmp_path, resync):
     assert int(cached.strip()) <= 64 * MIB, cached
 
 
-@pytest.fixture
-def unpunchable(tmp_path):
-    """A mounted file system that cannot punch holes (ramfs: no fallocate at all); skipped where none can be."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a file system")
-    mount = tmp_path / "ramfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "ramfs", "ramfs", str(mount)], capture_output=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount ramfs: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
 
-
-def test_a_file_system_that_cannot_punch_gets_zeros_and_one_warning(unpunchable, tmp_path, caplog):
-    source, target = tmp_path / "source.img", unpunchable / "target.img"
+def test_a_file_system_that_cannot_punch_gets_zeros_and_one_warning(ramfs, tmp_path, caplog):
+    source, target = tmp_path / "source.img", ramfs / "target.img"
     size, extents = LAYOUTS["scattered"]
     expected = make_sparse(source, size, extents)
     target.write_bytes(random_bytes(size, seed=9))  # old data in the source's holes: they must be zeroed
@@ -341,21 +328,21 @@ def test_zero_runs_are_whole_units_and_the_zero_edges_of_partly_covered_ones():
     assert zero_runs(b"", 0, unit) == []
 
 
-def test_a_server_that_cannot_punch_writes_zeros_and_the_client_warns_once(unpunchable, tmp_path, caplog):
+def test_a_server_that_cannot_punch_writes_zeros_and_the_client_warns_once(ramfs, tmp_path, caplog):
     from conftest import start_server
 
     source = tmp_path / "source.img"
     size, extents = LAYOUTS["scattered"]
     expected = make_sparse(source, size, extents)
-    (unpunchable / "target.img").write_bytes(random_bytes(size, seed=9))
-    server = start_server(unpunchable, tmp_path / "server.log")
+    (ramfs / "target.img").write_bytes(random_bytes(size, seed=9))
+    server = start_server(ramfs, tmp_path / "server.log")
     try:
         with caplog.at_level(logging.WARNING):
             result = sync(str(source), server.url("target.img"), block_size=BLOCK, concurrency=2)
     finally:
         server.stop()
     assert result.verified
-    assert (unpunchable / "target.img").read_bytes() == expected
+    assert (ramfs / "target.img").read_bytes() == expected
     warnings = [r for r in caplog.records if "cannot punch holes" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
 

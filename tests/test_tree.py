@@ -501,12 +501,7 @@ def test_big_files_go_by_ranges_then_by_block_delta(ends, monkeypatch):
     options = treesync.TreeOptions(times=True, concurrency=2, block_size=64 * 1024)
 
     def run():
-        trees = ends.trees()
-        try:
-            return treesync.sync_tree(*trees, options)
-        finally:
-            for tree in trees:
-                tree.close()
+        return ends.sync_engine(options)
 
     first = run()
     assert not first.failures
