@@ -317,6 +317,8 @@ class RunResult:
 
     seconds: float
     max_rss_kib: int
+    #: User and system CPU seconds of the tool and every descendant it waited for.
+    cpu_seconds: float = 0.0
 
 
 def run_tool(
@@ -350,7 +352,8 @@ def run_tool(
         raise BenchmarkError(
             "command failed with exit status %s: %s\n%s" % (process.returncode, shlex.join(command), tail(log_path))
         )
-    return RunResult(seconds=elapsed, max_rss_kib=rusage.ru_maxrss)
+    return RunResult(seconds=elapsed, max_rss_kib=rusage.ru_maxrss,
+                     cpu_seconds=rusage.ru_utime + rusage.ru_stime)
 
 
 def install_signal_handlers() -> None:

@@ -9,6 +9,12 @@ workload and tool the report gives the median wall time, the bytes that crossed 
 (both directions, from the veth counters: headers, hashes and retransmissions included)
 and the efficiency: the rate the tool reached on the wire against the link's rate.
 
+The ``*-ssh-*`` tools go through an OpenSSH server (``sshd``) started in the server's
+namespace with throwaway keys: ``rsync -e ssh`` and ``pdiffcopy HOST:PATH`` then use the same
+sshd, client and cipher (``--ssh-cipher``). For them the report adds the CPU seconds of the
+ssh clients and of sshd (the remote program's own CPU taken out), from small wrappers that
+record what their child used.
+
 Needs root and iproute2 (``ip``, ``tc``). Everything it creates (two namespaces, the veth
 pair, the servers, the data) is removed at the end, also on Ctrl-C or an error. Every
 result is checked by size and sha256 outside the timing. Run with --help for the options.
@@ -37,7 +43,7 @@ SERVER_IP = "10.213.7.1"
 CLIENT_IP = "10.213.7.2"
 
 # Fixed ports are safe: the namespaces are ours alone.
-OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT, OURS_CDC_PORT = 8101, 8102, 8103, 8873, 8104
+OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT, OURS_CDC_PORT, SSH_PORT = 8101, 8102, 8103, 8873, 8104, 8022
 
 # The token bucket holds 10 ms of the rate (at least 64 KiB): tbf needs a bucket of at least
 # one timer tick's worth of bytes to reach its rate, and a bigger one would let bursts
@@ -67,9 +73,14 @@ TEXT_VOCABULARY = 2000
 TEXT_ZIPF = 1.2
 
 # ours-cdc: our client with --delta chunks (the shift-tolerant delta), against a server of its own.
+# *-ssh-*: through sshd in the server's namespace (pdiffcopy HOST:PATH, rsync -e ssh).
 TOOLS = ("ours-pull", "ours-push", "ours-cdc-pull", "ours-cdc-push", "baseline-pull", "baseline-push",
          "original-pull", "original-push",
-         "rsync-pull", "rsync-push", "rsync-z-pull", "rsync-z-push")
+         "rsync-pull", "rsync-push", "rsync-z-pull", "rsync-z-push",
+         "ours-ssh-pull", "ours-ssh-push", "rsync-ssh-pull", "rsync-ssh-push", "rsync-ssh-z-pull", "rsync-ssh-z-push")
+SSH_FAMILIES = {"ours-ssh", "rsync-ssh", "rsync-ssh-z"}
+# The cipher both ssh tools use; aes128-gcm is the fastest with AES-NI.
+DEFAULT_SSH_CIPHER = "aes128-gcm@openssh.com"
 DEFAULT_TOOLS = ("ours-pull", "ours-push", "original-pull", "rsync-pull", "rsync-z-pull")
 
 
@@ -173,6 +184,101 @@ class Server:
                 self.process.wait(benchlib.SERVER_STOP_TIMEOUT)
             benchlib.kill_group(self.process, 9)
             self.process.wait()
+
+
+# A wrapper that runs its arguments as a child and, once the child has ended, appends the
+# child's CPU (user, system; bash's `times`) to $1: a signal to the wrapper goes on to the
+# child, and the child keeps the wrapper's stdin (ssh and the remote program talk over it).
+CPU_WRAPPER = """#!/bin/bash
+log=$1; shift
+"$@" <&0 &
+child=$!
+trap 'kill -TERM $child 2>/dev/null' TERM HUP INT
+while :; do wait $child; status=$?; kill -0 $child 2>/dev/null || break; done
+times >> "$log"
+exit $status
+"""
+
+
+def cpu_logged(path: Path) -> float:
+    """The CPU seconds of the children the wrapper's log `path` holds.
+
+    bash's `times` writes two lines, the shell's own CPU then its children's (user, system,
+    e.g. ``0m1.230s 0m0.040s``); only the second of each pair counts. (Not through a pipe:
+    a builtin in a pipeline runs in a subshell, which has no children.)
+    """
+    total = 0.0
+    if path.exists():
+        for line in path.read_text().splitlines()[1::2]:
+            for field in line.split():
+                minutes, _, seconds = field.rstrip("s").partition("m")
+                total += 60 * float(minutes) + float(seconds)
+    return total
+
+
+class SshSetup:
+    """sshd in the server's namespace, throwaway keys, and the commands that reach it.
+
+    `rsh` is the ssh command line both rsync (-e) and pdiffcopy (-e) use; `remote_ours` and
+    `remote_rsync` are the remote programs (through the CPU wrapper). CPU logs: `ssh_cpu`
+    (every ssh client), `remote_cpu` (the remote programs); sshd's own CPU is its master's
+    reaped children less the remote programs'.
+    """
+
+    def __init__(self, logs: Path, cipher: str, ours: "benchlib.OursInstallation") -> None:
+        self.dir = logs / "ssh"
+        self.dir.mkdir(mode=0o700)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.dir / "host_key")])
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.dir / "user_key")])
+        (self.dir / "authorized_keys").write_text((self.dir / "user_key.pub").read_text())
+        self.config = self.dir / "sshd_config"
+        self.config.write_text("\n".join([
+            "ListenAddress %s:%i" % (SERVER_IP, SSH_PORT), "HostKey %s" % (self.dir / "host_key"),
+            "AuthorizedKeysFile %s" % (self.dir / "authorized_keys"), "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
+            "PidFile %s" % (self.dir / "sshd.pid"), "Ciphers %s" % cipher, "LogLevel ERROR", ""]))
+        wrapper = self.dir / "cpu-wrapper"
+        wrapper.write_text(CPU_WRAPPER)
+        self.ssh_cpu, self.remote_cpu = self.dir / "ssh-cpu.log", self.dir / "remote-cpu.log"
+        ssh = self.dir / "ssh"
+        ssh.write_text("#!/bin/sh\nexec %s %s /usr/bin/ssh \"$@\"\n" % (wrapper, self.ssh_cpu))
+        self.rsh = shlex.join([str(ssh), "-F", "none", "-p", str(SSH_PORT), "-i", str(self.dir / "user_key"),
+                               "-c", cipher, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                               "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+        self.remote_ours = self.dir / "remote-pdiffcopy"
+        self.remote_ours.write_text("#!/bin/sh\nexport PYTHONPATH=%s\nexec %s %s %s\n" % (
+            shlex.quote(ours.env.get("PYTHONPATH", "")), wrapper, self.remote_cpu,
+            shlex.join(ours.command) + ' "$@"'))
+        self.remote_rsync = self.dir / "remote-rsync"
+        self.remote_rsync.write_text("#!/bin/sh\nexec %s %s rsync \"$@\"\n" % (wrapper, self.remote_cpu))
+        for program in (wrapper, ssh, self.remote_ours, self.remote_rsync):
+            program.chmod(0o755)
+        # sshd refuses to start without its privilege separation directory.
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        self.server = Server("sshd", ["/usr/sbin/sshd", "-D", "-e", "-f", str(self.config)], SSH_PORT,
+                             logs / "sshd.log")
+
+    def sshd_children_cpu(self) -> float:
+        """CPU seconds of the sshd master's reaped children (its sessions and what they ran)."""
+        assert self.server.process is not None
+        fields = Path("/proc/%i/stat" % self.server.process.pid).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+
+    def start_run(self) -> float:
+        for path in (self.ssh_cpu, self.remote_cpu):
+            path.unlink(missing_ok=True)
+        return self.sshd_children_cpu()
+
+    def end_run(self, sshd_before: float) -> "tuple[float, float]":
+        """(ssh clients' CPU, sshd's own CPU) of the run since start_run."""
+        # The session's sshd is reaped a moment after the client's end.
+        deadline = time.monotonic() + 2
+        remote = cpu_logged(self.remote_cpu)
+        sshd = self.sshd_children_cpu() - sshd_before
+        while sshd < remote and time.monotonic() < deadline:
+            time.sleep(0.05)
+            sshd = self.sshd_children_cpu() - sshd_before
+        return cpu_logged(self.ssh_cpu), max(0.0, sshd - remote)
 
 
 @dataclass
@@ -292,7 +398,8 @@ def build_tools(args, work: Path, link: Link, logs: Path):
         tools.append(Tool(family + "-push", "push", lambda s, t: prefix + [str(s), url + str(t.relative_to(work))],
                           env))
 
-    if families & {"ours", "ours-cdc"}:
+    ssh: Optional[SshSetup] = None
+    if families & {"ours", "ours-cdc", "ours-ssh"}:
         ours, reason = benchlib.find_ours()
         if ours is None:
             raise BenchmarkError(reason)
@@ -332,17 +439,43 @@ def build_tools(args, work: Path, link: Link, logs: Path):
                               lambda s, t, r=rsync, u=url: r(s) + [u + str(s.relative_to(work)), str(t)]))
             tools.append(Tool(family + "-push", "push",
                               lambda s, t, r=rsync, u=url: r(s) + [str(s), u + str(t.relative_to(work))]))
-    return servers, [tool for tool in tools if tool.name in args.tools]
+    if families & SSH_FAMILIES:
+        ours, reason = benchlib.find_ours()
+        if ours is None and "ours-ssh" in families:
+            raise BenchmarkError(reason)
+        ssh = SshSetup(logs, args.ssh_cipher, ours)
+        servers.append(ssh.server)
+        host = "root@%s:" % SERVER_IP
+        prefix = (ours.command if ours else []) + ["-e", ssh.rsh, "--remote-pdiffcopy", str(ssh.remote_ours)]
+        env = dict(ours.env, XDG_RUNTIME_DIR=str(logs)) if ours else None
+        tools.append(Tool("ours-ssh-pull", "pull", lambda s, t: prefix + args.ours_args + [host + str(s), str(t)],
+                          env))
+        tools.append(Tool("ours-ssh-push", "push", lambda s, t: prefix + args.ours_args + [str(s), host + str(t)],
+                          env))
+        for family, extra in (("rsync-ssh", []), ("rsync-ssh-z", ["-z"])):
+            def rsync_ssh(source: Path, extra=extra) -> List[str]:
+                options = [o for o in benchlib.RSYNC_OPTIONS if not (SHIFTED in source.name and o == "--inplace")]
+                return ["rsync", *options, *extra, "-e", ssh.rsh, "--rsync-path", str(ssh.remote_rsync),
+                        *args.rsync_args]
+
+            tools.append(Tool(family + "-pull", "pull", lambda s, t, r=rsync_ssh: r(s) + [host + str(s), str(t)]))
+            tools.append(Tool(family + "-push", "push", lambda s, t, r=rsync_ssh: r(s) + [str(s), host + str(t)]))
+    return servers, [tool for tool in tools if tool.name in args.tools], ssh
 
 
 @dataclass
 class Sample:
     seconds: float
     wire: int
+    #: CPU seconds of the client (every process it waited for, its ssh clients too).
+    cpu: float = 0.0
+    #: CPU seconds of the ssh clients and of sshd (its sessions, less the remote program), or None.
+    ssh_cpu: Optional[float] = None
+    sshd_cpu: Optional[float] = None
 
 
 def measure(tool: Tool, workload: Workload, link: Link, work: Path, logs: Path, expected: str,
-            warm_up: bool) -> Sample:
+            warm_up: bool, ssh: Optional[SshSetup] = None) -> Sample:
     """One run of `tool` on `workload` (after an untimed warm-up run if asked); checks the result."""
     # The puller's target lives on the client's side, the pusher's on the server's; both
     # are under `work` here, since both namespaces share this machine's file systems.
@@ -352,12 +485,20 @@ def measure(tool: Tool, workload: Workload, link: Link, work: Path, logs: Path, 
     for _timed in runs:
         benchlib.fresh_target(workload.base or target, target, workload.base is not None)
         benchlib.read_through(workload.source)
+        through_ssh = ssh is not None and "-ssh-" in tool.name
+        sshd_before = ssh.start_run() if through_ssh else 0.0
         before = link.wire_bytes()
         result = benchlib.run_tool(link.in_client(tool.command(workload.source, target)), log_path, tool.env)
         wire = link.wire_bytes() - before
+        ssh_cpu, sshd_cpu = ssh.end_run(sshd_before) if through_ssh else (None, None)
     benchlib.verify_copy(target, expected, workload.source.stat().st_size, "%s on %s" % (tool.name, workload.name))
     target.unlink()
-    return Sample(result.seconds, wire)
+    return Sample(result.seconds, wire, result.cpu_seconds, ssh_cpu, sshd_cpu)
+
+
+def median_cpu(samples: List[Sample], field: str) -> str:
+    values = [getattr(sample, field) for sample in samples]
+    return "-" if None in values else "%.2f" % statistics.median(values)
 
 
 def report(args, machine: str, versions: List[str], results: Dict, workloads: List[Workload],
@@ -369,13 +510,17 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
         % (BURST_SECONDS * 1000, QUEUE_LATENCY),
         "- rsync: `%s` against an rsync daemon; on the shifted workloads without `--inplace`"
         % shlex.join(benchlib.RSYNC_OPTIONS),
+        "- *-ssh-*: through OpenSSH's sshd in the server's namespace, cipher %s; their time / rsync and "
+        "bytes / rsync are against rsync -e ssh through the same sshd" % args.ssh_cipher,
+        "- CPU: client = the client process and every process it waited for (its ssh clients too); "
+        "ssh = the ssh clients; sshd = sshd's sessions less the remote program they ran",
         "- each cell: median of %i run(s)%s; bytes: both directions on the link, from the veth counters"
         % (args.rounds, ", each after an untimed warm-up run" if args.warm_up else ""),
         "- efficiency: bytes on the link x 8 / time / link rate (100 % = the link was full all the time)", ""]
     for rate in args.rates:
         lines += ["## %s" % format_rate(rate), ""]
         header = ["workload", "tool", "median s", "best s", "MiB on the link", "efficiency", "time / rsync",
-                  "bytes / rsync"]
+                  "bytes / rsync", "client CPU s", "ssh CPU s", "sshd CPU s"]
         rows = []
         for workload in workloads:
             cells = {tool.name: results[(rate, workload.name, tool.name)] for tool in tools
@@ -386,12 +531,16 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
                 samples = cells.get(tool.name)
                 if not samples:
                     continue
-                seconds, rsync_time = medians[tool.name], medians.get("rsync-" + tool.direction)
+                # Through ssh, against rsync through the same sshd.
+                reference = ("rsync-ssh-" if "-ssh-" in tool.name else "rsync-") + tool.direction
+                seconds, rsync_time = medians[tool.name], medians.get(reference)
                 wire = wires[tool.name]
                 rows.append([workload.name, tool.name, "%.2f" % seconds, "%.2f" % min(s.seconds for s in samples),
                              "%.3f" % (wire / 2**20), "%.0f %%" % (100 * wire * 8 / seconds / rate),
                              benchlib.format_ratio(seconds, rsync_time),
-                             benchlib.format_ratio(wire, wires.get("rsync-" + tool.direction))])
+                             benchlib.format_ratio(wire, wires.get(reference)),
+                             median_cpu(samples, "cpu"), median_cpu(samples, "ssh_cpu"),
+                             median_cpu(samples, "sshd_cpu")])
         lines += [benchlib.markdown_table(header, rows), ""]
     lines.append("Load average (1, 5, 15 min): %s at the start, %s at the end."
                  % (start_load, benchlib.load_averages()))
@@ -418,6 +567,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ours-args", default="", type=shlex.split, help="extra options for our client")
     parser.add_argument("--ours-server-args", default="", type=shlex.split, help="extra options for our server")
     parser.add_argument("--rsync-args", default="", type=shlex.split, help="extra options for rsync")
+    parser.add_argument("--ssh-cipher", default=DEFAULT_SSH_CIPHER,
+                        help="the cipher of the *-ssh-* tools, client and server (default %s)" % DEFAULT_SSH_CIPHER)
     parser.add_argument("--workdir", default=Path("/var/tmp"), type=Path,
                         help="where the data directory is made (default /var/tmp)")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
@@ -440,7 +591,7 @@ def main(argv=None) -> int:
         workloads = prepare_workloads(data, args.workloads, args.size, args.shift_size, args.seed)
         expected = {w.name: benchlib.sha256_file(w.source) for w in workloads}
         with Link() as link:
-            servers, tools = build_tools(args, work, link, logs)
+            servers, tools, ssh = build_tools(args, work, link, logs)
             for server in servers:
                 server.start(link)
             start_load = benchlib.load_averages()
@@ -452,7 +603,8 @@ def main(argv=None) -> int:
                         # Alternate the order of the tools from round to round.
                         order = tools if round_number % 2 == 0 else list(reversed(tools))
                         for tool in order:
-                            sample = measure(tool, workload, link, work, logs, expected[workload.name], args.warm_up)
+                            sample = measure(tool, workload, link, work, logs, expected[workload.name], args.warm_up,
+                                             ssh)
                             log("%s %s %s: %.2f s, %.1f MiB on the link" % (
                                 format_rate(rate), workload.name, tool.name, sample.seconds, sample.wire / 2**20))
                             results.setdefault((rate, workload.name, tool.name), []).append(sample)
@@ -460,6 +612,8 @@ def main(argv=None) -> int:
                 server.stop()
         versions = benchlib.tool_versions(
             ["rsync"] if any(t.name.startswith("rsync") for t in tools) else [], None, None)
+        if ssh is not None:
+            versions.append(subprocess.run(["ssh", "-V"], capture_output=True, text=True).stderr.strip())
         text = report(args, machine, versions, results, workloads, tools, start_load)
         print(text, end="")
         if args.output:
