@@ -295,3 +295,23 @@ def test_a_segment_hashes_both_sides_at_once(server, tmp_path, unique, direction
     assert (local_path if direction == "pull" else remote_path).read_bytes() == bytes(new)
     assert hashes.started >= 2
     assert remote.waited_in_vain == 0, "one side's hashes were waited for before the other side hashed"
+
+
+def test_the_steps_are_written_once():
+    """The file job, the content-defined delta and a tree's units run the steps of SegmentSteps.
+
+    Each used to hash, compare, move and verify with loops of its own: a fix to one (the
+    hole shortcut, progress counting, the read-back rule) missed the others.
+    """
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    steps = {"submit_hashes", "hash_ranges", "zero_digests", "block_digests", "changed_ranges",
+             "refine_ranges", "final_digests", "check_blocks", "verified_digest"}
+    for module, also in (("pdiffcopy.engine.filejob", {"move_data", "move_ranges", "data_map"}),
+                         ("pdiffcopy.engine.chunkdelta", set()), ("pdiffcopy.engine.treeunits", set())):
+        tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)} | \
+            {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        assert not used & (steps | also), f"{module} runs steps of its own: {sorted(used & (steps | also))}"

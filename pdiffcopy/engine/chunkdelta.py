@@ -28,12 +28,11 @@ from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_ranges
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    block_digests,
+    SegmentSteps,
     move_ranges,
     prepare_work,
     punch_holes_of,
     source_data_bytes,
-    verified_digest,
 )
 from pdiffcopy.errors import Unsupported
 
@@ -123,24 +122,7 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
     :returns: The whole-file digest, as hex.
     :raises VerificationFailed: When a block differs (a false chunk match, a source that changed).
     """
-    plan = BlockPlan(size, block_size)
-    segments = [[(segment.offset, segment.length)] for segment in plan.segments()]
-    ours = [source.submit_hashes(ranges, block_size, method) for ranges in segments]
-    theirs = [work.submit_hashes(ranges, block_size, method) for ranges in segments]
-    if on_hashed is not None:
-        for ranges, futures in zip(segments, zip(ours, theirs)):
-            for future in futures:
-                future.add_done_callback(_counter(on_hashed, ranges[0][1]))
-    return verified_digest(work, plan, method, block_digests(ours, method), block_digests(theirs, method), location)
-
-
-def _counter(on_hashed: Callable[[int], None], length: int) -> Callable[[Future], None]:
-    """A done-callback that counts ``length`` bytes hashed when its future succeeded."""
-    def counted(done: Future) -> None:
-        if not done.cancelled() and done.exception() is None:
-            on_hashed(length)
-
-    return counted
+    return SegmentSteps(source, work, BlockPlan(size, block_size), method, location, on_hashed=on_hashed).verify_all()
 
 
 def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, source_size: int,

@@ -13,14 +13,11 @@ from paths and URLs.
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import logging
-import threading
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -32,7 +29,6 @@ from pdiffcopy.core.blocks import (
     split_ranges,
 )
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.core.refine import RefineTally
 from pdiffcopy.engine import chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.engine.options import FileOptions
@@ -47,29 +43,18 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
-    block_digests,
-    changed_ranges,
-    final_digests,
+    SegmentSteps,
     give_up,
     iter_data_map,
     lease_partial,
-    log_refinement_stopped,
-    move_data,
-    move_ranges,
     open_partial,
     prepare_work,
     punch_holes_of,
     readback_ranges,
-    refine_ranges,
     source_data_bytes,
     source_unchanged,
-    verified_digest,
 )
-from pdiffcopy.core.hashing import (
-    digest_size,
-    verify_method,
-    zero_digests,
-)
+from pdiffcopy.core.hashing import digest_size, verify_method
 
 if TYPE_CHECKING:
     from concurrent.futures import Executor
@@ -124,12 +109,6 @@ def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
     return _SyncJob(source, target, options, progress or Progress()).run()
 
 
-def _segment_digests(futures: Dict[int, "Future[bytes]"], segments: Sequence[Segment],
-                     method: str) -> List[bytes]:
-    """Every block digest of ``segments``, in order, from their hashing futures."""
-    return block_digests((futures[segment.index] for segment in segments), method)
-
-
 class _SyncJob:
     """One run of :func:`run_sync`: owns the pools and the counters, and closes the endpoints."""
 
@@ -153,19 +132,14 @@ class _SyncJob:
         for endpoint in local:
             endpoint.use_hash_pool(self.pool)
         self.transfers: Optional[ThreadPoolExecutor] = None
-        self.bytes_moved = 0
+        #: The sync steps of this file (made once its size is known).
+        self.steps: Optional[SegmentSteps] = None
         #: The ranges written, by segment index: they are read back to verify.
         self.written: Dict[int, List[ByteRange]] = {}
         #: Read-back hashing already started, by segment index (see _start_readback).
         self.readback: Dict[int, tuple] = {}
         #: Whether the whole target is a reflink clone of the source.
         self.cloned = False
-        self.lock = threading.Lock()
-        #: The piece size the changed blocks are refined into (0: not refined); set
-        #: once both ends are known (a remote end may turn out to be a 1.0.1 server).
-        self.piece_size = 0
-        #: Refinement so far, for the whole file (the transfer threads add to it under the lock).
-        self.refined = RefineTally()
         self.prepared = False
         #: What the sync writes into: the target, or its temporary sibling.
         self.work: Optional[FileEndpoint] = None
@@ -208,8 +182,10 @@ class _SyncJob:
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
         self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
-        if self.source.hashes_pieces_cheaply() and self.target.hashes_pieces_cheaply():
-            self.piece_size = options.piece_size
+        # Refinement needs both ends known (a remote end may turn out to be a 1.0.1 server).
+        self.steps = SegmentSteps(self.source, self.target, plan, options.hash_method, self.target.location,
+                                  options.piece_size, self.progress.add_hashed, self.progress.add_moved,
+                                  source_has_holes=self.source_data is not None)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:
@@ -242,7 +218,7 @@ class _SyncJob:
             self.partial_leased = resumed or not late
         else:
             work = self.target.create_temporary(clone=clone)
-        self.work = work
+        self.work = self.steps.work = work
         if options.sparse:
             work.write_sparse(True)
         try:
@@ -256,7 +232,7 @@ class _SyncJob:
                 # left: hash both, move what differs.
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
-            self._log_phase("transferred %d bytes", self.bytes_moved)
+            self._log_phase("transferred %d bytes", self.steps.bytes_moved)
             if self.partial and not self.partial_leased:
                 # Before the read-back: from here on nobody else writes it unseen. A run
                 # that resumed it meanwhile holds the lease and this one fails (Locked).
@@ -268,8 +244,7 @@ class _SyncJob:
             work.flush()
             self._log_phase("flushed")
             try:
-                digest = self._verify(plan, segments, work, source_digests, target_digests,
-                                      readback)
+                digest = self._verify(segments, source_digests, target_digests, readback)
             except VerificationFailed:
                 # A source that changed under us is the likelier cause: say so.
                 self._check_source_unchanged(source_info)
@@ -342,9 +317,9 @@ class _SyncJob:
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
-            self.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
+            self.steps.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
                                              self.progress.add_moved)
-            self._log_phase("built: %d bytes sent", self.bytes_moved)
+            self._log_phase("built: %d bytes sent", self.steps.bytes_moved)
             self.progress.phase = "verifying"
             work.flush()
             try:
@@ -391,57 +366,6 @@ class _SyncJob:
                 raise UsageError(f"Source and target are the same file: {self.source.location}")
         return info
 
-    def _hash_all(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str
-                  ) -> Dict[int, "Future[bytes]"]:
-        """Start hashing every segment; return the futures by segment index.
-
-        A segment that is all hole in a file hashed elsewhere (a server's) needs no request:
-        its digests are those of zeros (the server would compute the same without reading).
-        """
-        holes = self._hole_segments(endpoint, segments)
-        return {segment.index: self._zeros_hashed([(segment.offset, segment.length)], method)
-                if segment.index in holes else
-                self._hash_ranges(endpoint, [(segment.offset, segment.length)], method)
-                for segment in segments}
-
-    def _hole_segments(self, endpoint: FileEndpoint, segments: Sequence[Segment]) -> "set[int]":
-        """The indexes of ``segments`` that are all hole in ``endpoint``, if it is hashed elsewhere.
-
-        From its data map, a page at a time: a set of segments, never a list of extents.
-        A file hashed here skips its holes as it hashes (local.filehash): nothing to ask.
-        """
-        if endpoint.hashes_here() or not segments:
-            return set()
-        starts = [segment.offset for segment in segments]
-        origin = starts[0]
-        with_data: "set[int]" = set()
-        for start, length in iter_data_map(endpoint, origin, segments[-1].offset + segments[-1].length - origin):
-            # The segments the extent touches (in order, disjoint): from the one it starts in.
-            position = bisect.bisect_right(starts, start) - 1
-            while position < len(segments) and segments[position].offset < start + length:
-                if segments[position].offset + segments[position].length > start:
-                    with_data.add(segments[position].index)
-                position += 1
-        return {segment.index for segment in segments if segment.index not in with_data}
-
-    def _zeros_hashed(self, ranges: List[ByteRange], method: str) -> "Future[bytes]":
-        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
-        done: "Future[bytes]" = Future()
-        done.set_result(zero_digests(ranges, self.options.block_size, method))
-        self.progress.add_hashed(sum(length for _, length in ranges))
-        return done
-
-    def _hash_ranges(self, endpoint: FileEndpoint, ranges: List[ByteRange], method: str
-                     ) -> "Future[bytes]":
-        future = endpoint.submit_hashes(ranges, self.options.block_size, method)
-        hashed = sum(length for _, length in ranges)
-        def count(done: "Future[bytes]") -> None:
-            if not done.cancelled() and done.exception() is None:
-                self.progress.add_hashed(hashed)
-
-        future.add_done_callback(count)
-        return future
-
     def _compare(self, plan: BlockPlan, segments: List[Segment], target: Optional[FileEndpoint],
                  transfer_to: Optional[FileEndpoint]):
         """Hash both sides, find the changed blocks and (unless dry-run) transfer them.
@@ -452,8 +376,9 @@ class _SyncJob:
         method = self.options.hash_method
         size = digest_size(method)
         self.progress.hash_total = plan.size * (2 if target is not None else 1)
-        source_futures = self._hash_all(self.source, segments, method)
-        target_futures = self._hash_all(target, segments, method) if target is not None else {}
+        steps = self.steps
+        source_futures = steps.hash_segments(self.source, segments, method)
+        target_futures = steps.hash_segments(target, segments, method) if target is not None else {}
         source_digests: List[bytes] = []
         target_digests: List[bytes] = []
         changed_count = changed_bytes = 0
@@ -466,7 +391,7 @@ class _SyncJob:
             target_digests.extend(theirs or [])
             if segment.index == len(segments) - 1:
                 self._log_phase("hashed both sides")
-            ranges = changed_ranges(plan, segment, ours, theirs)
+            ranges = steps.changed(segment, ours, theirs)
             changed_count += sum(-(-(offset % plan.block_size + length) // plan.block_size)
                                  for offset, length in ranges)
             changed_bytes += sum(length for _, length in ranges)
@@ -474,19 +399,15 @@ class _SyncJob:
                 self.progress.move_total = changed_bytes
                 self.written[segment.index] = ranges
                 self._prepare_once(transfer_to, plan.size)
-                if self.piece_size:
-                    # Refined in a transfer thread: the piece hashes of this segment
-                    # wait there, while later segments are compared and moved.
-                    pending.extend(self.transfers.submit(self._refine_and_transfer, batch, transfer_to)
-                                   for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES))
-                else:
-                    for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES):
-                        pending.append(self._submit_transfer(batch, transfer_to))
+                # Refined in a transfer thread: the piece hashes of this segment
+                # wait there, while later segments are compared and moved.
+                pending.extend(self.transfers.submit(steps.refine_and_move, batch)
+                               for batch in batch_ranges(ranges, TRANSFER_REQUEST_BYTES))
             self._raise_failures(pending)
         if transfer_to is not None:
             self._prepare_once(transfer_to, plan.size)  # the size may differ with no block to move
         self._wait(pending)
-        log_refinement_stopped(self.refined, self.piece_size, self.source.location)
+        steps.log_refinement(self.source.location)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
         return similarity, source_digests, (target_digests if target is not None else None)
 
@@ -515,7 +436,7 @@ class _SyncJob:
             # The verification's reads must not fill the cache the copy keeps clean.
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
-        source_futures = self._hash_all(self.source, segments, method)
+        source_futures = self.steps.hash_segments(self.source, segments, method)
         if both_local and self.source_data is None and not self.options.sparse:
             early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
@@ -526,13 +447,13 @@ class _SyncJob:
             # target would read the very blocks the source's digests come from.
             self.cloned = used == "reflink"
             work.prepare(plan.size)  # cuts an in-place target that was longer
-            self.bytes_moved = plan.size
+            self.steps.bytes_moved = plan.size
         else:
             prepare_work(work, plan.size, self.source_data, self.options.sparse)
             self._wait(self._copy_data(plan.size, work))
         self.written.update((segment.index, [(segment.offset, segment.length)])
                             for segment in segments)
-        return _segment_digests(source_futures, segments, method)
+        return self.steps.digests(source_futures, segments, method)
 
     def _copy_data(self, size: int, work: FileEndpoint) -> List[Future]:
         """Start moving the source's data extents into ``work``; punch its holes there unless ``work`` is new.
@@ -550,22 +471,16 @@ class _SyncJob:
             data += extent[1]
             page.extend(split_ranges([extent], TRANSFER_REQUEST_BYTES))
             if len(page) >= 1024:
-                pending += self._submit_data(page, work)
+                pending += self._submit_data(page)
                 page = []
-        pending += self._submit_data(page, work)
+        pending += self._submit_data(page)
         self.progress.add_moved(size - data)  # the holes: nothing to move, done
         return pending
 
-    def _submit_data(self, pieces: List[ByteRange], work: FileEndpoint) -> List[Future]:
+    def _submit_data(self, pieces: List[ByteRange]) -> List[Future]:
         assert self.transfers is not None, "transfers start after the pool does"
-        return [self.transfers.submit(self._transfer_data, batch, work)
+        return [self.transfers.submit(self.steps.move, batch, all_data=True)
                 for batch in batch_ranges(pieces, TRANSFER_REQUEST_BYTES)]
-
-    def _transfer_data(self, batch: List[ByteRange], work: FileEndpoint) -> None:
-        """Move ranges that are all data in the source (runs in a transfer thread)."""
-        written = move_data(self.source, work, batch, self.progress.add_moved)
-        with self.lock:
-            self.bytes_moved += written
 
     def _read_back_early(self, segments: List[Segment], work: FileEndpoint):
         """A step callback for the copy that starts hashing each segment of the target once copied.
@@ -585,37 +500,10 @@ class _SyncJob:
             while segment is not None and segment.offset + segment.length <= position:
                 ranges = [(segment.offset, segment.length)]
                 self.progress.hash_total += segment.length
-                self.readback[segment.index] = (ranges, [self._hash_ranges(work, ranges, method)])
+                self.readback[segment.index] = (ranges, [self.steps.hash(work, ranges, method)])
                 segment = next(pending, None)
 
         return copied
-
-    def _submit_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> Future:
-        assert self.transfers is not None, "transfers start after the pool does"
-        return self.transfers.submit(self._transfer, batch, work)
-
-    def _transfer(self, batch, work: FileEndpoint) -> None:
-        """Move one batch of ranges from the source to ``work`` (runs in a transfer thread).
-
-        A source without holes is not asked for its data map again (a request per batch).
-        """
-        move = move_ranges if self.source_data is not None else move_data
-        written = move(self.source, work, batch, self.progress.add_moved)
-        with self.lock:
-            self.bytes_moved += written
-
-    def _refine_and_transfer(self, batch: List[ByteRange], work: FileEndpoint) -> None:
-        """Move only the pieces of ``batch`` that differ (runs in a transfer thread)."""
-        with self.lock:  # judged by what every thread has refined so far
-            tally = dataclasses.replace(self.refined)
-        before = dataclasses.replace(tally)
-        pieces = refine_ranges(self.source, work, batch, self.piece_size, self.options.hash_method, tally)
-        with self.lock:
-            self.refined.add(tally.refined - before.refined, tally.moved - before.moved)
-            self.refined.skipped += tally.skipped - before.skipped
-        # What the target already has counts as done for the progress display.
-        self.progress.add_moved(sum(length for _, length in batch) - sum(length for _, length in pieces))
-        self._transfer(pieces, work)
 
     @staticmethod
     def _raise_failures(pending: List[Future]) -> None:
@@ -639,48 +527,39 @@ class _SyncJob:
 
         :returns: By segment index, the ranges read back and the futures of their digests.
         """
-        method = verify_method(self.options.hash_method)
         futures: Dict[int, tuple] = {}
         if self.cloned:
             return futures
-        known = target_digests is not None and method == self.options.hash_method
-        holes = self._hole_segments(work, [s for s in segments if s.index not in self.readback])
+        known = target_digests is not None and self.steps.strong == self.options.hash_method
+        holes = self.steps.hole_segments(work, [s for s in segments if s.index not in self.readback])
         for segment in segments:
             if segment.index in self.readback:
                 futures[segment.index] = self.readback[segment.index]  # started during the copy
                 continue
             ranges = readback_ranges(segment, self.written.get(segment.index, []), known)
-            if not ranges:
-                continue
-            self.progress.hash_total += sum(length for _, length in ranges)
-            if segment.index in holes:  # all hole in the file written: zeros, no request
-                futures[segment.index] = (ranges, [self._zeros_hashed(ranges, method)])
-                continue
-            futures[segment.index] = (ranges, [self._hash_ranges(work, batch, method)
-                                               for batch in batch_ranges(ranges, segment.length)])
+            if ranges:
+                self.progress.hash_total += sum(length for _, length in ranges)
+                futures[segment.index] = (ranges, self.steps.read_back(segment, ranges, segment.index in holes))
         return futures
 
-    def _verify(self, plan: BlockPlan, segments: List[Segment], work: FileEndpoint,
-                source_digests: List[bytes], target_digests: Optional[List[bytes]],
-                readback: Dict[int, tuple]) -> str:
-        """Check every block of ``work`` against the source's digest (:func:`verified_digest`)."""
-        method = verify_method(self.options.hash_method)
-        if method != self.options.hash_method and not self.options.whole_file:
-            futures = self._hash_all(self.source, segments, method)
-            source_digests = _segment_digests(futures, segments, method)
-        known = target_digests is not None and method == self.options.hash_method
+    def _verify(self, segments: List[Segment], source_digests: List[bytes],
+                target_digests: Optional[List[bytes]], readback: Dict[int, tuple]) -> str:
+        """Check every block of the work file against the source's digest (:meth:`SegmentSteps.verify`)."""
+        steps = self.steps
+        if steps.strong != self.options.hash_method and not self.options.whole_file:
+            futures = steps.hash_segments(self.source, segments, steps.strong)
+            source_digests = steps.digests(futures, segments, steps.strong)
+        known = target_digests is not None and steps.strong == self.options.hash_method
         final: List[bytes] = []
         for segment in segments:
+            blocks = slice(segment.first_block, segment.first_block + segment.block_count)
             if self.cloned:  # the clone shares the source's extents: its digests are the source's
-                final += source_digests[segment.first_block:segment.first_block + segment.block_count]
+                final += source_digests[blocks]
                 continue
             ranges, futures = readback.get(segment.index, ([], []))
-            final += final_digests(
-                plan, segment,
-                target_digests[segment.first_block:segment.first_block + segment.block_count]
-                if known and target_digests is not None else None,
-                ranges, b"".join(future.result() for future in futures), method)
-        return verified_digest(work, plan, method, source_digests, final, self.target.location)
+            final += steps.final(segment, target_digests[blocks] if known and target_digests is not None else None,
+                                 ranges, b"".join(future.result() for future in futures))
+        return steps.verify(source_digests, final)
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
         if not source_unchanged(self.source, before.size, before.mtime_ns):
@@ -692,7 +571,7 @@ class _SyncJob:
             source=self.source.location, target=self.target.location, size=plan.size,
             block_size=plan.block_size, hash_method=self.options.hash_method,
             total_blocks=plan.block_count, changed_blocks=similarity.changed_blocks,
-            bytes_moved=self.bytes_moved if not self.options.dry_run else similarity.changed_bytes,
+            bytes_moved=self.steps.bytes_moved if not self.options.dry_run else similarity.changed_bytes,
             similarity=similarity.index, dry_run=self.options.dry_run, verified=verified,
             digest=digest, seconds=time.monotonic() - self.started)
 

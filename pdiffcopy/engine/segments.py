@@ -6,9 +6,11 @@ A single-file sync (:mod:`pdiffcopy.engine.filejob`) and a tree sync's big files
     hash both sides -> compare (changed ranges) -> refine them into pieces
       -> move the changed pieces -> read back what must be read back -> verify every block
 
-The pipeline runs them overlapped on futures (transfers start while later
-segments are still hashed); a tree worker runs them one after another with
-:func:`sync_segment`. Either way the rules are the ones below: which ranges
+They are written once, as the methods of :class:`SegmentSteps`. The file job
+drives them overlapped on futures (transfers start while later segments are
+still hashed); a tree worker runs them one after another
+(:meth:`SegmentSteps.run_segment`); the content-defined delta verifies with
+them. Either way the rules are the ones below: which ranges
 move, which are read back, and when a segment counts as verified. The
 engine sees only the :class:`~pdiffcopy.engine.endpoints.FileEndpoint` interface;
 an optional capability an endpoint lacks (a kernel copy, hashing in this
@@ -25,10 +27,13 @@ of both sides is hashed again with the strong one.
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import logging
+import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -45,7 +50,7 @@ from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
-from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method
+from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method, zero_digests
 
 logger = logging.getLogger(__name__)
 
@@ -452,55 +457,239 @@ def source_unchanged(source: FileEndpoint, size: int, mtime_ns: int) -> bool:
     return after is not None and (after.size, after.mtime_ns) == (size, mtime_ns)
 
 
-# -- one segment, start to end (a tree's worker) ---------------------------
+# -- the steps of one file, run by a file job or a tree's worker ----------
+
+
+class SegmentSteps:
+    """The sync steps of one file, offered once: hash, compare, refine, move, read back, verify.
+
+    A file job (:mod:`pdiffcopy.engine.filejob`) drives them segment by segment on
+    futures (transfers of one segment while later ones are hashed); a tree's worker
+    runs one segment start to end (:meth:`run_segment`); the content-defined delta
+    verifies with :meth:`verify_all`. Thread-safe where a file job's transfer threads
+    call it (:meth:`move`, :meth:`refine_and_move`): the counters are locked.
+
+    :param work: What the sync writes into (the target or its temporary); None while
+                 only the source is hashed.
+    :param piece_size: Refine changed blocks into pieces of this size (0: off; off too
+                       when a side cannot hash pieces cheaply).
+    :param on_hashed: Called with byte counts as hashing finishes (progress), or None.
+    :param on_moved: Called with byte counts as data is written (progress), or None.
+    :param source_has_holes: False when the source is known to be all data: a move then
+                             does not ask for its data map again.
+    """
+
+    def __init__(self, source: FileEndpoint, work: Optional[FileEndpoint], plan: BlockPlan, method: str,
+                 location: str, piece_size: int = 0, on_hashed: Optional[Callable[[int], None]] = None,
+                 on_moved: Optional[Callable[[int], None]] = None, source_has_holes: bool = True) -> None:
+        self.source = source
+        self.work = work
+        self.plan = plan
+        self.method = method
+        self.strong = verify_method(method)
+        self.location = location
+        cheap = source.hashes_pieces_cheaply() and (work is None or work.hashes_pieces_cheaply())
+        self.piece_size = piece_size if cheap else 0
+        self.on_hashed = on_hashed
+        self.on_moved = on_moved
+        self.source_has_holes = source_has_holes
+        #: Bytes of data written so far, and refinement so far (for the whole file).
+        self.bytes_moved = 0
+        self.refined = RefineTally()
+        self.lock = threading.Lock()
+
+    # -- hash ---------------------------------------------------------------
+
+    def hash(self, endpoint: FileEndpoint, ranges: Sequence[ByteRange], method: str) -> "Future[bytes]":
+        """Start hashing ``ranges`` of ``endpoint``; counted as hashed once done."""
+        future = endpoint.submit_hashes(ranges, self.plan.block_size, method)
+        if self.on_hashed is not None:
+            future.add_done_callback(_count_hashed(self.on_hashed, sum(length for _, length in ranges)))
+        return future
+
+    def zeros(self, ranges: Sequence[ByteRange], method: str) -> "Future[bytes]":
+        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
+        done: "Future[bytes]" = Future()
+        done.set_result(zero_digests(ranges, self.plan.block_size, method))
+        if self.on_hashed is not None:
+            self.on_hashed(sum(length for _, length in ranges))
+        return done
+
+    def hash_segments(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str,
+                      skip_holes: bool = True) -> "Dict[int, Future[bytes]]":
+        """Start hashing every segment of ``endpoint``; return the futures by segment index.
+
+        :param skip_holes: A segment that is all hole in a file hashed elsewhere (a server's)
+                           needs no request: its digests are those of zeros (the server would
+                           compute the same without reading). Costs one data map request.
+        """
+        holes = self.hole_segments(endpoint, segments) if skip_holes else set()
+        return {segment.index: self.zeros([(segment.offset, segment.length)], method)
+                if segment.index in holes else
+                self.hash(endpoint, [(segment.offset, segment.length)], method)
+                for segment in segments}
+
+    @staticmethod
+    def hole_segments(endpoint: FileEndpoint, segments: Sequence[Segment]) -> "Set[int]":
+        """The indexes of ``segments`` that are all hole in ``endpoint``, if it is hashed elsewhere.
+
+        From its data map, a page at a time: a set of segments, never a list of extents.
+        A file hashed here skips its holes as it hashes (local.filehash): nothing to ask.
+        """
+        if endpoint.hashes_here() or not segments:
+            return set()
+        starts = [segment.offset for segment in segments]
+        origin = starts[0]
+        with_data: "Set[int]" = set()
+        for start, length in iter_data_map(endpoint, origin, segments[-1].offset + segments[-1].length - origin):
+            # The segments the extent touches (in order, disjoint): from the one it starts in.
+            position = bisect.bisect_right(starts, start) - 1
+            while position < len(segments) and segments[position].offset < start + length:
+                if segments[position].offset + segments[position].length > start:
+                    with_data.add(segments[position].index)
+                position += 1
+        return {segment.index for segment in segments if segment.index not in with_data}
+
+    def digests(self, futures: "Dict[int, Future[bytes]]", segments: Sequence[Segment], method: str
+                ) -> List[bytes]:
+        """Every block digest of ``segments``, in order, from their hashing futures."""
+        return block_digests((futures[segment.index] for segment in segments), method)
+
+    # -- compare, refine, move ----------------------------------------------
+
+    def changed(self, segment: Segment, source_digests: Sequence[bytes],
+                target_digests: Optional[Sequence[bytes]]) -> List[ByteRange]:
+        """The byte ranges of ``segment`` to move (:func:`changed_ranges`)."""
+        return changed_ranges(self.plan, segment, source_digests, target_digests)
+
+    def refine(self, ranges: Sequence[ByteRange]) -> List[ByteRange]:
+        """The parts of the changed ``ranges`` that really differ (:func:`refine_ranges`), judged by
+        what every thread has refined so far; what the target already has counts as moved."""
+        assert self.work is not None, "refinement compares with what is written into"
+        if not self.piece_size or not ranges:
+            return list(ranges)
+        with self.lock:
+            tally = dataclasses.replace(self.refined)
+        before = dataclasses.replace(tally)
+        pieces = refine_ranges(self.source, self.work, ranges, self.piece_size, self.method, tally)
+        with self.lock:
+            self.refined.add(tally.refined - before.refined, tally.moved - before.moved)
+            self.refined.skipped += tally.skipped - before.skipped
+        if self.on_moved is not None:
+            self.on_moved(sum(length for _, length in ranges) - sum(length for _, length in pieces))
+        return pieces
+
+    def log_refinement(self, where: str) -> None:
+        """Say that refining stopped paying, if it did (:func:`log_refinement_stopped`)."""
+        log_refinement_stopped(self.refined, self.piece_size, where)
+
+    def move(self, ranges: Sequence[ByteRange], fresh: bool = False, all_data: bool = False) -> int:
+        """Bring ``ranges`` of the work file to the source's bytes (:func:`move_ranges`); return the bytes.
+
+        :param fresh: The work file has nothing but holes there (a new file, just sized).
+        :param all_data: The ranges are all data in the source (its data map is not asked).
+        """
+        assert self.work is not None, "a move writes into the work file"
+        if all_data or not self.source_has_holes:
+            written = move_data(self.source, self.work, ranges, self.on_moved)
+        else:
+            written = move_ranges(self.source, self.work, ranges, self.on_moved, fresh)
+        with self.lock:
+            self.bytes_moved += written
+        return written
+
+    def refine_and_move(self, ranges: Sequence[ByteRange]) -> int:
+        """Move only the pieces of ``ranges`` that differ (a file job's transfer thread)."""
+        return self.move(self.refine(ranges))
+
+    # -- read back and verify -----------------------------------------------
+
+    def read_back(self, segment: Segment, ranges: Sequence[ByteRange], hole: bool = False) -> "List[Future[bytes]]":
+        """Start hashing ``ranges`` of ``segment`` of the work file (:func:`readback_ranges`) with the strong method.
+
+        :param hole: The segment is all hole in the work file: zeros, no request.
+        """
+        assert self.work is not None, "what is read back is the work file"
+        if hole:
+            return [self.zeros(ranges, self.strong)]
+        return [self.hash(self.work, batch, self.strong) for batch in batch_ranges(ranges, segment.length)]
+
+    def final(self, segment: Segment, target_digests: Optional[Sequence[bytes]], read_back: Sequence[ByteRange],
+              read_back_digests: bytes) -> List[bytes]:
+        """The work file's digest of every block of ``segment`` after the move (:func:`final_digests`)."""
+        return final_digests(self.plan, segment, target_digests, read_back, read_back_digests, self.strong)
+
+    def verify(self, source_digests: Sequence[bytes], final: Sequence[bytes]) -> str:
+        """The whole file's verification (:func:`verified_digest`); returns its digest as hex."""
+        assert self.work is not None, "what is verified is the work file"
+        return verified_digest(self.work, self.plan, self.strong, source_digests, final, self.location)
+
+    def verify_all(self) -> str:
+        """Hash every block of both sides again with the strong method, and verify (:meth:`verify`)."""
+        assert self.work is not None, "what is verified is the work file"
+        segments = self.plan.segments()
+        ours = self.hash_segments(self.source, segments, self.strong, skip_holes=False)
+        theirs = self.hash_segments(self.work, segments, self.strong, skip_holes=False)
+        return self.verify(self.digests(ours, segments, self.strong), self.digests(theirs, segments, self.strong))
+
+    # -- one segment, start to end (a tree's worker) ------------------------
+
+    def run_segment(self, segment: Segment, compare: bool = True) -> int:
+        """Bring one segment of the work file to the source's bytes, verified; return the bytes moved.
+
+        A local side hashes in this thread while a remote side's server hashes the same
+        segment (:func:`hash_both`): a tree sync runs many of these at once, one per
+        worker process. Refinement is judged per segment.
+
+        :param compare: False when the work file has no data there yet (a new file):
+                        every block moves and nothing of it is hashed first.
+        :raises VerificationFailed: When a block of the target differs afterwards.
+        """
+        assert self.work is not None, "a segment is synced into the work file"
+        if not segment.length:
+            return 0
+        whole = [(segment.offset, segment.length)]
+        bs = self.plan.block_size
+        theirs: Optional[List[bytes]] = None
+        if compare:
+            source_digests, target_digests = hash_both(self.source, whole, self.work, whole, bs, self.method)
+            ours = split_digests(source_digests, digest_size(self.method))
+            theirs = split_digests(target_digests, digest_size(self.method))
+            ranges = self.changed(segment, ours, theirs)
+            pieces = self.refine(ranges)
+            self.log_refinement(f"{self.location} at offset {segment.offset}")
+        else:
+            ours = []
+            ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
+        moved = self.move(pieces, fresh=not compare)
+        if self.strong != self.method:
+            theirs = None  # hashed with a weak method: the whole segment is read back
+        read_back = readback_ranges(segment, ranges, theirs is not None)
+        source_strong, read_back_digests = hash_both(self.source, whole if theirs is None else [], self.work,
+                                                     read_back, bs, self.strong)
+        if theirs is None:
+            ours = split_digests(source_strong, digest_size(self.strong))
+        check_blocks(ours, self.final(segment, theirs, read_back, read_back_digests), self.location)
+        return moved
+
+
+def _count_hashed(on_hashed: Callable[[int], None], length: int) -> "Callable[[Future[bytes]], None]":
+    """A done-callback that counts ``length`` bytes hashed when its future succeeded."""
+    def counted(done: "Future[bytes]") -> None:
+        if not done.cancelled() and done.exception() is None:
+            on_hashed(length)
+
+    return counted
 
 
 def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segment: Segment,
                  method: str, location: str, compare: bool = True, piece_size: int = 0) -> int:
-    """Bring one segment of ``work`` to the source's bytes, verified; return the bytes moved.
-
-    A local side hashes in this thread (:meth:`FileEndpoint.hash_ranges`) while a
-    remote side's server hashes the same segment (:func:`hash_both`): a tree sync
-    runs many of these at once, one per worker process.
-
-    :param compare: False when the target has no data there yet (a new file):
-                    every block moves and nothing of the target is hashed first.
-    :param piece_size: Refine the changed blocks into pieces of this size
-                       (:func:`refine_ranges`, judged per segment); 0: off.
-    :raises VerificationFailed: When a block of the target differs afterwards.
-    """
-    if not segment.length:
-        return 0
-    strong = verify_method(method)
-    whole = [(segment.offset, segment.length)]
-    bs = plan.block_size
-    if compare:
-        source_digests, target_digests = hash_both(source, whole, work, whole, bs, method)
-        ours = split_digests(source_digests, digest_size(method))
-        theirs: Optional[List[bytes]] = split_digests(target_digests, digest_size(method))
-        ranges = changed_ranges(plan, segment, ours, theirs)
-        pieces = ranges
-        if piece_size and ranges and source.hashes_pieces_cheaply() and work.hashes_pieces_cheaply():
-            tally = RefineTally()
-            pieces = refine_ranges(source, work, ranges, piece_size, method, tally)
-            log_refinement_stopped(tally, piece_size, f"{location} at offset {segment.offset}")
-    else:
-        ours, theirs = [], None
-        ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
-    moved = move_ranges(source, work, pieces, fresh=not compare)
-    if not compare or strong != method:
-        theirs = None  # hashed with a weak method, or not at all: the whole segment is read back
-    read_back = readback_ranges(segment, ranges, theirs is not None)
-    source_ranges = whole if theirs is None else []
-    source_strong, read_back_digests = hash_both(source, source_ranges, work, read_back, bs, strong)
-    if theirs is None:
-        ours = split_digests(source_strong, digest_size(strong))
-    final = final_digests(plan, segment, theirs, read_back, read_back_digests, strong)
-    check_blocks(ours, final, location)
-    return moved
+    """Bring one segment of ``work`` to the source's bytes, verified; return the bytes moved
+    (:meth:`SegmentSteps.run_segment`)."""
+    return SegmentSteps(source, work, plan, method, location, piece_size).run_segment(segment, compare)
 
 
-__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "TRANSFER_REQUEST_BYTES", "block_digests",
+__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "block_digests",
            "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
            "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
            "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
