@@ -307,8 +307,8 @@ def test_the_steps_are_written_once():
     import importlib.util
     from pathlib import Path
 
-    steps = {"submit_hashes", "hash_ranges", "zero_digests", "block_digests", "changed_ranges",
-             "refine_ranges", "final_digests", "check_blocks", "verified_digest"}
+    steps = {"submit_hashes", "hash_ranges", "zero_digests", "coalesce", "refine_ranges",
+             "check_blocks", "tree_digest_input", "digest_bytes"}
     for module, also in (("pdiffcopy.engine.filejob", {"move_data", "move_ranges", "data_map"}),
                          ("pdiffcopy.engine.chunkdelta", set()), ("pdiffcopy.engine.treeunits", set())):
         tree = ast.parse(Path(importlib.util.find_spec(module).origin).read_text())

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -145,27 +145,6 @@ def give_up(work: FileEndpoint, location: str, partial: bool, temporary: bool, a
         work.remove_temporary()
     else:
         end_lease_quietly(work)
-
-
-def log_refinement_stopped(tally: RefineTally, piece_size: int, where: str) -> None:
-    """Say that refining stopped paying (a dense change), once per file or segment that saw it."""
-    if tally.skipped:
-        logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes refined "
-                    "still moved (a dense change); %d bytes moved as whole blocks",
-                    piece_size, where, tally.moved, tally.refined, tally.skipped)
-
-
-# -- compare ---------------------------------------------------------------
-
-
-def changed_ranges(plan: BlockPlan, segment: Segment, source_digests: Sequence[bytes],
-                   target_digests: Optional[Sequence[bytes]]) -> List[ByteRange]:
-    """The byte ranges of ``segment`` to move: its blocks whose digests differ, merged.
-
-    :param target_digests: None when the target has no data there (every block moves).
-    """
-    changed = changed_blocks(segment, source_digests, target_digests)
-    return coalesce(plan, changed, TRANSFER_REQUEST_BYTES)
 
 
 # -- hash ------------------------------------------------------------------
@@ -389,28 +368,6 @@ def readback_ranges(segment: Segment, moved: Sequence[ByteRange], target_known: 
     return list(moved)
 
 
-def final_digests(plan: BlockPlan, segment: Segment, target_digests: Optional[Sequence[bytes]],
-                  read_back: Sequence[ByteRange], read_back_digests: bytes, method: str) -> List[bytes]:
-    """The target's digest of every block of ``segment`` after the move (under ``method``).
-
-    :param target_digests: The target's digests of the segment from before the
-                           move (only when hashed with the verify method), or None.
-    :param read_back: The ranges read back (block-aligned but for the file's end).
-    :param read_back_digests: Their digests, concatenated in order.
-    :raises VerificationFailed: When the read-back digests do not cover the ranges.
-    """
-    digests = list(target_digests) if target_digests is not None else [b""] * segment.block_count
-    bs = plan.block_size
-    blocks = [block for offset, length in read_back for block in range(offset // bs, -(-(offset + length) // bs))]
-    got = split_digests(read_back_digests, digest_size(method))
-    if len(got) != len(blocks) or any(not segment.first_block <= b < segment.first_block + segment.block_count
-                                       for b in blocks):
-        raise VerificationFailed("Verification failed: the read-back digests are incomplete")
-    for block, digest in zip(blocks, got):
-        digests[block - segment.first_block] = digest
-    return digests
-
-
 def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes], location: str) -> None:
     """The verification itself: every block of the target has the source's digest.
 
@@ -421,25 +378,6 @@ def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes
             abs(len(source_digests) - len(target_digests))
         raise VerificationFailed(f"Verification failed: {differing} block(s) of {location} differ from "
                                  f"the source after the sync")
-
-
-def block_digests(futures: "Iterable[Future[bytes]]", method: str) -> List[bytes]:
-    """Every block digest the hashing ``futures`` give, in their order."""
-    width = digest_size(method)
-    return [digest for future in futures for digest in split_digests(future.result(), width)]
-
-
-def verified_digest(work: FileEndpoint, plan: BlockPlan, method: str, source_digests: Sequence[bytes],
-                    target_digests: Sequence[bytes], location: str) -> str:
-    """A whole file's verification: ``work`` has the source's size and every block its digest.
-
-    :returns: The whole-file digest as hex: the digest of every block digest in order
-              (a one-level hash tree, :func:`~pdiffcopy.core.blocks.tree_digest_input`).
-    :raises VerificationFailed: When the size or a block differs.
-    """
-    check_size(work, plan.size, location)
-    check_blocks(source_digests, target_digests, location)
-    return digest_bytes(method, tree_digest_input(plan.size, plan.block_size, method, source_digests)).hex()
 
 
 def check_size(work: FileEndpoint, size: int, location: str) -> None:
@@ -550,17 +488,21 @@ class SegmentSteps:
                 position += 1
         return {segment.index for segment in segments if segment.index not in with_data}
 
-    def digests(self, futures: "Dict[int, Future[bytes]]", segments: Sequence[Segment], method: str
-                ) -> List[bytes]:
+    @staticmethod
+    def digests(futures: "Dict[int, Future[bytes]]", segments: Sequence[Segment], method: str) -> List[bytes]:
         """Every block digest of ``segments``, in order, from their hashing futures."""
-        return block_digests((futures[segment.index] for segment in segments), method)
+        width = digest_size(method)
+        return [digest for segment in segments for digest in split_digests(futures[segment.index].result(), width)]
 
     # -- compare, refine, move ----------------------------------------------
 
     def changed(self, segment: Segment, source_digests: Sequence[bytes],
                 target_digests: Optional[Sequence[bytes]]) -> List[ByteRange]:
-        """The byte ranges of ``segment`` to move (:func:`changed_ranges`)."""
-        return changed_ranges(self.plan, segment, source_digests, target_digests)
+        """The byte ranges of ``segment`` to move: its blocks whose digests differ, merged.
+
+        :param target_digests: None when the target has no data there (every block moves).
+        """
+        return coalesce(self.plan, changed_blocks(segment, source_digests, target_digests), TRANSFER_REQUEST_BYTES)
 
     def refine(self, ranges: Sequence[ByteRange]) -> List[ByteRange]:
         """The parts of the changed ``ranges`` that really differ (:func:`refine_ranges`), judged by
@@ -580,8 +522,11 @@ class SegmentSteps:
         return pieces
 
     def log_refinement(self, where: str) -> None:
-        """Say that refining stopped paying, if it did (:func:`log_refinement_stopped`)."""
-        log_refinement_stopped(self.refined, self.piece_size, where)
+        """Say that refining stopped paying (a dense change), once per file or segment that saw it."""
+        if self.refined.skipped:
+            logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes refined "
+                        "still moved (a dense change); %d bytes moved as whole blocks",
+                        self.piece_size, where, self.refined.moved, self.refined.refined, self.refined.skipped)
 
     def move(self, ranges: Sequence[ByteRange], fresh: bool = False, all_data: bool = False) -> int:
         """Bring ``ranges`` of the work file to the source's bytes (:func:`move_ranges`); return the bytes.
@@ -616,13 +561,37 @@ class SegmentSteps:
 
     def final(self, segment: Segment, target_digests: Optional[Sequence[bytes]], read_back: Sequence[ByteRange],
               read_back_digests: bytes) -> List[bytes]:
-        """The work file's digest of every block of ``segment`` after the move (:func:`final_digests`)."""
-        return final_digests(self.plan, segment, target_digests, read_back, read_back_digests, self.strong)
+        """The work file's digest of every block of ``segment`` after the move (under the strong method).
+
+        :param target_digests: The target's digests of the segment from before the
+                               move (only when hashed with the strong method), or None.
+        :param read_back: The ranges read back (block-aligned but for the file's end).
+        :param read_back_digests: Their digests, concatenated in order.
+        :raises VerificationFailed: When the read-back digests do not cover the ranges.
+        """
+        digests = list(target_digests) if target_digests is not None else [b""] * segment.block_count
+        bs = self.plan.block_size
+        blocks = [block for offset, length in read_back for block in range(offset // bs, -(-(offset + length) // bs))]
+        got = split_digests(read_back_digests, digest_size(self.strong))
+        if len(got) != len(blocks) or any(not segment.first_block <= b < segment.first_block + segment.block_count
+                                           for b in blocks):
+            raise VerificationFailed("Verification failed: the read-back digests are incomplete")
+        for block, digest in zip(blocks, got):
+            digests[block - segment.first_block] = digest
+        return digests
 
     def verify(self, source_digests: Sequence[bytes], final: Sequence[bytes]) -> str:
-        """The whole file's verification (:func:`verified_digest`); returns its digest as hex."""
+        """A whole file's verification: the work file has the source's size and every block its digest.
+
+        :returns: The whole-file digest as hex: the digest of every block digest in order
+                  (a one-level hash tree, :func:`~pdiffcopy.core.blocks.tree_digest_input`).
+        :raises VerificationFailed: When the size or a block differs.
+        """
         assert self.work is not None, "what is verified is the work file"
-        return verified_digest(self.work, self.plan, self.strong, source_digests, final, self.location)
+        check_size(self.work, self.plan.size, self.location)
+        check_blocks(source_digests, final, self.location)
+        return digest_bytes(self.strong, tree_digest_input(self.plan.size, self.plan.block_size, self.strong,
+                                                           source_digests)).hex()
 
     def verify_all(self) -> str:
         """Hash every block of both sides again with the strong method, and verify (:meth:`verify`)."""
@@ -689,8 +658,8 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
     return SegmentSteps(source, work, plan, method, location, piece_size).run_segment(segment, compare)
 
 
-__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "block_digests",
-           "changed_ranges", "check_blocks", "check_size", "end_lease_quietly", "final_digests", "give_up",
-           "holes_of", "iter_data_map", "keep_partial", "lease_partial", "log_refinement_stopped", "move_data",
-           "move_ranges", "open_partial", "prepare_work", "punch_holes_of", "readback_ranges", "refine_ranges",
-           "source_data_bytes", "source_unchanged", "sync_segment", "verified_digest"]
+__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks",
+           "check_size", "end_lease_quietly", "give_up", "hash_both", "holes_of", "iter_data_map",
+           "keep_partial", "lease_partial", "move_data", "move_ranges", "open_partial", "prepare_work",
+           "punch_holes_of", "readback_ranges", "refine_ranges", "source_data_bytes", "source_unchanged",
+           "sync_segment"]
