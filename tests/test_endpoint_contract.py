@@ -21,8 +21,18 @@ from typing import Callable, Iterator
 
 import pytest
 
-from pdiffcopy.engine.endpoints import FileEndpoint
-from pdiffcopy.errors import AccessDenied, FileMissing, Locked, NotAFile, PdiffcopyError, Unsupported
+from pdiffcopy.engine.endpoints import (
+    CAPABILITIES,
+    ContentChunks,
+    FileEndpoint,
+    HashingHere,
+    Holes,
+    KernelCopies,
+    Leases,
+    PartialFiles,
+    PriorityHashing,
+)
+from pdiffcopy.errors import AccessDenied, Conflict, FileMissing, Locked, NotAFile, PdiffcopyError, Unsupported
 from pdiffcopy.core.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.local.localtree import LocalTree
@@ -36,8 +46,13 @@ from pdiffcopy.engine.treeendpoints import (
     REMOVE,
     SYMLINK,
     MetadataOptions,
+    TREE_CAPABILITIES,
+    KeptAttributes,
     Operation,
+    ServedTree,
+    TreeCopies,
     TreeEndpoint,
+    WalkedHere,
 )
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
@@ -1083,3 +1098,159 @@ def test_cache_mode_keeps_what_was_asked(any_files, cache):
     endpoint = any_files.open("cached.img")
     assert endpoint.cache_mode(cache, DATA_SIZE) == cache
     assert endpoint.cache_mode("auto", DATA_SIZE) in (("drop", "keep") if any_files.name == "local" else ("keep",))
+
+
+def test_pin_keeps_a_file_until_it_changes(any_files):
+    """Pinned to what it was: unchanged, it reads on; changed, a server refuses (a local file and
+    a 1.0.1 server's have no ETag: the sync's own check at its end sees the change)."""
+    path = any_files.directory / "pinned.img"
+    path.write_bytes(random_bytes(DATA_SIZE, seed=46))
+    endpoint = any_files.open("pinned.img")
+    endpoint.pin(endpoint.stat())
+    assert read_all(endpoint, [(0, BLOCK_SIZE)]) == path.read_bytes()[:BLOCK_SIZE]
+    path.write_bytes(b"changed" + path.read_bytes()[7:])
+    os.utime(path, ns=(1, 1))
+    if any_files.name == "remote":
+        with pytest.raises(Conflict):
+            read_all(endpoint, [(0, BLOCK_SIZE)])
+    else:
+        assert read_all(endpoint, [(0, BLOCK_SIZE)]).startswith(b"changed")
+
+
+# -- capabilities: what each kind declares, and that every operation of each has a case above
+
+
+#: The capabilities each kind declares by what it inherits. A 1.0.1 server's file is a server's
+#: file: what 1.0.1 cannot do it answers at run time, as the cases above assert.
+DECLARED = {LocalFile: {HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, Leases},
+            RemoteFile: {PriorityHashing, Holes, ContentChunks, PartialFiles, Leases},
+            LegacyRemoteFile: {PriorityHashing, Holes, ContentChunks, PartialFiles, Leases}}
+
+
+@pytest.mark.parametrize("kind", list(DECLARED), ids=lambda kind: kind.__name__)
+def test_each_kind_declares_its_capabilities(kind):
+    assert {capability for capability in CAPABILITIES if issubclass(kind, capability)} == DECLARED[kind]
+
+
+def check_grouping(interface: type, capabilities: tuple, ungrouped: set) -> None:
+    """Every optional operation of ``interface`` (but ``ungrouped``) is in exactly one capability, with
+    a fallback the engine can call, and a case in this suite."""
+    own = {name for name, value in vars(interface).items() if callable(value) and not name.startswith("_")}
+    grouped = [name for capability in capabilities for name in capability.__abstractmethods__]
+    assert len(grouped) == len(set(grouped)), "an operation in two capabilities"
+    assert own - interface.__abstractmethods__ - set(grouped) == ungrouped
+    assert set(grouped) <= own, "a capability without a fallback the engine can call"
+    source = Path(__file__).read_text()
+    missing = sorted(name for name in set(grouped) | ungrouped - {"close"} if f".{name}(" not in source)
+    assert not missing, f"no contract case calls {missing}"
+
+
+def test_every_optional_file_operation_belongs_to_one_capability_and_has_a_case_here():
+    """The interface stays small: its required operations, three checks, and capabilities' fallbacks."""
+    check_grouping(FileEndpoint, CAPABILITIES, {"exists", "close", "is_same_file", "check_readable", "pin"})
+    assert len(FileEndpoint.__abstractmethods__) <= 10
+
+
+def test_a_capability_is_declared_whole():
+    """A kind that inherits a capability must implement every operation of it, or cannot be made."""
+    methods = {name: (lambda self, *args: None) for name in FileEndpoint.__abstractmethods__ | {"data_map"}}
+    half = type("HalfHoles", (Holes, FileEndpoint), methods)
+    with pytest.raises(TypeError, match="punch_ranges"):
+        half()
+
+
+# -- trees: capabilities
+
+
+def test_a_local_tree_is_walked_here_and_a_served_one_counts_its_traffic(trees):
+    build_tree(trees.directory / "tree")
+    tree = trees.open("tree")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    tree.enter_worker()
+    # A local tree's worker makes files without a umask (their modes set as they are made).
+    assert os.umask(umask) == (0 if trees.name == "local" else umask)
+    before = tree.traffic()
+    assert tree.list().root is not None
+    after = tree.traffic()
+    assert tree.walks_here() is (trees.name == "local")
+    assert tree.may_change_root()  # a directory below a server's root may change too
+    if trees.name == "local":
+        assert before == after == (0, 0)
+        return
+    assert after[0] > before[0] and after[1] > before[1]
+    tree.add_traffic(10, 20)  # a forked worker's figures, counted in its parent
+    assert tree.traffic() == (after[0] + 10, after[1] + 20)
+
+
+def test_a_servers_root_directory_is_never_changed(server):
+    tree = RemoteTree(server.url(""))
+    try:
+        assert not tree.may_change_root()
+    finally:
+        tree.close()
+
+
+def test_sweep_while_listing_removes_stale_temporaries_of_a_tree_walked_here(trees):
+    from pdiffcopy.core.protocol import temporary_name
+
+    build_tree(trees.directory / "tree")
+    stale = trees.directory / "tree" / temporary_name("a.txt")
+    stale.write_bytes(b"left by a killed run")
+    os.utime(stale, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))
+    tree = trees.open("tree")
+    tree.sweep_while_listing()
+    tree.list()
+    # A server sweeps its own root when it starts, not while it lists.
+    assert stale.exists() is (trees.name != "local")
+
+
+def test_same_content_tells_where_it_is_cheap(trees):
+    build_tree(trees.directory / "tree")
+    tree = trees.open("tree")
+    entry = next(entry for entry in tree.list().entries if entry.path == "a.txt")
+    assert tree.same_content(entry, b"alpha") is (trees.name == "local")
+    assert not tree.same_content(entry, b"alphA")
+
+
+def test_copy_files_from_copies_between_local_trees_only(trees, tmp_path):
+    build_tree(tmp_path / "origin")
+    origin = LocalTree(str(tmp_path / "origin"))
+    (trees.directory / "copy").mkdir()
+    tree = trees.open("copy")
+    entry = next(entry for entry in origin.list().entries if entry.path == "a.txt")
+    if trees.name != "local":
+        assert not tree.can_copy_files_from(origin)
+        with pytest.raises(Unsupported):
+            tree.copy_files_from(origin, [entry], TIMES)
+        return
+    assert tree.can_copy_files_from(origin)
+    assert tree.copy_files_from(origin, [entry], TIMES) == ([], 5, 1)
+    assert (trees.directory / "copy" / "a.txt").read_bytes() == b"alpha"
+
+
+def test_list_attributes_lists_what_was_asked_and_nothing_to_notice(trees):
+    build_tree(trees.directory / "tree")
+    try:
+        os.setxattr(trees.directory / "tree" / "a.txt", "user.colour", b"blue")
+    except OSError:
+        pytest.skip("this file system keeps no user attributes")
+    tree = trees.open("tree")
+    by_path = {entry.path: entry for entry in tree.list().entries}
+    assert by_path["a.txt"].xattrs == ()  # not asked for
+    tree.list_attributes(MetadataOptions(xattrs=True))
+    by_path = {entry.path: entry for entry in tree.list().entries}
+    assert ("user.colour", b"blue") in by_path["a.txt"].xattrs
+    assert tree.take_notices() == []
+
+
+TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes}, RemoteTree: {ServedTree, KeptAttributes}}
+
+
+@pytest.mark.parametrize("kind", list(TREE_DECLARED), ids=lambda kind: kind.__name__)
+def test_each_tree_kind_declares_its_capabilities(kind):
+    assert {capability for capability in TREE_CAPABILITIES if issubclass(kind, capability)} == TREE_DECLARED[kind]
+
+
+def test_every_optional_tree_operation_belongs_to_one_capability_and_has_a_case_here():
+    check_grouping(TreeEndpoint, TREE_CAPABILITIES, {"close"})

@@ -36,7 +36,15 @@ class FileInfo:
 
 
 class FileEndpoint(ABC):
-    """A file that can be hashed, read and written by byte ranges."""
+    """A file that can be hashed, read and written by byte ranges: the operations every sync needs.
+
+    What a kind of file can do beyond these, it declares by the capability interfaces it
+    inherits (:class:`HashingHere`, :class:`PriorityHashing`, :class:`KernelCopies`,
+    :class:`Holes`, :class:`ContentChunks`, :class:`PartialFiles`, :class:`Leases`), each a
+    few operations implemented together. The engine still
+    asks by method, never by type: a file without a capability answers with the fallback
+    that the engine relies on ("unsupported", or the portable way), inherited here.
+    """
 
     #: The path or URL the user gave, for messages.
     location: str
@@ -94,82 +102,202 @@ class FileEndpoint(ABC):
         """
         return self.stat() is not None
 
-    # -- optional capabilities: each has a default that says "unsupported"
-    # or does the portable thing, so the engine asks instead of checking types.
+    def close(self) -> None:
+        """Release descriptors, connections and workers."""
+
+    # -- checks before a sync writes: each kind makes what it can --------------------------
+
+    def is_same_file(self, other: "FileEndpoint") -> bool:
+        """Whether ``other`` is this very file (a sync onto itself); False when that cannot be told."""
+        return False
+
+    def check_readable(self) -> None:
+        """Fail now, with a clear message, if the file cannot be read; by default the first read tells.
+
+        A remote file's server checks when it first reads; a local file is opened here.
+        """
+
+    def pin(self, info: FileInfo) -> None:
+        """Fail later operations if the file no longer matches ``info``.
+
+        Remote endpoints send ``If-Match``; by default only the sync's check at the end
+        (the same size and time) sees a change.
+        """
+
+    # -- the fallbacks of the capabilities below, for a file that lacks them ---------------
 
     def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
-        """The block digests of ``ranges``, waited for (a tree's worker hashes one segment at a time).
-
-        By default through :meth:`submit_hashes`; a local file hashes in this thread.
-        """
+        """:meth:`HashingHere.hash_ranges`; without it, :meth:`submit_hashes` waited for."""
         if not ranges:
             return b""
         return self.submit_hashes(ranges, block_size, method).result()
 
+    def hashes_here(self) -> bool:
+        """:meth:`HashingHere.hashes_here`; without it, no: the file is hashed elsewhere."""
+        return False
+
+    def use_hash_pool(self, pool: "Executor") -> None:
+        """:meth:`HashingHere.use_hash_pool`; without it, nothing to do."""
+
+    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+        """:meth:`HashingHere.start_hash_pool`; without it, None: nothing hashes here."""
+        return None
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        """:meth:`HashingHere.cache_mode`; without it, the cache is kept unless asked otherwise."""
+        return "keep" if cache == "auto" else cache
+
+    def keep_out_of_cache(self) -> None:
+        """:meth:`HashingHere.keep_out_of_cache`; without it, ignored (no page cache of ours)."""
+
     def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
                             ) -> "Future[bytes]":
-        """Like :meth:`submit_hashes`, but not queued behind the hashes submitted before.
+        """:meth:`PriorityHashing.submit_hashes_first`; without it, :meth:`submit_hashes`."""
+        return self.submit_hashes(ranges, block_size, method)
+
+    def hashes_pieces_cheaply(self) -> bool:
+        """:meth:`PriorityHashing.hashes_pieces_cheaply`; without it, yes."""
+        return True
+
+    def can_copy_from(self, other: "FileEndpoint") -> bool:
+        """:meth:`KernelCopies.can_copy_from`; without it, never."""
+        return False
+
+    def copy_ranges_from(self, other: "FileEndpoint", ranges: Iterable[ByteRange]) -> int:
+        """:meth:`KernelCopies.copy_ranges_from`; without it, :class:`Unsupported`."""
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def copy_all_from(self, other: "FileEndpoint", size: int, cache: str,
+                      progress: Optional[Callable[[int], None]] = None,
+                      on_step: Optional[Callable[[int, str], None]] = None) -> str:
+        """:meth:`KernelCopies.copy_all_from`; without it, :class:`Unsupported`."""
+        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        """:meth:`Holes.data_map`; without it, everything is data (a 1.0.1 server cannot tell)."""
+        return [(offset, length)] if length > 0 else []
+
+    def prepare_sparse(self, size: int, data_bytes: int) -> None:
+        """:meth:`Holes.prepare_sparse`; without it, :meth:`prepare` (dense, as ever)."""
+        self.prepare(size)
+
+    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+        """:meth:`Holes.punch_ranges`; without it, zeros are written: the same bytes, dense."""
+        ranges = list(ranges)
+        return self.write_ranges(ranges, _zeros(ranges))
+
+    def write_sparse(self, enabled: bool) -> None:
+        """:meth:`Holes.write_sparse`; without it, ignored: the zeros are written."""
+
+    def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+        """:meth:`ContentChunks.cut_chunks`; without it, :class:`Unsupported` (the engine uses blocks)."""
+        raise Unsupported(f"Cannot cut {self.location} into content-defined chunks")
+
+    def can_copy_within(self, origin: "FileEndpoint") -> bool:
+        """:meth:`ContentChunks.can_copy_within`; without it, never."""
+        return False
+
+    def copy_within(self, origin: "FileEndpoint", moves: Sequence[cdc.Copy]) -> int:
+        """:meth:`ContentChunks.copy_within`; without it, :class:`Unsupported`."""
+        raise Unsupported(f"Cannot copy from {origin.location} into {self.location} on their side")
+
+    def open_partial(self, clone: bool) -> "Tuple[FileEndpoint, bool]":
+        """:meth:`PartialFiles.open_partial`; without it, :class:`Unsupported` (a temporary is written)."""
+        raise Unsupported(f"Cannot keep a partial file of {self.location}")
+
+    def sweep_temporaries(self) -> int:
+        """:meth:`PartialFiles.sweep_temporaries`; without it, none removed."""
+        return 0
+
+    def take_lease(self) -> None:
+        """:meth:`Leases.take_lease`; without it, nothing keeps other writers out."""
+
+    def leases_stop_other_writers(self) -> bool:
+        """:meth:`Leases.leases_stop_other_writers`; without it, no."""
+        return False
+
+    def end_lease(self) -> None:
+        """:meth:`Leases.end_lease`; without it, nothing to end."""
+
+
+
+# -- capabilities: an endpoint inherits those it has, and implements all of their methods
+
+
+class HashingHere(ABC):
+    """Hashed in this process (a local file): in this thread, or in a pool of hash processes, and
+    through the page cache, which a whole-file copy may keep clean."""
+
+    @abstractmethod
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of ``ranges``, hashed in this thread (a tree's worker, refinement)."""
+
+    @abstractmethod
+    def hashes_here(self) -> bool:
+        """Whether hashing this file runs in this process (and so wants :meth:`use_hash_pool`)."""
+
+    @abstractmethod
+    def use_hash_pool(self, pool: "Executor") -> None:
+        """Hash in ``pool`` from now on (see :meth:`hashes_here`)."""
+
+    @abstractmethod
+    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+        """Start ``concurrency`` processes that hash files of this kind here.
+
+        Called before the sync starts any thread (forking a process with threads can deadlock it).
+        """
+
+    @abstractmethod
+    def cache_mode(self, cache: str, size: int) -> str:
+        """``"drop"`` or ``"keep"``: what the page cache policy ``cache`` means for a copy of ``size`` bytes.
+
+        Only a local whole-file copy decides by size (``"auto"``).
+        """
+
+    @abstractmethod
+    def keep_out_of_cache(self) -> None:
+        """Drop what hashing reads from the page cache (whole-file copies that bypass it). A hint."""
+
+
+class PriorityHashing(ABC):
+    """Hashed elsewhere (by a server), where the few small hashes of refinement can jump the queue."""
+
+    @abstractmethod
+    def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                            ) -> "Future[bytes]":
+        """Like :meth:`FileEndpoint.submit_hashes`, but not queued behind the hashes submitted before.
 
         Refinement waits on these while the whole segments are still being hashed:
         behind them in one queue, no piece could move before the last segment was
-        hashed. By default :meth:`submit_hashes` (a file hashed here is hashed in the
-        waiting thread instead, see :func:`~pdiffcopy.engine.segments.hash_both`).
+        hashed (a file hashed here is hashed in the waiting thread instead, see
+        :func:`~pdiffcopy.engine.segments.hash_both`).
         """
-        return self.submit_hashes(ranges, block_size, method)
 
+    @abstractmethod
     def hashes_pieces_cheaply(self) -> bool:
         """Whether hashing a few small ranges costs no more than their digests (sub-block refinement).
 
         A pdiffcopy 1.0.1 server hashes only whole files, or not at all in our
         methods (then the data is read to hash it here): no.
         """
-        return True
 
-    def hashes_here(self) -> bool:
-        """Whether hashing this file runs in this process (and so wants :meth:`use_hash_pool`).
 
-        A remote file is hashed by its server: no.
-        """
-        return False
+class KernelCopies(ABC):
+    """Data copied between two files without passing through this process (two local files)."""
 
-    def use_hash_pool(self, pool: "Executor") -> None:
-        """Hash in ``pool`` from now on (see :meth:`hashes_here`); by default there is nothing to do."""
+    @abstractmethod
+    def can_copy_from(self, other: FileEndpoint) -> bool:
+        """Whether :meth:`copy_ranges_from` and :meth:`copy_all_from` can take data from ``other``."""
 
-    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
-        """Start ``concurrency`` processes that hash files of this kind here; None where nothing hashes here.
-
-        Called before the sync starts any thread (forking a process with threads can deadlock it).
-        """
-        return None
-
-    def cache_mode(self, cache: str, size: int) -> str:
-        """``"drop"`` or ``"keep"``: what the page cache policy ``cache`` means for a copy of ``size`` bytes.
-
-        Only a local whole-file copy decides by size (``"auto"``); elsewhere the cache is kept.
-        """
-        return "keep" if cache == "auto" else cache
-
-    def keep_out_of_cache(self) -> None:
-        """Drop what hashing reads from the page cache (whole-file copies that bypass it).
-
-        A hint: a file without a page cache of ours ignores it.
-        """
-
-    def can_copy_from(self, other: "FileEndpoint") -> bool:
-        """Whether :meth:`copy_ranges_from` and :meth:`copy_all_from` can take data from ``other``.
-
-        True only where the data need not pass through this process (two local files).
-        """
-        return False
-
-    def copy_ranges_from(self, other: "FileEndpoint", ranges: Iterable[ByteRange]) -> int:
+    @abstractmethod
+    def copy_ranges_from(self, other: FileEndpoint, ranges: Iterable[ByteRange]) -> int:
         """Copy ``ranges`` of ``other`` into this file, inside the kernel; return the bytes written.
 
         :raises Unsupported: Unless :meth:`can_copy_from` says yes.
         """
-        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
 
-    def copy_all_from(self, other: "FileEndpoint", size: int, cache: str,
+    @abstractmethod
+    def copy_all_from(self, other: FileEndpoint, size: int, cache: str,
                       progress: Optional[Callable[[int], None]] = None,
                       on_step: Optional[Callable[[int, str], None]] = None) -> str:
         """Copy the whole of ``other`` into this file, the fastest way there is; return the way used.
@@ -178,45 +306,44 @@ class FileEndpoint(ABC):
 
         :raises Unsupported: Unless :meth:`can_copy_from` says yes.
         """
-        raise Unsupported(f"Cannot copy from {other.location} into {self.location} directly")
 
-    # -- holes (sparse files) ----------------------------------------------
 
+class Holes(ABC):
+    """Sparse files: holes read as zeros and are never read, hashed or sent, only made again."""
+
+    @abstractmethod
     def data_map(self, offset: int, length: int) -> List[ByteRange]:
         """The extents of ``[offset, offset + length)`` that hold data, in order; the rest are holes.
 
         At most :data:`~pdiffcopy.core.datamap.MAX_DATA_MAP_EXTENTS` extents: with that many,
         ask again from the end of the last one (:func:`~pdiffcopy.engine.segments.iter_data_map`).
-        Holes read as zeros and are never read, hashed or sent. By default everything is data
-        (a 1.0.1 server cannot tell).
         """
-        return [(offset, length)] if length > 0 else []
 
+    @abstractmethod
     def prepare_sparse(self, size: int, data_bytes: int) -> None:
-        """:meth:`prepare`, growing by a hole: the source has holes, and only ``data_bytes`` will be written.
+        """:meth:`FileEndpoint.prepare`, growing by a hole: the source has holes, and only
+        ``data_bytes`` will be written.
 
         The growth is not reserved, and only as much of it as ``data_bytes`` is checked
-        against the free space. By default :meth:`prepare` (a 1.0.1 server: dense, as ever).
+        against the free space.
         """
-        self.prepare(size)
 
+    @abstractmethod
     def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
         """Make ``ranges`` holes (zeros that take no space); return the bytes covered.
 
-        Where the file system cannot punch, zeros are written (and a warning given once). By
-        default zeros are written (a 1.0.1 server): the same bytes, dense.
+        Where the file system cannot punch, zeros are written (and a warning given once).
         """
-        ranges = list(ranges)
-        return self.write_ranges(ranges, _zeros(ranges))
 
+    @abstractmethod
     def write_sparse(self, enabled: bool) -> None:
-        """``--sparse``: turn runs of zeros (whole file system blocks) in what is written into holes.
+        """``--sparse``: turn runs of zeros (whole file system blocks) in what is written into holes."""
 
-        A file that cannot punch holes (a 1.0.1 server's) ignores it and writes the zeros.
-        """
 
-    # -- the shift-tolerant delta (--delta chunks) -------------------------
+class ContentChunks(ABC):
+    """The shift-tolerant delta (``--delta chunks``): files cut where they are, copies on the target's side."""
 
+    @abstractmethod
     def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
         """The content-defined chunks (:mod:`pdiffcopy.core.chunks`) of each of ``ranges``, in order.
 
@@ -225,16 +352,16 @@ class FileEndpoint(ABC):
 
         :raises Unsupported: Where the file cannot be cut there (the engine falls back to blocks).
         """
-        raise Unsupported(f"Cannot cut {self.location} into content-defined chunks")
 
-    def can_copy_within(self, origin: "FileEndpoint") -> bool:
+    @abstractmethod
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
         """Whether :meth:`copy_within` can copy from ``origin`` without the data crossing a network.
 
         True where both files are on the same side: two local files, or two files of one server.
         """
-        return False
 
-    def copy_within(self, origin: "FileEndpoint", moves: Sequence[cdc.Copy]) -> int:
+    @abstractmethod
+    def copy_within(self, origin: FileEndpoint, moves: Sequence[cdc.Copy]) -> int:
         """Copy ranges of ``origin`` (the old target) to other offsets of this file; return the bytes copied.
 
         Each move copies ``origin``'s bytes at ``target_offset`` to ``source_offset`` here (the
@@ -243,25 +370,12 @@ class FileEndpoint(ABC):
 
         :raises Unsupported: Unless :meth:`can_copy_within` says yes.
         """
-        raise Unsupported(f"Cannot copy from {origin.location} into {self.location} on their side")
 
-    def is_same_file(self, other: "FileEndpoint") -> bool:
-        """Whether ``other`` is this very file (a sync onto itself); False when that cannot be told."""
-        return False
 
-    def check_readable(self) -> None:
-        """Fail now, with a clear message, if the file cannot be read.
+class PartialFiles(ABC):
+    """``--partial``: a sibling kept when a sync is interrupted, and the stale temporaries swept."""
 
-        A remote file's server checks when it first reads; a local file is
-        opened here.
-        """
-
-    def pin(self, info: FileInfo) -> None:
-        """Fail later operations if the file no longer matches ``info``.
-
-        Remote endpoints send ``If-Match``; local ones re-check at the end.
-        """
-
+    @abstractmethod
     def open_partial(self, clone: bool) -> "Tuple[FileEndpoint, bool]":
         """The hidden ``--partial`` sibling to write into, kept when the sync is interrupted.
 
@@ -275,15 +389,16 @@ class FileEndpoint(ABC):
         :raises Unsupported: Where there is no such sibling (a 1.0 server): the
                              sync then writes a temporary, as without ``--partial``.
         """
-        raise Unsupported(f"Cannot keep a partial file of {self.location}")
 
+    @abstractmethod
     def sweep_temporaries(self) -> int:
-        """Remove stale temporaries that killed runs left beside this file; return how many.
+        """Remove stale temporaries that killed runs left beside this file; return how many."""
 
-        Optional: a server sweeps its own root when it starts, so a remote file does nothing.
-        """
-        return 0
 
+class Leases(ABC):
+    """Other writers kept out while a sync updates a file in place (or resumes a partial file)."""
+
+    @abstractmethod
     def take_lease(self) -> None:
         """Keep every other writer out of this file until :meth:`end_lease` (for in-place updates).
 
@@ -293,23 +408,24 @@ class FileEndpoint(ABC):
         :raises Locked: When another client is writing the file.
         """
 
+    @abstractmethod
     def leases_stop_other_writers(self) -> bool:
         """Whether, while somebody holds this file's lease, writes without it are refused.
 
         A server's files: yes (423), and a lease cannot be taken while such a
-        write is under way. A local file's lock is advisory: no, a writer that
-        does not ask for it is not stopped.
+        write is under way. A local file's lock is advisory: no.
         """
-        return False
 
+    @abstractmethod
     def end_lease(self) -> None:
         """Let other writers in again.
 
         :raises Conflict: When the lease lapsed and somebody else wrote the file meanwhile.
         """
 
-    def close(self) -> None:
-        """Release descriptors, connections and workers."""
+
+#: Every capability interface, for the contract suite.
+CAPABILITIES = (HashingHere, PriorityHashing, KernelCopies, Holes, ContentChunks, PartialFiles, Leases)
 
 
 def _zeros(ranges: Sequence[ByteRange], chunk: int = 1024 * 1024) -> Iterator[Chunk]:

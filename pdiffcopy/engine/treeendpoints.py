@@ -111,62 +111,128 @@ class TreeEndpoint(ABC):
     def file_endpoint(self, path: str) -> FileEndpoint:
         """The file at ``path`` below the root, for the block engine (big files)."""
 
-    # -- optional capabilities, with defaults for a tree that has none --------
+    def close(self) -> None:
+        """Release connections and descriptors."""
 
-    def enter_worker(self) -> None:
-        """Prepare a forked worker process of the sync for this tree; by default nothing."""
-
-    def traffic(self) -> "Tuple[int, int]":
-        """Bytes this process has sent and received on the wire for trees of this kind; (0, 0) by default.
-
-        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
-        """
-        return (0, 0)
-
-    def add_traffic(self, sent: int, received: int) -> None:
-        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
-
-    def list_attributes(self, options: MetadataOptions) -> None:
-        """Have :meth:`list` give each entry the extended attributes and ACLs ``options`` ask for (-X, -A)."""
-
-    def take_notices(self) -> List[str]:
-        """What this tree could not keep since the last call (one line per kind), to be said once; none by default."""
-        return []
-
-    def sweep_while_listing(self) -> None:
-        """Have :meth:`list` also remove the temporaries that killed runs left.
-
-        By default nothing: a server sweeps its own root when it starts.
-        """
+    # -- the fallbacks of the capabilities below, for a tree that lacks them -----------------
 
     def walks_here(self) -> bool:
-        """Whether :meth:`list` walks a file system in this process (then a forked child can walk it
-        beside another tree's walk); a tree behind a server is listed by the server."""
+        """:meth:`WalkedHere.walks_here`; without it, no: a server lists it."""
+        return False
+
+    def enter_worker(self) -> None:
+        """:meth:`WalkedHere.enter_worker`; without it, nothing to prepare."""
+
+    def sweep_while_listing(self) -> None:
+        """:meth:`WalkedHere.sweep_while_listing`; without it, nothing: a server sweeps its own root when it starts."""
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """:meth:`WalkedHere.same_content`; without it, False: it cannot tell cheaply."""
         return False
 
     def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
-        """Whether :meth:`copy_files_from` can take files from ``other`` (two local trees: the kernel copies)."""
+        """:meth:`TreeCopies.can_copy_files_from`; without it, never."""
         return False
 
     def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
+                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
+        """:meth:`TreeCopies.copy_files_from`; without it, :class:`Unsupported`."""
+        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
+
+    def traffic(self) -> "Tuple[int, int]":
+        """:meth:`ServedTree.traffic`; without it, (0, 0): nothing on a wire."""
+        return (0, 0)
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        """:meth:`ServedTree.add_traffic`; without it, nothing to count."""
+
+    def may_change_root(self) -> bool:
+        """:meth:`ServedTree.may_change_root`; without it, yes."""
+        return True
+
+    def list_attributes(self, options: MetadataOptions) -> None:
+        """:meth:`KeptAttributes.list_attributes`; without it, no attributes are listed."""
+
+    def take_notices(self) -> List[str]:
+        """:meth:`KeptAttributes.take_notices`; without it, none."""
+        return []
+
+
+# -- capabilities: a tree inherits those it has, and implements all of their methods
+
+
+class WalkedHere(ABC):
+    """A tree on this machine: walked and written by this process and its forked workers."""
+
+    @abstractmethod
+    def walks_here(self) -> bool:
+        """Whether :meth:`TreeEndpoint.list` walks a file system in this process (then a forked
+        child can walk it beside another tree's walk)."""
+
+    @abstractmethod
+    def enter_worker(self) -> None:
+        """Prepare a forked worker process of the sync for this tree."""
+
+    @abstractmethod
+    def sweep_while_listing(self) -> None:
+        """Have :meth:`TreeEndpoint.list` also remove the temporaries that killed runs left."""
+
+    @abstractmethod
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+
+
+class TreeCopies(ABC):
+    """Files copied from another tree without passing through this process (two local trees: the kernel copies)."""
+
+    @abstractmethod
+    def can_copy_files_from(self, other: TreeEndpoint) -> bool:
+        """Whether :meth:`copy_files_from` can take files from ``other``."""
+
+    @abstractmethod
+    def copy_files_from(self, other: TreeEndpoint, entries: Iterable[Entry], options: MetadataOptions,
                         compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
         """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
 
         :raises Unsupported: Unless :meth:`can_copy_files_from` says yes.
         """
-        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
 
-    def same_content(self, entry: Entry, data: bytes) -> bool:
-        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
-        return False
 
+class ServedTree(ABC):
+    """A tree behind a server: its traffic counted across forked workers, its root the server's own."""
+
+    @abstractmethod
+    def traffic(self) -> "Tuple[int, int]":
+        """Bytes this process has sent and received on the wire for trees of this kind.
+
+        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
+        """
+
+    @abstractmethod
+    def add_traffic(self, sent: int, received: int) -> None:
+        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
+
+    @abstractmethod
     def may_change_root(self) -> bool:
         """Whether a sync may set the root directory's own permissions and times (not a server's root)."""
-        return True
-
-    def close(self) -> None:
-        """Release connections and descriptors."""
 
 
-__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "Failure", "Listing",
-           "MetadataOptions", "Operation", "TreeEndpoint"]
+class KeptAttributes(ABC):
+    """Extended attributes and ACLs listed and kept (-X, -A), and what could not be kept said once."""
+
+    @abstractmethod
+    def list_attributes(self, options: MetadataOptions) -> None:
+        """Have :meth:`TreeEndpoint.list` give each entry the extended attributes and ACLs ``options`` ask for."""
+
+    @abstractmethod
+    def take_notices(self) -> List[str]:
+        """What this tree could not keep since the last call (one line per kind), to be said once."""
+
+
+#: Every capability interface of a tree, for the contract suite.
+TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
+
+
+__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
+           "KeptAttributes", "Listing", "MetadataOptions", "Operation", "ServedTree", "TreeCopies", "TreeEndpoint",
+           "WalkedHere"]

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, 
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
+from pdiffcopy.engine.endpoints import (
+    Chunk,
+    ContentChunks,
+    FileEndpoint,
+    FileInfo,
+    HashingHere,
+    Holes,
+    KernelCopies,
+    Leases,
+    PartialFiles,
+)
 from pdiffcopy.errors import (
     AccessDenied,
     Conflict,
@@ -88,7 +98,7 @@ def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
     return pool
 
 
-class LocalFile(FileEndpoint):
+class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, Leases, FileEndpoint):
     """A regular file on a local file system.
 
     ``LocalFile(path)`` is a file the user named: its path is resolved as
@@ -447,6 +457,9 @@ class LocalFile(FileEndpoint):
             os.close(fd)
             raise
         self._lease_fd = fd
+
+    def leases_stop_other_writers(self) -> bool:
+        return False  # an advisory lock: a writer that does not ask for it is not stopped
 
     def end_lease(self) -> None:
         fd, self._lease_fd = self._lease_fd, None

@@ -46,8 +46,11 @@ from pdiffcopy.engine.treeendpoints import (
     Failure,
     Listing,
     MetadataOptions,
+    KeptAttributes,
     Operation,
+    TreeCopies,
     TreeEndpoint,
+    WalkedHere,
 )
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
@@ -123,7 +126,7 @@ def _close_pending(pending: List[_Frame]) -> None:
         os.close(pending.pop()[0])
 
 
-class LocalTree(TreeEndpoint):
+class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
     #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).

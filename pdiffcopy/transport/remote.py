@@ -37,7 +37,16 @@ from pdiffcopy.core.byteranges import (
     read_parts,
 )
 from pdiffcopy.core.compression import FRAMES_TYPE, CompressionError
-from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
+from pdiffcopy.engine.endpoints import (
+    Chunk,
+    ContentChunks,
+    FileEndpoint,
+    FileInfo,
+    Holes,
+    Leases,
+    PartialFiles,
+    PriorityHashing,
+)
 from pdiffcopy.errors import (
     BadRequest,
     NotAFile,
@@ -110,7 +119,7 @@ class _RangesBody:
             yield closing_delimiter(self.boundary)
 
 
-class RemoteFile(FileEndpoint):
+class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, FileEndpoint):
     """A file on a pdiffcopy server, named by its URL.
 
     With ``follow=False`` (a tree's member) every request asks the server not
@@ -229,6 +238,9 @@ class RemoteFile(FileEndpoint):
         if self._first_hash_pool is None:
             self._first_hash_pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="hash-first")
         return self._first_hash_pool.submit(self._hashes, list(ranges), block_size, method)
+
+    def hashes_pieces_cheaply(self) -> bool:
+        return True  # the server hashes any ranges it is asked for
 
     def _hashes(self, ranges: List[ByteRange], block_size: int, method: str) -> bytes:
         """One hash request: one range in the query, several in a Range header."""
@@ -483,6 +495,9 @@ class RemoteFile(FileEndpoint):
                 self._call("DELETE", "lease")
             finally:
                 self._lease = None
+
+    def sweep_temporaries(self) -> int:
+        return 0  # the server sweeps its own root when it starts
 
     def create_temporary(self, clone: bool) -> "RemoteFile":
         temporary = self._sibling(temporary_name, self.follow)

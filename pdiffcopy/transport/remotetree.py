@@ -29,7 +29,16 @@ from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
 from pdiffcopy.transport.remote import RemoteFile
 from pdiffcopy.transport.urls import quote_path, split_server_url
-from pdiffcopy.engine.treeendpoints import LINK, Failure, Listing, MetadataOptions, Operation, TreeEndpoint
+from pdiffcopy.engine.treeendpoints import (
+    LINK,
+    Failure,
+    KeptAttributes,
+    Listing,
+    MetadataOptions,
+    Operation,
+    ServedTree,
+    TreeEndpoint,
+)
 from pdiffcopy.core.treeplan import FILE, Entry
 from pdiffcopy.core.treewire import (
     MAX_BATCH_BYTES,
@@ -53,7 +62,7 @@ logger = logging.getLogger(__name__)
 _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
 
 
-class RemoteTree(TreeEndpoint):
+class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
     """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
 
     :param rate_limit: The bucket every byte on the wire is taken from (``--bwlimit``): one
