@@ -532,6 +532,19 @@ class RemoteFile(FileEndpoint):
         # The name's bytes, not its characters: it may not be UTF-8.
         self._call("POST", "rename", params={"to": os.fsencode(other.path)})
 
+    def sweep_temporaries(self) -> int:
+        """Have the server remove the temporaries beside the file whose writers are gone.
+
+        A server older than this request answers 404 (as it does for a missing directory): nothing.
+        """
+        response = self.request("POST", self._target("sweep"), expected=(200, 404, 405))
+        if response.status != 200:
+            self._body(response)
+            return 0
+        answer = self.client.json(response)
+        removed = answer.get("removed") if isinstance(answer, dict) else None
+        return removed if isinstance(removed, int) else 0
+
     def remove_temporary(self) -> None:
         try:
             self._call("DELETE", "temporary", expected=(200, 404))
