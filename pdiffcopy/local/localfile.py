@@ -685,6 +685,13 @@ class ConfinedFile(LocalFile):
         parent, _, name = relative.rpartition("/")
         return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
 
+    def sweep_temporaries(self) -> int:
+        directory, _ = self._directory_and_name()
+        try:
+            return sweep_stale_temporaries(f"/proc/self/fd/{directory}")
+        finally:
+            os.close(directory)
+
     def _flush_directory(self) -> None:
         directory, _ = self._directory_and_name()
         assert directory is not None

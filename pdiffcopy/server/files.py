@@ -33,7 +33,7 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.local.confinement import refuse_hard_links
 from pdiffcopy.local.descriptors import RangeReader, copy_available, data_extents, etag, punch_ranges, resize, \
-    start_writeback, sweep_stale_temporaries
+    start_writeback
 from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.local.leases import LEASE_SECONDS
 from pdiffcopy.server.context import (
@@ -423,13 +423,7 @@ def end_lease(path: str):
 @files.post(f"{API_PREFIX}/sweep/<path:path>")
 def sweep_beside(path: str):
     """Remove the temporaries beside ``path`` whose writers are gone (docs/design.rst, "Temporaries")."""
-    state = server_state()
-    parent = path.rstrip("/").rpartition("/")[0]
-    directory = state.root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        removed = sweep_stale_temporaries(f"/proc/self/fd/{directory}")
-    finally:
-        os.close(directory)
+    removed = served(server_state().root, path, follow=False).sweep_temporaries()
     if removed:
         logger.info("Removed %d temporary file(s) of interrupted runs beside %s", removed, one_line(path))
     return jsonify(removed=removed)

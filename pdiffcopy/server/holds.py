@@ -23,6 +23,7 @@ from pdiffcopy.errors import PdiffcopyError
 from pdiffcopy.local import writerlocks
 from pdiffcopy.local.leases import LEASE_SECONDS
 from pdiffcopy.server.context import server_state
+from pdiffcopy.server.requests import served
 
 #: How often a worker looks whether the clients whose temporaries it holds are still connected:
 #: a killed client's temporary is free for the next run's sweep this soon.
@@ -60,7 +61,7 @@ def install(app: Flask) -> None:
 def hold(path: str, keeper: writerlocks.HoldKeeper) -> None:
     """Keep (or renew) a writer lock on the temporary ``path`` for the requesting client."""
     try:
-        fd = server_state().root.open_regular(path, os.O_RDONLY | os.O_NONBLOCK, follow=False)
+        fd = served(server_state().root, path, follow=False).open_descriptor(os.O_RDONLY | os.O_NONBLOCK)
     except (PdiffcopyError, OSError):
         return  # renamed or removed by this request: nothing to hold
     try:

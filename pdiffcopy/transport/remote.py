@@ -537,7 +537,11 @@ class RemoteFile(FileEndpoint):
 
         A server older than this request answers 404 (as it does for a missing directory): nothing.
         """
-        response = self.request("POST", self._target("sweep"), expected=(200, 404, 405))
+        try:
+            response = self.request("POST", self._target("sweep"), expected=(200, 404, 405))
+        except PdiffcopyError as error:  # housekeeping never stops a sync: its next request says what is wrong
+            logger.debug("Sweeping beside %s failed: %s", self.location, error)
+            return 0
         if response.status != 200:
             self._body(response)
             return 0
