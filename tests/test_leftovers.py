@@ -14,6 +14,7 @@ import pytest
 from conftest import pdiffcopy_command, process_stats, random_bytes, run_cli, start_server
 from pdiffcopy.local import descriptors
 from pdiffcopy.local.descriptors import is_temporary_name
+from pdiffcopy.local.writerlocks import create_held
 from test_interrupt import session_processes
 
 #: Big enough (hashed with a slow method) that the sync is still running when the signal comes.
@@ -40,6 +41,13 @@ def dead_pid() -> int:
 
 def temporary_of(name: str, pid: int, serial: int = 1) -> str:
     return f".{name}.pdiffcopy-{(pid << 24) | serial:012x}"
+
+
+def held_by_this_process(path: Path) -> int:
+    """Make the temporary ``path`` as a writer does, holding its writer lock; the caller closes the descriptor."""
+    fd = create_held(str(path), 0o600)
+    os.write(fd, b"being written")
+    return fd
 
 
 def backdate(path: Path, seconds: float) -> None:
@@ -188,21 +196,29 @@ def test_the_temporary_of_a_killed_pull_is_swept_by_the_next_run(server, big_pai
     assert "stale temporary" in completed.stderr
 
 
-def test_temporaries_of_live_processes_and_recent_ones_are_kept(tmp_path):
+def test_temporaries_whose_writer_lock_is_held_are_kept_whatever_their_age(tmp_path):
     (tmp_path / "a.img").write_bytes(b"new data")
-    live = tmp_path / temporary_of("b.img", os.getpid())  # ours: alive
-    recent = tmp_path / temporary_of("c.img", dead_pid())  # dead, but touched just now
+    live = tmp_path / temporary_of("b.img", dead_pid())  # its lock held (by this process), a day old
+    live_partial = tmp_path / ".f.img.pdiffcopy-partial"
+    recent = tmp_path / temporary_of("c.img", os.getpid())  # unlocked: its writer is gone, whatever its name says
     orphan = tmp_path / temporary_of("d.img", dead_pid())
     old = tmp_path / temporary_of("e.img", os.getpid(), 2)
-    for path in (live, recent, orphan, old):
-        path.write_bytes(b"partial")
-    backdate(live, ORPHAN_TEMPORARY_SECONDS + 60)
-    backdate(orphan, ORPHAN_TEMPORARY_SECONDS + 60)
-    backdate(old, STALE_TEMPORARY_SECONDS + 60)
-    completed = run_cli(str(tmp_path / "a.img"), str(tmp_path / "b.img"))
-    assert completed.returncode == 0, completed.stderr
-    assert live.exists() and recent.exists()
-    assert not orphan.exists() and not old.exists()
+    partial = tmp_path / ".g.img.pdiffcopy-partial"  # unlocked: kept for the next run to resume
+    old_partial = tmp_path / ".h.img.pdiffcopy-partial"
+    holders = [held_by_this_process(live), held_by_this_process(live_partial)]
+    try:
+        for path in (recent, orphan, old, partial, old_partial):
+            path.write_bytes(b"partial")
+        for path in (live, live_partial, old, old_partial):
+            backdate(path, STALE_TEMPORARY_SECONDS + 60)
+        backdate(orphan, ORPHAN_TEMPORARY_SECONDS + 60)
+        completed = run_cli(str(tmp_path / "a.img"), str(tmp_path / "b.img"))
+        assert completed.returncode == 0, completed.stderr
+        assert live.exists() and live_partial.exists() and partial.exists()
+        assert not recent.exists() and not orphan.exists() and not old.exists() and not old_partial.exists()
+    finally:
+        for fd in holders:
+            os.close(fd)
 
 
 def make_tree_with_temporaries(root: Path) -> None:
@@ -240,33 +256,38 @@ def test_a_tree_sync_sweeps_stale_temporaries_of_its_local_target(tmp_path):
     (source / "sub").mkdir(parents=True)
     (source / "sub" / "a.txt").write_bytes(b"a")
     (target / "sub").mkdir(parents=True)
-    stale = target / "sub" / temporary_of("a.txt", dead_pid())
-    fresh = target / temporary_of("b.txt", dead_pid())
+    stale = target / "sub" / temporary_of("a.txt", os.getpid())  # just made, but nobody holds its lock
+    live = target / temporary_of("b.txt", dead_pid())
     stale.write_bytes(b"partial")
-    fresh.write_bytes(b"partial")
-    backdate(stale, ORPHAN_TEMPORARY_SECONDS + 60)
-    completed = run_cli("-n", str(source) + "/", str(target))
-    assert completed.returncode == 0, completed.stderr
-    assert stale.exists()  # a dry run changes nothing
-    completed = run_cli(str(source) + "/", str(target))
-    assert completed.returncode == 0, completed.stderr
-    assert not stale.exists() and fresh.exists()
-    assert (target / "sub" / "a.txt").read_bytes() == b"a"
+    holder = held_by_this_process(live)
+    try:
+        backdate(live, STALE_TEMPORARY_SECONDS + 60)
+        completed = run_cli("-n", str(source) + "/", str(target))
+        assert completed.returncode == 0, completed.stderr
+        assert stale.exists()  # a dry run changes nothing
+        completed = run_cli(str(source) + "/", str(target))
+        assert completed.returncode == 0, completed.stderr
+        assert not stale.exists() and live.exists()
+        assert (target / "sub" / "a.txt").read_bytes() == b"a"
+    finally:
+        os.close(holder)
 
 
 def test_the_server_sweeps_stale_temporaries_of_its_root_at_start(tmp_path):
     root = tmp_path / "root"
     (root / "deep" / "er").mkdir(parents=True)
-    stale = root / "deep" / "er" / temporary_of("pushed.img", dead_pid())
+    stale = root / "deep" / "er" / temporary_of("pushed.img", os.getpid())  # recent, but unlocked
     old = root / temporary_of("older.img", os.getpid())
-    kept = root / "deep" / temporary_of("recent.img", dead_pid())
-    for path in (stale, old, kept):
+    kept = root / "deep" / temporary_of("recent.img", dead_pid())  # its writer (this process) is alive
+    for path in (stale, old):
         path.write_bytes(b"partial")
-    backdate(stale, ORPHAN_TEMPORARY_SECONDS + 60)
+    holder = held_by_this_process(kept)
     backdate(old, STALE_TEMPORARY_SECONDS + 60)
+    backdate(kept, STALE_TEMPORARY_SECONDS + 60)
     server = start_server(root, tmp_path / "server.log")
     try:
         assert not stale.exists() and not old.exists()
         assert kept.exists()
     finally:
         server.stop()
+        os.close(holder)

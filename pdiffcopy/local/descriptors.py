@@ -13,7 +13,7 @@ import stat
 import time
 from typing import Iterable, Iterator, Optional, Tuple
 
-from pdiffcopy.local import libc
+from pdiffcopy.local import libc, writerlocks
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.datamap import zero_runs
 # The temporary-name scheme and the transfer chunk are the protocol's (the client names
@@ -92,11 +92,13 @@ SWEEP_MAX_ENTRIES = 1_000_000
 SWEEP_MAX_SECONDS = 10.0
 
 
-def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = None) -> bool:
-    """Whether the temporary file ``name`` (with ``lstat`` result ``info``) is left over.
+def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = None,
+                       by_process: bool = True) -> bool:
+    """Whether the temporary file ``name`` (with ``lstat`` result ``info``) is left over, by its age.
 
-    Stale means untouched for :data:`STALE_TEMPORARY_SECONDS`, or for
-    :data:`ORPHAN_TEMPORARY_SECONDS` when the process that named it is dead.
+    The rule where writer locks cannot tell (:func:`remove_if_abandoned`).
+    Stale means untouched for :data:`STALE_TEMPORARY_SECONDS`, or (with
+    ``by_process``) for :data:`ORPHAN_TEMPORARY_SECONDS` when the process that named it is dead.
     A partial file (:func:`~pdiffcopy.core.protocol.partial_name`) names no
     process: it is kept for the next run to resume until it is untouched for
     :data:`STALE_TEMPORARY_SECONDS`.
@@ -109,7 +111,7 @@ def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = N
     age = (time.time() if now is None else now) - info.st_mtime
     if age >= STALE_TEMPORARY_SECONDS:
         return True
-    return match is not None and age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
+    return by_process and match is not None and age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
 
 
 def _is_alive(pid: int) -> bool:
@@ -125,10 +127,43 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
+def remove_if_abandoned(name: str, info: os.stat_result, dir_fd: Optional[int],
+                        now: Optional[float] = None) -> bool:
+    """Remove the temporary ``name`` (``lstat`` result ``info``) in ``dir_fd`` if its writer is gone.
+
+    A temporary whose writer holds its lock (:mod:`~pdiffcopy.local.writerlocks`) is
+    never touched. One whose lock this process can take is removed at once, while
+    holding it, whatever its age; but a partial file is kept for the next run to
+    resume until it is stale (:func:`is_stale_temporary`). Where the lock cannot tell
+    (a file system without locks, a symlink, another name of a file, as a tree's
+    hard links are made), the age rules of :func:`is_stale_temporary` decide.
+
+    :returns: Whether it was removed.
+    :raises OSError: When removing it fails.
+    """
+    if not is_temporary_name(name) or stat.S_ISDIR(info.st_mode):
+        return False
+    lockable = stat.S_ISREG(info.st_mode) and info.st_nlink == 1
+    state, held = writerlocks.probe_writer(name, dir_fd, info) if lockable else (writerlocks.UNKNOWN, None)
+    if state == writerlocks.HELD:
+        return False
+    try:
+        if state == writerlocks.FREE and not is_partial_name(name):
+            abandoned = True
+        else:
+            abandoned = is_stale_temporary(name, info, now, by_process=state == writerlocks.UNKNOWN)
+        if abandoned:
+            os.unlink(name, dir_fd=dir_fd)
+        return abandoned
+    finally:
+        if held is not None:
+            os.close(held)
+
+
 def sweep_stale_temporaries(directory: str, recursive: bool = False,
                             max_entries: int = SWEEP_MAX_ENTRIES,
                             max_seconds: float = SWEEP_MAX_SECONDS) -> int:
-    """Remove the stale temporary files (:func:`is_stale_temporary`) in ``directory``.
+    """Remove the abandoned temporary files (:func:`remove_if_abandoned`) in ``directory``.
 
     Iterative, by directory descriptors, never following a symlink; bounded
     by ``max_entries`` and ``max_seconds``. Failures are ignored: the sweep
@@ -155,8 +190,7 @@ def sweep_stale_temporaries(directory: str, recursive: bool = False,
                             return removed
                         try:
                             if item.name.startswith(".") and is_temporary_name(item.name):
-                                if is_stale_temporary(item.name, item.stat(follow_symlinks=False), now):
-                                    os.unlink(item.name, dir_fd=fd)
+                                if remove_if_abandoned(item.name, item.stat(follow_symlinks=False), fd, now):
                                     removed += 1
                             elif recursive and item.is_dir(follow_symlinks=False):
                                 pending.append(os.open(item.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -542,7 +576,7 @@ def etag(stat: os.stat_result) -> str:
 __all__ = [
     "TRANSFER_CHUNK_SIZE", "NO_FASTPATH_VARIABLE", "fast_paths_enabled", "temporary_name", "is_temporary_name",
     "partial_name", "is_partial_name",
-    "is_stale_temporary",
+    "is_stale_temporary", "remove_if_abandoned",
     "sweep_stale_temporaries", "raise_open_file_limit", "read_chunks", "write_all",
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
     "fsync_directory", "replace_atomically", "free_space", "etag",

@@ -59,6 +59,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local import libc
+from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.descriptors import (
     FICLONE,
     NO_FASTPATH_VARIABLE,
@@ -644,8 +645,7 @@ def _copy_to_temporary(source_fd: int, source_path: str, target_path: str, cache
     # applies it at creation); an existing one keeps its own, set at the end.
     create_mode = stat_module.S_IMODE(source.st_mode) & 0o777 if target is None else 0o600
     try:
-        target_fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                            create_mode)
+        target_fd = create_held(temporary, create_mode)
     except OSError as error:
         raise storage_error(error, f"create a temporary file in {directory or '.'}") from None
     try:

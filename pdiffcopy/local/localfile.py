@@ -54,6 +54,8 @@ from pdiffcopy.local.descriptors import (
     write_sparse,
 )
 from pdiffcopy.local.filehash import hash_file_ranges, hash_region
+from pdiffcopy.local import writerlocks
+from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
 from pdiffcopy.local.processes import die_with_parent
 
@@ -126,6 +128,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self._closed = False
         #: A descriptor holding an flock on the file while we update it in place.
         self._lease_fd: Optional[int] = None
+        #: A temporary's: a descriptor holding its writer lock (local/writerlocks.py).
+        self._hold_fd: Optional[int] = None
         #: Drop what hashing reads from the page cache (set for --cache drop copies).
         self.drop_cache = False
         #: How the last copy into a temporary was made (:meth:`create_temporary`'s clone).
@@ -278,6 +282,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     def _reader(self) -> int:
         if self._read_fd is None:
             self._read_fd = self._open(os.O_RDONLY)
+            self._hold(self._read_fd)
         return self._read_fd
 
     def read_descriptor(self) -> int:
@@ -289,14 +294,48 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         go through (:meth:`close` closes it)."""
         if self._write_fd is None:
             self._write_fd = self._open(os.O_WRONLY)
+            self._hold(self._write_fd)
         return self._write_fd
 
     def _writer(self) -> int:
         if self._closed:
             raise StorageError(f"Cannot write {self.path}: the sync was stopped")
-        if self._write_fd is None:
+        for _ in range(writerlocks.CREATE_ATTEMPTS):
+            if self._write_fd is not None:
+                break
             self._write_fd, self._created = self.open_writer()
+            if not self._hold(self._write_fd) and self._created:
+                os.close(self._write_fd)  # a sweep removed it before we held it: make it again
+                self._write_fd = None
+        else:
+            raise StorageError(f"Cannot create {self.path}: it was removed each time it was made")
         return self._write_fd
+
+    def _hold(self, fd: int) -> bool:
+        """Hold a temporary's writer lock (local/writerlocks.py) through a descriptor of its own.
+
+        :returns: Whether the file still has its name (False: a sweep removed it before it was held).
+        """
+        if self._hold_fd is not None or not is_temporary_name(os.path.basename(self.path)):
+            return True
+        try:
+            self._hold_fd = writerlocks.hold_descriptor(fd)
+            return self._hold_fd is None or writerlocks.still_named(self._hold_fd)
+        except OSError as error:
+            raise storage_error(error, f"lock {self.path}") from None
+
+    def _end_hold(self, renamed_or_removed: bool) -> None:
+        """Drop the writer lock, or hand it to the process's keeper (a server keeps it for its client)."""
+        fd, self._hold_fd = self._hold_fd, None
+        if fd is None:
+            return
+        keeper = writerlocks.KEEPER
+        if keeper is not None and not renamed_or_removed:
+            keeper.keep(fd, writerlocks.request_connection())
+            return
+        if keeper is not None:
+            keeper.release(fd)
+        os.close(fd)
 
     def prepare(self, size: int) -> None:
         self._resize(size, None)
@@ -520,8 +559,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         # prepares every big file's temporary up front).
         directory, name = sibling._directory_and_name()
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=directory)
+            fd = writerlocks.create_held(name, 0o600, dir_fd=directory)
+            sibling._hold_fd = os.dup(fd)  # the same open file description: it holds the lock too
         except OSError as error:
             where = os.path.dirname(sibling.path) or "."
             raise storage_error(error, f"create a temporary file in {where}") from None
@@ -583,6 +622,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         finally:
             if held is not None:
                 os.close(held)
+        self._end_hold(renamed_or_removed=True)
 
     def remove_temporary(self) -> None:
         self.close()
@@ -606,8 +646,10 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
                     os.close(directory)
         except OSError as error:
             raise storage_error(error, f"remove {self.path}") from None
+        self._end_hold(renamed_or_removed=True)
 
     def close(self) -> None:
+        self._end_hold(renamed_or_removed=False)
         for name in ("_read_fd", "_write_fd", "_lease_fd"):
             fd = getattr(self, name)
             if fd is not None:
@@ -655,6 +697,13 @@ class ConfinedFile(LocalFile):
             raise AccessDenied("The root directory itself cannot be changed")
         parent, _, name = relative.rpartition("/")
         return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
+
+    def sweep_temporaries(self) -> int:
+        directory, _ = self._directory_and_name()
+        try:
+            return sweep_stale_temporaries(f"/proc/self/fd/{directory}")
+        finally:
+            os.close(directory)
 
     def _flush_directory(self) -> None:
         directory, _ = self._directory_and_name()

@@ -28,9 +28,9 @@ from pdiffcopy.local.descriptors import (
     clear_umask,
     copy_available,
     data_extents,
-    is_stale_temporary,
     is_temporary_name,
     process_umask,
+    remove_if_abandoned,
     replace_atomically,
     temporary_name,
 )
@@ -54,6 +54,7 @@ from pdiffcopy.engine.treeendpoints import (
 )
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
+from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
 logger = logging.getLogger(__name__)
@@ -541,8 +542,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         try:
             # Opened inside the try: an interrupt lands right after a call
             # returns, and the clean-up below must cover the file just made.
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         entry.permissions & 0o777, dir_fd=directory)
+            fd = create_held(temporary, entry.permissions & 0o777, dir_fd=directory)
             try:
                 fill(fd)
                 self._set_metadata_fd(fd, entry, options, created=True)
@@ -804,10 +804,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
 
 
 def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
-    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.is_stale_temporary`)."""
+    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.remove_if_abandoned`)."""
     try:
-        if is_stale_temporary(item.name, item.stat(follow_symlinks=False)):
-            os.unlink(item.name, dir_fd=directory)
+        if remove_if_abandoned(item.name, item.stat(follow_symlinks=False), directory):
             swept.append(path)
     except OSError:
         pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync

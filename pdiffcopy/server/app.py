@@ -33,6 +33,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.server.context import API_PREFIX, ServerConfig, ServerState
+from pdiffcopy.server import holds
 from pdiffcopy.server.files import files
 from pdiffcopy.server.legacyapi import legacy
 from pdiffcopy.server.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED
@@ -69,6 +70,7 @@ def create_app(config: ServerConfig) -> Flask:
     # and the rate limit are shared by every worker, the hash slots copied into each.
     state = ServerState.start(config)
     state.install(app)
+    holds.install(app)
     expected = config.token.encode() if config.token else None
     document = render_document()
 

@@ -420,6 +420,15 @@ def end_lease(path: str):
     return jsonify(released=True)
 
 
+@files.post(f"{API_PREFIX}/sweep/<path:path>")
+def sweep_beside(path: str):
+    """Remove the temporaries beside ``path`` whose writers are gone (docs/design.rst, "Temporaries")."""
+    removed = served(server_state().root, path, follow=False).sweep_temporaries()
+    if removed:
+        logger.info("Removed %d temporary file(s) of interrupted runs beside %s", removed, one_line(path))
+    return jsonify(removed=removed)
+
+
 @files.delete(f"{API_PREFIX}/temporary/<path:path>")
 def delete_temporary(path: str):
     """Remove a temporary file left by an aborted atomic sync."""

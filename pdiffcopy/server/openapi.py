@@ -236,6 +236,8 @@ def _components() -> Dict[str, Any]:
                      "properties": {"released": {"type": "boolean", "enum": [True]}}},
         "Removed": {"type": "object", "required": ["removed"],
                     "properties": {"removed": {"type": "boolean", "enum": [True]}}},
+        "Swept": {"type": "object", "required": ["removed"],
+                  "properties": {"removed": {**_INTEGER, "description": "How many temporaries were removed"}}},
         "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
                     "description": "This document."},
         "Entry": _ENTRY,
@@ -310,6 +312,9 @@ def _components() -> Dict[str, Any]:
                            "403.",
             "schema": {"type": "string", "minLength": 1}, "example": "db",
         },
+        "Sweep": _flag("sweep", "1: remove the temporaries of writers that are gone (their writer locks "
+                                "are free) as the tree is listed, as a push's target does; 0 (the default): "
+                                "do not"),
         "Times": _flag("times", "1: set modification times from the entries; 0 (the default): do not"),
         "Owner": _flag("owner", "1: set user and group from the entries (when the server runs as "
                                 "root); 0 (the default): do not"),
@@ -587,6 +592,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
     remove = _operation("removeTemporary", "Remove a temporary file left by an aborted sync",
                         {"200": _json_answer("Removed", "Removed")},
                         errors=_PATH_ERRORS, parameters=[temporary])
+    sweep = _operation("sweep", "Remove the temporaries beside a file whose writers are gone (their "
+                                "writer locks are free); a partial file only once a day old",
+                       {"200": _json_answer("Swept", "Swept")}, errors=_PATH_ERRORS, parameters=[path])
     return {
         "/": {"get": index, "head": _head_of(index, "serverInfoHeaders", "Server headers")},
         "/.pdiffcopy/health": {
@@ -613,6 +621,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         "/.pdiffcopy/rename/{path}": {"post": rename},
         "/.pdiffcopy/lease/{path}": {"post": take_lease, "delete": end_lease},
         "/.pdiffcopy/temporary/{path}": {"delete": remove},
+        "/.pdiffcopy/sweep/{path}": {"post": sweep},
         **_tree_paths(),
     }
 
@@ -628,7 +637,7 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         listing = _operation(
             f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
             {"200": _json_answer("The listing", "Listing")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + attributes)
+            errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [_ref("parameters", "Sweep")])
         read = _operation(
             f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",
             {"200": {"description": "The files in the order asked, as a batch stream (records "

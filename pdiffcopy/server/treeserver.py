@@ -362,6 +362,8 @@ def tree_list(path: str = ""):
     # -X/-A: every attribute asked for is listed, security.* and trusted.* too
     # (what a client may read, as it reads owners and content); applying them is the policy's.
     tree.list_attributes(metadata_options())
+    if flag_arg("sweep"):  # a push's target: remove what writers that are gone left (docs/design.rst)
+        tree.sweep_while_listing()
     try:
         # The root now: a missing or unreadable tree is an error status.
         top, directories = tree.walk()

@@ -547,6 +547,23 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         # The name's bytes, not its characters: it may not be UTF-8.
         self._call("POST", "rename", params={"to": os.fsencode(other.path)})
 
+    def sweep_temporaries(self) -> int:
+        """Have the server remove the temporaries beside the file whose writers are gone.
+
+        A server older than this request answers 404 (as it does for a missing directory): nothing.
+        """
+        try:
+            response = self.request("POST", self._target("sweep"), expected=(200, 404, 405))
+        except PdiffcopyError as error:  # housekeeping never stops a sync: its next request says what is wrong
+            logger.debug("Sweeping beside %s failed: %s", self.location, error)
+            return 0
+        if response.status != 200:
+            self._body(response)
+            return 0
+        answer = self.client.json(response)
+        removed = answer.get("removed") if isinstance(answer, dict) else None
+        return removed if isinstance(removed, int) else 0
+
     def remove_temporary(self) -> None:
         try:
             self._call("DELETE", "temporary", expected=(200, 404))

@@ -91,6 +91,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._notices: List[str] = []
         #: What the listing asks for (-X, -A; :meth:`list_attributes`), or None.
         self._attributes: Optional[MetadataOptions] = None
+        #: The listing removes the temporaries of writers that are gone (:meth:`sweep_while_listing`).
+        self._sweep = False
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -110,6 +112,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         target = self._target("tree")
         if self._attributes is not None:
             target += _attribute_flags(self._attributes, "?")
+        if self._sweep:  # an older server ignores it
+            target += ("&" if "?" in target else "?") + "sweep=1"
         response = self.client.request("GET", target)
         try:
             reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
@@ -285,6 +289,10 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                                            headers={"Content-Type": "application/json"})
             failures.extend(self._failures_of(response))
         return failures
+
+    def sweep_while_listing(self) -> None:
+        """Have the server remove the temporaries of writers that are gone as it lists the tree."""
+        self._sweep = True
 
     def list_attributes(self, options: MetadataOptions) -> None:
         self._attributes = options if options.attributes else None

@@ -1,0 +1,120 @@
+"""The server holds its clients' temporaries' writer locks between their requests.
+
+A push writes its temporary on the server in many requests, which gunicorn's
+worker processes share out, and none of them is the writer for long. So every
+worker that serves a request on a temporary keeps a writer lock on it afterwards
+(:class:`~pdiffcopy.local.writerlocks.HoldKeeper`) until the client is gone: every
+connection on which it asked is closed (the kernel closes a killed client's at
+once), or it sent nothing for the lease's :data:`~pdiffcopy.local.leases.LEASE_SECONDS`,
+or the temporary has no name any more. A sweep (a push's, a tree push's listing,
+the next server's start) then finds the lock free and removes the temporary.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Iterable, Optional, Set, Tuple
+
+from flask import Flask, Response, request
+
+from pdiffcopy.core.protocol import is_temporary_name
+from pdiffcopy.errors import PdiffcopyError
+from pdiffcopy.local import writerlocks
+from pdiffcopy.local.leases import LEASE_SECONDS
+from pdiffcopy.server.context import server_state
+from pdiffcopy.server.requests import served
+
+#: How often a worker looks whether the clients whose temporaries it holds are still connected:
+#: a killed client's temporary is free for the next run's sweep this soon.
+HOLD_TICK_SECONDS = 0.05
+
+#: ``/proc/net/tcp`` state of an established connection (include/net/tcp_states.h).
+_ESTABLISHED = "01"
+
+Endpoint = Tuple[object, int]
+Connection = Tuple[Endpoint, Endpoint]
+
+
+def install(app: Flask) -> None:
+    """Keep the temporaries' writer locks in every worker of ``app`` (made before the fork)."""
+    keeper = writerlocks.HoldKeeper(LEASE_SECONDS, tick=HOLD_TICK_SECONDS)
+    keeper.alive = any_established
+    writerlocks.KEEPER = keeper
+
+    @app.before_request
+    def note_connection() -> None:
+        writerlocks.set_request_connection(connection_of(request.environ))
+
+    @app.after_request
+    def keep_temporary_held(response: Response) -> Response:
+        path = (request.view_args or {}).get("path")
+        if path and response.status_code < 400 and is_temporary_name(path.rstrip("/").rpartition("/")[2]):
+            hold(path, keeper)
+        return response
+
+    @app.teardown_request
+    def forget_connection(_error: Optional[BaseException]) -> None:
+        writerlocks.set_request_connection(None)
+
+
+def hold(path: str, keeper: writerlocks.HoldKeeper) -> None:
+    """Keep (or renew) a writer lock on the temporary ``path`` for the requesting client."""
+    try:
+        fd = served(server_state().root, path, follow=False).open_descriptor(os.O_RDONLY | os.O_NONBLOCK)
+    except (PdiffcopyError, OSError):
+        return  # renamed or removed by this request: nothing to hold
+    try:
+        held = writerlocks.hold_descriptor(fd)
+    except OSError:
+        held = None
+    finally:
+        os.close(fd)
+    if held is not None:
+        keeper.keep(held, writerlocks.request_connection())
+
+
+def connection_of(environ: dict) -> Optional[Connection]:
+    """The request's TCP connection as (server address, client address), or None when unknown."""
+    sock = environ.get("gunicorn.socket")
+    try:
+        here, there = sock.getsockname(), sock.getpeername()  # type: ignore[union-attr]
+        return (ipaddress.ip_address(here[0]), here[1]), (ipaddress.ip_address(there[0]), there[1])
+    except (AttributeError, OSError, ValueError, IndexError, TypeError):
+        return None
+
+
+def any_established(connections: Iterable[Connection]) -> bool:
+    """Whether any of ``connections`` is still established (the client has not closed it)."""
+    try:
+        established = established_connections()
+    except OSError:
+        return True  # cannot tell: the lease's time decides
+    return any(connection in established for connection in connections)
+
+
+def established_connections() -> Set[Connection]:
+    """This host's established TCP connections, from ``/proc/net/tcp`` and ``tcp6``."""
+    found: Set[Connection] = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as table:
+                next(table, None)
+                for line in table:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == _ESTABLISHED:
+                        found.add((_endpoint(fields[1]), _endpoint(fields[2])))
+        except FileNotFoundError:
+            continue  # no IPv6
+    return found
+
+
+def _endpoint(text: str) -> Endpoint:
+    """An address and port as ``/proc/net/tcp`` writes them: the address in 32-bit host-order words."""
+    address, _, port = text.partition(":")
+    raw = bytes.fromhex(address)
+    packed = b"".join(raw[index:index + 4][::-1] for index in range(0, len(raw), 4))
+    return ipaddress.ip_address(packed), int(port, 16)
+
+
+__all__ = ["HOLD_TICK_SECONDS", "any_established", "connection_of", "established_connections", "install"]
