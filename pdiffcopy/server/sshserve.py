@@ -1,0 +1,80 @@
+"""The serve-over-ssh mode: the server a client starts on another host through ssh.
+
+``pdiffcopy --serve-over-ssh`` is what the client runs on HOST for a
+``HOST:PATH`` argument (:mod:`pdiffcopy.transport.sshlaunch`). It serves "/"
+as the ssh user, on a Unix socket of mode 0600 in a private 0700 directory,
+with a fresh random token, and hands the socket's path and the token over in
+one JSON line on stdout (ssh's channel): neither ever appears on a command
+line. It lives exactly as long as the ssh session: when its stdin closes
+(the client closed it, or died and ssh or sshd with it) it stops and removes
+its directory. docs/protocol.rst, "Serving over ssh", describes the hand-over.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import Optional
+
+from pdiffcopy import __version__
+from pdiffcopy.core.sshform import handshake_line
+
+#: Seconds the workers get to finish their requests once the session ended: the client
+#: that sent them is gone.
+SHUTDOWN_GRACE_SECONDS = 1
+
+
+def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning") -> None:
+    """Serve "/" until stdin closes, then stop and remove the socket and its directory."""
+    from pdiffcopy.server.service import ServerOptions, run_server
+
+    home = os.path.expanduser("~")
+    try:
+        os.chdir(home)
+    except OSError:
+        pass
+    token = secrets.token_urlsafe(32)
+    owner = os.getpid()
+    directory = tempfile.mkdtemp(prefix="pdiffcopy-ssh-")  # mode 0700
+    socket_path = os.path.join(directory, "socket")
+    # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
+    # workers' output) goes to stderr, so that no stray line lands in the channel.
+    handover = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def when_ready(arbiter) -> None:
+        # A SIGHUP (a terminal's hang-up) ends the session as stdin's end does; gunicorn
+        # would reload. The arbiter runs the handler named after the signal.
+        arbiter.handle_hup = arbiter.handle_int
+        os.write(handover, (handshake_line(version=__version__, socket=socket_path, token=token,
+                                           home=home) + "\n").encode("utf-8"))
+        os.close(handover)
+        threading.Thread(target=_stop_at_end_of_input, args=(os.getpid(),), daemon=True,
+                         name="stdin-watch").start()
+
+    try:
+        run_server(ServerOptions(root="/", token=token, workers=workers, trust_clients=True,
+                                 unix_socket=socket_path, when_ready=when_ready, log_level=log_level,
+                                 graceful_timeout=SHUTDOWN_GRACE_SECONDS))
+    finally:
+        if os.getpid() == owner:  # not in a worker, which unwinds through here when it exits
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _stop_at_end_of_input(arbiter_pid: int) -> None:
+    """Read stdin to its end (the ssh session's end), then stop the server as Ctrl-C does."""
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:
+        pass
+    os.kill(arbiter_pid, signal.SIGINT)
+
+
+__all__ = ["serve_over_ssh"]
