@@ -40,7 +40,7 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
         pass
     token = secrets.token_urlsafe(32)
     owner = os.getpid()
-    directory = tempfile.mkdtemp(prefix="pdiffcopy-ssh-")  # mode 0700
+    directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-")  # mode 0700
     socket_path = os.path.join(directory, "socket")
     # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
     # workers' output) goes to stderr, so that no stray line lands in the channel.

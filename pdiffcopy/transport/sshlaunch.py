@@ -4,7 +4,7 @@ The system's OpenSSH client (``ssh``, or rsync's ``-e/--rsh COMMAND``) runs
 ``pdiffcopy --serve-over-ssh`` on HOST (:mod:`pdiffcopy.server.sshserve`) as
 the ssh user; ``~/.ssh/config``, agents, ProxyJump and known_hosts work as
 they do for rsync. That ssh process is the session's master
-(``ControlMaster``, its control socket in a private directory here): the
+(``ControlMaster``; ssh makes its control socket mode 0600 and removes it when it exits): the
 server's one hand-over line comes back on its stdout, and a local loopback
 port is then forwarded to the server's Unix socket over the same connection
 (``ssh -O forward``: no second login). The sync's parallel HTTP connections
@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import select
 import shlex
 import shutil
@@ -130,7 +131,7 @@ class SshSession:
         self.timeout = timeout or DEFAULT_START_TIMEOUT
         self.verbose = verbose
         self.process: Optional[subprocess.Popen] = None
-        self.directory: Optional[str] = None
+        self.control: Optional[str] = None
         self.token: Optional[str] = None
         self.home = "/"
         self.base: Optional[str] = None
@@ -174,8 +175,10 @@ class SshSession:
         return self
 
     def _start(self) -> None:
-        self.directory = tempfile.mkdtemp(prefix="pdiffcopy-ssh-")
-        control = os.path.join(self.directory, "control")
+        # ssh binds it (refusing a name that exists) and removes it when it exits, also
+        # when this process was killed: a directory of ours would outlive a SIGKILL.
+        control = self.control = os.path.join(tempfile.gettempdir(),
+                                              f"pdiffcopy-ssh-{secrets.token_hex(8)}.control")
         argv = [*self.rsh, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}",
                 "-o", "ControlPersist=no", "--", self.location.destination,
                 remote_command(self.remote_program, self.verbose)]
@@ -296,10 +299,11 @@ class SshSession:
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-        if self.directory:
-            # (ssh's control socket: the master that listens on it needs it no more)
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
+        if wait and self.control:  # (ssh removes it as it exits; not when it was killed)
+            try:
+                os.unlink(self.control)
+            except OSError:
+                pass
 
     def __enter__(self) -> "SshSession":
         return self.start()
