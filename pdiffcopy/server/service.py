@@ -80,6 +80,8 @@ class ServerOptions:
     when_ready: Optional[Callable] = None
     #: Seconds the workers get to finish their requests on shutdown.
     graceful_timeout: int = GRACEFUL_TIMEOUT
+    #: Wraps the application's WSGI callable (before gunicorn forks): a middleware.
+    wrap_app: Optional[Callable] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -138,6 +140,8 @@ def run_server(options: ServerOptions) -> None:
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
                                   legacy_api=options.legacy_api, max_rate=options.max_rate))
     metrics = app.extensions["pdiffcopy.server.metrics"]
+    if options.wrap_app:
+        app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
     if options.legacy_api and options.token:
         logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
                        "requests are refused (401)")

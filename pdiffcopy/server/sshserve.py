@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -41,6 +42,7 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
     token = secrets.token_urlsafe(32)
     owner = os.getpid()
     directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-")  # mode 0700
+    temporaries = TemporaryLog(os.path.join(directory, "temporaries"))
     socket_path = os.path.join(directory, "socket")
     # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
     # workers' output) goes to stderr, so that no stray line lands in the channel.
@@ -61,10 +63,65 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
     try:
         run_server(ServerOptions(root="/", token=token, workers=workers, trust_clients=True,
                                  unix_socket=socket_path, when_ready=when_ready, log_level=log_level,
-                                 graceful_timeout=SHUTDOWN_GRACE_SECONDS))
+                                 graceful_timeout=SHUTDOWN_GRACE_SECONDS, wrap_app=temporaries.wrap))
     finally:
         if os.getpid() == owner:  # not in a worker, which unwinds through here when it exits
+            temporaries.remove_left()
             shutil.rmtree(directory, ignore_errors=True)
+
+
+class TemporaryLog:
+    """The temporary files this server's one client worked on, to remove those its end left behind.
+
+    A sync renames or deletes its temporaries; a client killed mid-push cannot. This server
+    lives for one client only, so a temporary of its requests still there when it stops
+    belongs to a sync that will never finish (a --partial file is kept: it is meant to last).
+    The workers append each name they see once to a file; the server reads it as it stops.
+    """
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+        self._seen: set = set()
+
+    def wrap(self, app):
+        def recording(environ, start_response):
+            self._record(environ.get("PATH_INFO", ""))
+            return app(environ, start_response)
+
+        return recording
+
+    def _record(self, request_path: str) -> None:
+        from pdiffcopy.core.protocol import RESERVED_NAME, is_partial_name, is_temporary_name
+
+        name = request_path.rsplit("/", 1)[-1]
+        if not name.startswith(".") or not is_temporary_name(name) or is_partial_name(name):
+            return
+        if request_path.startswith(f"/{RESERVED_NAME}/"):  # /.pdiffcopy/VERB/PATH
+            request_path = "/" + request_path.split("/", 3)[3]
+        if request_path in self._seen:
+            return
+        self._seen.add(request_path)
+        # (WSGI gives the path as latin-1 text of the request's bytes)
+        line = request_path.encode("latin-1", "replace") + b"\n"
+        descriptor = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+
+    def remove_left(self) -> None:
+        """Remove the temporaries named in the log that are still there (never following a symlink)."""
+        try:
+            with open(self.log, "rb") as handle:
+                paths = set(handle.read().splitlines())
+        except OSError:
+            return
+        for path in paths:
+            try:
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    os.unlink(path)
+            except OSError:
+                pass
 
 
 def _stop_at_end_of_input(arbiter_pid: int) -> None:
