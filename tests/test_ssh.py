@@ -331,3 +331,41 @@ def test_rsh_command_is_split_as_a_shell_would(sshd, tmp_path):
     completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", rsh=rsh)
     assert completed.returncode == 0, completed.stderr
     assert (tmp_path / "dst").read_bytes() == b"data"
+
+
+# -- telling HOST:PATH from a local path (rsync's rule) ------------------------------------
+
+@pytest.mark.parametrize("location,destination,path", [
+    ("host:x", "host", "x"), ("user@host:/srv/a", "user@host", "/srv/a"), ("host:", "host", ""),
+    ("[::1]:dir/", "::1", "dir/"), ("host:/a::b", "host", "/a::b"),
+])
+def test_remote_forms_are_taken_apart(location, destination, path):
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    found = parse_ssh_location(location)
+    assert (found.destination, found.path) == (destination, path)
+
+
+@pytest.mark.parametrize("location", ["./a:b", "/x/a:b", "a/b:c", "http://host:80/x", "plain"])
+def test_local_paths_and_urls_are_not_remote(location):
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    assert parse_ssh_location(location) is None
+
+
+@pytest.mark.parametrize("given,home,absolute", [
+    ("rel/x", "/home/u", "/home/u/rel/x"), ("~/x", "/home/u/", "/home/u/x"), ("", "/home/u", "/home/u/"),
+    ("/abs", "/home/u", "/abs"),
+])
+def test_relative_remote_paths_are_from_the_home(given, home, absolute):
+    from pdiffcopy.core.sshform import SshLocation
+
+    assert SshLocation(None, "h", given).absolute_path(home) == absolute
+
+
+def test_a_host_that_ssh_would_take_for_an_option_is_refused(tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = run_cli("-e", "ssh", "--", str(tmp_path / "src"), f"-oProxyCommand=touch {tmp_path}/owned:x")
+    assert completed.returncode == 2
+    assert "cannot start with '-'" in one_line_error(completed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -71,13 +71,16 @@ def parse_ssh_location(location: str) -> Optional[SshLocation]:
     """
     if not looks_remote(location):
         return None
-    if "::" in location.split("/", 1)[0]:
+    found = _REMOTE_FORM.match(location)
+    if found is not None and found.group("path").startswith(":") and not found.group("host").startswith("["):
         raise UsageError(f"{location}: rsync's HOST::MODULE (rsync daemon) form has no pdiffcopy "
                          f"counterpart; write HOST:PATH (over ssh) or a server's URL")
-    found = _REMOTE_FORM.match(location)
     if found is None or not found.group("host").strip("[]"):
         raise UsageError(f"{location}: expected [USER@]HOST:PATH (for a local name with a colon, "
                          f"write ./{location})")
+    if found.group("host").startswith("-") or (found.group("user") or "").startswith("-"):
+        # ssh would read it as an option (-oProxyCommand=...), not as a host.
+        raise UsageError(f"{location}: a host name cannot start with '-'")
     return SshLocation(found.group("user"), found.group("host"), found.group("path"))
 
 
