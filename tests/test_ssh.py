@@ -365,7 +365,8 @@ def test_relative_remote_paths_are_from_the_home(given, home, absolute):
 
 def test_a_host_that_ssh_would_take_for_an_option_is_refused(tmp_path):
     (tmp_path / "src").write_bytes(b"data")
-    completed = run_cli("-e", "ssh", "--", str(tmp_path / "src"), f"-oProxyCommand=touch {tmp_path}/owned:x")
+    completed = subprocess.run(pdiffcopy_command("-e", "ssh", "--", "src", "-oProxyCommand=touch owned:x"),
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2
     assert "cannot start with '-'" in one_line_error(completed)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
