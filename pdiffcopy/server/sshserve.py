@@ -29,6 +29,9 @@ from pdiffcopy.core.sshform import handshake_line
 #: that sent them is gone.
 SHUTDOWN_GRACE_SECONDS = 1
 
+#: Longest directory that leaves room for "/socket" in a Unix socket's path (108 bytes on Linux).
+MAX_SOCKET_DIRECTORY_LENGTH = 100
+
 
 def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning") -> None:
     """Serve "/" until stdin closes, then stop and remove the socket and its directory."""
@@ -42,6 +45,9 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
     token = secrets.token_urlsafe(32)
     owner = os.getpid()
     directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-")  # mode 0700
+    if len(os.fsencode(directory)) > MAX_SOCKET_DIRECTORY_LENGTH:  # a long $TMPDIR
+        os.rmdir(directory)
+        directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-", dir="/tmp")
     temporaries = TemporaryLog(os.path.join(directory, "temporaries"))
     socket_path = os.path.join(directory, "socket")
     # The hand-over goes out on the real stdout; everything after it (gunicorn's and the

@@ -64,6 +64,10 @@ DEFAULT_START_TIMEOUT = 60.0
 #: Seconds the ssh client gets to end after its stdin closed before it is killed.
 CLOSE_TIMEOUT = 5.0
 
+#: Longest control socket path ssh can bind (a Unix socket's 108 bytes, less ssh's
+#: temporary suffix while it binds).
+MAX_CONTROL_PATH_LENGTH = 80
+
 #: Local ports tried for the forwarding (another process may take a free one first).
 FORWARD_ATTEMPTS = 3
 
@@ -177,8 +181,11 @@ class SshSession:
     def _start(self) -> None:
         # ssh binds it (refusing a name that exists) and removes it when it exits, also
         # when this process was killed: a directory of ours would outlive a SIGKILL.
-        control = self.control = os.path.join(tempfile.gettempdir(),
-                                              f"pdiffcopy-ssh-{secrets.token_hex(8)}.control")
+        name = f"pdiffcopy-ssh-{secrets.token_hex(8)}.control"
+        control = os.path.join(tempfile.gettempdir(), name)
+        if len(os.fsencode(control)) > MAX_CONTROL_PATH_LENGTH:  # a long $TMPDIR
+            control = os.path.join("/tmp", name)
+        self.control = control
         argv = [*self.rsh, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}",
                 "-o", "ControlPersist=no", "--", self.location.destination,
                 remote_command(self.remote_program, self.verbose)]
