@@ -557,7 +557,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     index, location = over_ssh[0]
     with SshSession(location, rsh=args.rsh, remote_program=args.remote_pdiffcopy, timeout=args.timeout,
-                    verbose=args.verbose > 0) as session:
+                    verbose=args.verbose > 0, while_waiting=_import_sync_modules) as session:
         # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
         try:
             if index == 0:
@@ -566,6 +566,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         except PdiffcopyError as error:
             error.args = (session.shown_message(str(error)),)
             raise
+
+
+def _import_sync_modules() -> None:
+    """Import what a remote sync runs, while ssh logs in and the remote server starts."""
+    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.transport.legacyremote",
+                   "pdiffcopy.transport.remotetree"):
+        importlib.import_module(module)
 
 
 def _rsh_without_remote(rsh: str) -> str:

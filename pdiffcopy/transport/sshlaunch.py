@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from pdiffcopy import __version__
 from pdiffcopy.core.sshform import (
@@ -124,12 +124,15 @@ class SshSession:
     :param rsh: ``-e/--rsh COMMAND`` (None: ``ssh``).
     :param remote_program: ``--remote-pdiffcopy`` (None: ``pdiffcopy``, then ``python3 -m pdiffcopy``).
     :param timeout: Seconds to wait for the server's hand-over.
+    :param while_waiting: Called once ssh runs, before the hand-over is awaited: work that
+                          overlaps the login and the remote start (the caller's imports).
     """
 
     def __init__(self, location: SshLocation, *, rsh: Optional[str] = None,
                  remote_program: Optional[str] = None, timeout: Optional[float] = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, while_waiting: Optional[Callable[[], None]] = None) -> None:
         self.location = location
+        self.while_waiting = while_waiting
         self.rsh = rsh_command(rsh)
         self.remote_program = remote_program
         self.timeout = timeout or DEFAULT_START_TIMEOUT
@@ -193,6 +196,8 @@ class SshSession:
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
         threading.Thread(target=self._relay_stderr, name="ssh-stderr", daemon=True).start()
+        if self.while_waiting is not None:
+            self.while_waiting()
         fields = self._read_handover()
         self._handed_over.set()
         self._check_version(fields)
