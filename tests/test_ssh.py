@@ -370,3 +370,34 @@ def test_a_host_that_ssh_would_take_for_an_option_is_refused(tmp_path):
     assert completed.returncode == 2
     assert "cannot start with '-'" in one_line_error(completed)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_dropped_link_fails_the_sync_in_one_line_and_leaves_nothing_on_the_remote(sshd, tmp_path):
+    """The ssh connection dies mid-transfer (its client process killed): both ends give up cleanly."""
+    (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=6))
+    before = serve_processes()
+    client = subprocess.Popen(pdiffcopy_command("--no-progress", "--bwlimit", "512K", "-e", sshd.rsh(),
+                                                "--remote-pdiffcopy", REMOTE_PDIFFCOPY, str(tmp_path / "src"),
+                                                f"127.0.0.1:{tmp_path}/dst"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: serve_processes() - before
+                          and any(p.name.startswith(".dst.") for p in tmp_path.iterdir()), 20)
+        ours = serve_processes() - before
+        with open(f"/proc/{client.pid}/task/{client.pid}/children") as handle:
+            children = [int(pid) for pid in handle.read().split()]
+        master = [pid for pid in children if b"ControlMaster=yes" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(master) == 1, children
+        os.kill(master[0], signal.SIGKILL)
+        _, errors = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode not in (0, None)
+    lines = [line for line in errors.splitlines() if line.strip()]
+    assert len(lines) == 1 and "127.0.0.1 (over ssh)" in lines[0], errors  # not the forwarded port
+    assert "Traceback" not in errors and "Unexpected error" not in errors, errors
+    assert wait_until(lambda: not (ours & serve_processes()) and not remote_leftovers(sshd)), \
+        (ours & serve_processes(), remote_leftovers(sshd))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

@@ -165,7 +165,8 @@ class SshSession:
         if self.base is None:
             return message
         message = message.replace(f"Server {self.base}", f"{self.location.destination} (over ssh)")
-        return re.sub(re.escape(self.base) + r"(/\S*)", lambda found: self.shown(found.group(0)), message)
+        message = re.sub(re.escape(self.base) + r"(/\S*)", lambda found: self.shown(found.group(0)), message)
+        return message.replace(self.base, f"{self.location.destination} (over ssh)")
 
     def start(self) -> "SshSession":
         """Log in, start the remote server, read its hand-over and forward a local port to it.
