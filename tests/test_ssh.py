@@ -401,3 +401,14 @@ def test_dropped_link_fails_the_sync_in_one_line_and_leaves_nothing_on_the_remot
     assert wait_until(lambda: not (ours & serve_processes()) and not remote_leftovers(sshd)), \
         (ours & serve_processes(), remote_leftovers(sshd))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_pulled_file_named_like_a_temporary_is_not_removed(sshd, tmp_path):
+    """The remote removes its client's unfinished temporaries, never one it was only asked to read."""
+    name = ".other.pdiffcopy-0123456789ab"  # another sync's temporary, pulled by hand
+    (tmp_path / name).write_bytes(b"someone else's data")
+    pulled = over_ssh(sshd, f"127.0.0.1:{tmp_path}/{name}", str(tmp_path / "copy"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "copy").read_bytes() == b"someone else's data"
+    assert wait_until(lambda: not remote_leftovers(sshd))
+    assert (tmp_path / name).read_bytes() == b"someone else's data"

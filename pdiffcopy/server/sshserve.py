@@ -91,7 +91,10 @@ class TemporaryLog:
 
     def wrap(self, app):
         def recording(environ, start_response):
-            self._record(environ.get("PATH_INFO", ""))
+            # Only requests that make or write a temporary: a GET of some other sync's
+            # temporary (named by hand) must not have it removed.
+            if environ.get("REQUEST_METHOD") in ("POST", "PATCH", "PUT"):
+                self._record(environ.get("PATH_INFO", ""))
             return app(environ, start_response)
 
         return recording
