@@ -412,3 +412,19 @@ def test_a_pulled_file_named_like_a_temporary_is_not_removed(sshd, tmp_path):
     assert (tmp_path / "copy").read_bytes() == b"someone else's data"
     assert wait_until(lambda: not remote_leftovers(sshd))
     assert (tmp_path / name).read_bytes() == b"someone else's data"
+
+
+def test_the_library_reaches_host_path_too(sshd, tmp_path):
+    from pdiffcopy import sync, sync_tree
+
+    data = random_bytes(300_000, seed=8)
+    (tmp_path / "src").write_bytes(data)
+    result = sync(str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed", rsh=sshd.rsh(),
+                  remote_pdiffcopy=REMOTE_PDIFFCOPY)
+    assert result.bytes_moved == len(data) and (tmp_path / "pushed").read_bytes() == data
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "f").write_bytes(b"in a tree")
+    sync_tree(f"127.0.0.1:{tmp_path}/tree", str(tmp_path / "pulled"), rsh=sshd.rsh(),
+              remote_pdiffcopy=REMOTE_PDIFFCOPY)
+    assert (tmp_path / "pulled" / "sub" / "f").read_bytes() == b"in a tree"
+    assert not serve_processes() and not remote_leftovers(sshd)  # closed before returning
