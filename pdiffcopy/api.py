@@ -3,8 +3,10 @@
 The engine (:mod:`pdiffcopy.engine.filejob`, :mod:`pdiffcopy.engine.treesync`) works on
 endpoints and never builds one: this module turns a path into a local
 endpoint and an ``http(s)://`` URL into a remote one, and hands both over
-(dependency inversion, see docs/design.rst). It is also where the rule that
-holds for every caller lives: at most one side may be a URL.
+(dependency inversion, see docs/design.rst); a ``[USER@]HOST:PATH`` becomes
+the URL of a server started on HOST over ssh (:func:`reached_over_ssh`). It
+is also where the rule that holds for every caller lives: at most one side
+may be remote.
 
 A token is what the caller passes: the library never reads ``$PDIFFCOPY_TOKEN``
 or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
@@ -12,12 +14,13 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Callable, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
-from pdiffcopy.errors import UsageError
+from pdiffcopy.errors import PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
 from pdiffcopy.engine.options import TreeOptions, file_options
@@ -113,11 +116,14 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
          ca_file: Optional[str] = None, cache: str = "auto",
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
          compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-         partial: bool = False, delta: str = "blocks", sparse: bool = False) -> SyncResult:
+         partial: bool = False, delta: str = "blocks", sparse: bool = False,
+         rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
-    a file on a pdiffcopy server: a URL source pulls, a URL target pushes.
+    a file on a pdiffcopy server, or rsync's ``[USER@]HOST:PATH``, for which ssh
+    starts pdiffcopy on HOST for the length of the sync: a remote source pulls,
+    a remote target pushes.
 
     :param source: Path or URL of the file with the wanted bytes, or an endpoint made by
                    :func:`file_endpoint` (the sync then owns it and closes it): a URL probed
@@ -158,9 +164,20 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param sparse: Also turn runs of zeros (whole file system blocks) in the data written into
                    holes (rsync's ``-S``). The source's own holes stay holes either way: they
                    are never read nor sent, and are punched in the target.
+    :param rsh: For a ``HOST:PATH``: the ssh command, as rsync's ``-e`` (default ``ssh``).
+    :param remote_pdiffcopy: For a ``HOST:PATH``: the command that runs pdiffcopy on HOST, as
+                             rsync's ``--rsync-path`` (default ``pdiffcopy``, then ``python3 -m pdiffcopy``).
     :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
+    if any(_over_ssh(location) for location in (source, target)):
+        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
+                              timeout=timeout) as (source, target, token):
+            return sync(source, target, block_size=block_size, hash_method=hash_method,
+                        whole_file=whole_file, concurrency=concurrency, dry_run=dry_run, atomic=atomic,
+                        token=token, timeout=timeout, ca_file=ca_file, cache=cache, progress=progress,
+                        bwlimit=bwlimit, compress=compress, piece_size=piece_size, partial=partial,
+                        delta=delta, sparse=sparse)
     given = [location for location in (source, target) if isinstance(location, FileEndpoint)]
     made = []
     try:
@@ -187,6 +204,44 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     return run_sync(source_endpoint, target_endpoint, options, progress)
 
 
+def _over_ssh(location) -> bool:
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    return isinstance(location, str) and parse_ssh_location(location) is not None
+
+
+@contextlib.contextmanager
+def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None,
+                     timeout: Optional[float] = None):
+    """``(source, target, token)`` with a ``HOST:PATH`` replaced by the URL of a server started on HOST.
+
+    The server (:mod:`pdiffcopy.transport.sshlaunch`) lives until the ``with`` block ends.
+
+    :raises UsageError: When both sides are remote.
+    """
+    from pdiffcopy.core.sshform import parse_ssh_location
+    from pdiffcopy.transport.sshlaunch import SshSession
+
+    locations = [source, target]
+    remote = [(index, parse_ssh_location(location)) for index, location in enumerate(locations)
+              if isinstance(location, str)]
+    remote = [(index, location) for index, location in remote if location is not None]
+    if len(remote) != 1 or any(isinstance(location, str) and is_url(location) for location in locations):
+        raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
+    index, location = remote[0]
+    session = SshSession(location, rsh=rsh, remote_program=remote_pdiffcopy, timeout=timeout)
+    session.start()
+    try:
+        locations[index] = session.url
+        try:
+            yield locations[0], locations[1], session.token
+        except PdiffcopyError as error:
+            error.args = (session.shown_message(str(error)),)
+            raise
+    finally:
+        session.close()
+
+
 def _location(location: "str | FileEndpoint") -> str:
     return location.location if isinstance(location, FileEndpoint) else location
 
@@ -194,7 +249,8 @@ def _location(location: "str | FileEndpoint") -> str:
 def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None, *,
               token: Optional[str] = None, timeout: Optional[float] = None, ca_file: Optional[str] = None,
               progress: "Optional[TreeProgress]" = None,
-              report_line: Optional[Callable[[str], None]] = None, **fields) -> "TreeResult":
+              report_line: Optional[Callable[[str], None]] = None, rsh: Optional[str] = None,
+              remote_pdiffcopy: Optional[str] = None, **fields) -> "TreeResult":
     """Make the directory tree ``target`` hold what the tree ``source`` holds.
 
     The locations are taken as given: ``source`` is the directory whose
@@ -206,10 +262,17 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                     replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
+    :param rsh: For a ``HOST:PATH`` side: the ssh command, as for :func:`sync`.
+    :param remote_pdiffcopy: For a ``HOST:PATH`` side: the remote program, as for :func:`sync`.
     :returns: A :class:`~pdiffcopy.engine.treesync.TreeResult`; failures of single
               files are in its ``failures``.
     :raises PdiffcopyError: When the sync cannot start.
     """
+    if _over_ssh(source) or _over_ssh(target):
+        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
+                              timeout=timeout) as (source, target, token):
+            return sync_tree(source, target, options, token=token, timeout=timeout, ca_file=ca_file,
+                             progress=progress, report_line=report_line, **fields)
     import dataclasses
 
     from pdiffcopy.engine.treesync import sync_tree as run_tree
@@ -232,4 +295,5 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "sync", "sync_tree", "tree_endpoint"]
+__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "reached_over_ssh", "sync", "sync_tree",
+           "tree_endpoint"]

@@ -134,6 +134,25 @@ class RemoteProtocolError(RemoteError):
     """
 
 
+class SshFailed(RemoteError):
+    """The ssh client could not reach or log in to the host (rsync passes on ssh's status, 255)."""
+
+    exit_code = 255
+
+
+class RemoteProgramMissing(RemoteError):
+    """pdiffcopy is not installed (or not found) on the host reached over ssh (rsync's 127)."""
+
+    exit_code = 127
+
+
+class SshStartFailed(RemoteError):
+    """The server started over ssh did not hand over, or in another protocol version
+    (rsync's 5: error starting the client-server protocol)."""
+
+    exit_code = 5
+
+
 class VerificationFailed(PdiffcopyError):
     """After a sync, the target's digest differs from the source's."""
 

@@ -64,15 +64,21 @@ def test_server_options_alone_still_start_the_server(tmp_path):
 
 # -- 7. rsync's ssh form -------------------------------------------------------------------
 
-@pytest.mark.parametrize("remote", ["host:path", "user@host:path", "host:", "host:/srv/x", "host::module/x"])
+@pytest.mark.parametrize("remote", ["host::module/x", "user@host::module"])
 @pytest.mark.parametrize("as_target", [True, False])
-def test_rsync_ssh_form_is_refused(tmp_path, remote, as_target):
+def test_rsync_daemon_form_is_refused(tmp_path, remote, as_target):
     (tmp_path / "a").write_bytes(b"data")
     args = ["a", remote] if as_target else [remote, "a"]
     completed = refused(*args, cwd=tmp_path)
     assert completed.returncode == 2, completed.stderr
-    assert "http" in completed.stderr and "./" in completed.stderr, completed.stderr
+    assert "HOST::MODULE" in completed.stderr and "HOST:PATH" in completed.stderr, completed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], "a local file was created"
+
+
+@pytest.mark.parametrize("args", [["host:a", "http://127.0.0.1:9/b"], ["host:a", "other:b"]])
+def test_two_remote_sides_are_refused(tmp_path, args):
+    completed = refused(*args, cwd=tmp_path)
+    assert completed.returncode == 2 and "cannot both be remote" in completed.stderr, completed.stderr
 
 
 def test_local_names_with_a_colon_after_a_slash_stay_local(tmp_path):

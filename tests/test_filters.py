@@ -71,7 +71,7 @@ def test_globs_select_what_rsync_selects(tmp_path, rules):
 
 def test_regex_options_keep_their_meaning_and_get_long_names(tmp_path):
     tree = small_tree(tmp_path / "src")
-    sync("-e", r"\.bin$", "--exclude-regex", "^x/", f"{tree}/", tmp_path / "dst")
+    sync("--exclude-regex", r"\.bin$", "--exclude-regex", "^x/", f"{tree}/", tmp_path / "dst")
     assert names(tmp_path / "dst") == {"a.txt", "core.tmp", "sub", "sub/d.txt", "sub/deeper", "build",
                                        "build/out.o", "empty"}
     sync("--include-regex", r"\.o$", f"{tree}/", tmp_path / "dst2")
@@ -81,12 +81,12 @@ def test_regex_options_keep_their_meaning_and_get_long_names(tmp_path):
 def test_glob_rules_come_before_regexes(tmp_path):
     """A glob include rescues what a regex excludes; an unmatched path falls to the regexes."""
     tree = small_tree(tmp_path / "src")
-    sync("--include", "c.bin", "-e", r"\.bin$", f"{tree}/", tmp_path / "dst")
+    sync("--include", "c.bin", "--exclude-regex", r"\.bin$", f"{tree}/", tmp_path / "dst")
     got = names(tmp_path / "dst")
     assert "sub/c.bin" in got and "b.bin" not in got and "sub/deeper/e.bin" not in got
 
 
-@pytest.mark.parametrize("option,glob,hint", [("-e", "*.tmp", "--exclude"), ("-i", "?x", "--include"),
+@pytest.mark.parametrize("option,glob,hint", [("--exclude-regex", "*.tmp", "--exclude"), ("-i", "?x", "--include"),
                                               ("--exclude-regex", "**", "--exclude")])
 def test_glob_given_to_a_regex_option_gets_a_hint(tmp_path, option, glob, hint):
     tree = small_tree(tmp_path / "src")

@@ -24,7 +24,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 AUTOMATIC_METHODS = {"OPTIONS"}
 
 #: Errors only the client raises; the server never answers with their status.
-CLIENT_ONLY_ERRORS = {exceptions.RemoteError, exceptions.RemoteProtocolError, exceptions.VerificationFailed}
+CLIENT_ONLY_ERRORS = {exceptions.RemoteError, exceptions.RemoteProtocolError, exceptions.VerificationFailed,
+                      exceptions.SshFailed, exceptions.RemoteProgramMissing, exceptions.SshStartFailed}
 
 HTTP_METHODS = {"get", "head", "post", "put", "patch", "delete", "options", "trace"}
 

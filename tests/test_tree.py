@@ -414,7 +414,7 @@ def test_delete_removes_extraneous_but_never_excluded(ends, source_tree):
     kept = sync("-a", ends.source_arg(), ends.target_arg)
     assert (target / "extra.txt").exists()  # no --delete, nothing deleted
     assert kept.returncode == 0
-    sync("-a", "--delete", "-e", r"\.log$", ends.source_arg(), ends.target_arg)
+    sync("-a", "--delete", "--exclude-regex", r"\.log$", ends.source_arg(), ends.target_arg)
     assert not (target / "extra.txt").exists()
     assert not (target / "extra-dir").exists()
     assert (target / "keep.log").read_bytes() == b"log"
@@ -426,14 +426,14 @@ def test_delete_removes_extraneous_but_never_excluded(ends, source_tree):
 
 def test_include_and_exclude_filter_copy_and_delete(ends, source_tree):
     target = ends.target
-    sync("-i", r"\.bin$", "-e", "^sub/deeper/", ends.source_arg(), ends.target_arg)
+    sync("-i", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(), ends.target_arg)
     copied = snapshot(target)
     assert set(copied) == {"sub", "sub/b.bin"}
     # An excluded directory is not entered: its contents are protected from --delete too.
     (target / "sub" / "deeper").mkdir()
     (target / "sub" / "deeper" / "mine").write_bytes(b"mine")
     (target / "other.txt").write_bytes(b"not selected by the include")
-    sync("--delete", "-i", r"\.bin$", "-e", "^sub/deeper/", ends.source_arg(), ends.target_arg)
+    sync("--delete", "-i", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(), ends.target_arg)
     assert (target / "sub" / "deeper" / "mine").exists()
     assert (target / "other.txt").exists()
 

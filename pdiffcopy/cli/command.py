@@ -11,13 +11,13 @@ import importlib
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import time
 from typing import List, Optional
 
 from pdiffcopy import __version__
+from pdiffcopy.core.sshform import SERVE_OPTION
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.transport import counters
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
@@ -32,12 +32,13 @@ Synchronise a large file between Linux hosts at high speed, by hashing both
 copies in fixed-size blocks on many cores and moving only the blocks that
 differ, over HTTP.
 
-One of SOURCE and TARGET is a local path and the other a URL of a file on a
-pdiffcopy server (http://HOST:PORT/path): a URL SOURCE pulls, a URL TARGET
-pushes. Both may be local paths. TARGET ends up with exactly SOURCE's bytes
-and size, verified with a whole-file digest on both sides. rsync's HOST:PATH
-form is refused: a server is named by its URL, and a local name with a colon
-is written ./NAME.
+One of SOURCE and TARGET is a local path and the other remote: a URL of a
+file on a pdiffcopy server (http://HOST:PORT/path), or rsync's [USER@]HOST:PATH,
+for which ssh (or -e COMMAND) starts pdiffcopy on HOST for the length of the
+sync (a relative PATH is relative to the remote home; a local name with a
+colon before any slash is written ./NAME). A remote SOURCE pulls, a remote
+TARGET pushes. Both may be local paths. TARGET ends up with exactly SOURCE's
+bytes and size, verified with a whole-file digest on both sides.
 
 When SOURCE is a directory, the whole tree is copied or updated, as rsync
 does: SOURCE/ (with a trailing slash) syncs the contents of SOURCE into
@@ -55,23 +56,21 @@ require and send it."""
 
 EPILOG = """\
 exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
-  23 some files of a tree failed (the rest was synced), 130 interrupted.
+  5 the server started over ssh did not hand over (or in another protocol
+  version), 23 some files of a tree failed (the rest was synced), 127 no
+  pdiffcopy on the ssh host, 130 interrupted, 255 ssh failed.
 examples:
   pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
   pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
   pdiffcopy -n /srv/db/big.ibd http://storage2:8080/db/big.ibd
   pdiffcopy -a --delete /srv/photos/ http://storage2:8080/photos/
+  pdiffcopy -a --delete /srv/photos/ storage2:/srv/photos/   (over ssh)
   pdiffcopy --remove /srv/scratch/old-run"""
 
 
 #: The longest --timeout accepted: a week. Longer is a hang, not a timeout,
 #: and a socket timeout must fit the C types below settimeout().
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
-
-#: rsync's remote forms, HOST:PATH, USER@HOST:PATH and HOST::MODULE: a colon
-#: with no slash before it (rsync's own rule: ``./a:b`` and ``/x/a:b`` are local).
-_RSYNC_REMOTE = re.compile(r"^[^/:]+:")
-
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's layout, with the help starting ``Usage:`` as 1.0.1's did (scripts and its tests look for it)."""
@@ -141,6 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "connections together, in rsync's units: a bare number is KiB/s, K/M/G "
                            "1024-based, KB/MB/GB 1000-based, 0 no limit (e.g. 50M; from 32K). "
                            "Copies between local paths ignore it")
+    sync.add_argument("-e", "--rsh", metavar="COMMAND", default=None,
+                      help="the ssh command that reaches a HOST:PATH, split into words as a shell "
+                           "would, as rsync's -e (default ssh; e.g. -e 'ssh -p 2222 -i KEY')")
+    sync.add_argument("--remote-pdiffcopy", metavar="PATH", default=None,
+                      help="the command that runs pdiffcopy on the HOST of a HOST:PATH, as rsync's "
+                           "--rsync-path (default: pdiffcopy on the remote PATH, else python3 -m pdiffcopy)")
     squeeze = sync.add_mutually_exclusive_group()
     squeeze.add_argument("-z", "--compress", dest="compress", action="store_const", const="always",
                          default="auto",
@@ -196,13 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "with what is below them; - reads stdin)")
     tree.add_argument("-i", "--include-regex", metavar="REGEX", dest="include", action="append", default=[],
                       help="only sync paths (relative to the tree) matching REGEX (repeatable)")
-    tree.add_argument("-e", "--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
+    tree.add_argument("--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
                       help="leave out paths matching REGEX, and directories' contents (repeatable)")
     tree.add_argument("--diff", action="store_true",
                       help="list the differences between the trees, item by item; change nothing")
     tree.add_argument("--remove", action="store_true",
                       help="delete the trees (or files) given as arguments, in parallel: files "
                            "first, then directories deepest first; the filters and -n apply")
+    # What the client runs on the HOST of a HOST:PATH (pdiffcopy.server.sshserve).
+    parser.add_argument(SERVE_OPTION, action="store_true", help=argparse.SUPPRESS)
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
@@ -476,6 +483,16 @@ def read_token(token_file: Optional[str] = None) -> Optional[str]:
 
 def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Dispatch to the server, the benchmark or a sync."""
+    if args.serve_over_ssh:
+        if args.paths:
+            raise UsageError(f"{SERVE_OPTION} takes no SOURCE and TARGET")
+        require_extra(("flask", "gunicorn", "prometheus_client"), "server", "Serving over ssh")
+        from pdiffcopy.server.sshserve import serve_over_ssh
+
+        # Its stderr is the client's: request lines and notices only with the client's -v.
+        logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+        serve_over_ssh(workers=args.concurrency, log_level="debug" if args.verbose else "warning")
+        return 0
     token = read_token(args.token_file)
     if not args.paths:
         if args.remove:
@@ -509,6 +526,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:
+        for location in args.paths:
+            refuse_rsync_remote(location)
         from pdiffcopy.cli.treecli import run_remove
 
         return run_remove(args, token)
@@ -516,8 +535,14 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
                          f"see pdiffcopy --help")
     source, target = args.paths
-    for location in (source, target):
-        refuse_rsync_remote(location)
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    over_ssh = [(index, parse_ssh_location(location)) for index, location in enumerate((source, target))]
+    over_ssh = [(index, location) for index, location in over_ssh if location is not None]
+    if not over_ssh and args.rsh is not None:
+        raise UsageError(_rsh_without_remote(args.rsh))
+    if over_ssh and (len(over_ssh) == 2 or is_url(source) or is_url(target)):
+        raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
     if args.compress_level is not None:
         if args.compress == "never" and args.compress_level:
             raise UsageError("--no-compress and --compress-level contradict each other")
@@ -526,6 +551,45 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_ca_file(args.ca_file)
     if args.benchmark:
         require_extra(("executor",), "client", "The benchmark (-B)")
+    if not over_ssh:
+        return sync_locations(args, source, target, token)
+    from pdiffcopy.transport.sshlaunch import SshSession
+
+    index, location = over_ssh[0]
+    with SshSession(location, rsh=args.rsh, remote_program=args.remote_pdiffcopy, timeout=args.timeout,
+                    verbose=args.verbose > 0, while_waiting=_import_sync_modules) as session:
+        # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
+        try:
+            if index == 0:
+                return sync_locations(args, session.url, target, session.token, shown=session.shown)
+            return sync_locations(args, source, session.url, session.token, shown=session.shown)
+        except PdiffcopyError as error:
+            error.args = (session.shown_message(str(error)),)
+            raise
+
+
+def _import_sync_modules() -> None:
+    """Import what a remote sync runs, while ssh logs in and the remote server starts."""
+    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.transport.legacyremote",
+                   "pdiffcopy.transport.remotetree"):
+        importlib.import_module(module)
+
+
+def _rsh_without_remote(rsh: str) -> str:
+    from pdiffcopy.transport.sshlaunch import looks_like_regex
+
+    if looks_like_regex(rsh):
+        return (f"-e {rsh}: -e is --rsh, the ssh command for a HOST:PATH, as in rsync; the regex filter "
+                f"is now --exclude-regex")
+    return f"-e/--rsh {rsh}: only for a HOST:PATH SOURCE or TARGET (the regex filter is --exclude-regex)"
+
+
+def sync_locations(args: argparse.Namespace, source: str, target: str, token: Optional[str],
+                   shown=lambda location: location) -> int:
+    """Sync a file or a tree between two paths or a path and a URL; the exit status.
+
+    :param shown: What a location is called in the report (``HOST:PATH`` for the forwarded URL).
+    """
     from pdiffcopy.cli.treecli import Probes, resolve
 
     with Probes(token, args) as probes:  # a URL is probed once, here: the file sync takes its endpoint
@@ -553,7 +617,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         started, wire_before = time.monotonic(), counters.totals()
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
                           show_progress=show_progress(args), keep_last=args.progress, **options)
-    report(result)
+    report(result, shown)
     if wants_stats(args) and not result.dry_run:
         print_stats(result.bytes_moved, None, time.monotonic() - started,
                     remote=is_url(source) or is_url(target), wire_before=wire_before)
@@ -574,16 +638,15 @@ def refuse_sync_options(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 
 def refuse_rsync_remote(location: str) -> None:
-    """Refuse rsync's ``HOST:PATH`` form, which would otherwise be taken for a local name.
+    """Refuse rsync's ``HOST:PATH`` form where only local paths and URLs are taken (``--remove``).
 
     :raises UsageError: For ``host:path``, ``user@host:path`` or ``host::module``.
     """
-    from pdiffcopy.engine.endpoints import is_url
+    from pdiffcopy.core.sshform import looks_remote
 
-    if _RSYNC_REMOTE.match(location) and not is_url(location):
-        raise UsageError(f"{location} looks like rsync's HOST:PATH (ssh) form: pdiffcopy talks to a "
-                         f"pdiffcopy server by URL, http(s)://HOST:PORT/PATH (for a local name with a "
-                         f"colon, write ./{location})")
+    if looks_remote(location):
+        raise UsageError(f"{location}: --remove takes local paths and URLs, not HOST:PATH (for a local "
+                         f"name with a colon, write ./{location})")
 
 
 def check_ca_file(name: str) -> None:
@@ -626,7 +689,7 @@ def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = Fa
         return sync(source, target, progress=progress, **options)
 
 
-def report(result) -> None:
+def report(result, shown=lambda location: location) -> None:
     """Print what a sync did: the similarity for a dry run, a summary otherwise."""
     from humanfriendly import format_size, format_timespan
 
@@ -637,7 +700,7 @@ def report(result) -> None:
               f"{moved} would be transferred)")
         return
     logger.info("Synchronised %s to %s: %s moved, %d of %d blocks differed "
-                "(similarity %.2f%%), verified in %s", result.source, result.target, moved,
+                "(similarity %.2f%%), verified in %s", shown(result.source), shown(result.target), moved,
                 result.changed_blocks, result.total_blocks, result.similarity,
                 format_timespan(result.seconds))
 

@@ -104,7 +104,7 @@ class Entry(NamedTuple):
 
 
 #: The characters that make a pattern a glob; a regex option given one that
-#: does not compile (``-e '*.tmp'``) is most likely a glob meant for --exclude.
+#: does not compile (``--exclude-regex '*.tmp'``) is most likely a glob meant for --exclude.
 _GLOB_CHARS = frozenset("*?[")
 
 #: rsync's rule prefixes in an --exclude-from file: "+ PATTERN" and "- PATTERN".
@@ -169,13 +169,13 @@ def _class_end(body: str, start: int) -> int:
 
 
 class PathFilter:
-    """rsync's ``--include``/``--exclude`` globs, ``--files-from``, and ``-i``/``-e`` regexes.
+    """rsync's ``--include``/``--exclude`` globs, ``--files-from``, and ``-i``/``--exclude-regex`` regexes.
 
     The glob rules are tried first, in the order given, and the first one that
     matches decides (rsync's rule); a path no glob matches falls to the
     regexes. The regexes are searched (not anchored: ``^`` and ``$`` anchor)
     in the path as it is, and in a directory's path also with a trailing
-    slash, so ``-e '^build/'`` excludes the directory build and everything in
+    slash, so ``--exclude-regex '^build/'`` excludes the directory build and everything in
     it. An excluded directory is not entered. With regex includes, a file or
     symlink is taken only when one of them (or a glob include) matches;
     directories are entered regardless and made only when they match or hold

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.errors import PdiffcopyError, UsageError
@@ -73,6 +73,15 @@ class ServerOptions:
     legacy_api: bool = False
     #: ``--max-rate``: most bytes per second of file data, all clients and workers together.
     max_rate: Optional[int] = None
+    #: Listen on this Unix socket (made mode 0600) instead of ``listen``: the serve-over-ssh
+    #: mode, which also skips the sweep of the root (there it is "/").
+    unix_socket: Optional[str] = None
+    #: Called with gunicorn's arbiter once the server listens, before the workers start.
+    when_ready: Optional[Callable] = None
+    #: Seconds the workers get to finish their requests on shutdown.
+    graceful_timeout: int = GRACEFUL_TIMEOUT
+    #: Wraps the application's WSGI callable (before gunicorn forks): a middleware.
+    wrap_app: Optional[Callable] = None
 
 
 def run_server(options: ServerOptions) -> None:
@@ -85,6 +94,8 @@ def run_server(options: ServerOptions) -> None:
     root = os.path.abspath(options.root)
     if not os.path.isdir(root):
         raise UsageError(f"Root directory does not exist: {root}")
+    if options.unix_socket:
+        host = "localhost"  # (not listened on: the socket's mode keeps others out)
     if not options.token and not is_loopback(host) and not options.insecure:
         raise UsageError(
             f"Refusing to listen on {host} without a token: anyone on the network could read and "
@@ -95,8 +106,11 @@ def run_server(options: ServerOptions) -> None:
     for name in (options.certfile, options.keyfile):
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
-    check_address_free(host, port)
-    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if options.unix_socket:
+        bind = f"unix:{options.unix_socket}"
+    else:
+        check_address_free(host, port)
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     binds = [bind]
     metrics_port = None
     if options.metrics_listen:
@@ -126,6 +140,8 @@ def run_server(options: ServerOptions) -> None:
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
                                   legacy_api=options.legacy_api, max_rate=options.max_rate))
     metrics = app.extensions["pdiffcopy.server.metrics"]
+    if options.wrap_app:
+        app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
     if options.legacy_api and options.token:
         logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
                        "requests are refused (401)")
@@ -138,7 +154,7 @@ def run_server(options: ServerOptions) -> None:
         "worker_class": "pdiffcopy.server.guard.GuardedThreadWorker",
         "threads": REQUEST_THREADS,
         "worker_connections": MAX_CONNECTIONS,
-        "graceful_timeout": GRACEFUL_TIMEOUT,
+        "graceful_timeout": options.graceful_timeout,
         "keepalive": KEEPALIVE_SECONDS,
         # A worker busy with a long hash still heartbeats from its main thread.
         "timeout": 120,
@@ -155,6 +171,15 @@ def run_server(options: ServerOptions) -> None:
     }
     if options.certfile:
         settings.update(certfile=options.certfile, keyfile=options.keyfile)
+    if options.unix_socket or options.when_ready:
+        def when_ready(arbiter) -> None:
+            if options.unix_socket:
+                # gunicorn binds with its umask setting (0: any local user could connect).
+                os.chmod(options.unix_socket, 0o600)
+            if options.when_ready:
+                options.when_ready(arbiter)
+
+        settings["when_ready"] = when_ready
 
     class Application(BaseApplication):  # gunicorn's documented embedding API
         def load_config(self) -> None:
@@ -171,7 +196,8 @@ def run_server(options: ServerOptions) -> None:
     # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
     # walks hold one per level; the workers inherit the limit.
     raise_open_file_limit()
-    sweep_root(root)
+    if not options.unix_socket:
+        sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
     if options.max_rate:

@@ -1,0 +1,106 @@
+"""rsync's ``[USER@]HOST:PATH`` form and the hand-over line of the serve-over-ssh mode.
+
+Both ends of a sync over ssh share this: the client tells a remote location
+from a local path and reads the line that the server started on the other
+host writes on its standard output (docs/protocol.rst, "Serving over ssh").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from pdiffcopy.errors import UsageError
+
+#: The version of the hand-over between the client and the server it starts over ssh.
+#: Raised when either side would misread the other's line or the way it is served.
+SSH_PROTOCOL_VERSION = 1
+
+#: The first field of the hand-over line: what the client looks for among whatever a
+#: login script prints before it.
+HANDSHAKE_MARK = "pdiffcopy-serve-over-ssh"
+
+#: The hidden option that starts the serve-over-ssh mode on the remote host.
+SERVE_OPTION = "--serve-over-ssh"
+
+#: rsync's remote forms: a colon with no slash before it (rsync's own rule:
+#: ``./a:b`` and ``/x/a:b`` are local paths).
+_REMOTE_FORM = re.compile(r"^(?:(?P<user>[^/:@]+)@)?(?P<host>\[[^/\]]+\]|[^/:\[\]]+):(?P<path>.*)$", re.DOTALL)
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+@dataclass(frozen=True)
+class SshLocation:
+    """A ``[USER@]HOST:PATH`` argument, taken apart."""
+
+    user: Optional[str]
+    host: str
+    #: As given: relative (to the remote home), absolute, ``~/...`` or empty (the home).
+    path: str
+
+    @property
+    def destination(self) -> str:
+        """What ssh is given as its destination: ``[USER@]HOST``."""
+        host = self.host[1:-1] if self.host.startswith("[") else self.host
+        return f"{self.user}@{host}" if self.user else host
+
+    def absolute_path(self, home: str) -> str:
+        """The remote path, relative ones (and ``~/``) taken from ``home``, as rsync does."""
+        path = self.path
+        if path == "~" or path.startswith("~/"):
+            path = path[1:].lstrip("/")
+        if path.startswith("/"):
+            return path
+        home = home.rstrip("/")
+        return f"{home}/{path}" if path else f"{home}/"
+
+
+def looks_remote(location: str) -> bool:
+    """Whether ``location`` is in rsync's remote form (``host:path``, ``host::module``), not a URL."""
+    return not _SCHEME.match(location) and re.match(r"^[^/:]+:", location) is not None
+
+
+def parse_ssh_location(location: str) -> Optional[SshLocation]:
+    """``location`` as ``[USER@]HOST:PATH``, or None for a local path or a URL.
+
+    :raises UsageError: For rsync's daemon form ``HOST::MODULE`` (there is no pdiffcopy
+                        daemon of that kind: name the file by its path on that host),
+                        and for a form with an empty host or user.
+    """
+    if not looks_remote(location):
+        return None
+    found = _REMOTE_FORM.match(location)
+    if found is not None and found.group("path").startswith(":") and not found.group("host").startswith("["):
+        raise UsageError(f"{location}: rsync's HOST::MODULE (rsync daemon) form has no pdiffcopy "
+                         f"counterpart; write HOST:PATH (over ssh) or a server's URL")
+    if found is None or not found.group("host").strip("[]"):
+        raise UsageError(f"{location}: expected [USER@]HOST:PATH (for a local name with a colon, "
+                         f"write ./{location})")
+    if found.group("host").startswith("-") or (found.group("user") or "").startswith("-"):
+        # ssh would read it as an option (-oProxyCommand=...), not as a host.
+        raise UsageError(f"{location}: a host name cannot start with '-'")
+    return SshLocation(found.group("user"), found.group("host"), found.group("path"))
+
+
+def handshake_line(*, version: str, socket: str, token: str, home: str) -> str:
+    """The one line the serve-over-ssh mode writes on stdout once it listens."""
+    return json.dumps({HANDSHAKE_MARK: SSH_PROTOCOL_VERSION, "version": version, "socket": socket,
+                       "token": token, "home": home}, separators=(",", ":"))
+
+
+def read_handshake(line: str) -> Optional[dict]:
+    """The fields of a hand-over line, or None when ``line`` is not one (a login script's chatter)."""
+    text = line.strip()
+    if not text.startswith("{") or HANDSHAKE_MARK not in text:
+        return None
+    try:
+        fields = json.loads(text)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) and HANDSHAKE_MARK in fields else None
+
+
+__all__ = ["HANDSHAKE_MARK", "SERVE_OPTION", "SSH_PROTOCOL_VERSION", "SshLocation", "handshake_line",
+           "looks_remote", "parse_ssh_location", "read_handshake"]

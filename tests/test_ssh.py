@@ -1,0 +1,430 @@
+"""``[USER@]HOST:PATH`` over ssh, against a real OpenSSH sshd on 127.0.0.1 with throwaway keys.
+
+The sshd listens on two ports: on the first, sessions have a PATH without
+pdiffcopy (the tests name it with --remote-pdiffcopy, as rsync's --rsync-path);
+on the second, this venv's bin/ is on the PATH and HOME is a directory of the
+test's. Both put the remote server's temporaries in a directory of the test's
+(TMPDIR), where the clean-up is checked.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, pdiffcopy_command, random_bytes, run_cli
+
+SSHD = "/usr/sbin/sshd"
+#: The pdiffcopy the remote side runs: this venv's.
+REMOTE_PDIFFCOPY = str(Path(sys.executable).parent / "pdiffcopy")
+#: Seconds the remote side may take to stop and clean up once its client is gone.
+CLEAN_UP_SECONDS = 5.0
+
+
+@dataclass
+class Sshd:
+    port: int
+    #: The port whose sessions find pdiffcopy on their PATH and have ``home`` as HOME.
+    path_port: int
+    key: Path
+    home: Path
+    remote_tmp: Path
+    process: subprocess.Popen
+
+    def rsh(self, port=None, key=None) -> str:
+        return (f"ssh -p {port or self.port} -i {key or self.key} -o BatchMode=yes -o LogLevel=ERROR "
+                f"-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null")
+
+
+def _wait_for_port(port: int, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.02)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    """An sshd on two free ports of 127.0.0.1, logging in root with a throwaway key."""
+    if not os.path.exists(SSHD) or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("OpenSSH (sshd, ssh, ssh-keygen) is not installed")
+    if os.geteuid() != 0:
+        pytest.skip("the test sshd logs in as its own user only as root")
+    base = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "user_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / name)], check=True)
+    shutil.copy(base / "user_key.pub", base / "authorized_keys")
+    home, remote_tmp = base / "home", base / "remote-tmp"
+    home.mkdir()
+    remote_tmp.mkdir()
+    port, path_port = free_port(), free_port()
+    (base / "sshd_config").write_text(f"""\
+ListenAddress 127.0.0.1:{port}
+ListenAddress 127.0.0.1:{path_port}
+HostKey {base / 'host_key'}
+AuthorizedKeysFile {base / 'authorized_keys'}
+PermitRootLogin prohibit-password
+StrictModes no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+PidFile none
+AllowTcpForwarding yes
+AllowStreamLocalForwarding yes
+SetEnv TMPDIR={remote_tmp} PATH=/usr/bin:/bin
+Match LocalPort {path_port}
+    SetEnv TMPDIR={remote_tmp} PATH={Path(REMOTE_PDIFFCOPY).parent}:/usr/bin:/bin HOME={home}
+""")
+    os.makedirs("/run/sshd", exist_ok=True)  # its privilege separation directory
+    log = open(base / "sshd.log", "w")
+    process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(base / "sshd_config")], stdout=log, stderr=log)
+    _wait_for_port(path_port, process)
+    if process.poll() is not None:
+        pytest.skip(f"sshd cannot run here: {(base / 'sshd.log').read_text().strip()[-300:]}")
+    yield Sshd(port, path_port, base / "user_key", home, remote_tmp, process)
+    process.terminate()
+    process.wait(10)
+    log.close()
+
+
+def over_ssh(sshd: Sshd, *args: str, remote=REMOTE_PDIFFCOPY, rsh=None, timeout: float = 60):
+    """Run pdiffcopy with -e naming the test sshd's port and key."""
+    extra = ["--remote-pdiffcopy", remote] if remote else []
+    return run_cli("--no-progress", "-e", rsh or sshd.rsh(), *extra, *args, timeout=timeout)
+
+
+def one_line_error(completed: subprocess.CompletedProcess) -> str:
+    lines = [line for line in completed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, completed.stderr
+    assert "Traceback" not in completed.stderr
+    return lines[0]
+
+
+def serve_processes() -> set:
+    """Ids of the live serve-over-ssh processes of this venv's pdiffcopy (other checkouts' are not ours)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    words = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if b"--serve-over-ssh" in words and REMOTE_PDIFFCOPY.encode() in b" ".join(words):
+                found.add(int(entry))
+    return found
+
+
+def wait_until(condition, seconds: float = CLEAN_UP_SECONDS) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+def remote_leftovers(sshd: Sshd) -> list:
+    return sorted(p.name for p in sshd.remote_tmp.iterdir())
+
+
+# -- syncs ---------------------------------------------------------------------------------
+
+def test_push_then_pull_a_file(sshd, tmp_path):
+    data = random_bytes(3 * 1024 * 1024 + 5, seed=21)
+    (tmp_path / "src").write_bytes(data)
+    pushed = over_ssh(sshd, "--stats", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed")
+    assert pushed.returncode == 0, pushed.stderr
+    assert (tmp_path / "pushed").read_bytes() == data
+    assert f"127.0.0.1:{tmp_path}/pushed" in pushed.stderr  # named as given, not by the forwarded URL
+    changed = bytearray(data)
+    changed[1000:1010] = b"0123456789"
+    (tmp_path / "pushed").write_bytes(bytes(changed))
+    pulled = over_ssh(sshd, f"root@127.0.0.1:{tmp_path}/pushed", str(tmp_path / "src"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "src").read_bytes() == bytes(changed)
+    assert "1 of 4 blocks differed" in pulled.stderr, pulled.stderr
+    assert wait_until(lambda: not serve_processes() and not remote_leftovers(sshd)), remote_leftovers(sshd)
+
+
+def test_trees_with_delete_both_ways(sshd, tmp_path):
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "a").write_bytes(b"a" * 5000)
+    (source / "sub" / "b").write_bytes(random_bytes(200_000, seed=3))
+    os.symlink("a", source / "link")
+    remote = tmp_path / "remote"
+    (remote / "old").mkdir(parents=True)
+    (remote / "old" / "gone").write_bytes(b"x")
+    pushed = over_ssh(sshd, "-a", "--delete", f"{source}/", f"127.0.0.1:{remote}/")
+    assert pushed.returncode == 0, pushed.stderr
+    assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*")) == ["a", "link", "sub", "sub/b"]
+    assert (remote / "sub" / "b").read_bytes() == (source / "sub" / "b").read_bytes()
+    assert os.readlink(remote / "link") == "a"
+    assert (remote / "a").stat().st_mtime_ns == (source / "a").stat().st_mtime_ns
+    (remote / "new").write_bytes(b"new")
+    local = tmp_path / "local"
+    (local / "stale").mkdir(parents=True)
+    pulled = over_ssh(sshd, "-a", "--delete", f"127.0.0.1:{remote}/", f"{local}/")
+    assert pulled.returncode == 0, pulled.stderr
+    assert sorted(str(p.relative_to(local)) for p in local.rglob("*")) == ["a", "link", "new", "sub", "sub/b"]
+
+
+def test_remote_path_finds_pdiffcopy_and_relative_paths_are_from_home(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"to the home directory")
+    pushed = over_ssh(sshd, str(tmp_path / "src"), "127.0.0.1:in-home", remote=None,
+                      rsh=sshd.rsh(port=sshd.path_port))
+    assert pushed.returncode == 0, pushed.stderr
+    assert (sshd.home / "in-home").read_bytes() == b"to the home directory"
+    pulled = over_ssh(sshd, "127.0.0.1:~/in-home", str(tmp_path / "back"), remote=None,
+                      rsh=sshd.rsh(port=sshd.path_port))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "back").read_bytes() == b"to the home directory"
+
+
+def test_remote_server_listens_on_a_private_socket_and_hands_the_token_over_privately(sshd):
+    """The serve-over-ssh mode by itself: its hand-over line, its socket's modes, its end with stdin."""
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp))
+    env.pop("PDIFFCOPY_TOKEN", None)
+    process = subprocess.Popen([REMOTE_PDIFFCOPY, "--serve-over-ssh"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        import json
+
+        handover = json.loads(process.stdout.readline())
+        assert handover["pdiffcopy-serve-over-ssh"] == 1 and len(handover["token"]) >= 32
+        directory = os.path.dirname(handover["socket"])
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+        assert stat.S_ISSOCK(os.stat(handover["socket"]).st_mode)
+        assert stat.S_IMODE(os.stat(handover["socket"]).st_mode) == 0o600
+        for pid in serve_processes():
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                assert handover["token"].encode() not in handle.read()
+        with socket.socket(socket.AF_UNIX) as client:  # without the token: refused
+            client.connect(handover["socket"])
+            client.sendall(b"GET /.pdiffcopy/stat/etc/hostname HTTP/1.0\r\n\r\n")
+            assert client.recv(100).split(b" ")[1] == b"401"
+    finally:
+        process.stdin.close()
+        status = process.wait(CLEAN_UP_SECONDS)
+    assert status == 0, process.stderr.read()
+    assert not os.path.exists(directory)
+    assert process.stdout.read() == b""  # nothing but the hand-over on the channel
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+def test_killed_client_leaves_nothing_on_the_remote(sshd, tmp_path, signum):
+    (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=5))
+    before = serve_processes()
+    client = subprocess.Popen(pdiffcopy_command("--no-progress", "--bwlimit", "512K", "-e", sshd.rsh(),
+                                                "--remote-pdiffcopy", REMOTE_PDIFFCOPY, str(tmp_path / "src"),
+                                                f"127.0.0.1:{tmp_path}/dst"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        # Mid-transfer: the remote server is up and the target's temporary is being written.
+        assert wait_until(lambda: serve_processes() - before and remote_leftovers(sshd)
+                          and any(p.name.startswith(".dst.") for p in tmp_path.iterdir()), 20), \
+            remote_leftovers(sshd)
+        ours = serve_processes() - before
+        socket_dir = sshd.remote_tmp / remote_leftovers(sshd)[0]
+        assert (socket_dir / "socket").exists()
+        client.send_signal(signum)
+        # TERM and HUP unwind as Ctrl-C does: the requests under way end first (seconds,
+        # at this rate), the temporary is removed, then the session is closed.
+        assert client.wait(30) == (-signal.SIGKILL if signum == signal.SIGKILL else 130)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert wait_until(lambda: not (ours & serve_processes()) and not remote_leftovers(sshd)), \
+        (ours & serve_processes(), remote_leftovers(sshd))
+    assert not socket_dir.exists()
+    # The push's temporary too: the remote removes what its one client's syncs left unfinished.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+# -- errors --------------------------------------------------------------------------------
+
+def test_ssh_that_cannot_connect_says_what_ssh_says(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), "127.0.0.1:dst", rsh=sshd.rsh(port=free_port()))
+    assert completed.returncode == 255
+    assert "Connection refused" in one_line_error(completed)
+
+
+def test_ssh_that_cannot_log_in_says_what_ssh_says(sshd, tmp_path):
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), "127.0.0.1:dst", rsh=sshd.rsh(key=tmp_path / "stranger"))
+    assert completed.returncode == 255
+    assert "Permission denied" in one_line_error(completed)
+
+
+@pytest.mark.parametrize("remote", [None, "/nonexistent/bin/pdiffcopy"])
+def test_missing_remote_pdiffcopy_says_how_to_install_it(sshd, tmp_path, remote):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=remote)
+    assert completed.returncode == 127, completed.stderr
+    line = one_line_error(completed)
+    assert "pip install pdiffcopy" in line and "--remote-pdiffcopy" in line
+    assert not (tmp_path / "dst").exists()
+
+
+def test_other_protocol_version_names_both(sshd, tmp_path):
+    fake = tmp_path / "old-pdiffcopy"
+    fake.write_text("#!/bin/sh\necho 'Welcome to the host'\n"
+                    "echo '{\"pdiffcopy-serve-over-ssh\": 99, \"version\": \"9.0.0\", \"socket\": \"/x\", "
+                    "\"token\": \"t\", \"home\": \"/\"}'\nexec cat >/dev/null\n")
+    fake.chmod(0o755)
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=str(fake))
+    assert completed.returncode == 5, completed.stderr
+    line = one_line_error(completed)
+    assert "9.0.0" in line and "version 99" in line and "version 1" in line, line
+    assert not (tmp_path / "dst").exists()
+
+
+def test_remote_path_not_permitted_gives_the_servers_error(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), "127.0.0.1:/.pdiffcopy/x")
+    assert completed.returncode == 1, completed.stderr
+    line = one_line_error(completed)
+    assert "127.0.0.1 (over ssh): Path reserved for the server" in line, line
+    missing = over_ssh(sshd, f"127.0.0.1:{tmp_path}/nothing", str(tmp_path / "dst"))
+    assert missing.returncode == 1 and f"127.0.0.1:{tmp_path}/nothing" in one_line_error(missing)
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("remote_side", [True, False])
+def test_a_regex_given_to_e_gets_a_hint(tmp_path, remote_side):
+    (tmp_path / "src").write_bytes(b"data")
+    target = "127.0.0.1:dst" if remote_side else str(tmp_path / "dst")
+    completed = run_cli("-e", r"\.log$", str(tmp_path / "src"), target)
+    assert completed.returncode == 2
+    assert "--exclude-regex" in one_line_error(completed)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_rsh_command_is_split_as_a_shell_would(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    # A quoted word with a space: the key's file name.
+    spaced = tmp_path / "my key"
+    shutil.copy(sshd.key, spaced)
+    spaced.chmod(0o600)
+    rsh = sshd.rsh(key=shlex.quote(str(spaced)))
+    completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", rsh=rsh)
+    assert completed.returncode == 0, completed.stderr
+    assert (tmp_path / "dst").read_bytes() == b"data"
+
+
+# -- telling HOST:PATH from a local path (rsync's rule) ------------------------------------
+
+@pytest.mark.parametrize("location,destination,path", [
+    ("host:x", "host", "x"), ("user@host:/srv/a", "user@host", "/srv/a"), ("host:", "host", ""),
+    ("[::1]:dir/", "::1", "dir/"), ("host:/a::b", "host", "/a::b"),
+])
+def test_remote_forms_are_taken_apart(location, destination, path):
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    found = parse_ssh_location(location)
+    assert (found.destination, found.path) == (destination, path)
+
+
+@pytest.mark.parametrize("location", ["./a:b", "/x/a:b", "a/b:c", "http://host:80/x", "plain"])
+def test_local_paths_and_urls_are_not_remote(location):
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    assert parse_ssh_location(location) is None
+
+
+@pytest.mark.parametrize("given,home,absolute", [
+    ("rel/x", "/home/u", "/home/u/rel/x"), ("~/x", "/home/u/", "/home/u/x"), ("", "/home/u", "/home/u/"),
+    ("/abs", "/home/u", "/abs"),
+])
+def test_relative_remote_paths_are_from_the_home(given, home, absolute):
+    from pdiffcopy.core.sshform import SshLocation
+
+    assert SshLocation(None, "h", given).absolute_path(home) == absolute
+
+
+def test_a_host_that_ssh_would_take_for_an_option_is_refused(tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = subprocess.run(pdiffcopy_command("-e", "ssh", "--", "src", "-oProxyCommand=touch owned:x"),
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 2
+    assert "cannot start with '-'" in one_line_error(completed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_dropped_link_fails_the_sync_in_one_line_and_leaves_nothing_on_the_remote(sshd, tmp_path):
+    """The ssh connection dies mid-transfer (its client process killed): both ends give up cleanly."""
+    (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=6))
+    before = serve_processes()
+    client = subprocess.Popen(pdiffcopy_command("--no-progress", "--bwlimit", "512K", "-e", sshd.rsh(),
+                                                "--remote-pdiffcopy", REMOTE_PDIFFCOPY, str(tmp_path / "src"),
+                                                f"127.0.0.1:{tmp_path}/dst"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: serve_processes() - before
+                          and any(p.name.startswith(".dst.") for p in tmp_path.iterdir()), 20)
+        ours = serve_processes() - before
+        with open(f"/proc/{client.pid}/task/{client.pid}/children") as handle:
+            children = [int(pid) for pid in handle.read().split()]
+        master = [pid for pid in children if b"ControlMaster=yes" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(master) == 1, children
+        os.kill(master[0], signal.SIGKILL)
+        _, errors = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode not in (0, None)
+    lines = [line for line in errors.splitlines() if line.strip()]
+    assert len(lines) == 1 and "127.0.0.1 (over ssh)" in lines[0], errors  # not the forwarded port
+    assert "Traceback" not in errors and "Unexpected error" not in errors, errors
+    assert wait_until(lambda: not (ours & serve_processes()) and not remote_leftovers(sshd)), \
+        (ours & serve_processes(), remote_leftovers(sshd))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_pulled_file_named_like_a_temporary_is_not_removed(sshd, tmp_path):
+    """The remote removes its client's unfinished temporaries, never one it was only asked to read."""
+    name = ".other.pdiffcopy-0123456789ab"  # another sync's temporary, pulled by hand
+    (tmp_path / name).write_bytes(b"someone else's data")
+    pulled = over_ssh(sshd, f"127.0.0.1:{tmp_path}/{name}", str(tmp_path / "copy"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "copy").read_bytes() == b"someone else's data"
+    assert wait_until(lambda: not remote_leftovers(sshd))
+    assert (tmp_path / name).read_bytes() == b"someone else's data"
+
+
+def test_the_library_reaches_host_path_too(sshd, tmp_path):
+    from pdiffcopy import sync, sync_tree
+
+    data = random_bytes(300_000, seed=8)
+    (tmp_path / "src").write_bytes(data)
+    result = sync(str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed", rsh=sshd.rsh(),
+                  remote_pdiffcopy=REMOTE_PDIFFCOPY)
+    assert result.bytes_moved == len(data) and (tmp_path / "pushed").read_bytes() == data
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "f").write_bytes(b"in a tree")
+    sync_tree(f"127.0.0.1:{tmp_path}/tree", str(tmp_path / "pulled"), rsh=sshd.rsh(),
+              remote_pdiffcopy=REMOTE_PDIFFCOPY)
+    assert (tmp_path / "pulled" / "sub" / "f").read_bytes() == b"in a tree"
+    assert not serve_processes() and not remote_leftovers(sshd)  # closed before returning
