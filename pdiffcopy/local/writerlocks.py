@@ -217,8 +217,9 @@ class HoldKeeper:
                         os.close(fd)
 
     def _run(self) -> None:
+        wake = threading.Event()  # never set: a pause that no patch of time.sleep reaches
         while True:
-            time.sleep(self.tick)
+            wake.wait(self.tick)
             try:
                 self.expire()
             except Exception:  # housekeeping: never let it end the thread
