@@ -43,6 +43,22 @@ def kind_of(mode: int) -> str:
     return OTHER
 
 
+#: One int object per distinct ``st_mode`` (bounded: modes are few in practice):
+#: a listing's entries share them instead of holding a 28-byte int each.
+_SHARED_MODES: Dict[int, int] = {}
+_MAX_SHARED_MODES = 4096
+
+
+def shared_mode(mode: int) -> int:
+    """``mode`` itself, or an equal int object already held by other entries."""
+    shared = _SHARED_MODES.get(mode)
+    if shared is not None:
+        return shared
+    if len(_SHARED_MODES) < _MAX_SHARED_MODES:
+        _SHARED_MODES[mode] = mode
+    return mode
+
+
 class Entry(NamedTuple):
     """One thing below a tree's root, as ``lstat`` saw it (symlinks are never followed).
 
@@ -428,16 +444,18 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     """
     path_filter = path_filter or PathFilter()
     wanted = path_filter.apply(source)
+    # Each wanted path is taken out as it is planned: what stays is the target's extraneous entries.
     existing: Dict[str, Entry] = {e.path: e for e in (target or ())}
     plan = TreePlan()
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
     same_owner = not options.owner
     groups: Dict[str, _Group] = {}  # -H: by link, the group's first name; only linked files kept
-    for entry in sorted(wanted):  # by path (the first field): parents before children
+    wanted.sort()  # by path (the first field): parents before children; a list of its own, sorted in place
+    for entry in wanted:
+        current = existing.pop(entry.path, None)
         if removed and is_under(entry.parent, removed):
             current = None
         else:
-            current = existing.get(entry.path)
             # The common case first: a single-linked file or a symlink whose
             # kind, size, time and mode match, and owner and attributes if asked.
             if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
@@ -491,7 +509,7 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
                 plan.metadata.append(MetadataFix(entry, changes))
             else:
                 plan.unchanged += 1
-    _plan_extraneous(plan, wanted, target or (), options, path_filter, removed)
+    _plan_extraneous(plan, existing.values(), target or (), options, path_filter, removed)
     plan.files.sort(key=lambda a: a.source.size, reverse=True)
     # Deepest first: setting a parent's time before its children change would not last.
     plan.directory_metadata.sort(key=lambda fix: fix.source.depth, reverse=True)
@@ -527,13 +545,14 @@ def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -
     return None
 
 
-def _plan_extraneous(plan: TreePlan, wanted: Sequence[Entry], target: Sequence[Entry],
+def _plan_extraneous(plan: TreePlan, unmatched: Iterable[Entry], target: Sequence[Entry],
                      options: PlanOptions, path_filter: PathFilter, removed: Set[str]) -> None:
-    present = {e.path for e in wanted}
+    """The target's entries the source does not have (``unmatched``): deleted or reported."""
+    unmatched = sorted(unmatched)  # by path: parents before children
     pruned = {e.path for e in target if e.kind == DIR and path_filter.excluded(e.path, True)}
     extra: List[Entry] = []
-    for entry in sorted(target, key=lambda e: e.path):
-        if entry.path in present or (entry.parent and is_under(entry.parent, removed)):
+    for entry in unmatched:
+        if entry.parent and is_under(entry.parent, removed):
             continue
         if entry.kind == DIR and entry.parent and is_under(entry.parent, pruned):
             pruned.add(entry.path)
@@ -542,8 +561,8 @@ def _plan_extraneous(plan: TreePlan, wanted: Sequence[Entry], target: Sequence[E
         extra.append(entry)
     # A directory holding a protected (excluded) entry must stay.
     keep: Set[str] = set()
-    for entry in target:
-        if entry.path not in present and path_filter.protects(entry.path, entry.kind == DIR, pruned):
+    for entry in unmatched:
+        if path_filter.protects(entry.path, entry.kind == DIR, pruned):
             keep.update(_ancestors(entry.path))
     extra = [e for e in extra if e.path not in keep]
     if options.delete:

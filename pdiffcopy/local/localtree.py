@@ -49,7 +49,7 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
-from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
+from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
@@ -84,7 +84,7 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "",
     kind = kind_of(info.st_mode)
     size = info.st_size if kind == FILE else 0
     sparse = kind == FILE and info.st_blocks * 512 < size
-    return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
+    return Entry(path, kind, size, info.st_mtime_ns, shared_mode(info.st_mode), info.st_uid, info.st_gid,
                  target, info.st_nlink, sparse, link_group(info) if kind == FILE else "", xattrs)
 
 
@@ -340,7 +340,7 @@ class LocalTree(TreeEndpoint):
                     continue
                 try:
                     info = item.stat(follow_symlinks=False)
-                    mode = info.st_mode
+                    mode = shared_mode(info.st_mode)
                     # Read by the name below the directory's descriptor, the link itself for a symlink.
                     xattrs = () if attributes is None else read_attributes(directory + item.name, attributes)
                     if is_file(mode):  # most entries: built inline, as a plain tuple is
