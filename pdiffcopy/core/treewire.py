@@ -35,7 +35,7 @@ import xxhash
 
 from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, shared_mode
+from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode, shared_mode
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -167,8 +167,9 @@ def _plainly_valid(value: Any) -> Optional[Entry]:
             and type(gid) is int and gid in _UINT32 and type(nlink) is int and nlink in _UINT32
             and type(sparse) is int and sparse in (0, 1)):
         return None
-    return tuple.__new__(Entry, (path, _KINDS[kind], size, mtime_ns, shared_mode(mode), uid, gid, target,
-                                 nlink, bool(sparse), "", ()))
+    mode = known_mode(mode) or shared_mode(mode)
+    return tuple.__new__(Entry, (path, _KINDS[kind], size, mtime_ns, mode, uid, gid, target, nlink,
+                                 bool(sparse), "", ()))
 
 
 #: Most extended attributes one entry may carry, and most bytes of their names and values

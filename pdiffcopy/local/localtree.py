@@ -49,7 +49,7 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
-from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of, shared_mode
+from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of, known_mode, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
@@ -340,7 +340,8 @@ class LocalTree(TreeEndpoint):
                     continue
                 try:
                     info = item.stat(follow_symlinks=False)
-                    mode = shared_mode(info.st_mode)
+                    mode = info.st_mode
+                    mode = known_mode(mode) or shared_mode(mode)
                     # Read by the name below the directory's descriptor, the link itself for a symlink.
                     xattrs = () if attributes is None else read_attributes(directory + item.name, attributes)
                     if is_file(mode):  # most entries: built inline, as a plain tuple is
