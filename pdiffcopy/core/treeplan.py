@@ -344,6 +344,9 @@ class PlanOptions:
 class FileAction:
     """A regular file to create, rewrite or compare (``reason`` says which)."""
 
+    # Slots, not a __dict__ each: a plan holds one per file to copy (a million for a million new files).
+    __slots__ = ("source", "target", "reason")
+
     source: Entry
     target: Optional[Entry]
     reason: str
@@ -360,6 +363,7 @@ class LinkAction:
     ``leader`` is the path of its hard-link group's first name that the filters
     keep, which is copied like any file; ``target`` is what has the name now.
     """
+    __slots__ = ("source", "leader", "target")
 
     source: Entry
     leader: str
@@ -377,6 +381,7 @@ class LinkAction:
 @dataclass(frozen=True)
 class MetadataFix:
     """Metadata to set on an entry whose content is right (or a directory)."""
+    __slots__ = ("source", "changes")
 
     source: Entry
     changes: Tuple[str, ...]  # "mode", "time", "owner", "xattrs"
