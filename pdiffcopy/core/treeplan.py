@@ -291,8 +291,9 @@ class PathFilter:
             needed.update(_ancestors(entry.path))
         for path in list(needed):
             needed.update(_ancestors(path))
+        chosen = {e.path for e in wanted}  # a set: "in" a list made this quadratic in the files
         return [e for e in taken if (e.kind == DIR and e.path in needed)
-                or (e.kind != DIR and e in wanted)]
+                or (e.kind != DIR and e.path in chosen)]
 
     def protects(self, path: str, is_dir: bool, parents_pruned: Set[str]) -> bool:
         """Whether a target entry is outside what the filters select (and so never deleted)."""
