@@ -40,3 +40,24 @@ def test_file_with_url_characters_goes_into_a_remote_directory(tmp_path, remote)
     sync(tmp_path / name, url)
     assert (path / name).read_bytes() == b"odd name"
     assert sorted(os.listdir(path)) == [name]
+
+
+def test_a_remote_listing_shares_one_kind_and_mode_object_among_its_entries(server, unique):
+    # A million-entry listing holds every entry at once: a string per kind and an int per mode
+    # each would be ~80 bytes an entry more on the client (issue 22: memory flat in the files).
+    from pdiffcopy.core.treeplan import FILE
+    from pdiffcopy.transport.remotetree import RemoteTree
+
+    root = server.root / unique.replace(".img", "")
+    root.mkdir()
+    for index in range(50):
+        (root / f"f{index}").write_bytes(b"x" * index)
+        os.chmod(root / f"f{index}", 0o640)
+    tree = RemoteTree(server.url(root.name) + "/", concurrency=1, timeout=30)
+    try:
+        entries = tree.list().entries
+    finally:
+        tree.close()
+    assert sorted(e.path for e in entries) == sorted(f"f{index}" for index in range(50))
+    assert all(e.kind is FILE for e in entries)
+    assert len({id(e.mode) for e in entries}) == 1 and entries[0].mode & 0o7777 == 0o640

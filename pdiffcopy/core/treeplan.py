@@ -43,6 +43,27 @@ def kind_of(mode: int) -> str:
     return OTHER
 
 
+#: One int object per distinct ``st_mode`` (bounded: modes are few in practice):
+#: a listing's entries share them instead of holding a 28-byte int each.
+_SHARED_MODES: Dict[int, int] = {}
+_MAX_SHARED_MODES = 4096
+
+
+def shared_mode(mode: int) -> int:
+    """``mode`` itself, or an equal int object already held by other entries."""
+    shared = _SHARED_MODES.get(mode)
+    if shared is not None:
+        return shared
+    if len(_SHARED_MODES) < _MAX_SHARED_MODES:
+        _SHARED_MODES[mode] = mode
+    return mode
+
+
+#: The shared int equal to a mode, or None: :func:`shared_mode`'s common case as one C call,
+#: for the loops that make an entry per file (``known_mode(m) or shared_mode(m)``).
+known_mode = _SHARED_MODES.get
+
+
 class Entry(NamedTuple):
     """One thing below a tree's root, as ``lstat`` saw it (symlinks are never followed).
 
@@ -270,8 +291,9 @@ class PathFilter:
             needed.update(_ancestors(entry.path))
         for path in list(needed):
             needed.update(_ancestors(path))
+        chosen = {e.path for e in wanted}  # a set: "in" a list made this quadratic in the files
         return [e for e in taken if (e.kind == DIR and e.path in needed)
-                or (e.kind != DIR and e in wanted)]
+                or (e.kind != DIR and e.path in chosen)]
 
     def protects(self, path: str, is_dir: bool, parents_pruned: Set[str]) -> bool:
         """Whether a target entry is outside what the filters select (and so never deleted)."""
@@ -323,6 +345,9 @@ class PlanOptions:
 class FileAction:
     """A regular file to create, rewrite or compare (``reason`` says which)."""
 
+    # Slots, not a __dict__ each: a plan holds one per file to copy (a million for a million new files).
+    __slots__ = ("source", "target", "reason")
+
     source: Entry
     target: Optional[Entry]
     reason: str
@@ -339,6 +364,7 @@ class LinkAction:
     ``leader`` is the path of its hard-link group's first name that the filters
     keep, which is copied like any file; ``target`` is what has the name now.
     """
+    __slots__ = ("source", "leader", "target")
 
     source: Entry
     leader: str
@@ -356,6 +382,7 @@ class LinkAction:
 @dataclass(frozen=True)
 class MetadataFix:
     """Metadata to set on an entry whose content is right (or a directory)."""
+    __slots__ = ("source", "changes")
 
     source: Entry
     changes: Tuple[str, ...]  # "mode", "time", "owner", "xattrs"
@@ -428,16 +455,18 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     """
     path_filter = path_filter or PathFilter()
     wanted = path_filter.apply(source)
+    # Each wanted path is taken out as it is planned: what stays is the target's extraneous entries.
     existing: Dict[str, Entry] = {e.path: e for e in (target or ())}
     plan = TreePlan()
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
     same_owner = not options.owner
     groups: Dict[str, _Group] = {}  # -H: by link, the group's first name; only linked files kept
-    for entry in sorted(wanted):  # by path (the first field): parents before children
+    wanted.sort()  # by path (the first field): parents before children; a list of its own, sorted in place
+    for entry in wanted:
+        current = existing.pop(entry.path, None)
         if removed and is_under(entry.parent, removed):
             current = None
         else:
-            current = existing.get(entry.path)
             # The common case first: a single-linked file or a symlink whose
             # kind, size, time and mode match, and owner and attributes if asked.
             if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
@@ -491,7 +520,7 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
                 plan.metadata.append(MetadataFix(entry, changes))
             else:
                 plan.unchanged += 1
-    _plan_extraneous(plan, wanted, target or (), options, path_filter, removed)
+    _plan_extraneous(plan, existing.values(), target or (), options, path_filter, removed)
     plan.files.sort(key=lambda a: a.source.size, reverse=True)
     # Deepest first: setting a parent's time before its children change would not last.
     plan.directory_metadata.sort(key=lambda fix: fix.source.depth, reverse=True)
@@ -527,13 +556,14 @@ def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -
     return None
 
 
-def _plan_extraneous(plan: TreePlan, wanted: Sequence[Entry], target: Sequence[Entry],
+def _plan_extraneous(plan: TreePlan, unmatched: Iterable[Entry], target: Sequence[Entry],
                      options: PlanOptions, path_filter: PathFilter, removed: Set[str]) -> None:
-    present = {e.path for e in wanted}
+    """The target's entries the source does not have (``unmatched``): deleted or reported."""
+    unmatched = sorted(unmatched)  # by path: parents before children
     pruned = {e.path for e in target if e.kind == DIR and path_filter.excluded(e.path, True)}
     extra: List[Entry] = []
-    for entry in sorted(target, key=lambda e: e.path):
-        if entry.path in present or (entry.parent and is_under(entry.parent, removed)):
+    for entry in unmatched:
+        if entry.parent and is_under(entry.parent, removed):
             continue
         if entry.kind == DIR and entry.parent and is_under(entry.parent, pruned):
             pruned.add(entry.path)
@@ -542,8 +572,8 @@ def _plan_extraneous(plan: TreePlan, wanted: Sequence[Entry], target: Sequence[E
         extra.append(entry)
     # A directory holding a protected (excluded) entry must stay.
     keep: Set[str] = set()
-    for entry in target:
-        if entry.path not in present and path_filter.protects(entry.path, entry.kind == DIR, pruned):
+    for entry in unmatched:
+        if path_filter.protects(entry.path, entry.kind == DIR, pruned):
             keep.update(_ancestors(entry.path))
     extra = [e for e in extra if e.path not in keep]
     if options.delete:

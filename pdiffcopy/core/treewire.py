@@ -35,7 +35,7 @@ import xxhash
 
 from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation
+from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode, shared_mode
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -144,7 +144,8 @@ def check_relative_path(path: str, allow_root: bool = False) -> str:
 
 #: A "." or ".." component, or an empty one, anywhere in a path.
 _ODD_COMPONENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
-_KINDS = frozenset((FILE, DIR, SYMLINK, OTHER))
+#: Each kind's one string object: a decoded listing's entries point at it, not at a copy each.
+_KINDS = {kind: kind for kind in (FILE, DIR, SYMLINK, OTHER)}
 _UINT32 = range(0, _MAX_UINT32 + 1)
 
 
@@ -166,7 +167,8 @@ def _plainly_valid(value: Any) -> Optional[Entry]:
             and type(gid) is int and gid in _UINT32 and type(nlink) is int and nlink in _UINT32
             and type(sparse) is int and sparse in (0, 1)):
         return None
-    return tuple.__new__(Entry, (path, kind, size, mtime_ns, mode, uid, gid, target, nlink,
+    mode = known_mode(mode) or shared_mode(mode)
+    return tuple.__new__(Entry, (path, _KINDS[kind], size, mtime_ns, mode, uid, gid, target, nlink,
                                  bool(sparse), "", ()))
 
 

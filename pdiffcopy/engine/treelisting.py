@@ -56,8 +56,12 @@ def _list_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -
     """Start listing ``tree`` in a forked process; return the function that collects it."""
     def listed() -> tuple:
         listing = tree.list()
-        return (listing.root and tuple(listing.root), [tuple(e) for e in listing.entries], listing.failures,
-                tree.traffic())
+        entries = listing.entries
+        # Plain tuples pickle without naming the class; replaced in place, not copied, so the
+        # child never holds the listing twice.
+        for index, entry in enumerate(entries):
+            entries[index] = tuple(entry)
+        return (listing.root and tuple(listing.root), entries, listing.failures, tree.traffic())
 
     worker = Worker(listed, on_worker_start)
 
@@ -70,7 +74,9 @@ def _list_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -
             raise StorageError(f"Listing {tree.location} failed: the listing process died") from None
         tree.add_traffic(*child_wire)  # the child's bytes on the wire are this sync's too
         new = tuple.__new__  # Entry._make, without a Python call per entry
-        return Listing(new(Entry, root) if root else None, [new(Entry, e) for e in entries], failures)
+        for index, entry in enumerate(entries):  # in place: each plain tuple goes as its Entry comes
+            entries[index] = new(Entry, entry)
+        return Listing(new(Entry, root) if root else None, entries, failures)
 
     return receive
 

@@ -52,7 +52,7 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
     WalkedHere,
 )
-from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of
+from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of, known_mode, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
@@ -88,7 +88,7 @@ def entry_from_stat(path: str, info: os.stat_result, target: str = "",
     kind = kind_of(info.st_mode)
     size = info.st_size if kind == FILE else 0
     sparse = kind == FILE and info.st_blocks * 512 < size
-    return Entry(path, kind, size, info.st_mtime_ns, info.st_mode, info.st_uid, info.st_gid,
+    return Entry(path, kind, size, info.st_mtime_ns, shared_mode(info.st_mode), info.st_uid, info.st_gid,
                  target, info.st_nlink, sparse, link_group(info) if kind == FILE else "", xattrs)
 
 
@@ -345,6 +345,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 try:
                     info = item.stat(follow_symlinks=False)
                     mode = info.st_mode
+                    mode = known_mode(mode) or shared_mode(mode)
                     # Read by the name below the directory's descriptor, the link itself for a symlink.
                     xattrs = () if attributes is None else read_attributes(directory + item.name, attributes)
                     if is_file(mode):  # most entries: built inline, as a plain tuple is
