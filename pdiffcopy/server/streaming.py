@@ -197,15 +197,24 @@ def _cut_short(file: LocalFile, error: StorageError) -> None:
     logger.warning("Serving %s stopped: %s", one_line(file.path), one_line(str(error)))
 
 
+def receive_buffer(length: int = TRANSFER_CHUNK_SIZE) -> memoryview:
+    """The buffer :func:`body_chunks` reads into: one per request body, not per range (a new
+    1 MiB buffer is fresh pages from the kernel, faulted in again for every part)."""
+    return memoryview(bytearray(min(TRANSFER_CHUNK_SIZE, max(1, length))))
+
+
 def body_chunks(body: BodyReader, offset: int, length: int, ended: str,
                 metrics: Optional[ServerMetrics] = None,
-                rate_limit: Optional[TokenBucket] = None) -> Iterator[tuple]:
+                rate_limit: Optional[TokenBucket] = None,
+                buffer: Optional[memoryview] = None) -> Iterator[tuple]:
     """The next ``length`` bytes of a request body as (offset, chunk) pairs from ``offset`` on,
     for :meth:`LocalFile.write_ranges` (the chunks are views of one reused buffer).
 
     :param ended: What a body that ends too early is told (a :class:`BadRequest`).
+    :param buffer: The request's :func:`receive_buffer` (made here if not given).
     """
-    buffer = memoryview(bytearray(min(TRANSFER_CHUNK_SIZE, max(1, length))))
+    if buffer is None:
+        buffer = receive_buffer(length)
     position, end = offset, offset + length
     while position < end:
         got = body.readinto(buffer[: min(len(buffer), end - position)])
@@ -243,10 +252,12 @@ def receive_ranges(file: LocalFile, size: int, metrics: Optional[ServerMetrics] 
     try:
         if boundary is None:
             assert single is not None  # parsed above
-            return _receive_range(body, file, single[0], single[1], size, metrics, rate_limit)
+            return _receive_range(body, file, single[0], single[1], size, receive_buffer(single[1]), metrics,
+                                  rate_limit)
         written = 0
+        buffer = receive_buffer()
         for offset, length, _ in read_parts(body, boundary):
-            written += _receive_range(body, file, offset, length, size, metrics, rate_limit)
+            written += _receive_range(body, file, offset, length, size, buffer, metrics, rate_limit)
         return written
     finally:
         body.finish()
@@ -280,13 +291,13 @@ def _read_some(body: BodyReader, count: int) -> bytes:
     return bytes(buffer[:got])
 
 
-def _receive_range(body: BodyReader, file: LocalFile, offset: int, length: int, size: int,
+def _receive_range(body: BodyReader, file: LocalFile, offset: int, length: int, size: int, buffer: memoryview,
                    metrics: Optional[ServerMetrics] = None, rate_limit: Optional[TokenBucket] = None) -> int:
     check_inside(offset, length, size)
     # write_ranges starts writing the range to disk at its end: the client's
     # fsync request then finds little left to write.
     file.write_ranges([(offset, length)], body_chunks(body, offset, length, "The request body ended before the "
-                                                      "range did", metrics, rate_limit))
+                                                      "range did", metrics, rate_limit, buffer))
     return length
 
 
