@@ -1191,7 +1191,7 @@ def test_a_servers_root_directory_is_never_changed(server):
         tree.close()
 
 
-def test_sweep_while_listing_removes_stale_temporaries_of_a_tree_walked_here(trees):
+def test_sweep_while_listing_removes_abandoned_temporaries(trees):
     from pdiffcopy.core.protocol import temporary_name
 
     build_tree(trees.directory / "tree")
@@ -1201,8 +1201,8 @@ def test_sweep_while_listing_removes_stale_temporaries_of_a_tree_walked_here(tre
     tree = trees.open("tree")
     tree.sweep_while_listing()
     tree.list()
-    # A server sweeps its own root when it starts, not while it lists.
-    assert stale.exists() is (trees.name != "local")
+    # No writer holds its lock: gone at once, here and on a server (the listing's sweep=1).
+    assert not stale.exists()
 
 
 def test_same_content_tells_where_it_is_cheap(trees):
