@@ -180,6 +180,26 @@ def hash_requests(server) -> float:
                if line.startswith('pdiffcopy_requests_total{endpoint="hashes"'))
 
 
+def data_map_requests(server) -> float:
+    """How many data map requests the server has answered so far (its metrics)."""
+    _, _, body = http_get(f"{server.base}/.pdiffcopy/metrics")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+               if line.startswith('pdiffcopy_requests_total{endpoint="data_map"'))
+
+
+def test_a_dense_source_is_asked_for_its_data_map_once(server, tmp_path, unique):
+    # All data: the one answer that says so is enough; asking again before hashing
+    # would cost a round trip on every pull (a no-change pull is a few of them).
+    data = random_bytes(3 * MIB + 5, seed=7)
+    (server.root / unique).write_bytes(data)
+    target = tmp_path / "target"
+    target.write_bytes(data[:MIB] + bytes(2 * MIB + 5))
+    before = data_map_requests(server)
+    result = sync(f"{server.base}/{unique}", str(target), block_size=BLOCK, concurrency=2)
+    assert result.verified and target.read_bytes() == data
+    assert data_map_requests(server) - before == 1
+
+
 def test_a_big_sparse_file_moves_only_its_data(files, direction, request):
     source, target, source_arg, target_arg = files
     size = 64 * 1024 * MIB  # 64 GiB, 3 MiB of data: holes are neither read, hashed by reading, nor sent

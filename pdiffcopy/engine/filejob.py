@@ -185,7 +185,8 @@ class _SyncJob:
         # Refinement needs both ends known (a remote end may turn out to be a 1.0.1 server).
         self.steps = SegmentSteps(self.source, self.target, plan, options.hash_method, self.target.location,
                                   options.piece_size, self.progress.add_hashed, self.progress.add_moved,
-                                  source_has_holes=self.source_data is not None)
+                                  # (a dry run has not asked: it may still skip holes)
+                                  source_has_holes=options.dry_run or self.source_data is not None)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
         if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:

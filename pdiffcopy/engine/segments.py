@@ -413,8 +413,8 @@ class SegmentSteps:
                        when a side cannot hash pieces cheaply).
     :param on_hashed: Called with byte counts as hashing finishes (progress), or None.
     :param on_moved: Called with byte counts as data is written (progress), or None.
-    :param source_has_holes: False when the source is known to be all data: a move then
-                             does not ask for its data map again.
+    :param source_has_holes: False when the source is known to be all data: neither a move
+                             nor its hashing then asks for its data map again.
     """
 
     def __init__(self, source: FileEndpoint, work: Optional[FileEndpoint], plan: BlockPlan, method: str,
@@ -461,7 +461,9 @@ class SegmentSteps:
                            needs no request: its digests are those of zeros (the server would
                            compute the same without reading). Costs one data map request.
         """
-        holes = self.hole_segments(endpoint, segments) if skip_holes else set()
+        # A source known to be all data has no hole to ask about again.
+        known_dense = endpoint is self.source and not self.source_has_holes
+        holes = self.hole_segments(endpoint, segments) if skip_holes and not known_dense else set()
         return {segment.index: self.zeros([(segment.offset, segment.length)], method)
                 if segment.index in holes else
                 self.hash(endpoint, [(segment.offset, segment.length)], method)
