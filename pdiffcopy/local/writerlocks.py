@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Set, Tuple
 
 #: ``struct flock`` (fcntl.h) on Linux: l_type, l_whence, l_start, l_len, l_pid, padding.
 _FLOCK = struct.Struct("@hhqqi4x")
@@ -165,8 +165,9 @@ class HoldKeeper:
         self._holds: Dict[Tuple[int, int], list] = {}
         self._thread: Optional[threading.Thread] = None
         self._pid = os.getpid()
-        #: Which of a set of connections are still open; None: connections are not judged.
-        self.alive = None
+        #: The set of connections still open (None when it cannot tell), read once a tick;
+        #: None: connections are not judged.
+        self.open_connections: Optional[Callable[[], Optional[Set[object]]]] = None
 
     def keep(self, fd: int, connection: Optional[object] = None) -> None:
         """Keep the lock ``fd`` holds (the keeper closes it), or renew the one already kept on its file."""
@@ -203,13 +204,15 @@ class HoldKeeper:
         now = time.monotonic()
         with self._lock:
             holds = list(self._holds.items())
+        judged = self.open_connections is not None and any(held[2] for _, held in holds)
+        still_open = self.open_connections() if judged else None  # one read for every hold
         for key, (fd, used, connections) in holds:
             try:
                 named = os.fstat(fd).st_nlink > 0
             except OSError:
                 named = False
             gone = not named or now - used >= self.idle_seconds or (
-                connections and self.alive is not None and not self.alive(connections))
+                bool(connections) and still_open is not None and not connections & still_open)
             if gone:
                 with self._lock:
                     if self._holds.get(key, [None])[0] == fd:

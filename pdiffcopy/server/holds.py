@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Iterable, Optional, Set, Tuple
+from typing import Optional, Set, Tuple
 
 from flask import Flask, Response, request
 
@@ -39,7 +39,7 @@ Connection = Tuple[Endpoint, Endpoint]
 def install(app: Flask) -> None:
     """Keep the temporaries' writer locks in every worker of ``app`` (made before the fork)."""
     keeper = writerlocks.HoldKeeper(LEASE_SECONDS, tick=HOLD_TICK_SECONDS)
-    keeper.alive = any_established
+    keeper.open_connections = open_connections
     writerlocks.KEEPER = keeper
 
     @app.before_request
@@ -84,13 +84,12 @@ def connection_of(environ: dict) -> Optional[Connection]:
         return None
 
 
-def any_established(connections: Iterable[Connection]) -> bool:
-    """Whether any of ``connections`` is still established (the client has not closed it)."""
+def open_connections() -> Optional[Set[Connection]]:
+    """This host's established TCP connections, or None when it cannot tell (the lease's time decides)."""
     try:
-        established = established_connections()
+        return established_connections()
     except OSError:
-        return True  # cannot tell: the lease's time decides
-    return any(connection in established for connection in connections)
+        return None
 
 
 def established_connections() -> Set[Connection]:
@@ -117,4 +116,4 @@ def _endpoint(text: str) -> Endpoint:
     return ipaddress.ip_address(packed), int(port, 16)
 
 
-__all__ = ["HOLD_TICK_SECONDS", "any_established", "connection_of", "established_connections", "install"]
+__all__ = ["HOLD_TICK_SECONDS", "open_connections", "connection_of", "established_connections", "install"]
