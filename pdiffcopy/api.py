@@ -23,7 +23,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
-from pdiffcopy.engine.options import TreeOptions, file_options
+from pdiffcopy.engine.options import FileOptions, TreeOptions, file_options
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -170,21 +170,33 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
-    if any(_over_ssh(location) for location in (source, target)):
-        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
-                              timeout=timeout) as (source, target, token):
-            return sync(source, target, block_size=block_size, hash_method=hash_method,
-                        whole_file=whole_file, concurrency=concurrency, dry_run=dry_run, atomic=atomic,
-                        token=token, timeout=timeout, ca_file=ca_file, cache=cache, progress=progress,
-                        bwlimit=bwlimit, compress=compress, piece_size=piece_size, partial=partial,
-                        delta=delta, sparse=sparse)
-    given = [location for location in (source, target) if isinstance(location, FileEndpoint)]
-    made = []
     try:
         options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                                concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
                                bwlimit=bwlimit, compress=compress, piece_size=piece_size,
                                partial=partial, delta=delta, sparse=sparse)
+    except BaseException:
+        _close_given(source, target)
+        raise
+    if any(_over_ssh(location) for location in (source, target)):
+        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
+                              timeout=timeout) as (source, target, token):
+            return _sync_with(source, target, options, token, timeout, ca_file, progress)
+    return _sync_with(source, target, options, token, timeout, ca_file, progress)
+
+
+def _close_given(*locations: "str | FileEndpoint") -> None:
+    for location in locations:
+        if isinstance(location, FileEndpoint):
+            location.close()
+
+
+def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", options: FileOptions,
+               token: Optional[str], timeout: Optional[float], ca_file: Optional[str],
+               progress: Optional[Progress]) -> SyncResult:
+    """:func:`sync` once its options are checked and a ``HOST:PATH`` is a URL: the endpoints, then the engine."""
+    made = []
+    try:
         check_locations(_location(source), _location(target))
         # Endpoints before the engine: a bad path or URL fails before any process starts. The
         # wire's limit and compression are the remote endpoint's (the engine never sees them):
@@ -196,7 +208,8 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
             if not isinstance(location, FileEndpoint):
                 made.append(file_endpoint(location, **wire))
     except BaseException:
-        for endpoint in given + made:
+        _close_given(source, target)
+        for endpoint in made:
             endpoint.close()
         raise
     source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
