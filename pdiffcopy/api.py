@@ -180,8 +180,8 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         raise
     if any(_over_ssh(location) for location in (source, target)):
         with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
-                              timeout=timeout) as (source, target, token):
-            return _sync_with(source, target, options, token, timeout, ca_file, progress)
+                              timeout=timeout) as (source, target, session):
+            return _sync_with(source, target, options, session.token, timeout, ca_file, progress)
     return _sync_with(source, target, options, token, timeout, ca_file, progress)
 
 
@@ -225,10 +225,17 @@ def _over_ssh(location) -> bool:
 
 @contextlib.contextmanager
 def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None,
-                     timeout: Optional[float] = None):
-    """``(source, target, token)`` with a ``HOST:PATH`` replaced by the URL of a server started on HOST.
+                     timeout: Optional[float] = None, wait: bool = True, **session_options):
+    """``(source, target, session)`` with a ``HOST:PATH`` replaced by the URL of a server started on HOST.
 
-    The server (:mod:`pdiffcopy.transport.sshlaunch`) lives until the ``with`` block ends.
+    The server (:mod:`pdiffcopy.transport.sshlaunch`) lives until the ``with`` block ends;
+    ``session.token`` is its token, ``session.shown`` names its URL as the ``HOST:PATH``.
+    An error in the block is told in the ``HOST:PATH``'s terms.
+
+    :param wait: After the block succeeded, wait for the remote server to stop (the command
+                 line does not: only the remote clean-up is left, and ssh ends on its own).
+    :param session_options: For :class:`~pdiffcopy.transport.sshlaunch.SshSession`
+                            (``verbose``, ``while_waiting``).
 
     :raises UsageError: When both sides are remote.
     """
@@ -242,17 +249,20 @@ def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffc
     if len(remote) != 1 or any(isinstance(location, str) and is_url(location) for location in locations):
         raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
     index, location = remote[0]
-    session = SshSession(location, rsh=rsh, remote_program=remote_pdiffcopy, timeout=timeout)
+    session = SshSession(location, rsh=rsh, remote_program=remote_pdiffcopy, timeout=timeout, **session_options)
     session.start()
     try:
         locations[index] = session.url
         try:
-            yield locations[0], locations[1], session.token
+            yield locations[0], locations[1], session
         except PdiffcopyError as error:
             error.args = (session.shown_message(str(error)),)
             raise
+    except BaseException:
+        wait = True  # after a failure, ssh's last words are worth waiting for
+        raise
     finally:
-        session.close()
+        session.close(wait=wait)
 
 
 def _location(location: "str | FileEndpoint") -> str:
@@ -283,8 +293,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     """
     if _over_ssh(source) or _over_ssh(target):
         with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
-                              timeout=timeout) as (source, target, token):
-            return sync_tree(source, target, options, token=token, timeout=timeout, ca_file=ca_file,
+                              timeout=timeout) as (source, target, session):
+            return sync_tree(source, target, options, token=session.token, timeout=timeout, ca_file=ca_file,
                              progress=progress, report_line=report_line, **fields)
     import dataclasses
 

@@ -537,12 +537,9 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     source, target = args.paths
     from pdiffcopy.core.sshform import parse_ssh_location
 
-    over_ssh = [(index, parse_ssh_location(location)) for index, location in enumerate((source, target))]
-    over_ssh = [(index, location) for index, location in over_ssh if location is not None]
+    over_ssh = any(parse_ssh_location(location) is not None for location in (source, target))
     if not over_ssh and args.rsh is not None:
         raise UsageError(_rsh_without_remote(args.rsh))
-    if over_ssh and (len(over_ssh) == 2 or is_url(source) or is_url(target)):
-        raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
     if args.compress_level is not None:
         if args.compress == "never" and args.compress_level:
             raise UsageError("--no-compress and --compress-level contradict each other")
@@ -553,19 +550,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         require_extra(("executor",), "client", "The benchmark (-B)")
     if not over_ssh:
         return sync_locations(args, source, target, token)
-    from pdiffcopy.transport.sshlaunch import SshSession
+    from pdiffcopy.api import reached_over_ssh
 
-    index, location = over_ssh[0]
-    with SshSession(location, rsh=args.rsh, remote_program=args.remote_pdiffcopy, timeout=args.timeout,
-                    verbose=args.verbose > 0, while_waiting=_import_sync_modules) as session:
+    with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
+                          timeout=args.timeout, wait=False, verbose=args.verbose > 0,
+                          while_waiting=_import_sync_modules) as (source, target, session):
         # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
-        try:
-            if index == 0:
-                return sync_locations(args, session.url, target, session.token, shown=session.shown)
-            return sync_locations(args, source, session.url, session.token, shown=session.shown)
-        except PdiffcopyError as error:
-            error.args = (session.shown_message(str(error)),)
-            raise
+        return sync_locations(args, source, target, session.token, shown=session.shown)
 
 
 def _import_sync_modules() -> None:
