@@ -12,6 +12,7 @@ its directory. docs/protocol.rst, "Serving over ssh", describes the hand-over.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
@@ -140,6 +141,9 @@ def _stop_at_end_of_input(arbiter_pid: int) -> None:
             pass
     except OSError:
         pass
+    # The client ended the session: the stop's own chatter (a worker still starting that
+    # gunicorn kills, an ERROR) would reach a client that is reading ssh's last words.
+    logging.getLogger("gunicorn.error").setLevel(logging.CRITICAL)
     os.kill(arbiter_pid, signal.SIGINT)
 
 
