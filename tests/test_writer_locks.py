@@ -192,3 +192,47 @@ def test_a_server_killed_mid_push_leaves_nothing_after_its_restart(tmp_path):
         assert names(root) == ["deep"]
     finally:
         restarted.stop()
+
+
+def test_a_temporary_a_push_just_made_is_never_swept_by_another_push(server, unique):
+    """The server holds a new temporary's writer lock from the moment it makes it.
+
+    Sixteen pushes at once each sweep their target's directory before they start:
+    a temporary that a resize request had just made, but whose lock the server
+    took only after the request, was removed under its push (its next PATCH got
+    404 and the client a broken pipe). Here one client makes temporaries as a push
+    does while another sweeps the same directory without pause.
+    """
+    import threading
+
+    import requests
+
+    directory = server.root / unique
+    directory.mkdir()
+    stop = threading.Event()
+    swept = []
+
+    def sweep_without_pause() -> None:
+        with requests.Session() as session:
+            while not stop.is_set():
+                answer = session.post(server.url(f".pdiffcopy/sweep/{unique}/other.img"), timeout=10)
+                swept.append(answer.json()["removed"])
+
+    sweeper = threading.Thread(target=sweep_without_pause)
+    sweeper.start()
+    lost = []
+    try:
+        with requests.Session() as session:  # one connection, held open as a push's are
+            for attempt in range(300):
+                name = f"{unique}/.pushed-{attempt}.img.pdiffcopy-{os.getpid():08x}{attempt:04x}"
+                made = session.post(server.url(f".pdiffcopy/resize/{name}"), params={"size": 4096}, timeout=10)
+                assert made.status_code == 200, made.text
+                written = session.patch(server.url(name), data=b"x" * 4096,
+                                        headers={"Content-Range": "bytes 0-4095/4096"}, timeout=10)
+                if written.status_code == 404:
+                    lost.append(name)
+    finally:
+        stop.set()
+        sweeper.join(timeout=30)
+    assert len(swept) > 0
+    assert lost == [], f"{len(lost)} of 300 new temporaries were swept under their writer"

@@ -35,7 +35,8 @@ import xxhash
 
 from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treeplan import DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode, shared_mode
+from pdiffcopy.core.treeplan import (DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode,
+                                     shared_mode)
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.

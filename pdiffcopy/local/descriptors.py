@@ -111,7 +111,8 @@ def is_stale_temporary(name: str, info: os.stat_result, now: Optional[float] = N
     age = (time.time() if now is None else now) - info.st_mtime
     if age >= STALE_TEMPORARY_SECONDS:
         return True
-    return by_process and match is not None and age >= ORPHAN_TEMPORARY_SECONDS and not _is_alive(int(match.group(1), 16) >> 24)
+    return (by_process and match is not None and age >= ORPHAN_TEMPORARY_SECONDS
+            and not _is_alive(int(match.group(1), 16) >> 24))
 
 
 def _is_alive(pid: int) -> bool:

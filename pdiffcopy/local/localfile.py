@@ -311,6 +311,16 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             raise StorageError(f"Cannot create {self.path}: it was removed each time it was made")
         return self._write_fd
 
+    def held_writer(self) -> "tuple[int, bool]":
+        """The endpoint's descriptor for writing, the file created if missing; and whether it was.
+
+        A temporary's writer lock is held from the moment it is made (a sweep between
+        its making and its first write would remove it under its writer); the endpoint
+        owns the descriptor and the lock, and :meth:`close` hands the lock to the
+        process's keeper, if any.
+        """
+        return self._writer(), bool(self._created)
+
     def _hold(self, fd: int) -> bool:
         """Hold a temporary's writer lock (local/writerlocks.py) through a descriptor of its own.
 

@@ -324,23 +324,24 @@ def resize_file(path: str):
     # Grown by a hole (the source is sparse): only this much data will be written.
     data_bytes = int_arg("data", 0, MAX_FILE_SIZE) if "data" in request.args else None
     file = served(state.root, path)
-    fd, created = file.open_writer()
     try:
-        if not created:
-            refuse_hard_links(os.fstat(fd), path, state.config.write_hard_links)
-        with state.leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
-            try:
-                resize(fd, size, data_bytes)
-            except OSError as error:
-                raise storage_error(error, f"resize {path}") from None
-        return jsonify(describe(os.fstat(fd)))
-    except BaseException:
-        if created:  # a refused resize leaves no new empty file behind
-            with contextlib.suppress(PdiffcopyError):
-                file.unlink()
-        raise
+        fd, created = file.held_writer()
+        try:
+            if not created:
+                refuse_hard_links(os.fstat(fd), path, state.config.write_hard_links)
+            with state.leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
+                try:
+                    resize(fd, size, data_bytes)
+                except OSError as error:
+                    raise storage_error(error, f"resize {path}") from None
+            return jsonify(describe(os.fstat(fd)))
+        except BaseException:
+            if created:  # a refused resize leaves no new empty file behind
+                with contextlib.suppress(PdiffcopyError):
+                    file.unlink()
+            raise
     finally:
-        os.close(fd)
+        file.close()
 
 
 @files.post(f"{API_PREFIX}/fsync/<path:path>")

@@ -496,9 +496,6 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             finally:
                 self._lease = None
 
-    def sweep_temporaries(self) -> int:
-        return 0  # the server sweeps its own root when it starts
-
     def create_temporary(self, clone: bool) -> "RemoteFile":
         temporary = self._sibling(temporary_name, self.follow)
         try:
