@@ -23,7 +23,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
-from pdiffcopy.engine.options import FileOptions, TreeOptions, file_options
+from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
@@ -116,7 +116,7 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
          ca_file: Optional[str] = None, cache: str = "auto",
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
          compress: "str | int" = "auto", piece_size: "int | str | None" = None,
-         partial: bool = False, delta: str = "blocks", sparse: bool = False,
+         partial: bool = False, delta: str = DEFAULT_DELTA, sparse: bool = False,
          rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
@@ -157,7 +157,9 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param partial: Write a new (or ``atomic``) target into a hidden partial file
                     (``.NAME.pdiffcopy-partial``) that an interrupted sync keeps and the
                     next sync with ``partial`` resumes, moving only what it lacks.
-    :param delta: How changes are found: ``"blocks"`` compares fixed blocks in place (files
+    :param delta: How changes are found: ``"auto"`` (the default) chooses per file, from a small
+                  sample of both files, between the two others (docs/design.rst, "Choosing the
+                  delta"); ``"blocks"`` compares fixed blocks in place (files
                   changed in place: disk images, databases); ``"chunks"`` cuts both files into
                   content-defined chunks and finds bytes that moved (inserted or removed data:
                   archives, logs, dumps), writing a new temporary of the target.

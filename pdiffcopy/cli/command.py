@@ -156,11 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--compress-level", "--zl", metavar="LEVEL", type=_compress_level, default=None,
                       help="compress the data on the wire at this zstd level, from 1 (fastest, as -z) "
                            "to 19 (densest, for slow links); 0: do not compress (rsync's option)")
-    sync.add_argument("--delta", choices=("blocks", "chunks"), default="blocks",
+    sync.add_argument("--delta", choices=("auto", "blocks", "chunks"), default="auto",
                       help="how changes are found: blocks compares fixed blocks in place (files "
                            "changed in place: disk images, databases); chunks finds bytes that moved "
                            "(data inserted or removed: archives, logs, dumps) with content-defined "
-                           "chunks and writes a new copy of TARGET (default blocks)")
+                           "chunks and writes a new copy of TARGET; auto chooses per file from a "
+                           "small sample of both (-v says which and why) (default auto)")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")

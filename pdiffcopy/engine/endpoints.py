@@ -105,6 +105,13 @@ class FileEndpoint(ABC):
     def close(self) -> None:
         """Release descriptors, connections and workers."""
 
+    def free_space(self) -> Optional[int]:
+        """Bytes free for a new file beside this one, or None when unknown (an older server).
+
+        The shift-tolerant delta asks before it writes a whole new temporary.
+        """
+        return None
+
     # -- checks before a sync writes: each kind makes what it can --------------------------
 
     def is_same_file(self, other: "FileEndpoint") -> bool:

@@ -29,7 +29,7 @@ from pdiffcopy.core.blocks import (
     split_ranges,
 )
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.engine import chunkdelta
+from pdiffcopy.engine import autodelta, chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.engine.options import FileOptions
 from pdiffcopy.errors import (
@@ -189,7 +189,8 @@ class _SyncJob:
                                   source_has_holes=options.dry_run or self.source_data is not None)
         self._log_phase("checked source and target")
         self.progress.phase = "comparing"
-        if options.delta == "chunks" and target_info is not None and target_info.size and not options.whole_file:
+        if self._choose_delta(source_info, target_info) == "chunks":
+            assert target_info is not None, "only an existing target is chunked"
             result = self._run_chunked(plan, source_info, target_info)
             if result is not None:
                 return result
@@ -272,6 +273,21 @@ class _SyncJob:
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
 
+    def _choose_delta(self, source_info: FileInfo, target_info: Optional[FileInfo]) -> str:
+        """The delta this file gets ("blocks" or "chunks"), said in one line with -v."""
+        options = self.options
+        if target_info is None or not target_info.size:
+            choice = autodelta.Choice("blocks", "no old target to find data in")
+        elif options.whole_file:
+            choice = autodelta.Choice("blocks", "--whole-file copies everything")
+        elif options.delta != "auto":
+            choice = autodelta.Choice(options.delta, f"--delta {options.delta}")
+        else:
+            choice = autodelta.choose(self.source, self.target, source_info.size, target_info.size,
+                                      options.hash_method)
+        logger.debug("%s: %s delta (%s)", self.target.location, choice.delta, choice.reason)
+        return choice.delta
+
     def _run_chunked(self, plan: BlockPlan, source_info: FileInfo, target_info: FileInfo
                      ) -> Optional[SyncResult]:
         """The shift-tolerant delta (:mod:`pdiffcopy.engine.chunkdelta`) into a new temporary.
@@ -308,6 +324,13 @@ class _SyncJob:
             else:
                 self._check_source_unchanged(source_info)
                 return self._result(plan, similarity, verified=True, digest=digest)
+        needed = plan.size if self.source_data is None else self.source_data
+        free = self.target.free_space()
+        if free is not None and free < needed:
+            # In place, the block delta needs no room beyond the target's own.
+            logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
+                           "comparing fixed blocks instead", self.target.location, needed, free)
+            return None
         self._sweep_temporaries()
         work = self.target.create_temporary(clone=False)
         self.work = work

@@ -30,11 +30,11 @@ MAX_CONCURRENCY = 256
 #: machines; the command line and :func:`pdiffcopy.sync` default to the CPU count.
 DEFAULT_CONCURRENCY = 2
 
-#: The delta modes, by ``--delta`` name: fixed blocks compared in place (the default, best for
-#: files changed in place: disk images, databases), or content-defined chunks (files whose
-#: bytes move: archives, logs, dumps).
-DELTA_MODES = ("blocks", "chunks")
-DEFAULT_DELTA = "blocks"
+#: The delta modes, by ``--delta`` name: chosen per file from a small sample (the default:
+#: pdiffcopy.engine.autodelta), fixed blocks compared in place (files changed in place: disk
+#: images, databases), or content-defined chunks (files whose bytes move: archives, logs, dumps).
+DELTA_MODES = ("auto", "blocks", "chunks")
+DEFAULT_DELTA = "auto"
 
 #: Page cache policies of whole-file copies between local files.
 CACHE_MODES = ("auto", "drop", "keep")
@@ -75,8 +75,9 @@ class FileOptions:
     #: Write a new (or --atomic) target into a hidden partial file that an interrupted sync
     #: keeps and the next one resumes (rsync's --partial), instead of a removed temporary.
     partial: bool = False
-    #: How changes are found: "blocks" (fixed blocks compared in place) or "chunks"
-    #: (content-defined chunks that find moved bytes: pdiffcopy.engine.chunkdelta).
+    #: How changes are found: "auto" (chosen per file: pdiffcopy.engine.autodelta), "blocks"
+    #: (fixed blocks compared in place) or "chunks" (content-defined chunks that find moved
+    #: bytes: pdiffcopy.engine.chunkdelta).
     delta: str = DEFAULT_DELTA
     #: Also turn runs of zeros (whole file system blocks) in the data written into holes
     #: (rsync's ``-S``); the source's own holes stay holes either way.
@@ -163,7 +164,7 @@ def check_delta(mode: str) -> str:
     :raises UsageError: Naming the modes there are.
     """
     if mode not in DELTA_MODES:
-        raise UsageError(f"Invalid delta mode: {mode!r} (expected {' or '.join(DELTA_MODES)})")
+        raise UsageError(f"Invalid delta mode: {mode!r} (expected {', '.join(DELTA_MODES[:-1])} or {DELTA_MODES[-1]})")
     return mode
 
 

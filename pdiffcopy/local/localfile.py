@@ -200,6 +200,13 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     def exists(self) -> bool:
         return os.path.lexists(self.path)
 
+    def free_space(self) -> Optional[int]:
+        try:
+            stats = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+        except OSError:
+            return None  # the sync itself then says what is wrong with the directory
+        return stats.f_bavail * stats.f_frsize
+
     def stat(self) -> Optional[FileInfo]:
         try:
             info = self.status()

@@ -100,9 +100,14 @@ def renew(info: os.stat_result, path: str) -> None:
 
 @files.get(f"{API_PREFIX}/stat/<path:path>")
 def stat_file(path: str):
-    """Size, mtime and type of a file, or 404."""
+    """Size, mtime and type of a file, and the free space beside it; or 404."""
     state = server_state()
-    return jsonify(describe(served(state.root, path).status()))
+    file = served(state.root, path)
+    description = describe(file.status())
+    free = file.free_space()
+    if free is not None:
+        description["free"] = free
+    return jsonify(description)
 
 
 @files.get(f"{API_PREFIX}/hashes/<path:path>")

@@ -207,6 +207,8 @@ def _components() -> Dict[str, Any]:
                 "mode": {"type": "integer", "minimum": 0, "maximum": 4095,
                          "description": "Permission bits (420 is 0644)"},
                 "etag": {"type": "string", "description": "The ETag, as in ETag headers"},
+                "free": {**_INTEGER, "description": "Bytes free for a new file in the file's directory "
+                                                    "(stat only; absent where unknown and from older servers)"},
             },
         },
         "Written": {"type": "object", "required": ["written"],

@@ -144,6 +144,8 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         #: Threads of :meth:`submit_hashes_first`: a queue of their own.
         self._first_hash_pool: Optional[ThreadPoolExecutor] = None
         self._etag: Optional[str] = None
+        #: The free space beside the file, as the last stat reported it (None: not reported).
+        self._free: Optional[int] = None
         #: The id of our write lease on the file, sent with every request while held.
         self._lease: Optional[str] = None
         self.compression = compress if isinstance(compress, Compression) else Compression(
@@ -192,6 +194,11 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
     def exists(self) -> bool:
         return self.stat() is not None  # the server's answer: a dangling symlink there is missing
 
+    def free_space(self) -> Optional[int]:
+        """The free space the server reports in a stat now (None: a server that does not say)."""
+        answer = self._ask_stat()
+        return self._free if not isinstance(answer, PdiffcopyError) else None
+
     def _ask_stat(self) -> "Optional[FileInfo] | RemoteError":
         """The file's stat (None: missing), or the error naming a pdiffcopy 1.0.1 server."""
         response = self.request("GET", self._target("stat"), expected=(200, 404))
@@ -204,6 +211,8 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             return None
         try:
             data = response.json()
+            free = data.get("free")
+            self._free = int(free) if free is not None else None
             return FileInfo(str(data["type"]), int(data["size"]), int(data["mtime_ns"]),
                             str(data["etag"]))
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
