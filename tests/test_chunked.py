@@ -92,7 +92,7 @@ def test_chunks_make_the_target_identical_and_send_little(server, tmp_path, uniq
 def test_an_insertion_near_the_start_moves_far_less_than_blocks_would(server, tmp_path, unique, direction):
     source_data = inserted(OLD, [4096], 100)
     source, target, path = arrange(direction, server, tmp_path, unique, source_data, OLD)
-    blocks = sync(source, target, dry_run=True)
+    blocks = sync(source, target, dry_run=True, delta="blocks")
     chunks = sync(source, target, delta="chunks")
     assert path.read_bytes() == source_data
     # The fixed blocks after the insertion all moved by 100 bytes: every one differs.

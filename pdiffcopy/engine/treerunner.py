@@ -17,6 +17,7 @@ import time
 from typing import Dict, List, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
+from pdiffcopy.engine import autodelta
 from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import (
@@ -231,7 +232,7 @@ class Runner:
                 continue
             size = action.source.size
             if size >= DELTA_MIN_SIZE and action.reason != REASON_NEW and not self.options.whole_file:
-                if self.options.delta == "chunks" and action.target is not None and action.target.size:
+                if action.target is not None and action.target.size and self._wants_chunks(action):
                     self._add_chunked(action)
                 else:
                     self._add_big(action, delta=True)
@@ -314,6 +315,25 @@ class Runner:
         self.big.append(BigFile(action, plan, source, work, target, temporary, len(segments) or 1, partial))
         for segment in segments or [Segment(0, 0, 0, 0, 0)]:
             self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
+
+    def _wants_chunks(self, action: FileAction) -> bool:
+        """Whether a big changed file goes by chunks: ``--delta chunks``, or auto's choice (said with -v)."""
+        if self.options.delta != "auto":
+            return self.options.delta == "chunks"
+        assert action.target is not None, "only a file with an old version is asked about"
+        try:
+            source = self.source.file_endpoint(action.path)
+            target = self.target.file_endpoint(action.path)
+            try:
+                choice = autodelta.choose(source, target, action.source.size, action.target.size,
+                                          self.options.hash_method)
+            finally:
+                source.close()
+                target.close()
+        except PdiffcopyError:
+            return False  # the block delta meets the same error and reports it for this file
+        logger.debug("%s: %s delta (%s)", action.path, choice.delta, choice.reason)
+        return choice.delta == "chunks"
 
     def _add_chunked(self, action: FileAction) -> None:
         """Queue a big changed file for the shift-tolerant delta: one unit, into a new temporary."""
