@@ -704,6 +704,19 @@ class ConfinedFile(LocalFile):
     def _name_status(self) -> os.stat_result:
         return self.status()  # a sibling is never followed
 
+    def free_space(self) -> Optional[int]:
+        try:
+            directory, _ = self._directory_and_name()
+        except PdiffcopyError:
+            return None  # the root itself, or a directory gone: the sync says so where it matters
+        try:
+            stats = os.fstatvfs(directory)
+        except OSError:
+            return None
+        finally:
+            os.close(directory)
+        return stats.f_bavail * stats.f_frsize
+
     def _directory_and_name(self) -> "tuple[Optional[int], str]":
         """A descriptor of the file's directory (``O_RDONLY``: it can be flushed) and its name.
 
