@@ -489,6 +489,14 @@ def test_cut_chunks_past_the_end_fails(files):
         files.open("short.img").cut_chunks([(0, 1000)], 4096)
 
 
+def test_free_space_is_what_the_files_directory_has(files):
+    (files.directory / "room.img").write_bytes(b"room")
+    free = files.open("room.img").free_space()
+    stats = os.statvfs(files.directory)
+    # Anything else writing to this disk meanwhile moves it a little, not by a GiB.
+    assert free is not None and abs(free - stats.f_bavail * stats.f_frsize) < 1024 ** 3
+
+
 def test_copy_within_copies_the_old_files_bytes_to_other_offsets(files):
     from pdiffcopy.core.chunks import Copy
 

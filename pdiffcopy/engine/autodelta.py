@@ -102,6 +102,9 @@ def choose(source: FileEndpoint, target: FileEndpoint, source_size: int, target_
     smaller, larger = sorted((source_size, target_size))
     if smaller < COMPARABLE_SIZE_RATIO * larger:
         return Choice("blocks", f"sizes not comparable ({source_size} and {target_size} bytes)")
+    if not (source.hashes_pieces_cheaply() and target.hashes_pieces_cheaply()):
+        # A pdiffcopy 1.0.1 server: a sample would cost a whole-file pass, and it cannot cut chunks.
+        return Choice("blocks", "an older server cannot sample or cut chunks")
     offsets = sample_offsets(smaller)
     if len(offsets) < SAMPLE_PIECES:
         return Choice("blocks", "too small to sample")

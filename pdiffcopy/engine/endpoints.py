@@ -105,12 +105,6 @@ class FileEndpoint(ABC):
     def close(self) -> None:
         """Release descriptors, connections and workers."""
 
-    def free_space(self) -> Optional[int]:
-        """Bytes free for a new file beside this one, or None when unknown (an older server).
-
-        The shift-tolerant delta asks before it writes a whole new temporary.
-        """
-        return None
 
     # -- checks before a sync writes: each kind makes what it can --------------------------
 
@@ -199,6 +193,10 @@ class FileEndpoint(ABC):
     def cut_chunks(self, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
         """:meth:`ContentChunks.cut_chunks`; without it, :class:`Unsupported` (the engine uses blocks)."""
         raise Unsupported(f"Cannot cut {self.location} into content-defined chunks")
+
+    def free_space(self) -> Optional[int]:
+        """:meth:`ContentChunks.free_space`; without it, None (unknown: the engine assumes enough)."""
+        return None
 
     def can_copy_within(self, origin: "FileEndpoint") -> bool:
         """:meth:`ContentChunks.can_copy_within`; without it, never."""
@@ -358,6 +356,14 @@ class ContentChunks(ABC):
         the list, 12 bytes a chunk, crosses the network.
 
         :raises Unsupported: Where the file cannot be cut there (the engine falls back to blocks).
+        """
+
+    @abstractmethod
+    def free_space(self) -> Optional[int]:
+        """Bytes free for a new file in this file's directory, or None when unknown (an older server).
+
+        The shift-tolerant delta writes a whole new temporary: it asks first, and without room
+        the block delta updates the file in place instead.
         """
 
     @abstractmethod
