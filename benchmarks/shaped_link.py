@@ -44,6 +44,7 @@ CLIENT_IP = "10.213.7.2"
 
 # Fixed ports are safe: the namespaces are ours alone.
 OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT, OURS_CDC_PORT, SSH_PORT = 8101, 8102, 8103, 8873, 8104, 8022
+OURS_BLOCKS_PORT = 8105
 
 # The token bucket holds 10 ms of the rate (at least 64 KiB): tbf needs a bucket of at least
 # one timer tick's worth of bytes to reach its rate, and a bigger one would let bursts
@@ -56,13 +57,18 @@ QUEUE_LATENCY = "50ms"
 
 # Workloads: what the source is, and what the target holds before the run.
 SHIFTED = "shift-"
-WORKLOADS = ("dense0", "dense10", "dense50", "sparse", "text", "random", "shift-start", "shift-every")
+WORKLOADS = ("dense0", "dense10", "dense50", "sparse", "text", "random", "shift-start", "shift-every",
+             "shift-delete", "shift-tar", "shift-unrelated")
 DEFAULT_WORKLOADS = WORKLOADS
 # Sparse edits: this many bytes changed in this share of the 1 MiB blocks (a database page).
 SPARSE_BYTES = 16
 SPARSE_PERCENT = 10
-# Shifted data: 100 bytes inserted near the start; one byte inserted every 16 MiB.
+# Shifted data: 100 bytes inserted near the start; one byte inserted every 16 MiB; 100 bytes
+# deleted near the start; a tar of a tree of TAR_FILES files in which the first grew by
+# TAR_GROWTH; and, at the same size, random data that shares nothing with the target.
 SHIFT_INSERT = 100
+TAR_FILES = 64
+TAR_GROWTH = 10 * 1024
 SHIFT_OFFSET = 4096
 SHIFT_EVERY = 16 * 1024 * 1024
 # Text-like data: words from a fixed vocabulary; each 16 MiB stretch permutes the letters
@@ -72,9 +78,11 @@ TEXT_STRETCH = 16 * 1024 * 1024
 TEXT_VOCABULARY = 2000
 TEXT_ZIPF = 1.2
 
-# ours-cdc: our client with --delta chunks (the shift-tolerant delta), against a server of its own.
+# ours-cdc: our client with --delta chunks (the shift-tolerant delta), against a server of its own;
+# ours-blocks: with --delta blocks (the default before --delta auto).
 # *-ssh-*: through sshd in the server's namespace (pdiffcopy HOST:PATH, rsync -e ssh).
-TOOLS = ("ours-pull", "ours-push", "ours-cdc-pull", "ours-cdc-push", "baseline-pull", "baseline-push",
+TOOLS = ("ours-pull", "ours-push", "ours-cdc-pull", "ours-cdc-push", "ours-blocks-pull", "ours-blocks-push",
+         "baseline-pull", "baseline-push",
          "original-pull", "original-push",
          "rsync-pull", "rsync-push", "rsync-z-pull", "rsync-z-push",
          "ours-ssh-pull", "ours-ssh-push", "rsync-ssh-pull", "rsync-ssh-push", "rsync-ssh-z-pull", "rsync-ssh-z-push")
@@ -345,6 +353,34 @@ def with_insertions(base: Path, source: Path, positions: List[int], count: int, 
                 writer.write(rng.randbytes(count))
 
 
+def with_deletion(base: Path, source: Path, offset: int, count: int) -> None:
+    """Write `source` as `base` without its `count` bytes at `offset`."""
+    with open(base, "rb") as reader, open(source, "wb") as writer:
+        writer.write(reader.read(offset))
+        reader.seek(count, os.SEEK_CUR)
+        shutil.copyfileobj(reader, writer, BLOCK_SIZE)
+
+
+def tar_of_tree(path: Path, size: int, seed: int, grown: int) -> None:
+    """Write a tar of TAR_FILES random files of about `size` bytes in all, the first `grown` bytes longer.
+
+    The same seed gives the same files, names and times: two calls differ only by the growth.
+    """
+    import io
+    import tarfile
+
+    rng = random.Random("tar-%i" % seed)
+    each = max(1, size // TAR_FILES)
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as archive:
+        for index in range(TAR_FILES):
+            data = rng.randbytes(each)
+            if index == 0:
+                data += random.Random("tar-growth-%i" % seed).randbytes(grown)
+            member = tarfile.TarInfo("tree/dir%02i/file%03i.dat" % (index // 8, index))
+            member.size, member.mtime, member.mode = len(data), 1_700_000_000, 0o644
+            archive.addfile(member, io.BytesIO(data))
+
+
 def prepare_workloads(data: Path, names: List[str], size: int, shift_size: int, seed: int) -> List[Workload]:
     """Write each workload's source and base files under `data`."""
     workloads = []
@@ -372,6 +408,13 @@ def prepare_workloads(data: Path, names: List[str], size: int, shift_size: int, 
             source = data / ("%s.img" % name)
             if name == "shift-start":
                 with_insertions(base, source, [SHIFT_OFFSET], SHIFT_INSERT, seed)
+            elif name == "shift-delete":
+                with_deletion(base, source, SHIFT_OFFSET, SHIFT_INSERT)
+            elif name == "shift-tar":
+                tar_of_tree(base, shift_size, seed, 0)
+                tar_of_tree(source, shift_size, seed, TAR_GROWTH)
+            elif name == "shift-unrelated":
+                benchlib.generate_source(source, shift_size, seed + 2)
             else:
                 with_insertions(base, source, list(range(SHIFT_EVERY, shift_size, SHIFT_EVERY)), 1, seed)
             workloads.append(Workload(name, source, base))
@@ -399,7 +442,7 @@ def build_tools(args, work: Path, link: Link, logs: Path):
                           env))
 
     ssh: Optional[SshSetup] = None
-    if families & {"ours", "ours-cdc", "ours-ssh"}:
+    if families & {"ours", "ours-cdc", "ours-blocks", "ours-ssh"}:
         ours, reason = benchlib.find_ours()
         if ours is None:
             raise BenchmarkError(reason)
@@ -407,6 +450,8 @@ def build_tools(args, work: Path, link: Link, logs: Path):
             ours_family("ours", ours, OURS_PORT, args.ours_args)
         if "ours-cdc" in families:
             ours_family("ours-cdc", ours, OURS_CDC_PORT, args.ours_args + ["--delta", "chunks"])
+        if "ours-blocks" in families:
+            ours_family("ours-blocks", ours, OURS_BLOCKS_PORT, args.ours_args + ["--delta", "blocks"])
     if "baseline" in families:
         if not args.baseline:
             raise BenchmarkError("the baseline tools need --baseline REV")
