@@ -111,6 +111,34 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
     return sent
 
 
+class Verification:
+    """The check of a new version against the source, its source half started early.
+
+    Made before the build, the source's digests are computed while the new version is
+    written (on the source's side, which the build barely uses); :meth:`check` then hashes
+    only the new version.
+    """
+
+    def __init__(self, source: FileEndpoint, size: int, block_size: int, method: str, location: str,
+                 on_hashed: Optional[Callable[[int], None]] = None) -> None:
+        self._steps = SegmentSteps(source, None, BlockPlan(size, block_size), method, location, on_hashed=on_hashed)
+        self._ours = self._steps.hash_source_strongly()
+
+    def check(self, work: FileEndpoint) -> str:
+        """Check every block of ``work`` against the source's digest under ``method`` (a strong one).
+
+        :returns: The whole-file digest, as hex.
+        :raises VerificationFailed: When a block differs (a false chunk match, a source that changed).
+        """
+        self._steps.work = work
+        return self._steps.verify_all(self._ours)
+
+    def cancel(self) -> None:
+        """Stop the source's hashing that has not started (the build failed)."""
+        for future in self._ours.values():
+            future.cancel()
+
+
 def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int, method: str,
            location: str, on_hashed: Optional[Callable[[int], None]] = None) -> str:
     """Check every block of ``work`` against the source's digest under ``method`` (a strong one).
@@ -122,7 +150,7 @@ def verify(source: FileEndpoint, work: FileEndpoint, size: int, block_size: int,
     :returns: The whole-file digest, as hex.
     :raises VerificationFailed: When a block differs (a false chunk match, a source that changed).
     """
-    return SegmentSteps(source, work, BlockPlan(size, block_size), method, location, on_hashed=on_hashed).verify_all()
+    return Verification(source, size, block_size, method, location, on_hashed).check(work)
 
 
 def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, source_size: int,
@@ -139,5 +167,5 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     return sent
 
 
-__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "build",
+__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "Verification", "build",
            "plan_delta", "sync_file", "verify"]

@@ -341,15 +341,20 @@ class _SyncJob:
             self.prepared = True
             self.progress.move_total = to_send
             self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
-            self.steps.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
-                                             self.progress.add_moved)
+            verification = chunkdelta.Verification(self.source, plan.size, plan.block_size,
+                                                   verify_method(self.options.hash_method), self.target.location,
+                                                   self.progress.add_hashed)
+            try:
+                self.steps.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
+                                                          self.progress.add_moved)
+            except BaseException:
+                verification.cancel()
+                raise
             self._log_phase("built: %d bytes sent", self.steps.bytes_moved)
             self.progress.phase = "verifying"
             work.flush()
             try:
-                digest = chunkdelta.verify(self.source, work, plan.size, plan.block_size,
-                                        verify_method(self.options.hash_method), self.target.location,
-                                        self.progress.add_hashed)
+                digest = verification.check(work)
             except VerificationFailed:
                 self._check_source_unchanged(source_info)
                 raise

@@ -595,13 +595,22 @@ class SegmentSteps:
         return digest_bytes(self.strong, tree_digest_input(self.plan.size, self.plan.block_size, self.strong,
                                                            source_digests)).hex()
 
-    def verify_all(self) -> str:
-        """Hash every block of both sides again with the strong method, and verify (:meth:`verify`)."""
+    def verify_all(self, ours: "Optional[Dict[int, Future[bytes]]]" = None) -> str:
+        """Hash every block of both sides again with the strong method, and verify (:meth:`verify`).
+
+        :param ours: The source's strong digests by segment, if already started
+                     (:meth:`hash_source_strongly`): they then overlap the writing.
+        """
         assert self.work is not None, "what is verified is the work file"
         segments = self.plan.segments()
-        ours = self.hash_segments(self.source, segments, self.strong, skip_holes=False)
+        if ours is None:
+            ours = self.hash_source_strongly()
         theirs = self.hash_segments(self.work, segments, self.strong, skip_holes=False)
         return self.verify(self.digests(ours, segments, self.strong), self.digests(theirs, segments, self.strong))
+
+    def hash_source_strongly(self) -> "Dict[int, Future[bytes]]":
+        """Start hashing every segment of the source with the strong method (for :meth:`verify_all`)."""
+        return self.hash_segments(self.source, self.plan.segments(), self.strong, skip_holes=False)
 
     # -- one segment, start to end (a tree's worker) ------------------------
 
