@@ -96,7 +96,7 @@ class _OpenDirectory:
 class StreamPlanner:
     """Plans a tree sync from two listings in walk order, a bounded piece at a time.
 
-    After :meth:`plan` is exhausted, :attr:`wanted` says how many source
+    Once :attr:`finished` (the last piece), :attr:`wanted` says how many source
     entries the filters let through.
     """
 
@@ -106,6 +106,8 @@ class StreamPlanner:
         self.path_filter = path_filter or PathFilter()
         self.piece_actions = piece_actions
         self.wanted = 0
+        #: True once the last piece is handed on (both listings read to their ends).
+        self.finished = False
 
     def plan(self, source: Iterable[Entry], target: Optional[Iterable[Entry]]) -> Iterator[TreePlan]:
         """Yield the plan in pieces; the last holds the deletions (or the extraneous entries).
@@ -202,11 +204,13 @@ class StreamPlanner:
         _plan_extraneous(piece, unmatched, unmatched, options, path_filter, removed)
         del unmatched
         if piece.deletions and refix:
+            # Set again after the deletions changed their times (no change of their own: a dry run lists none).
             gone = {entry.path for entry in piece.deletions}
             parents = {entry.parent for entry in piece.deletions} - gone
             piece.directory_metadata += sorted(
-                (MetadataFix(refix[path], ("time",)) for path in parents if path in refix),
+                (MetadataFix(refix[path], ()) for path in parents if path in refix),
                 key=lambda fix: fix.source.depth, reverse=True)
+        self.finished = True
         yield piece
 
 
