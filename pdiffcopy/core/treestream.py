@@ -101,10 +101,10 @@ class StreamPlanner:
     """
 
     def __init__(self, options: PlanOptions, path_filter: Optional[PathFilter] = None,
-                 piece_actions: int = PIECE_ACTIONS) -> None:
+                 piece_actions: Optional[int] = None) -> None:
         self.options = options
         self.path_filter = path_filter or PathFilter()
-        self.piece_actions = piece_actions
+        self.piece_actions = piece_actions or PIECE_ACTIONS
         self.wanted = 0
         #: True once the last piece is handed on (both listings read to their ends).
         self.finished = False

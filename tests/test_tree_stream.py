@@ -1,0 +1,140 @@
+"""A tree sync planned and run in pieces as both listings come (issue 22): the same end as one piece.
+
+The pieces here hold two actions each, so that every step falls in another piece
+than what it depends on: directories made before their files, a hard link after
+its group's first name, a directory's times set after everything inside it (and
+again after the deletions at the end), deletions only once both walks ended.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import random_bytes
+from pdiffcopy.core import treestream
+from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+from pdiffcopy.local.localtree import LocalTree
+
+PAST = 1_500_000_000_000_000_000
+
+
+def make_source(root: Path) -> None:
+    for directory in ("a/b", "a-c", "b/deep/er", "skip", "z"):
+        (root / directory).mkdir(parents=True)
+    for index, path in enumerate(("a/one", "a/b/two", "a-c/three", "a.b", "b/deep/er/four", "skip/kept",
+                                  "z/five", "b/six")):
+        (root / path).write_bytes(random_bytes(1000 + index, seed=index))
+    os.link(root / "a-c" / "three", root / "z" / "three-again")
+    os.link(root / "a-c" / "three", root / "a" / "b" / "three-too")
+    (root / "a" / "to-one").symlink_to("one")
+    for directory, _, _ in os.walk(root, topdown=False):
+        os.utime(directory, ns=(PAST, PAST))
+
+
+def make_target(root: Path) -> None:
+    for directory in ("a/b", "gone/sub", "skip", "z"):
+        (root / directory).mkdir(parents=True)
+    for path in ("a/old", "a/b/old", "gone/sub/old", "skip/theirs", "z/five", "b"):
+        (root / path).write_bytes(b"old " + path.encode())
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            os.utime(Path(directory) / name, ns=(PAST, PAST))
+        os.utime(directory, ns=(PAST, PAST))
+
+
+def state(root: Path) -> dict:
+    """Every entry below ``root``: kind, mode, mtime (directories too), content or link target, link group."""
+    found = {}
+    groups: dict = {}
+    for directory, directories, files in os.walk(root):
+        for name in directories + files:
+            path = Path(directory) / name
+            info = os.lstat(path)
+            relative = str(path.relative_to(root))
+            if path.is_symlink():
+                found[relative] = ("symlink", os.readlink(path))
+            elif path.is_dir():
+                found[relative] = ("dir", info.st_mode, info.st_mtime_ns)
+            else:
+                groups.setdefault(info.st_ino, set()).add(relative)
+                found[relative] = ("file", info.st_mode, info.st_mtime_ns, path.read_bytes())
+    return {"entries": found, "links": {frozenset(g) for g in groups.values() if len(g) > 1}}
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_a_sync_in_pieces_of_two_actions_ends_as_rsync_does(tmp_path, monkeypatch):
+    monkeypatch.setattr(treestream, "PIECE_ACTIONS", 2)
+    source, target, reference = tmp_path / "src", tmp_path / "dst", tmp_path / "ref"
+    make_source(source)
+    make_target(target)
+    make_target(reference)
+    subprocess.run(["rsync", "-aH", "--delete", "--exclude", "skip/", f"{source}/", str(reference)], check=True)
+    result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
+                       TreeOptions(times=True, delete=True, hard_links=True, rules=(("-", "skip/"),),
+                                   concurrency=2))
+    assert not result.failures
+    ours, theirs = state(target), state(reference)
+    assert ours["links"] == theirs["links"] == {frozenset({"a-c/three", "z/three-again", "a/b/three-too"})}
+    # rsync -H sets some directories' times before it links into them: those of the source count.
+    for path, item in theirs["entries"].items():
+        if item[0] == "dir" and path != "skip":
+            theirs["entries"][path] = item[:2] + (os.lstat(source / path).st_mtime_ns,)
+    assert ours["entries"] == theirs["entries"]
+    assert result.deleted == 5  # a/old, a/b/old, gone/sub/old, gone/sub, gone
+
+
+def test_a_dry_run_in_pieces_lists_what_one_piece_would_in_path_order(tmp_path, monkeypatch):
+    source, target = tmp_path / "src", tmp_path / "dst"
+    make_source(source)
+    make_target(target)
+    listings = []
+    for piece_actions in (1_000_000, 2):
+        monkeypatch.setattr(treestream, "PIECE_ACTIONS", piece_actions)
+        lines: list = []
+        sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
+                  TreeOptions(times=True, delete=True, hard_links=True, dry_run=True, concurrency=2),
+                  report_line=lines.append)
+        listings.append(lines)
+    assert listings[0] == listings[1]
+    paths = [line.split()[2].rstrip("/") for line in listings[0]]
+    assert paths == sorted(paths)
+    assert "delete     dir     gone/" in listings[0] and any(line.startswith("new        file    z/five") or
+                                                              line.startswith("changed    file    z/five")
+                                                              for line in listings[0])
+    assert state(target)["entries"]["a/old"][3] == b"old a/old"  # nothing changed
+
+
+class FailingToList(LocalTree):
+    """A source tree whose directory ``a`` cannot be listed, said at the end as a server says it."""
+
+    def stream(self):
+        listing = super().stream()
+
+        def batches():
+            for entries, failures in listing.batches:
+                yield [entry for entry in entries if not entry.path.startswith("a/")], failures
+            yield [], [("a", "cannot list: Permission denied")]
+
+        return dataclasses.replace(listing, batches=batches())
+
+
+def test_deletions_wait_for_the_source_walk_and_none_follow_a_failed_listing(tmp_path, monkeypatch):
+    # What the target holds in "a" looks extraneous; it must survive --delete although pieces
+    # of the sync have run before the failure was known.
+    monkeypatch.setattr(treestream, "PIECE_ACTIONS", 2)
+    source, target = tmp_path / "src", tmp_path / "dst"
+    make_source(source)
+    make_target(target)
+    result = sync_tree(FailingToList(f"{source}/"), LocalTree(str(target)),
+                       TreeOptions(times=True, delete=True, concurrency=2))
+    assert [path for path, _ in result.failures] == ["a"]
+    assert (target / "a" / "old").read_bytes() == b"old a/old"
+    assert (target / "gone" / "sub" / "old").exists()  # nothing deleted at all, as before
+    assert (target / "b" / "deep" / "er" / "four").read_bytes() == (source / "b" / "deep" / "er" / "four").read_bytes()
+    assert result.deleted == 0 and result.files_copied >= 6
