@@ -109,7 +109,12 @@ def _stream_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart])
             reap()
 
     walk = batches()
-    return ListingStream(new(Entry, root) if root else None, walk, True, walk.close)
+
+    def close() -> None:
+        walk.close()
+        reap()  # a generator closed before it started runs no finally
+
+    return ListingStream(new(Entry, root) if root else None, walk, True, close)
 
 
 def _send_walk(tree: TreeEndpoint, pipe) -> None:

@@ -2,16 +2,21 @@
 
 The steps::
 
-    list both trees (at once) -> plan (pdiffcopy.core.treeplan) -> make room and directories
-      -> one queue of work, largest first, run by -c worker processes
-      -> delete extraneous directories, deepest first -> directory metadata, deepest first
+    walk both trees (at once), each directory's entries sorted by name
+      -> plan as both listings come, in pieces (pdiffcopy.core.treestream)
+      -> per piece: make room and directories; one queue of work, largest first,
+         run by -c worker processes; links; the fixes of the directories left behind
+      -> last piece: delete extraneous entries (once both walks ended), directory metadata
 
 The queue holds three kinds of unit: a batch of small files, copied whole
 (a kernel copy between local trees, one request each way otherwise); a
 byte range of a big new file; and one segment of a big changed file, which
 goes through the block engine (hash both sides, move the changed blocks,
 read them back). A huge file is many units, so it never serialises the
-run, and thousands of small files share the workers with it.
+run, and thousands of small files share the workers with it. A piece holds
+at most :data:`~pdiffcopy.core.treestream.PIECE_ACTIONS` actions, so a sync holds
+about the same memory for a million files as for twenty thousand, and copying
+starts before the walks end.
 
 The listings are :mod:`~pdiffcopy.engine.treelisting`'s, the units and their
 counters :mod:`~pdiffcopy.engine.treeunits`' and the run of the queue in forked
@@ -137,6 +142,7 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     failed_directories: Set[str] = set()
     hard_links: List[Entry] = []  # -H not given: the first few names copied as separate files
     hard_link_count = 0
+    announced: set = set()  # what the target could not keep, said once for all pieces
     target_made = not target_missing
     try:
         for piece in pieces:
@@ -156,6 +162,7 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 continue
             runner = Runner(source, target, options, piece, progress, result, on_worker_start)
             runner.failed_directories = failed_directories
+            runner.announced = announced
             runner.fixes_filtered = True
             if planner.finished:
                 runner.source_root = source_stream.root

@@ -150,7 +150,12 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             response.close()
             raise
         batches = self._listing_batches(response, reader, key)
-        return ListingStream(root, batches, ordered, batches.close)
+
+        def close() -> None:
+            batches.close()
+            response.close()  # a generator closed before it started runs no finally
+
+        return ListingStream(root, batches, ordered, close)
 
     @contextlib.contextmanager
     def _reading_listing(self) -> Iterator[None]:
