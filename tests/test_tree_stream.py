@@ -138,3 +138,38 @@ def test_deletions_wait_for_the_source_walk_and_none_follow_a_failed_listing(tmp
     assert (target / "gone" / "sub" / "old").exists()  # nothing deleted at all, as before
     assert (target / "b" / "deep" / "er" / "four").read_bytes() == (source / "b" / "deep" / "er" / "four").read_bytes()
     assert result.deleted == 0 and result.files_copied >= 6
+
+
+def make_many(root: Path) -> None:
+    """200 small files in 10 directories, and a 5 MiB one: pieces of 40 actions fork their workers."""
+    for index in range(200):
+        path = root / f"d{index % 10}" / f"f{index:03d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(random_bytes(500 + index, seed=index))
+    (root / "d3" / "big").write_bytes(random_bytes(5 * 1024 * 1024, seed=1))
+    for directory, _, _ in os.walk(root, topdown=False):
+        os.utime(directory, ns=(PAST, PAST))
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_a_pull_or_push_in_pieces_reads_the_servers_listing_as_it_goes(server, unique, tmp_path, monkeypatch,
+                                                                       direction):
+    from pdiffcopy.transport.remotetree import RemoteTree
+
+    monkeypatch.setattr(treestream, "PIECE_ACTIONS", 40)
+    local, remote = tmp_path / "local", server.root / unique
+    source, target = (remote, local) if direction == "pull" else (local, remote)
+    make_many(source)
+    (target / "d1").mkdir(parents=True)
+    (target / "d1" / "extra").write_bytes(b"extraneous")
+    (target / "d9" / "gone").mkdir(parents=True)
+    trees = {"pull": (RemoteTree(server.url(unique)), LocalTree(str(local))),
+             "push": (LocalTree(f"{local}/"), RemoteTree(server.url(unique)))}[direction]
+    try:
+        result = sync_tree(*trees, TreeOptions(times=True, delete=True, concurrency=2))
+    finally:
+        for tree in trees:
+            tree.close()
+    assert not result.failures
+    assert result.files_copied == 201 and result.deleted == 2
+    assert state(target)["entries"] == state(source)["entries"]
