@@ -63,8 +63,11 @@ def filtered(entries: Iterable[Entry], path_filter: PathFilter) -> Iterator[Entr
     directory for what it turns out to hold: see :meth:`StreamPlanner.plan`).
     """
     if not path_filter.active:
-        yield from entries
-        return
+        return iter(entries)
+    return _filtered(entries, path_filter)
+
+
+def _filtered(entries: Iterable[Entry], path_filter: PathFilter) -> Iterator[Entry]:
     pruned: Set[str] = set()  # excluded directories: nothing below them is taken
     for entry in entries:
         path = entry.path
@@ -178,25 +181,38 @@ class StreamPlanner:
             return len(plan.files) + len(plan.directories) + len(plan.symlinks) + len(plan.metadata) + \
                 len(plan.links) + len(plan.removals) + len(plan.directory_metadata)
 
+        # walk_order inline: two calls per entry are a tenth of a no-change sync's planning.
         ours = next(wanted, None)
         current = next(theirs, None)
-        current_key = None if current is None else walk_order(current.path)
+        if current is not None:
+            parent, _, name = current.path.rpartition("/")
+            current_key = (parent.replace("/", "\0"), name)
+        taken = 0
+        check_every = next_check = min(256, self.piece_actions)
         while ours is not None:
-            our_key = walk_order(ours.path)
+            parent, _, name = ours.path.rpartition("/")
+            our_key = (parent.replace("/", "\0"), name)
             while current is not None and current_key < our_key:
                 extra(current)
                 current = next(theirs, None)
-                current_key = None if current is None else walk_order(current.path)
+                if current is not None:
+                    parent, _, name = current.path.rpartition("/")
+                    current_key = (parent.replace("/", "\0"), name)
             if current is not None and current_key == our_key:
                 take(ours, current)
                 current = next(theirs, None)
-                current_key = None if current is None else walk_order(current.path)
+                if current is not None:
+                    parent, _, name = current.path.rpartition("/")
+                    current_key = (parent.replace("/", "\0"), name)
             else:
                 take(ours, None)
             ours = next(wanted, None)
-            if size(piece) >= self.piece_actions:
-                yield piece
-                piece = TreePlan()
+            taken += 1
+            if taken == next_check:  # not every entry: a piece may pass its bound a little
+                next_check += check_every
+                if size(piece) >= self.piece_actions:
+                    yield piece
+                    piece = TreePlan()
         while current is not None:
             extra(current)
             current = next(theirs, None)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Set
@@ -184,9 +185,12 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
 
 def _entries(stream: ListingStream, failures: List[Failure]) -> Iterator[Entry]:
     """A listing's entries one by one; what it could not list goes to ``failures`` as it comes."""
-    for found, failed in stream.batches:
-        failures += failed
-        yield from found
+    def batches() -> Iterator[List[Entry]]:
+        for found, failed in stream.batches:
+            failures.extend(failed)
+            yield found
+
+    return itertools.chain.from_iterable(batches())
 
 
 def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
