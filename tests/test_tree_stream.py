@@ -173,3 +173,65 @@ def test_a_pull_or_push_in_pieces_reads_the_servers_listing_as_it_goes(server, u
     assert not result.failures
     assert result.files_copied == 201 and result.deleted == 2
     assert state(target)["entries"] == state(source)["entries"]
+
+
+def _random_tree(rng) -> list:
+    """Entries of a small random tree: names that sort around ``/`` (``a-c``, ``a.b``), files and directories."""
+    from pdiffcopy.core.treeplan import DIR, FILE, Entry
+
+    entries = []
+
+    def fill(prefix: str, depth: int) -> None:
+        for _ in range(rng.randint(0, 5)):
+            path = prefix + rng.choice(["a", "b", "a-c", "a.b", "z"]) + str(rng.randint(0, 2))
+            if any(entry.path == path for entry in entries):
+                continue
+            if depth < 3 and rng.random() < 0.4:
+                entries.append(Entry(path, DIR, 0, rng.choice([1, 2]), 0o40755))
+                fill(path + "/", depth + 1)
+            else:
+                entries.append(Entry(path, FILE, rng.choice([1, 2]), rng.choice([1, 2]), 0o100644))
+
+    fill("", 0)
+    return entries
+
+
+@pytest.mark.parametrize("filters", ["none", "exclude", "include"])
+def test_a_plan_in_pieces_has_the_actions_of_the_whole_plan(filters):
+    """Property: for random trees, the pieces' actions are the whole planner's, and every directory's
+    fix comes after its contents' pieces and before its parent's fix."""
+    import random
+
+    from pdiffcopy.core.treeplan import PathFilter, PlanOptions, plan_tree
+
+    rng = random.Random(22)
+    path_filter = {"none": PathFilter(), "exclude": PathFilter(excludes=["b1"]),
+                   "include": PathFilter(includes=["a"])}[filters]
+    for _ in range(200):
+        source, target = _random_tree(rng), _random_tree(rng)
+        for options in (PlanOptions(delete=True, times=True), PlanOptions()):
+            whole = plan_tree(list(source), list(target), options, path_filter)
+            pieces = list(treestream.StreamPlanner(options, path_filter, piece_actions=3).plan(
+                treestream.in_walk_order(source), treestream.in_walk_order(target)))
+            for name in ("directories", "files", "symlinks", "metadata", "removals", "deletions", "extraneous",
+                         "links"):
+                assert sorted(map(repr, getattr(whole, name))) == \
+                    sorted(repr(item) for piece in pieces for item in getattr(piece, name)), name
+            assert whole.unchanged == sum(piece.unchanged for piece in pieces)
+            fixed = {}  # path -> (piece, place) of its first fix
+            for number, piece in enumerate(pieces):
+                for place, fix in enumerate(piece.directory_metadata):
+                    fixed.setdefault(fix.source.path, (number, place))
+            wanted = {fix.source.path for fix in whole.directory_metadata if fix.changes}
+            assert wanted <= set(fixed)
+            for number, piece in enumerate(pieces):
+                for path in [action.path for action in piece.files] + [entry.path for entry in piece.directories]:
+                    parent = path.rpartition("/")[0]
+                    while parent:
+                        assert parent not in fixed or fixed[parent][0] >= number, (parent, path)
+                        parent = parent.rpartition("/")[0]
+            for path, place in fixed.items():
+                parent = path.rpartition("/")[0]
+                while parent:
+                    assert parent not in fixed or fixed[parent] > place, (path, parent)
+                    parent = parent.rpartition("/")[0]
