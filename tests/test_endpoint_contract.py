@@ -1170,6 +1170,22 @@ def test_a_capability_is_declared_whole():
 # -- trees: capabilities
 
 
+def test_a_listing_streams_in_walk_order_what_list_gives(trees):
+    """Each directory's entries sorted by name, the directories depth first: a plan merges two as they come."""
+    root = trees.directory / "tree"
+    for path in ("a-c/x", "a/b/y", "a/z", "a.b", "b/a-c/q", "b/a/p", "c"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(b"x")
+    (root / "empty").mkdir()
+    whole = trees.open("tree").list()
+    stream = trees.open("tree").stream()
+    assert stream.ordered and stream.root == whole.root
+    paths = [entry.path for entries, _ in stream.batches for entry in entries]
+    assert paths == ["a", "a-c", "a.b", "b", "c", "empty", "a/b", "a/z", "a/b/y", "a-c/x",
+                     "b/a", "b/a-c", "b/a/p", "b/a-c/q"]
+    assert sorted(paths) == sorted(entry.path for entry in whole.entries)
+
+
 def test_a_local_tree_is_walked_here_and_a_served_one_counts_its_traffic(trees):
     build_tree(trees.directory / "tree")
     tree = trees.open("tree")
@@ -1261,4 +1277,4 @@ def test_each_tree_kind_declares_its_capabilities(kind):
 
 
 def test_every_optional_tree_operation_belongs_to_one_capability_and_has_a_case_here():
-    check_grouping(TreeEndpoint, TREE_CAPABILITIES, {"close"})
+    check_grouping(TreeEndpoint, TREE_CAPABILITIES, {"close", "stream"})

@@ -6,6 +6,7 @@ in each mode (local, pull from a server, push to it: the ``ends`` fixture).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -239,12 +240,16 @@ def test_file_growing_while_copied_is_reported_and_not_left_half_written(tmp_pat
         (source / name).write_bytes(random_bytes(size, seed=size))
 
     class GrowingAfterListing(LocalTree):
-        def list(self):
-            listing = super().list()
-            for name in ("grows-small", "grows-big"):
-                with open(source / name, "ab") as handle:
-                    handle.write(b"more")
-            return listing
+        def stream(self):
+            listing = super().stream()
+
+            def batches():
+                yield from listing.batches
+                for name in ("grows-small", "grows-big"):
+                    with open(source / name, "ab") as handle:
+                        handle.write(b"more")
+
+            return dataclasses.replace(listing, batches=batches())
 
     result = treesync.sync_tree(GrowingAfterListing(f"{source}/"), LocalTree(str(tmp_path / "dst")),
                                 treesync.TreeOptions(concurrency=2))

@@ -9,6 +9,7 @@ the copy would send the write (or the read) to wherever the symlink points.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -28,15 +29,19 @@ BIG = 9 * MIB
 
 def swap_after_listing(tree, directory: Path, outside: Path) -> None:
     """Replace ``directory`` with a symlink to ``outside`` as soon as ``tree`` has been listed."""
-    listed = tree.list
+    streamed = tree.stream
 
-    def list_then_swap():
-        listing = listed()
-        shutil.rmtree(directory)
-        os.symlink(outside, directory)
-        return listing
+    def stream_then_swap():
+        listing = streamed()
 
-    tree.list = list_then_swap
+        def batches():
+            yield from listing.batches
+            shutil.rmtree(directory)
+            os.symlink(outside, directory)
+
+        return dataclasses.replace(listing, batches=batches())
+
+    tree.stream = stream_then_swap
 
 
 def big_pair(source: Path, target: Path) -> bytes:

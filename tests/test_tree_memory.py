@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from typing import Iterator, Tuple
 
-from pdiffcopy.core.treeplan import DIR, FILE, Entry, PathFilter, plan_tree
+from pdiffcopy.core.treeplan import DIR, FILE, Entry, PathFilter, PlanOptions, plan_tree
+from pdiffcopy.core.treestream import StreamPlanner
 
 
 def test_planning_a_copy_holds_under_80_bytes_per_new_file_beyond_its_entry():
@@ -40,3 +42,39 @@ def test_an_include_filter_over_40000_files_plans_in_linear_time():
     assert sorted(action.path for action in plan.files) == sorted(
         entry.path for entry in entries if entry.path.endswith(".txt"))
     assert len(plan.directories) == 40
+
+
+def _walk(count: int, mtime: int = 1) -> Iterator[Entry]:
+    """A tree of ``count`` files in directories of 1,000, in walk order, made as it is read."""
+    directories = [f"d{index:04d}" for index in range((count + 999) // 1000)]
+    for name in directories:
+        yield Entry(name, DIR, 0, 1, 0o40755)
+    for number, name in enumerate(directories):
+        for index in range(number * 1000, min(count, number * 1000 + 1000)):
+            yield Entry(f"{name}/f{index:07d}", FILE, 100, mtime, 0o100644)
+
+
+def _streamed_peak(count: int, copy: bool) -> Tuple[int, int]:
+    """The planner's peak of traced memory over a copy (or a no-change sync) of ``count`` files, and
+    the files it planned to copy; each piece is dropped as a runner would drop it once run."""
+    planner = StreamPlanner(PlanOptions(times=True, delete=True), piece_actions=1000)
+    to_copy = 0
+    tracemalloc.start()
+    try:
+        for piece in planner.plan(_walk(count), None if copy else _walk(count)):
+            to_copy += len(piece.files)
+            del piece
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak, to_copy
+
+
+def test_a_streamed_plan_holds_the_same_for_80000_files_as_for_20000():
+    # Both listings merged as they come, the plan handed on in pieces: nothing held per file
+    # (a whole plan of 80,000 new files is ~20 MB; the pieces here are of 1,000 actions).
+    for copy in (True, False):
+        small, planned_small = _streamed_peak(20_000, copy)
+        large, planned_large = _streamed_peak(80_000, copy)
+        assert (planned_small, planned_large) == ((20_000, 80_000) if copy else (0, 0))
+        assert large < small * 1.5 + 256 * 1024, (copy, small, large)

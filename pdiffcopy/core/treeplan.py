@@ -459,72 +459,84 @@ def plan_tree(source: Sequence[Entry], target: Optional[Sequence[Entry]],
     existing: Dict[str, Entry] = {e.path: e for e in (target or ())}
     plan = TreePlan()
     removed: Set[str] = set()  # target directories removed to make way: their contents go too
-    same_owner = not options.owner
     groups: Dict[str, _Group] = {}  # -H: by link, the group's first name; only linked files kept
     wanted.sort()  # by path (the first field): parents before children; a list of its own, sorted in place
     for entry in wanted:
         current = existing.pop(entry.path, None)
-        if removed and is_under(entry.parent, removed):
-            current = None
-        else:
-            # The common case first: a single-linked file or a symlink whose
-            # kind, size, time and mode match, and owner and attributes if asked.
-            if current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
-                    and entry.target == current.target and entry.nlink == 1 \
-                    and not options.checksum and (same_owner or entry[5:7] == current[5:7]) \
-                    and entry.xattrs == current.xattrs:
-                plan.unchanged += 1
-                continue
-        if entry.kind == OTHER:
-            plan.specials.append(entry)
-            continue
-        if current is not None and current.kind != entry.kind:
-            if current.kind == DIR:
-                removed.add(current.path)
-            plan.removals.append(current)
-            current = None
-        if entry.kind == DIR:
-            if current is None:
-                plan.directories.append(entry)
-            changes = ("mode", "time", "owner") if current is None else \
-                _metadata_changes(entry, current, options)
-            changes = tuple(c for c in changes if c != "time" or options.times)
-            changes = tuple(c for c in changes if c != "owner" or options.owner)
-            plan.directory_metadata.append(MetadataFix(entry, changes))
-        elif entry.kind == SYMLINK:
-            if current is None or current.target != entry.target:
-                plan.symlinks.append((entry, current))
-            else:
-                changes = tuple(c for c in _metadata_changes(entry, current, options) if c != "owner")
-                if changes:
-                    plan.metadata.append(MetadataFix(entry, changes))
-                else:
-                    plan.unchanged += 1
-        else:
-            linked = options.hard_links and bool(entry.link)
-            if linked and entry.link in groups:
-                _plan_follower(plan, entry, current, groups[entry.link])
-                continue
-            if entry.nlink > 1 and not linked:
-                plan.hard_links.append(entry)
-            reason = _file_reason(entry, current, options)
-            if linked:  # the group's first name: copied like any file, the others linked to it
-                groups[entry.link] = _Group(entry.path, reason is not None,
-                                            current.link if current is not None else "")
-            if reason is not None:
-                plan.files.append(FileAction(entry, current, reason))
-                continue
-            assert current is not None
-            changes = _metadata_changes(entry, current, options)
-            if changes:
-                plan.metadata.append(MetadataFix(entry, changes))
-            else:
-                plan.unchanged += 1
+        _plan_entry(plan, entry, current, options, removed, groups, plan.directory_metadata)
     _plan_extraneous(plan, existing.values(), target or (), options, path_filter, removed)
     plan.files.sort(key=lambda a: a.source.size, reverse=True)
     # Deepest first: setting a parent's time before its children change would not last.
     plan.directory_metadata.sort(key=lambda fix: fix.source.depth, reverse=True)
     return plan
+
+
+def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options: PlanOptions,
+                removed: Set[str], groups: Dict[str, "_Group"], directory_fixes: List[MetadataFix]) -> bool:
+    """Plan one wanted source entry against what the target has at its path (``current``).
+
+    A directory's metadata fix goes to ``directory_fixes``. Returns whether the
+    entry's directory changes (a name made, replaced or removed in it): with -t its
+    time is set again afterwards.
+    """
+    if removed and is_under(entry.parent, removed):
+        current = None
+    # The common case first: a single-linked file or a symlink whose
+    # kind, size, time and mode match, and owner and attributes if asked.
+    elif current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
+            and entry.target == current.target and entry.nlink == 1 \
+            and not options.checksum and (not options.owner or entry[5:7] == current[5:7]) \
+            and entry.xattrs == current.xattrs:
+        plan.unchanged += 1
+        return False
+    if entry.kind == OTHER:
+        plan.specials.append(entry)
+        return False
+    touched = False
+    if current is not None and current.kind != entry.kind:
+        if current.kind == DIR:
+            removed.add(current.path)
+        plan.removals.append(current)
+        current = None
+        touched = True
+    if entry.kind == DIR:
+        if current is None:
+            plan.directories.append(entry)
+            touched = True
+        changes = ("mode", "time", "owner") if current is None else \
+            _metadata_changes(entry, current, options)
+        changes = tuple(c for c in changes if c != "time" or options.times)
+        changes = tuple(c for c in changes if c != "owner" or options.owner)
+        directory_fixes.append(MetadataFix(entry, changes))
+    elif entry.kind == SYMLINK:
+        if current is None or current.target != entry.target:
+            plan.symlinks.append((entry, current))
+            return True
+        changes = tuple(c for c in _metadata_changes(entry, current, options) if c != "owner")
+        if changes:
+            plan.metadata.append(MetadataFix(entry, changes))
+        else:
+            plan.unchanged += 1
+    else:
+        linked = options.hard_links and bool(entry.link)
+        if linked and entry.link in groups:
+            return _plan_follower(plan, entry, current, groups[entry.link]) or touched
+        if entry.nlink > 1 and not linked:
+            plan.hard_links.append(entry)
+        reason = _file_reason(entry, current, options)
+        if linked:  # the group's first name: copied like any file, the others linked to it
+            groups[entry.link] = _Group(entry.path, reason is not None,
+                                        current.link if current is not None else "")
+        if reason is not None:
+            plan.files.append(FileAction(entry, current, reason))
+            return True
+        assert current is not None
+        changes = _metadata_changes(entry, current, options)
+        if changes:
+            plan.metadata.append(MetadataFix(entry, changes))
+        else:
+            plan.unchanged += 1
+    return touched
 
 
 class _Group(NamedTuple):
@@ -535,13 +547,14 @@ class _Group(NamedTuple):
     target_link: str  # the target leader's link group ("" when it has one name or none)
 
 
-def _plan_follower(plan: TreePlan, entry: Entry, current: Optional[Entry], group: _Group) -> None:
+def _plan_follower(plan: TreePlan, entry: Entry, current: Optional[Entry], group: _Group) -> bool:
     """A name of a group whose first name is already planned: linked to it, unless it already is."""
     if not group.rewritten and group.target_link and current is not None \
             and current.link == group.target_link:
         plan.unchanged += 1  # one file with the leader in the target: its metadata is the leader's
-        return
+        return False
     plan.links.append(LinkAction(entry, group.leader, current))
+    return True
 
 
 def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -> Optional[str]:

@@ -67,6 +67,11 @@ MAX_JSON_BODY_BYTES = 64 * 1024 * 1024
 #: characters per byte (``\udcff``), and its numbers, fits.
 MAX_JSON_ITEM_CHARS = 64 * 1024
 
+#: The header of a tree listing that says its entries come in walk order
+#: (:func:`pdiffcopy.core.treeplan.walk_order`); without it, in no particular order.
+TREE_ORDER_HEADER = "Pdiffcopy-Tree-Order"
+TREE_ORDER_WALK = "walk"
+
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
 END_MARKER = _LENGTH.pack(0)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Unsupported
@@ -72,6 +72,21 @@ class Listing:
     failures: List[Failure]
 
 
+@dataclass
+class ListingStream:
+    """A tree's root entry, and the rest of its listing as an iterator of (entries, failures) batches.
+
+    ``ordered``: the entries come in :func:`~pdiffcopy.core.treeplan.walk_order`, so that a plan
+    can merge two trees' as they come; otherwise in no particular order. ``close`` ends an
+    iteration stopped early.
+    """
+
+    root: Optional[Entry]
+    batches: Iterator[Tuple[List[Entry], List[Failure]]]
+    ordered: bool
+    close: Callable[[], None]
+
+
 class TreeEndpoint(ABC):
     """A directory tree that can be listed, read and changed in batches."""
 
@@ -81,6 +96,11 @@ class TreeEndpoint(ABC):
     @abstractmethod
     def list(self) -> Listing:
         """Everything below the root, recursively; symlinks are listed, never followed."""
+
+    def stream(self) -> ListingStream:
+        """What :meth:`list` gives, handed on as it is found where the tree can (this fallback lists it whole)."""
+        listing = self.list()
+        return ListingStream(listing.root, iter([(listing.entries, listing.failures)]), False, lambda: None)
 
     @abstractmethod
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
@@ -234,5 +254,5 @@ TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
 
 
 __all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
-           "KeptAttributes", "Listing", "MetadataOptions", "Operation", "ServedTree", "TreeCopies", "TreeEndpoint",
+           "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies", "TreeEndpoint",
            "WalkedHere"]

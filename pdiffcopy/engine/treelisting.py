@@ -1,84 +1,136 @@
-"""Both listings of a tree sync, made at the same time."""
+"""Both listings of a tree sync, made at the same time and read as they come."""
 
 from __future__ import annotations
 
-import threading
-from typing import Callable, List, Optional, Tuple
+import os
+import pickle
+import signal
+from typing import Iterator, List, Optional, Tuple
 
 from pdiffcopy.errors import StorageError
 from pdiffcopy.core.treeplan import Entry
-from pdiffcopy.engine.treeendpoints import Listing, TreeEndpoint
-from pdiffcopy.engine.workers import Worker, WorkerFailed, WorkerStart
+from pdiffcopy.core.treestream import in_walk_order
+from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
+from pdiffcopy.engine.workers import WorkerStart
 
 
-def list_both(source: TreeEndpoint, target: TreeEndpoint, on_worker_start: Optional[WorkerStart]
-              ) -> Tuple[Listing, Listing]:
-    """List both trees at the same time.
+def stream_both(source: TreeEndpoint, target: TreeEndpoint, on_worker_start: Optional[WorkerStart]
+                ) -> Tuple[ListingStream, ListingStream]:
+    """Start listing both trees; their entries come in walk order as they are read.
 
-    A remote tree is listed by its server while this process walks the
-    local one (a thread waits for the answer). Two local trees are walked by
-    two processes: the walk is mostly Python, which two threads would run
-    one at a time (64,000 entries: 0.38 s each; the child's list costs
-    ~0.1 s to pickle and 0.03 s to read back).
+    Two local trees are walked by two processes: the walk is mostly Python,
+    which two threads would run one at a time; the target's walk comes
+    through a pipe, a batch at a time. A remote tree is walked by its server
+    while this process walks the local one, and read as the plan needs it.
+    A listing that does not come in walk order (an older server) is read whole and sorted.
     """
-    if source.walks_here() and target.walks_here():
-        receive = _list_in_child(target, on_worker_start)
-        try:
-            source_listing = source.list()
-        except BaseException:
-            try:
-                receive()  # reap the child
-            except BaseException:
-                pass
-            raise
-        return source_listing, receive()
-    listed: List[Listing] = []
-    errors: List[BaseException] = []
-
-    def list_target() -> None:
-        try:
-            listed.append(target.list())
-        except BaseException as error:  # handed to the caller below
-            errors.append(error)
-
-    thread = threading.Thread(target=list_target, name="list-target")
-    thread.start()
+    target_stream = _stream_in_child(target, on_worker_start) if source.walks_here() and target.walks_here() \
+        else target.stream()
     try:
-        source_listing = source.list()
-    finally:
-        thread.join()
-    if errors:
-        raise errors[0]
-    return source_listing, listed[0]
+        source_stream = source.stream()
+    except BaseException:
+        target_stream.close()
+        raise
+    return ordered(source_stream), ordered(target_stream)
 
 
-def _list_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -> Callable[[], Listing]:
-    """Start listing ``tree`` in a forked process; return the function that collects it."""
-    def listed() -> tuple:
-        listing = tree.list()
-        entries = listing.entries
-        # Plain tuples pickle without naming the class; replaced in place, not copied, so the
-        # child never holds the listing twice.
-        for index, entry in enumerate(entries):
-            entries[index] = tuple(entry)
-        return (listing.root and tuple(listing.root), entries, listing.failures, tree.traffic())
+def ordered(stream: ListingStream) -> ListingStream:
+    """``stream`` itself when it comes in walk order; otherwise read whole and sorted (the fallback)."""
+    if stream.ordered:
+        return stream
+    entries: List[Entry] = []
+    failures: List[Failure] = []
+    for found, failed in stream.batches:
+        entries += found
+        failures += failed
+    return ListingStream(stream.root, iter([(in_walk_order(entries), failures)]), True, stream.close)
 
-    worker = Worker(listed, on_worker_start)
 
-    def receive() -> Listing:
+def _stream_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -> ListingStream:
+    """Walk ``tree`` in a forked process that sends its batches through a pipe as it finds them."""
+    reader, writer = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
         try:
-            root, entries, failures, child_wire = worker.answer()
-        except WorkerFailed as failed:
-            if failed.error is not None:
-                raise failed.error from None
+            os.close(reader)
+            if on_worker_start is not None:
+                on_worker_start(parent)
+            with os.fdopen(writer, "wb") as pipe:
+                _send_walk(tree, pipe)
+        except BaseException:  # never run the parent's code in a child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(writer)
+    pipe = os.fdopen(reader, "rb")
+    done = [False]
+
+    def reap() -> None:
+        if not done[0]:
+            done[0] = True
+            pipe.close()
+            try:
+                os.kill(pid, signal.SIGKILL)  # stopped early: the rest of its walk is not wanted
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+
+    def receive():
+        try:
+            return pickle.load(pipe)
+        except (EOFError, pickle.UnpicklingError, OSError):
             raise StorageError(f"Listing {tree.location} failed: the listing process died") from None
-        tree.add_traffic(*child_wire)  # the child's bytes on the wire are this sync's too
-        new = tuple.__new__  # Entry._make, without a Python call per entry
-        for index, entry in enumerate(entries):  # in place: each plain tuple goes as its Entry comes
-            entries[index] = new(Entry, entry)
-        return Listing(new(Entry, root) if root else None, entries, failures)
 
-    return receive
+    try:
+        kind, root = receive()
+        if kind == "error":
+            raise root
+    except BaseException:
+        reap()
+        raise
+    new = tuple.__new__  # Entry._make, without a Python call per entry
+
+    def batches() -> Iterator[Tuple[List[Entry], List[Failure]]]:
+        try:
+            while True:
+                kind, value = receive()
+                if kind == "error":
+                    raise value
+                if kind == "end":
+                    tree.add_traffic(*value)  # the child's bytes on the wire are this sync's too
+                    return
+                entries, failures = value
+                for index, entry in enumerate(entries):  # in place: each plain tuple goes as its Entry comes
+                    entries[index] = new(Entry, entry)
+                yield entries, failures
+        finally:
+            reap()
+
+    walk = batches()
+
+    def close() -> None:
+        walk.close()
+        reap()  # a generator closed before it started runs no finally
+
+    return ListingStream(new(Entry, root) if root else None, walk, True, close)
 
 
-__all__ = ["list_both"]
+def _send_walk(tree: TreeEndpoint, pipe) -> None:
+    dump = pickle.dump
+    try:
+        stream = tree.stream()
+        dump(("root", stream.root and tuple(stream.root)), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        for entries, failures in stream.batches:
+            # Plain tuples pickle without naming the class.
+            dump(("batch", ([tuple(entry) for entry in entries], list(failures))), pipe,
+                 protocol=pickle.HIGHEST_PROTOCOL)
+        dump(("end", tree.traffic()), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+    except BrokenPipeError:
+        raise
+    except BaseException as error:  # handed to the parent, which raises it
+        dump(("error", error), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+__all__ = ["ordered", "stream_both"]

@@ -102,6 +102,10 @@ class Runner:
         self.source_root: Optional[Entry] = None
         self.started = time.monotonic()
         self.announced: set = set()
+        #: Directories that could not be made, shared by the runners of one sync's pieces.
+        self.failed_directories: set = set()
+        #: The plan's directory fixes are only those to apply (a streamed plan's: see core.treestream).
+        self.fixes_filtered = False
 
     # -- sequential steps --------------------------------------------------
 
@@ -115,13 +119,15 @@ class Runner:
                 raise StorageError(f"Cannot create {self.target.location}: {failures[0][1]}")
         operations = [Operation(REMOVE, entry) for entry in plan.removals] + \
             [Operation(MKDIR, entry) for entry in plan.directories]
-        failed_directories = self._apply(operations)
-        self.result.directories_made = len(plan.directories) - len(failed_directories)
+        failed_directories = self.failed_directories
+        made = self._apply(operations)
+        failed_directories |= made
+        self.result.directories_made += len(plan.directories) - len(made)
         log_phase(self.started, "made %d directories", self.result.directories_made)
         self._build_units(failed_directories)
         log_phase(self.started, "queued %d units", len(self.units))
-        progress.files_total = len(plan.files)
-        progress.bytes_total = plan.bytes_to_copy
+        progress.files_total += len(plan.files)
+        progress.bytes_total += plan.bytes_to_copy
         progress.phase = "copying"
         try:
             self._run_units()
@@ -211,6 +217,9 @@ class Runner:
 
     def _directory_fixes(self):
         """Directory metadata, deepest first: with -t every directory whose contents changed too."""
+        if self.fixes_filtered:
+            yield from self.plan.directory_metadata
+            return
         touched = set()
         if self.options.times:
             changed_paths = [a.path for a in self.plan.files] + \

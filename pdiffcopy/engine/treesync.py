@@ -2,16 +2,21 @@
 
 The steps::
 
-    list both trees (at once) -> plan (pdiffcopy.core.treeplan) -> make room and directories
-      -> one queue of work, largest first, run by -c worker processes
-      -> delete extraneous directories, deepest first -> directory metadata, deepest first
+    walk both trees (at once), each directory's entries sorted by name
+      -> plan as both listings come, in pieces (pdiffcopy.core.treestream)
+      -> per piece: make room and directories; one queue of work, largest first,
+         run by -c worker processes; links; the fixes of the directories left behind
+      -> last piece: delete extraneous entries (once both walks ended), directory metadata
 
 The queue holds three kinds of unit: a batch of small files, copied whole
 (a kernel copy between local trees, one request each way otherwise); a
 byte range of a big new file; and one segment of a big changed file, which
 goes through the block engine (hash both sides, move the changed blocks,
 read them back). A huge file is many units, so it never serialises the
-run, and thousands of small files share the workers with it.
+run, and thousands of small files share the workers with it. A piece holds
+at most :data:`~pdiffcopy.core.treestream.PIECE_ACTIONS` actions, so a sync holds
+about the same memory for a million files as for twenty thousand, and copying
+starts before the walks end.
 
 The listings are :mod:`~pdiffcopy.engine.treelisting`'s, the units and their
 counters :mod:`~pdiffcopy.engine.treeunits`' and the run of the queue in forked
@@ -23,9 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import logging
 import time
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
@@ -34,15 +40,17 @@ from pdiffcopy.core.treeplan import (
     DIR,
     REASON_NEW,
     Difference,
+    Entry,
     PathFilter,
     PlanOptions,
     TreePlan,
     describe_plan,
     plan_tree,
 )
+from pdiffcopy.core.treestream import StreamPlanner
 from pdiffcopy.engine.segments import hash_both
-from pdiffcopy.engine.treeendpoints import TreeEndpoint
-from pdiffcopy.engine.treelisting import list_both
+from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
+from pdiffcopy.engine.treelisting import stream_both
 from pdiffcopy.engine.treerunner import Runner, log_phase
 from pdiffcopy.engine.treeunits import TreeProgress, TreeResult
 from pdiffcopy.engine.workers import WorkerStart
@@ -101,50 +109,108 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if options.metadata.attributes:
         for tree in (source, target):
             tree.list_attributes(options.metadata)
-    source_listing, target_listing = list_both(source, target, on_worker_start)
-    log_phase(started, "listed %d source and %d target entries", len(source_listing.entries),
-               len(target_listing.entries))
-    if source_listing.root is None:
+    source_stream, target_stream = stream_both(source, target, on_worker_start)
+    try:
+        return _sync_streams(source, target, options, progress, report_line, on_worker_start, path_filter,
+                             source_stream, target_stream, started)
+    finally:
+        source_stream.close()
+        target_stream.close()
+
+
+def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions, progress: TreeProgress,
+                  report_line: Optional[Callable[[str], None]], on_worker_start: Optional[WorkerStart],
+                  path_filter: PathFilter, source_stream: ListingStream, target_stream: ListingStream,
+                  started: float) -> TreeResult:
+    """Plan and run the sync a piece at a time, as the two listings come (core.treestream)."""
+    if source_stream.root is None:
         raise FileMissing(f"Source does not exist: {source.location}")
-    if source_listing.root.kind != DIR:
+    if source_stream.root.kind != DIR:
         raise UsageError(f"Source is not a directory: {source.location}")
-    if target_listing.root is not None and target_listing.root.kind != DIR:
+    target_missing = target_stream.root is None
+    if not target_missing and target_stream.root.kind != DIR:
         raise UsageError(f"Target exists and is not a directory: {target.location}")
-    plan = plan_tree(source_listing.entries,
-                     target_listing.entries if target_listing.root is not None else None,
-                     PlanOptions(checksum=options.checksum, times=options.times,
-                                 owner=options.owner, delete=options.delete,
-                                 attributes=options.metadata.attributes,
-                                 hard_links=options.hard_links), path_filter)
-    log_phase(started, "planned %d file(s) to copy or check", len(plan.files))
-    result = TreeResult(source.location, target.location, dry_run=options.dry_run,
-                        failures=list(source_listing.failures) + list(target_listing.failures),
-                        unchanged=plan.unchanged, skipped=plan.specials)
-    if options.delete and plan.deletions and not options.force and not path_filter.apply(
-            source_listing.entries):
-        raise UsageError(f"Refusing to delete everything in {target.location}: the source "
-                         f"{source.location} has nothing to sync (use --force to do it anyway)")
-    if plan.deletions and source_listing.failures:
-        # What the source could not list looks deleted: deleting it would lose data.
-        logger.warning("Not deleting anything: %d part(s) of the source could not be listed",
-                       len(source_listing.failures))
-        plan.extraneous, plan.deletions = plan.deletions, []
-    _warn_about(plan)
-    if options.dry_run:
-        result.differences = describe_plan(plan, _compare_contents(source, target, plan, options))
+    source_failures: List[Failure] = []
+    target_failures: List[Failure] = []
+    planner = StreamPlanner(PlanOptions(checksum=options.checksum, times=options.times,
+                                        owner=options.owner, delete=options.delete,
+                                        attributes=options.metadata.attributes,
+                                        hard_links=options.hard_links), path_filter)
+    pieces = planner.plan(_entries(source_stream, source_failures),
+                          None if target_missing else _entries(target_stream, target_failures))
+    result = TreeResult(source.location, target.location, dry_run=options.dry_run)
+    whole = TreePlan() if options.dry_run else None  # a dry run lists every difference in path order
+    failed_directories: Set[str] = set()
+    hard_links: List[Entry] = []  # -H not given: the first few names copied as separate files
+    hard_link_count = 0
+    announced: set = set()  # what the target could not keep, said once for all pieces
+    target_made = not target_missing
+    try:
+        for piece in pieces:
+            result.unchanged += piece.unchanged
+            result.skipped += piece.specials
+            hard_link_count += len(piece.hard_links)
+            hard_links += piece.hard_links[:5 - len(hard_links)]
+            if planner.finished:
+                log_phase(started, "listed and planned %d source entries", planner.wanted)
+                result.failures += source_failures + target_failures
+                _check_deletions(piece, source, target, options, planner, source_failures)
+                _warn_about(result.skipped, hard_links, hard_link_count)
+            if whole is not None:
+                _add_piece(whole, piece)
+                continue
+            if piece.empty and not planner.finished:
+                continue
+            runner = Runner(source, target, options, piece, progress, result, on_worker_start)
+            runner.failed_directories = failed_directories
+            runner.announced = announced
+            runner.fixes_filtered = True
+            if planner.finished:
+                runner.source_root = source_stream.root
+            try:
+                runner.run(not target_made)
+            finally:
+                runner.announce(target.take_notices())
+            target_made = True
+    finally:
+        pieces.close()
+    if whole is not None:
+        result.differences = describe_plan(whole, _compare_contents(source, target, whole, options))
         for line in result.differences:
             if report_line:
                 report_line(line.render())
-        result.seconds = time.monotonic() - started
-        return result
-    runner = Runner(source, target, options, plan, progress, result, on_worker_start)
-    runner.source_root = source_listing.root
-    try:
-        runner.run(target_listing.root is None)
-    finally:
-        runner.announce(target.take_notices())
     result.seconds = time.monotonic() - started
     return result
+
+
+def _entries(stream: ListingStream, failures: List[Failure]) -> Iterator[Entry]:
+    """A listing's entries one by one; what it could not list goes to ``failures`` as it comes."""
+    def batches() -> Iterator[List[Entry]]:
+        for found, failed in stream.batches:
+            failures.extend(failed)
+            yield found
+
+    return itertools.chain.from_iterable(batches())
+
+
+def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
+                     planner: StreamPlanner, source_failures: List[Failure]) -> None:
+    """The last piece's deletions, once both walks are done: refused, or left, when they would lose data."""
+    if options.delete and plan.deletions and not options.force and not planner.wanted:
+        raise UsageError(f"Refusing to delete everything in {target.location}: the source "
+                         f"{source.location} has nothing to sync (use --force to do it anyway)")
+    if plan.deletions and source_failures:
+        # What the source could not list looks deleted: deleting it would lose data.
+        logger.warning("Not deleting anything: %d part(s) of the source could not be listed",
+                       len(source_failures))
+        plan.extraneous, plan.deletions = plan.deletions, []
+
+
+def _add_piece(whole: TreePlan, piece: TreePlan) -> None:
+    for name in ("directories", "files", "symlinks", "metadata", "directory_metadata", "removals",
+                 "deletions", "extraneous", "specials", "hard_links", "links", "blocked"):
+        getattr(whole, name).extend(getattr(piece, name))
+    whole.unchanged += piece.unchanged
 
 
 def remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[TreeProgress] = None,
@@ -195,15 +261,15 @@ def _filter(options: TreeOptions) -> PathFilter:
         raise UsageError(str(error)) from None
 
 
-def _warn_about(plan: TreePlan) -> None:
-    if plan.specials:
-        names = ", ".join(e.path for e in plan.specials[:5])
-        more = f" and {len(plan.specials) - 5} more" if len(plan.specials) > 5 else ""
+def _warn_about(specials: List[Entry], hard_links: List[Entry], hard_link_count: int) -> None:
+    if specials:
+        names = ", ".join(e.path for e in specials[:5])
+        more = f" and {len(specials) - 5} more" if len(specials) > 5 else ""
         logger.warning("Skipped %d special file(s) (fifos, sockets, devices): %s%s",
-                       len(plan.specials), names, more)
-    if plan.hard_links:
+                       len(specials), names, more)
+    if hard_link_count:
         logger.warning("Copied %d hard-linked file(s) as separate files (hard links are kept "
-                       "with -H/--hard-links)", len(plan.hard_links))
+                       "with -H/--hard-links)", hard_link_count)
 
 
 def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import operator
 import os
 import stat
 import threading
@@ -45,6 +46,7 @@ from pdiffcopy.engine.treeendpoints import (
     SYMLINK,
     Failure,
     Listing,
+    ListingStream,
     MetadataOptions,
     KeptAttributes,
     Operation,
@@ -119,6 +121,9 @@ class Directories:
     def close(self) -> None:
         self._batches.close()  # type: ignore[attr-defined]
         _close_pending(self._pending)
+
+
+_path_of = operator.itemgetter(0)
 
 
 def _close_pending(pending: List[_Frame]) -> None:
@@ -236,6 +241,11 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             failures.extend(failed)
         return Listing(root, entries, failures)
 
+    def stream(self) -> ListingStream:
+        """The walk (:meth:`walk`), whose entries come in :func:`~pdiffcopy.core.treeplan.walk_order`."""
+        root, directories = self.walk()
+        return ListingStream(root, directories, True, directories.close)
+
     def walk(self) -> Tuple[Optional[Entry], "Directories"]:
         """The tree's root entry, and what :meth:`list` finds, one batch at a time.
 
@@ -269,11 +279,19 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 fd, relative, names = frames[-1]
                 if names is None:  # not scanned yet
                     names = []
-                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes):
+                    found: List[Entry] = []
+                    self._scan(fd, relative, found, failures, names, swept, self._attributes)
+                    # Sorted by name, the subdirectories walked in that order (popped from the end):
+                    # both trees' walks then come in one order, which a plan merges as it goes.
+                    found.sort(key=_path_of)
+                    names.sort(reverse=True)
+                    entries += found
+                    del found
+                    frames[-1] = (fd, relative, names)
+                    if len(entries) >= WALK_BATCH_ENTRIES:
                         yield entries, failures
                         entries.clear()
                         failures.clear()
-                    frames[-1] = (fd, relative, names)
                 if not names:
                     os.close(fd)
                     frames.pop()
@@ -307,10 +325,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
               subdirectories: List[str], swept: Optional[List[str]] = None,
-              attributes: Optional[MetadataOptions] = None) -> Iterator[None]:
+              attributes: Optional[MetadataOptions] = None) -> None:
         """Add a directory's entries to ``entries`` and the names of its
-        subdirectories to ``subdirectories``; pause (yield) whenever ``entries``
-        holds a batch.
+        subdirectories to ``subdirectories`` (in the order the directory gives them).
 
         With ``swept``, remove its stale temporaries and name them there. An
         entry whose path is longer than :data:`~pdiffcopy.core.protocol.MAX_PATH_LENGTH`
@@ -329,8 +346,6 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         directory = f"/proc/self/fd/{fd}/"
         with scanner:
             for item in scanner:
-                if len(entries) >= WALK_BATCH_ENTRIES:
-                    yield  # the walk hands them on: a directory of a million files is not held whole
                 path = prefix + item.name
                 if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
                     failures.append((relative, f"{item.name!r} left out: its path is longer than "

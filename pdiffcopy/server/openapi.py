@@ -26,7 +26,7 @@ from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.engine.treeendpoints import OPERATIONS
-from pdiffcopy.core.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS
+from pdiffcopy.core.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS, TREE_ORDER_HEADER, TREE_ORDER_WALK
 
 #: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
 #: (schemathesis, Swagger UI, code generators), and nothing here needs 3.1.
@@ -263,7 +263,8 @@ def _components() -> Dict[str, Any]:
                 "root": {**_ENTRY, "nullable": True,
                          "description": "The tree's directory itself (path \"\"), null when missing"},
                 "entries": {"type": "array", "items": _ref("schemas", "Entry"),
-                            "description": "Everything below it, recursively"},
+                            "description": "Everything below it, recursively, in the order the "
+                                           "Pdiffcopy-Tree-Order header says"},
                 "failures": _FAILURE_LIST,
                 "complete": {"type": "boolean", "enum": [True],
                              "description": "Last: the listing is whole"},
@@ -638,7 +639,11 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
     for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):
         listing = _operation(
             f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
-            {"200": _json_answer("The listing", "Listing")},
+            {"200": {**_json_answer("The listing", "Listing"), "headers": {TREE_ORDER_HEADER: {
+                "description": f"{TREE_ORDER_WALK!r}: the entries come in walk order (each directory's "
+                               "entries sorted by name, the directories depth first, a directory's "
+                               "subdirectories by name); absent: in no particular order",
+                "schema": {"type": "string", "enum": [TREE_ORDER_WALK]}}}}},
             errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [_ref("parameters", "Sweep")])
         read = _operation(
             f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",

@@ -57,6 +57,8 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    TREE_ORDER_HEADER,
+    TREE_ORDER_WALK,
     TreeWireError,
     decode_files,
     encode_files,
@@ -375,8 +377,10 @@ def tree_list(path: str = ""):
         directories.close()
         tree.close()
 
-    return Response(_ClosingBody(listing_stream(tree, top, directories), release),
-                    mimetype="application/json")
+    response = Response(_ClosingBody(listing_stream(tree, top, directories), release),
+                        mimetype="application/json")
+    response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
+    return response
 
 
 @trees.post(f"{PREFIX}/tree-read/")

@@ -14,6 +14,7 @@ and from processes forked after it was made (each opens its own).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
@@ -34,6 +35,7 @@ from pdiffcopy.engine.treeendpoints import (
     Failure,
     KeptAttributes,
     Listing,
+    ListingStream,
     MetadataOptions,
     Operation,
     ServedTree,
@@ -47,6 +49,8 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    TREE_ORDER_HEADER,
+    TREE_ORDER_WALK,
     Record,
     TreeWireError,
     check_relative_path,
@@ -60,6 +64,9 @@ logger = logging.getLogger(__name__)
 #: JSON bytes a read or apply request is kept under: half the server's limit,
 #: which leaves room for the escaping of odd names measured per item.
 _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
+
+#: Entries of a listing handed on at a time as they are read (the local walk's batch size too).
+LISTING_BATCH_ENTRIES = 2048
 
 
 class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
@@ -104,10 +111,23 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
     # -- TreeEndpoint ----------------------------------------------------
 
     def list(self) -> Listing:
-        """The listing, read and checked entry by entry as the server sends it.
+        """The listing, read and checked entry by entry as the server sends it."""
+        stream = self.stream()
+        entries: List[Entry] = []
+        failures: List[Failure] = []
+        for found, failed in stream.batches:
+            entries += found
+            failures += failed
+        return Listing(stream.root, entries, failures)
 
-        The server streams it (docs/protocol.rst): the answer ends with
+    def stream(self) -> ListingStream:
+        """The root entry now; the rest as the iterator reads it from the server.
+
+        The server streams the listing (docs/protocol.rst): the answer ends with
         ``"complete": true``, or with ``"error"`` when the walk failed midway.
+        The failures come last, after every entry. A server that says
+        ``Pdiffcopy-Tree-Order: walk`` sends the entries in
+        :func:`~pdiffcopy.core.treeplan.walk_order`; an older one in no particular order.
         """
         target = self._target("tree")
         if self._attributes is not None:
@@ -116,41 +136,68 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             target += ("&" if "?" in target else "?") + "sweep=1"
         response = self.client.request("GET", target)
         try:
+            ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
             reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
-            reader.begin_object()
             root: Optional[Entry] = None
-            entries: List[Entry] = []
-            failures: List[Failure] = []
-            complete = False
-            while True:
+            with self._reading_listing():
+                reader.begin_object()
                 key = reader.next_key()
-                if key is None:
-                    break
                 if key == "root":
                     value = reader.value()
                     root = None if value is None else parse_entry(value, allow_root=True)
-                elif key == "entries":
-                    entries.extend(parse_entry(value) for value in reader.items())
-                elif key == "failures":
-                    failures.extend(_failures(list(reader.items())))
-                elif key == "complete":
-                    complete = reader.value() is True
-                elif key == "error":
-                    message = " ".join(str(reader.value()).splitlines())[:1000]
-                    raise RemoteError(f"Server {self.client.base} could not list "
-                                      f"{self.location}: {message}")
-                else:
-                    reader.value()  # a key of a later version: ignored
-            reader.end()
-            if not complete:
-                raise _MalformedListing("it ended early")
-            return Listing(root, entries, failures)
+                    key = reader.next_key()
+        except BaseException:
+            response.close()
+            raise
+        batches = self._listing_batches(response, reader, key)
+
+        def close() -> None:
+            batches.close()
+            response.close()  # a generator closed before it started runs no finally
+
+        return ListingStream(root, batches, ordered, close)
+
+    @contextlib.contextmanager
+    def _reading_listing(self) -> Iterator[None]:
+        try:
+            yield
         except (_MalformedListing, PdiffcopyError, KeyError, TypeError, ValueError) as error:
             if isinstance(error, RemoteError):
                 raise
             raise self.client.malformed(f"listing: {error}" if str(error) else "listing") from None
         except (OSError, http.client.HTTPException) as error:
             raise self.client.lost(error) from None
+
+    def _listing_batches(self, response, reader: JsonStream, key: Optional[str]
+                         ) -> Iterator[Tuple[List[Entry], List[Failure]]]:
+        """The rest of a listing after its root, in batches of about ``LISTING_BATCH_ENTRIES``."""
+        try:
+            complete = False
+            with self._reading_listing():
+                while key is not None:
+                    if key == "entries":
+                        batch: List[Entry] = []
+                        for value in reader.items():
+                            batch.append(parse_entry(value))
+                            if len(batch) >= LISTING_BATCH_ENTRIES:
+                                yield batch, []
+                                batch = []
+                        if batch:
+                            yield batch, []
+                    elif key == "failures":
+                        yield [], _failures(list(reader.items()))
+                    elif key == "complete":
+                        complete = reader.value() is True
+                    elif key == "error":
+                        message = " ".join(str(reader.value()).splitlines())[:1000]
+                        raise RemoteError(f"Server {self.client.base} could not list "
+                                          f"{self.location}: {message}")
+                    else:
+                        reader.value()  # a key of a later version: ignored
+                    key = reader.next_key()
+                reader.end()
+                if not complete:
+                    raise _MalformedListing("it ended early")
         finally:
             response.close()
 
