@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import operator
 import os
 import stat
 import threading
@@ -121,9 +120,6 @@ class Directories:
     def close(self) -> None:
         self._batches.close()  # type: ignore[attr-defined]
         _close_pending(self._pending)
-
-
-_path_of = operator.itemgetter(0)
 
 
 def _close_pending(pending: List[_Frame]) -> None:
@@ -279,19 +275,12 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 fd, relative, names = frames[-1]
                 if names is None:  # not scanned yet
                     names = []
-                    found: List[Entry] = []
-                    self._scan(fd, relative, found, failures, names, swept, self._attributes)
-                    # Sorted by name, the subdirectories walked in that order (popped from the end):
-                    # both trees' walks then come in one order, which a plan merges as it goes.
-                    found.sort(key=_path_of)
-                    names.sort(reverse=True)
-                    entries += found
-                    del found
-                    frames[-1] = (fd, relative, names)
-                    if len(entries) >= WALK_BATCH_ENTRIES:
+                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes):
                         yield entries, failures
                         entries.clear()
                         failures.clear()
+                    names.reverse()  # popped from the end: walked in name order
+                    frames[-1] = (fd, relative, names)
                 if not names:
                     os.close(fd)
                     frames.pop()
@@ -325,10 +314,14 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
               subdirectories: List[str], swept: Optional[List[str]] = None,
-              attributes: Optional[MetadataOptions] = None) -> None:
-        """Add a directory's entries to ``entries`` and the names of its
-        subdirectories to ``subdirectories`` (in the order the directory gives them).
+              attributes: Optional[MetadataOptions] = None) -> Iterator[None]:
+        """Add a directory's entries to ``entries`` in name order, and the names of its
+        subdirectories to ``subdirectories``; pause (yield) whenever ``entries`` holds a batch.
 
+        In name order, so that two trees' walks come in one order, which a
+        plan merges as they come (:func:`pdiffcopy.core.treestream.walk_order`):
+        the names are read and sorted first, then each is looked at, so that a
+        directory of a million files is held as its names, not as its entries.
         With ``swept``, remove its stale temporaries and name them there. An
         entry whose path is longer than :data:`~pdiffcopy.core.protocol.MAX_PATH_LENGTH`
         bytes is a failure of its own, not listed: no path-based call (nor
@@ -337,48 +330,51 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         """
         prefix = relative + "/" if relative else ""
         try:
-            scanner = os.scandir(fd)
+            names = os.listdir(fd)
         except OSError as error:
             failures.append((relative, f"cannot list: {_why(error)}"))
             return
+        names.sort()
         new = tuple.__new__
         is_file = stat.S_ISREG
+        lstat = os.lstat
         directory = f"/proc/self/fd/{fd}/"
-        with scanner:
-            for item in scanner:
-                path = prefix + item.name
-                if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
-                    failures.append((relative, f"{item.name!r} left out: its path is longer than "
-                                               f"{MAX_PATH_LENGTH} bytes"))
+        for name in names:
+            if len(entries) >= WALK_BATCH_ENTRIES:
+                yield  # the walk hands them on
+            path = prefix + name
+            if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
+                failures.append((relative, f"{name!r} left out: its path is longer than "
+                                           f"{MAX_PATH_LENGTH} bytes"))
+                continue
+            if name[0] == "." and is_temporary_name(name):
+                # A pdiffcopy temporary is never data: a file being written (by
+                # this run or another), or left by a run that was killed.
+                if swept is not None:
+                    _sweep(fd, name, path, swept)
+                continue
+            try:
+                info = lstat(name, dir_fd=fd)
+                mode = info.st_mode
+                mode = known_mode(mode) or shared_mode(mode)
+                # Read by the name below the directory's descriptor, the link itself for a symlink.
+                xattrs = () if attributes is None else read_attributes(directory + name, attributes)
+                if is_file(mode):  # most entries: built inline, as a plain tuple is
+                    size = info.st_size
+                    entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
+                                               info.st_gid, "", info.st_nlink,
+                                               info.st_blocks * 512 < size, link_group(info), xattrs)))
                     continue
-                if item.name[0] == "." and is_temporary_name(item.name):
-                    # A pdiffcopy temporary is never data: a file being written (by
-                    # this run or another), or left by a run that was killed.
-                    if swept is not None:
-                        _sweep(fd, item, path, swept)
+                if stat.S_ISLNK(mode):
+                    entries.append(entry_from_stat(path, info, os.readlink(name, dir_fd=fd), xattrs))
                     continue
-                try:
-                    info = item.stat(follow_symlinks=False)
-                    mode = info.st_mode
-                    mode = known_mode(mode) or shared_mode(mode)
-                    # Read by the name below the directory's descriptor, the link itself for a symlink.
-                    xattrs = () if attributes is None else read_attributes(directory + item.name, attributes)
-                    if is_file(mode):  # most entries: built inline, as a plain tuple is
-                        size = info.st_size
-                        entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
-                                                   info.st_gid, "", info.st_nlink,
-                                                   info.st_blocks * 512 < size, link_group(info), xattrs)))
-                        continue
-                    if stat.S_ISLNK(mode):
-                        entries.append(entry_from_stat(path, info, os.readlink(item.name, dir_fd=fd), xattrs))
-                        continue
-                    entries.append(entry_from_stat(path, info, xattrs=xattrs))
-                    if stat.S_ISDIR(mode):
-                        subdirectories.append(item.name)
-                except FileNotFoundError:
-                    continue  # deleted while listed: it is simply not there
-                except OSError as error:
-                    failures.append((path, f"cannot list: {_why(error)}"))
+                entries.append(entry_from_stat(path, info, xattrs=xattrs))
+                if stat.S_ISDIR(mode):
+                    subdirectories.append(name)
+            except FileNotFoundError:
+                continue  # deleted while listed: it is simply not there
+            except OSError as error:
+                failures.append((path, f"cannot list: {_why(error)}"))
 
     # -- reading -----------------------------------------------------------
 
@@ -819,10 +815,10 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         return LocalFile.below(self.root, self._full(path))
 
 
-def _sweep(directory: int, item: os.DirEntry, path: str, swept: List[str]) -> None:
+def _sweep(directory: int, name: str, path: str, swept: List[str]) -> None:
     """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.remove_if_abandoned`)."""
     try:
-        if remove_if_abandoned(item.name, item.stat(follow_symlinks=False), directory):
+        if remove_if_abandoned(name, os.lstat(name, dir_fd=directory), directory):
             swept.append(path)
     except OSError:
         pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync
