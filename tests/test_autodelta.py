@@ -141,6 +141,20 @@ def test_without_room_for_a_new_copy_the_blocks_update_in_place(tmp_path, small_
     assert leftovers(target) == []
 
 
+@pytest.mark.parametrize("delta", ["auto", "chunks"])
+def test_a_tree_without_room_for_a_new_copy_updates_in_place(tmp_path, small_disk, delta):
+    source, target = tmp_path / "src", small_disk / "dst"
+    source.mkdir()
+    target.mkdir()
+    (source / "big.img").write_bytes(SHIFTED[0][1])
+    (target / "big.img").write_bytes(OLD)
+    done = run_cli("--delta", delta, f"{source}/", str(target))
+    assert done.returncode == 0, done.stderr
+    assert (target / "big.img").read_bytes() == SHIFTED[0][1]
+    assert done.stderr.count("Not enough free space") == 1, done.stderr
+    assert leftovers(target / "big.img") == []
+
+
 def test_a_push_without_room_on_the_server_falls_back_too(server, tmp_path, unique):
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")

@@ -326,23 +326,34 @@ class Runner:
             self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
 
     def _wants_chunks(self, action: FileAction) -> bool:
-        """Whether a big changed file goes by chunks: ``--delta chunks``, or auto's choice (said with -v)."""
-        if self.options.delta != "auto":
-            return self.options.delta == "chunks"
+        """Whether a big changed file goes by chunks: ``--delta chunks``, or auto's choice (said with -v).
+
+        Not without room beside it for the new copy the chunks write (the blocks update in place).
+        """
+        if self.options.delta == "blocks":
+            return False
         assert action.target is not None, "only a file with an old version is asked about"
         try:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
             try:
-                choice = autodelta.choose(source, target, action.source.size, action.target.size,
-                                          self.options.hash_method)
+                if self.options.delta == "auto":
+                    choice = autodelta.choose(source, target, action.source.size, action.target.size,
+                                              self.options.hash_method)
+                    logger.debug("%s: %s delta (%s)", action.path, choice.delta, choice.reason)
+                    if choice.delta != "chunks":
+                        return False
+                free = target.free_space()
             finally:
                 source.close()
                 target.close()
         except PdiffcopyError:
             return False  # the block delta meets the same error and reports it for this file
-        logger.debug("%s: %s delta (%s)", action.path, choice.delta, choice.reason)
-        return choice.delta == "chunks"
+        if free is not None and free < action.source.size:
+            logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
+                           "comparing fixed blocks instead", action.path, action.source.size, free)
+            return False
+        return True
 
     def _add_chunked(self, action: FileAction) -> None:
         """Queue a big changed file for the shift-tolerant delta: one unit, into a new temporary."""
