@@ -218,7 +218,7 @@ class StreamPlanner:
             current = next(theirs, None)
         close_until(None)
         _plan_extraneous(piece, unmatched, unmatched, options, path_filter, removed)
-        del unmatched
+        unmatched.clear()  # the extraneous entries are the piece's now; the list goes
         if piece.deletions and refix:
             # Set again after the deletions changed their times (no change of their own: a dry run lists none).
             gone = {entry.path for entry in piece.deletions}

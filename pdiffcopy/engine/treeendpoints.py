@@ -254,5 +254,5 @@ TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
 
 
 __all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
-           "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies", "TreeEndpoint",
-           "WalkedHere"]
+           "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies",
+           "TreeEndpoint", "WalkedHere"]
