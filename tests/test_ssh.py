@@ -228,6 +228,92 @@ def test_remote_server_listens_on_a_private_socket_and_hands_the_token_over_priv
     assert process.stdout.read() == b""  # nothing but the hand-over on the channel
 
 
+#: Run as the remote program: pdiffcopy whose first import of Flask takes SLOW_FLASK_SECONDS longer.
+SLOW_FLASK_SECONDS = 3.0
+SLOW_FLASK_SERVER = f"""
+import importlib.abc, importlib.machinery, sys, time
+
+class SlowFlask(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "flask":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):  # the import itself, not a look-up of whether it is there
+            time.sleep({SLOW_FLASK_SECONDS})
+            run(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, SlowFlask())
+sys.argv = ["pdiffcopy", "--serve-over-ssh"]
+from pdiffcopy.cli import main
+main()
+"""
+
+
+def test_the_hand_over_comes_before_the_server_modules_are_loaded(sshd):
+    """The client forwards and starts its work while the remote imports Flask and gunicorn."""
+    import json
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp))
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-c", SLOW_FLASK_SERVER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        assert time.monotonic() - started < SLOW_FLASK_SECONDS
+        with socket.socket(socket.AF_UNIX) as client:  # queued until the workers run, then answered
+            client.connect(handover["socket"])
+            client.sendall(b"GET /.pdiffcopy/stat/etc/hostname HTTP/1.0\r\n\r\n")
+            assert client.recv(100).split(b" ")[1] == b"401"
+        assert time.monotonic() - started >= SLOW_FLASK_SECONDS
+    finally:
+        process.stdin.close()
+        status = process.wait(CLEAN_UP_SECONDS + SLOW_FLASK_SECONDS)
+    assert status == 0, process.stderr.read()
+    assert not remote_leftovers(sshd)
+
+
+def test_a_killed_remote_servers_leftovers_are_swept_by_the_next_one(sshd, tmp_path):
+    """A remote server killed by SIGKILL cannot clean up: the next serve-over-ssh start does."""
+    (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=7))
+    before = serve_processes()
+    client = subprocess.Popen(pdiffcopy_command("--no-progress", "--bwlimit", "512K", "-e", sshd.rsh(),
+                                                "--remote-pdiffcopy", REMOTE_PDIFFCOPY, str(tmp_path / "src"),
+                                                f"127.0.0.1:{tmp_path}/dst"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: serve_processes() - before and remote_leftovers(sshd)
+                          and any(p.name.startswith(".dst.") for p in tmp_path.iterdir()), 20), \
+            remote_leftovers(sshd)
+        killed = serve_processes() - before
+        socket_dir = sshd.remote_tmp / remote_leftovers(sshd)[0]
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        _, errors = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode not in (0, None)
+    assert "Traceback" not in errors, errors
+    assert wait_until(lambda: not (killed & serve_processes()))
+    # Left behind: the socket directory, the push's temporary, the /dev/shm directories.
+    assert socket_dir.exists()
+    assert any(p.name.startswith(".dst.") for p in tmp_path.iterdir())
+    (tmp_path / "other").write_bytes(b"another sync")
+    again = over_ssh(sshd, str(tmp_path / "other"), f"127.0.0.1:{tmp_path}/other-copy")
+    assert again.returncode == 0, again.stderr
+    assert not socket_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "other-copy", "src"]
+    assert not [name for name in os.listdir("/dev/shm")
+                if any(name.startswith(f"pdiffcopy-{kind}-{pid}-") for pid in killed
+                       for kind in ("leases", "metrics"))]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
 def test_killed_client_leaves_nothing_on_the_remote(sshd, tmp_path, signum):
     (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=5))

@@ -7,7 +7,7 @@ line on stderr and a non-zero exit status; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import logging
 import math
 import os
@@ -659,9 +659,12 @@ def require_extra(modules, extra: str, what: str) -> None:
     :raises PdiffcopyError: Naming the missing module and the ``pip install`` that brings it.
     """
     for module in modules:
+        # Found, not imported: serve-over-ssh hands over before it loads the server's modules.
         try:
-            importlib.import_module(module)
-        except ImportError:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
                                  f"pip install 'pdiffcopy[{extra}]'") from None
 

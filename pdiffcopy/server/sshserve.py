@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import sys
 import tempfile
@@ -33,11 +35,23 @@ SHUTDOWN_GRACE_SECONDS = 1
 #: Longest directory that leaves room for "/socket" in a Unix socket's path (108 bytes on Linux).
 MAX_SOCKET_DIRECTORY_LENGTH = 100
 
+#: A server's directory (socket and temporaries log): the prefix, its process id, a random part.
+DIRECTORY_PREFIX = "pdiffcopy-serve-"
+
+#: The file in that directory naming the temporaries its client's pushes made.
+TEMPORARIES_LOG = "temporaries"
+
+#: Connections the socket queues until the workers accept: a client's whole first burst.
+HANDOVER_BACKLOG = 256
+
 
 def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning") -> None:
-    """Serve "/" until stdin closes, then stop and remove the socket and its directory."""
-    from pdiffcopy.server.service import ServerOptions, run_server
+    """Serve "/" until stdin closes, then stop and remove the socket and its directory.
 
+    The socket is bound and handed over before the server's modules (Flask, gunicorn) are
+    imported: the client sets up its forwarding and starts its own work meanwhile, and its
+    first requests wait in the socket's backlog until the workers accept them.
+    """
     home = os.path.expanduser("~")
     try:
         os.chdir(home)
@@ -45,36 +59,69 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
         pass
     token = secrets.token_urlsafe(32)
     owner = os.getpid()
-    directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-")  # mode 0700
-    if len(os.fsencode(directory)) > MAX_SOCKET_DIRECTORY_LENGTH:  # a long $TMPDIR
-        os.rmdir(directory)
-        directory = tempfile.mkdtemp(prefix="pdiffcopy-serve-", dir="/tmp")
-    temporaries = TemporaryLog(os.path.join(directory, "temporaries"))
+    parent = tempfile.gettempdir()
+    if len(os.fsencode(parent)) + len(DIRECTORY_PREFIX) + 40 > MAX_SOCKET_DIRECTORY_LENGTH:  # a long $TMPDIR
+        parent = "/tmp"
+    sweep_dead_servers(parent)
+    directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner}-", dir=parent)  # mode 0700
+    temporaries = TemporaryLog(os.path.join(directory, TEMPORARIES_LOG))
     socket_path = os.path.join(directory, "socket")
-    # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
-    # workers' output) goes to stderr, so that no stray line lands in the channel.
-    handover = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-
-    def when_ready(arbiter) -> None:
-        # A SIGHUP (a terminal's hang-up) ends the session as stdin's end does; gunicorn
-        # would reload. The arbiter runs the handler named after the signal.
-        arbiter.handle_hup = arbiter.handle_int
-        os.write(handover, (handshake_line(version=__version__, socket=socket_path, token=token,
-                                           home=home) + "\n").encode("utf-8"))
-        os.close(handover)
-        threading.Thread(target=_stop_at_end_of_input, args=(os.getpid(),), daemon=True,
-                         name="stdin-watch").start()
-
     try:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        os.fchmod(listener.fileno(), 0o600)  # (the directory is 0700 already)
+        listener.bind(socket_path)
+        os.chmod(socket_path, 0o600)
+        listener.listen(HANDOVER_BACKLOG)
+        # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
+        # workers' output) goes to stderr, so that no stray line lands in the channel.
+        os.write(1, (handshake_line(version=__version__, socket=socket_path, token=token,
+                                    home=home) + "\n").encode("utf-8"))
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        from pdiffcopy.server.service import ServerOptions, run_server
+
+        def when_ready(arbiter) -> None:
+            # A SIGHUP (a terminal's hang-up) ends the session as stdin's end does; gunicorn
+            # would reload. The arbiter runs the handler named after the signal.
+            arbiter.handle_hup = arbiter.handle_int
+            threading.Thread(target=_stop_at_end_of_input, args=(os.getpid(),), daemon=True,
+                             name="stdin-watch").start()
+
         run_server(ServerOptions(root="/", token=token, workers=workers, trust_clients=True,
-                                 unix_socket=socket_path, when_ready=when_ready, log_level=log_level,
+                                 unix_socket=socket_path, listen_descriptor=listener.fileno(),
+                                 when_ready=when_ready, log_level=log_level,
                                  graceful_timeout=SHUTDOWN_GRACE_SECONDS, wrap_app=temporaries.wrap))
     finally:
         if os.getpid() == owner:  # not in a worker, which unwinds through here when it exits
             temporaries.remove_left()
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def sweep_dead_servers(parent: str) -> None:
+    """Remove what serve-over-ssh servers killed before their own clean-up (SIGKILL) left in ``parent``.
+
+    Each server's directory is named after its process id; one whose process is gone is
+    removed, with the temporaries of its client's unfinished pushes that its log names. (The
+    servers' /dev/shm metrics and lease directories are swept the same way as they start.)
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        match = re.fullmatch(re.escape(DIRECTORY_PREFIX) + r"([0-9]+)-[^/]+", name)
+        if not match:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue  # alive (another user's: EPERM), or not a process id
+        directory = os.path.join(parent, name)
+        TemporaryLog(os.path.join(directory, TEMPORARIES_LOG)).remove_left()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class TemporaryLog:
@@ -147,4 +194,4 @@ def _stop_at_end_of_input(arbiter_pid: int) -> None:
     os.kill(arbiter_pid, signal.SIGINT)
 
 
-__all__ = ["serve_over_ssh"]
+__all__ = ["serve_over_ssh", "sweep_dead_servers"]
