@@ -514,3 +514,87 @@ def test_the_library_reaches_host_path_too(sshd, tmp_path):
               remote_pdiffcopy=REMOTE_PDIFFCOPY)
     assert (tmp_path / "pulled" / "sub" / "f").read_bytes() == b"in a tree"
     assert not serve_processes() and not remote_leftovers(sshd)  # closed before returning
+
+
+# -- --direct ------------------------------------------------------------------------------
+
+def test_direct_push_and_pull_go_over_tls_straight_to_the_server(sshd, tmp_path):
+    data = random_bytes(3 * 1024 * 1024 + 11, seed=22)
+    (tmp_path / "src").write_bytes(data)
+    pushed = over_ssh(sshd, "--direct", "-v", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed")
+    assert pushed.returncode == 0, pushed.stderr
+    assert (tmp_path / "pushed").read_bytes() == data
+    assert "https://127.0.0.1:" in pushed.stderr  # -v names the connections' URL: TLS, not the tunnel
+    changed = bytearray(data)
+    changed[2_000_000:2_000_004] = b"edit"
+    (tmp_path / "pushed").write_bytes(bytes(changed))
+    port = free_port()
+    pulled = over_ssh(sshd, "--direct-port", str(port), "-v", f"127.0.0.1:{tmp_path}/pushed", str(tmp_path / "src"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "src").read_bytes() == bytes(changed)
+    assert f"https://127.0.0.1:{port}" in pulled.stderr, pulled.stderr
+    assert "1 of 4 blocks differed" in pulled.stderr, pulled.stderr
+    assert wait_until(lambda: not serve_processes() and not remote_leftovers(sshd)), remote_leftovers(sshd)
+
+
+def test_direct_server_needs_its_certificate_and_its_token(sshd):
+    """The --direct server by itself: a client pinning another certificate refuses it; no token, no data."""
+    import hashlib
+    import json
+
+    from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
+    from pdiffcopy.errors import RemoteError
+    from pdiffcopy.transport.httpclient import Connection
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp), SSH_CONNECTION="127.0.0.1 50000 127.0.0.1 22")
+    env.pop("PDIFFCOPY_TOKEN", None)
+    process = subprocess.Popen([REMOTE_PDIFFCOPY, "--serve-over-ssh", "--serve-direct", "0"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        assert "socket" not in handover and handover["address"] == "127.0.0.1"
+        base = f"https://127.0.0.1:{handover['port']}"
+        pin = PINNED_CERTIFICATE_PREFIX + handover["fingerprint"]
+        wrong = PINNED_CERTIFICATE_PREFIX + hashlib.sha256(b"another certificate").hexdigest()
+        with pytest.raises(RemoteError, match="certificate is not the one"):
+            Connection(base, 10, wrong).open()
+
+        def status(token=None) -> int:
+            connection = Connection(base, 10, pin)
+            try:
+                http = connection.open()
+                http.request("GET", "/.pdiffcopy/stat/etc/hostname",
+                             headers={"Authorization": f"Bearer {token}"} if token else {})
+                return http.getresponse().status
+            finally:
+                connection.close()
+
+        assert status() == 401
+        assert status("not-the-token") in (401, 403)
+        assert status(handover["token"]) == 200
+    finally:
+        process.stdin.close()
+        exit_status = process.wait(CLEAN_UP_SECONDS)
+    assert exit_status == 0, process.stderr.read()
+    assert not remote_leftovers(sshd)  # the certificate and its key went with the directory
+
+
+def test_direct_on_a_busy_port_is_one_line(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        completed = over_ssh(sshd, "--direct-port", str(busy.getsockname()[1]), str(tmp_path / "src"),
+                             f"127.0.0.1:{tmp_path}/dst")
+    assert completed.returncode != 0
+    line = one_line_error(completed)
+    assert "cannot listen on 127.0.0.1 port" in line and "Address already in use" in line, line
+    assert not (tmp_path / "dst").exists()
+    assert wait_until(lambda: not remote_leftovers(sshd))
+
+
+def test_direct_is_refused_without_a_host_path(tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = run_cli("--direct", str(tmp_path / "src"), str(tmp_path / "dst"))
+    assert completed.returncode == 2  # a usage error
+    assert "--direct is for a [USER@]HOST:PATH" in one_line_error(completed)

@@ -201,7 +201,7 @@ def run_server(options: ServerOptions) -> None:
     # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
     # walks hold one per level; the workers inherit the limit.
     raise_open_file_limit()
-    if not options.unix_socket:
+    if not options.unix_socket and options.listen_descriptor is None:  # (serve-over-ssh's "/")
         sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)

@@ -45,8 +45,12 @@ TEMPORARIES_LOG = "temporaries"
 HANDOVER_BACKLOG = 256
 
 
-def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning") -> None:
+def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
+                   direct_port: Optional[int] = None) -> None:
     """Serve "/" until stdin closes, then stop and remove the socket and its directory.
+
+    :param direct_port: ``--direct``: listen with TLS at this port (0: a free one) on the
+                        address the ssh connection came in on, instead of on the Unix socket.
 
     The socket is bound and handed over before the server's modules (Flask, gunicorn) are
     imported: the client sets up its forwarding and starts its own work meanwhile, and its
@@ -66,16 +70,25 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
     directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner}-", dir=parent)  # mode 0700
     temporaries = TemporaryLog(os.path.join(directory, TEMPORARIES_LOG))
     socket_path = os.path.join(directory, "socket")
+    certificate = key = None
     try:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        os.fchmod(listener.fileno(), 0o600)  # (the directory is 0700 already)
-        listener.bind(socket_path)
-        os.chmod(socket_path, 0o600)
+        if direct_port is None:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            os.fchmod(listener.fileno(), 0o600)  # (the directory is 0700 already)
+            listener.bind(socket_path)
+            os.chmod(socket_path, 0o600)
+            where = dict(socket=socket_path)
+        else:
+            certificate, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+            fingerprint = make_certificate(certificate, key)
+            listener = _direct_listener(direct_port)
+            address, port = listener.getsockname()[:2]
+            where = dict(address=address, port=port, fingerprint=fingerprint)
         listener.listen(HANDOVER_BACKLOG)
         # The hand-over goes out on the real stdout; everything after it (gunicorn's and the
         # workers' output) goes to stderr, so that no stray line lands in the channel.
-        os.write(1, (handshake_line(version=__version__, socket=socket_path, token=token,
-                                    home=home) + "\n").encode("utf-8"))
+        os.write(1, (handshake_line(version=__version__, token=token, home=home, **where)
+                     + "\n").encode("utf-8"))
         os.dup2(2, 1)
         sys.stdout = sys.stderr
         from pdiffcopy.server.service import ServerOptions, run_server
@@ -88,13 +101,63 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning")
                              name="stdin-watch").start()
 
         run_server(ServerOptions(root="/", token=token, workers=workers, trust_clients=True,
-                                 unix_socket=socket_path, listen_descriptor=listener.fileno(),
+                                 unix_socket=socket_path if direct_port is None else None,
+                                 listen_descriptor=listener.fileno(), certfile=certificate, keyfile=key,
                                  when_ready=when_ready, log_level=log_level,
                                  graceful_timeout=SHUTDOWN_GRACE_SECONDS, wrap_app=temporaries.wrap))
     finally:
         if os.getpid() == owner:  # not in a worker, which unwinds through here when it exits
             temporaries.remove_left()
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def make_certificate(certificate: str, key: str) -> str:
+    """Write a one-time self-signed certificate and its key (mode 0600); the certificate's SHA-256.
+
+    With the ``openssl`` command: the ``cryptography`` package is not among pdiffcopy's
+    dependencies (nor in most system Pythons), while openssl is on every host with OpenSSH.
+    The client pins the certificate by this fingerprint, which reached it over ssh.
+
+    :raises PdiffcopyError: When openssl is missing or fails.
+    """
+    import hashlib
+    import ssl
+    import subprocess
+
+    from pdiffcopy.errors import PdiffcopyError
+
+    command = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+               "-nodes", "-days", "2", "-subj", "/CN=pdiffcopy-direct", "-keyout", key, "-out", certificate]
+    old_mask = os.umask(0o077)
+    try:
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    except OSError as error:
+        raise PdiffcopyError(f"--direct needs the openssl command on this host: {error.strerror}") from None
+    finally:
+        os.umask(old_mask)
+    if done.returncode != 0:
+        raise PdiffcopyError(f"openssl cannot make --direct's certificate: {' '.join(done.stderr.split())[-300:]}")
+    with open(certificate, encoding="ascii") as handle:
+        return hashlib.sha256(ssl.PEM_cert_to_DER_cert(handle.read())).hexdigest()
+
+
+def _direct_listener(port: int) -> socket.socket:
+    """A TCP socket bound to the address this ssh session came in on ($SSH_CONNECTION's third field)."""
+    from pdiffcopy.errors import PdiffcopyError
+
+    fields = os.environ.get("SSH_CONNECTION", "").split()
+    if len(fields) != 4:
+        raise PdiffcopyError("--direct: $SSH_CONNECTION is not set: not started through ssh?")
+    address = fields[2]
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((address, port))
+    except OSError as error:
+        listener.close()
+        raise PdiffcopyError(f"--direct: cannot listen on {address} port {port}: {error.strerror}") from None
+    return listener
 
 
 def sweep_dead_servers(parent: str) -> None:
