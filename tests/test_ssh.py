@@ -598,3 +598,32 @@ def test_direct_is_refused_without_a_host_path(tmp_path):
     completed = run_cli("--direct", str(tmp_path / "src"), str(tmp_path / "dst"))
     assert completed.returncode == 2  # a usage error
     assert "--direct is for a [USER@]HOST:PATH" in one_line_error(completed)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_small_answer_leaves_in_one_write(sshd, tmp_path):
+    """Headers and body in one write: two let sshd send two packets, the second waiting ~40 ms
+    for the client's delayed ACK (sshd sets no TCP_NODELAY without a tty)."""
+    import json
+
+    trace = tmp_path / "trace"
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp))
+    process = subprocess.Popen(["strace", "-f", "-qq", "-s", "65536", "-e", "trace=sendto,write", "-o", str(trace),
+                                REMOTE_PDIFFCOPY, "--serve-over-ssh"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(handover["socket"])
+            client.sendall(f"GET /.pdiffcopy/stat/etc/hostname HTTP/1.1\r\nHost: x\r\n"
+                           f"Authorization: Bearer {handover['token']}\r\n\r\n".encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                answer += client.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        process.stdin.close()
+        process.wait(CLEAN_UP_SECONDS * 3)
+    calls = [line for line in trace.read_text(errors="replace").splitlines() if "HTTP/1.1 200" in line]
+    assert len(calls) == 1, calls
+    assert "\\r\\n\\r\\n{" in calls[0], calls[0]  # the JSON body follows the headers in the same call
