@@ -627,3 +627,19 @@ def test_a_small_answer_leaves_in_one_write(sshd, tmp_path):
     calls = [line for line in trace.read_text(errors="replace").splitlines() if "HTTP/1.1 200" in line]
     assert len(calls) == 1, calls
     assert "\\r\\n\\r\\n{" in calls[0], calls[0]  # the JSON body follows the headers in the same call
+
+
+def test_compression_judges_the_link_behind_the_tunnel_of_another_host(sshd, tmp_path):
+    """The forwarded port is loopback; HOST is not: --compress auto must weigh the link, not stay plain."""
+    from pdiffcopy.core.sshform import parse_ssh_location
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.sshlaunch import SshSession
+
+    # "elsewhere" reaches the test sshd (ssh's HostName), as a host name would reach another machine.
+    rsh = sshd.rsh() + " -o HostName=127.0.0.1"
+    with SshSession(parse_ssh_location(f"elsewhere:{tmp_path}"), rsh=rsh, remote_program=REMOTE_PDIFFCOPY) as session:
+        assert session.base.startswith("http://127.0.0.1:")
+        assert Compression("auto", session.url).judges_the_link
+    with SshSession(parse_ssh_location(f"127.0.0.1:{tmp_path}"), rsh=sshd.rsh(),
+                    remote_program=REMOTE_PDIFFCOPY) as session:
+        assert not Compression("auto", session.url).judges_the_link  # this machine: no link to spare

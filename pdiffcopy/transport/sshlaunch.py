@@ -38,6 +38,7 @@ import time
 from typing import Callable, List, Optional
 
 from pdiffcopy import __version__
+from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.sshform import (
     DIRECT_OPTION,
     HANDSHAKE_MARK,
@@ -47,7 +48,7 @@ from pdiffcopy.core.sshform import (
     SshLocation,
     read_handshake,
 )
-from pdiffcopy.errors import RemoteError, RemoteProgramMissing, SshFailed, SshStartFailed, UsageError
+from pdiffcopy.errors import RemoteProgramMissing, SshFailed, SshStartFailed, UsageError
 from pdiffcopy.transport.urls import quote_path
 
 logger = logging.getLogger(__name__)
@@ -225,6 +226,12 @@ class SshSession:
         self.home = str(fields.get("home") or "/")
         if self.direct_port is None:
             self.base = self._forward(control, str(fields["socket"]))
+            if not is_loopback(self.location.host):
+                from pdiffcopy.transport.compressionpolicy import note_tunnel  # (after ssh started)
+
+                # The forwarded port is loopback, the link behind it is not: let --compress
+                # auto judge it, as it does a URL's (a loopback server stays plain).
+                note_tunnel(self.base)
         else:
             self.base = self._reach_directly(str(fields["address"]), int(fields["port"]))
             self.ca_file = PINNED_CERTIFICATE_PREFIX + str(fields["fingerprint"])
@@ -294,7 +301,7 @@ class SshSession:
                 pass
         except OSError as error:
             reason = error.strerror or str(error) or type(error).__name__
-            raise RemoteError(f"--direct: cannot reach {self.location.host}'s pdiffcopy at {address} port "
+            raise SshStartFailed(f"--direct: cannot reach {self.location.host}'s pdiffcopy at {address} port "
                               f"{port} ({reason}): a firewall between the hosts? Without --direct the "
                               f"data goes through ssh") from None
         return f"https://[{address}]:{port}" if ":" in address else f"https://{address}:{port}"
@@ -340,6 +347,10 @@ class SshSession:
                      server to stop; without it ssh ends on its own a moment after this process
                      (the sync is complete: only the remote clean-up is left).
         """
+        if self.base is not None and not is_loopback(self.location.host):
+            from pdiffcopy.transport.compressionpolicy import note_tunnel
+
+            note_tunnel(self.base, open=False)
         process, self.process = self.process, None
         if process is not None:
             try:
