@@ -643,3 +643,39 @@ def test_compression_judges_the_link_behind_the_tunnel_of_another_host(sshd, tmp
     with SshSession(parse_ssh_location(f"127.0.0.1:{tmp_path}"), rsh=sshd.rsh(),
                     remote_program=REMOTE_PDIFFCOPY) as session:
         assert not Compression("auto", session.url).judges_the_link  # this machine: no link to spare
+
+
+def test_direct_small_answers_do_not_wait_for_a_delayed_ack(sshd):
+    """Over --direct's TLS, an answer in two writes (two TLS records) waited ~40 ms for the
+    client's delayed ACK, every time: 20 small requests took about a second."""
+    import json
+
+    from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
+    from pdiffcopy.transport.httpclient import Connection
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp), SSH_CONNECTION="127.0.0.1 50000 127.0.0.1 22")
+    process = subprocess.Popen([REMOTE_PDIFFCOPY, "--serve-over-ssh", "--serve-direct", "0"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        connection = Connection(f"https://127.0.0.1:{handover['port']}", 10,
+                                PINNED_CERTIFICATE_PREFIX + handover["fingerprint"])
+        http = connection.open()
+
+        def stat() -> None:
+            http.request("GET", "/.pdiffcopy/stat/etc/hostname",
+                         headers={"Authorization": f"Bearer {handover['token']}"})
+            answer = http.getresponse()
+            answer.read()
+            assert answer.status == 200
+
+        stat()  # (the workers are up)
+        started = time.monotonic()
+        for _ in range(20):
+            stat()
+        elapsed = time.monotonic() - started
+        connection.close()
+    finally:
+        process.stdin.close()
+        process.wait(CLEAN_UP_SECONDS)
+    assert elapsed < 0.4, f"20 small requests took {elapsed:.2f} s"

@@ -93,8 +93,7 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
         sys.stdout = sys.stderr
         from pdiffcopy.server.service import ServerOptions, run_server
 
-        if direct_port is None:
-            _send_small_answers_in_one_write()
+        _send_small_answers_in_one_write()
 
         def when_ready(arbiter) -> None:
             # A SIGHUP (a terminal's hang-up) ends the session as stdin's end does; gunicorn
@@ -124,7 +123,9 @@ def _send_small_answers_in_one_write() -> None:
     gunicorn writes them apart. Through ssh, sshd often reads the two writes apart and
     sends two packets; sshd sets no TCP_NODELAY without a tty, so the second (small) one
     waits for the client's delayed ACK of the first: about 40 ms for one small request in
-    four. One write makes one packet. (Set in this process before gunicorn forks.)
+    four. With --direct, gunicorn's own TLS socket has no TCP_NODELAY either, and the two
+    TLS records stalled every small request so. One write makes one packet. (Set in this
+    process before gunicorn forks.)
     """
     from gunicorn.http import wsgi
 
