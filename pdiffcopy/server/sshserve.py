@@ -123,9 +123,7 @@ def _send_small_answers_in_one_write() -> None:
     gunicorn writes them apart. Through ssh, sshd often reads the two writes apart and
     sends two packets; sshd sets no TCP_NODELAY without a tty, so the second (small) one
     waits for the client's delayed ACK of the first: about 40 ms for one small request in
-    four. With --direct, gunicorn's own TLS socket has no TCP_NODELAY either, and the two
-    TLS records stalled every small request so. One write makes one packet. (Set in this
-    process before gunicorn forks.)
+    four. One write makes one packet. (Set in this process before gunicorn forks.)
     """
     from gunicorn.http import wsgi
 
@@ -200,6 +198,8 @@ def _direct_listener(port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Inherited by the accepted connections (gunicorn sets it only on sockets it binds).
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         listener.bind((address, port))
     except OSError as error:
