@@ -174,13 +174,13 @@ def make_certificate(certificate: str, key: str) -> str:
 
     command = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                "-nodes", "-days", "2", "-subj", "/CN=pdiffcopy-direct", "-keyout", key, "-out", certificate]
-    old_mask = os.umask(0o077)
+    # (In the server's 0700 directory: the key is private before it is made 0600.)
     try:
         done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     except OSError as error:
         raise PdiffcopyError(f"--direct needs the openssl command on this host: {error.strerror}") from None
-    finally:
-        os.umask(old_mask)
+    if done.returncode == 0:
+        os.chmod(key, 0o600)
     if done.returncode != 0:
         raise PdiffcopyError(f"openssl cannot make --direct's certificate: {' '.join(done.stderr.split())[-300:]}")
     with open(certificate, encoding="ascii") as handle:
