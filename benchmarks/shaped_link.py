@@ -11,9 +11,20 @@ and the efficiency: the rate the tool reached on the wire against the link's rat
 
 The ``*-ssh-*`` tools go through an OpenSSH server (``sshd``) started in the server's
 namespace with throwaway keys: ``rsync -e ssh`` and ``pdiffcopy HOST:PATH`` then use the same
-sshd, client and cipher (``--ssh-cipher``). For them the report adds the CPU seconds of the
-ssh clients and of sshd (the remote program's own CPU taken out), from small wrappers that
-record what their child used.
+sshd, client and cipher (``--ssh-cipher``); ``ours-ssh-direct-*`` is ``pdiffcopy --direct``
+(ssh starts the server, the data goes over TLS straight to it). For them the report adds the
+CPU seconds of the ssh clients, of sshd (the remote program's own CPU taken out) and of the
+remote program (with --direct, the server's TLS is in it), from small wrappers that record
+what their child used. pdiffcopy's client does not wait for its ssh to end (only the remote
+clean-up is left): the ssh wrapper runs in a session of its own, so that the run's end does not
+kill it, and a run's CPU is read once every ssh it started has ended.
+
+The issue-21 table (no change, sparse edits, 10 % dense, new random, new compressible against
+rsync -z; ssh and --direct against rsync -e ssh) is::
+
+    ours=ours-ssh-pull,ours-ssh-push,ours-ssh-direct-pull,ours-ssh-direct-push
+    theirs=rsync-ssh-pull,rsync-ssh-push,rsync-ssh-z-pull,rsync-ssh-z-push
+    benchmarks/shaped_link.py --workloads dense0,sparse,dense10,random,text --tools $ours,$theirs
 
 Needs root and iproute2 (``ip``, ``tc``). Everything it creates (two namespaces, the veth
 pair, the servers, the data) is removed at the end, also on Ctrl-C or an error. Every
@@ -45,6 +56,10 @@ CLIENT_IP = "10.213.7.2"
 # Fixed ports are safe: the namespaces are ours alone.
 OURS_PORT, BASELINE_PORT, ORIGINAL_PORT, RSYNC_PORT, OURS_CDC_PORT, SSH_PORT = 8101, 8102, 8103, 8873, 8104, 8022
 OURS_BLOCKS_PORT = 8105
+# The port --direct's server listens on in the server's namespace.
+DIRECT_PORT = 8106
+# Seconds a run's ssh clients get to end after the client did (the remote clean-up).
+SSH_END_SECONDS = 10
 
 # The token bucket holds 10 ms of the rate (at least 64 KiB): tbf needs a bucket of at least
 # one timer tick's worth of bytes to reach its rate, and a bigger one would let bursts
@@ -85,8 +100,9 @@ TOOLS = ("ours-pull", "ours-push", "ours-cdc-pull", "ours-cdc-push", "ours-block
          "baseline-pull", "baseline-push",
          "original-pull", "original-push",
          "rsync-pull", "rsync-push", "rsync-z-pull", "rsync-z-push",
-         "ours-ssh-pull", "ours-ssh-push", "rsync-ssh-pull", "rsync-ssh-push", "rsync-ssh-z-pull", "rsync-ssh-z-push")
-SSH_FAMILIES = {"ours-ssh", "rsync-ssh", "rsync-ssh-z"}
+         "ours-ssh-pull", "ours-ssh-push", "ours-ssh-direct-pull", "ours-ssh-direct-push",
+         "rsync-ssh-pull", "rsync-ssh-push", "rsync-ssh-z-pull", "rsync-ssh-z-push")
+SSH_FAMILIES = {"ours-ssh", "ours-ssh-direct", "rsync-ssh", "rsync-ssh-z"}
 # The cipher both ssh tools use; aes128-gcm is the fastest with AES-NI.
 DEFAULT_SSH_CIPHER = "aes128-gcm@openssh.com"
 DEFAULT_TOOLS = ("ours-pull", "ours-push", "original-pull", "rsync-pull", "rsync-z-pull")
@@ -229,8 +245,8 @@ class SshSetup:
 
     `rsh` is the ssh command line both rsync (-e) and pdiffcopy (-e) use; `remote_ours` and
     `remote_rsync` are the remote programs (through the CPU wrapper). CPU logs: `ssh_cpu`
-    (every ssh client), `remote_cpu` (the remote programs); sshd's own CPU is its master's
-    reaped children less the remote programs'.
+    (every ssh client; `ssh_started` has a line per ssh started), `remote_cpu` (the remote
+    programs); sshd's own CPU is its master's reaped children less the remote programs'.
     """
 
     def __init__(self, logs: Path, cipher: str, ours: "benchlib.OursInstallation") -> None:
@@ -248,8 +264,12 @@ class SshSetup:
         wrapper = self.dir / "cpu-wrapper"
         wrapper.write_text(CPU_WRAPPER)
         self.ssh_cpu, self.remote_cpu = self.dir / "ssh-cpu.log", self.dir / "remote-cpu.log"
+        self.ssh_started = self.dir / "ssh-started.log"
         ssh = self.dir / "ssh"
-        ssh.write_text("#!/bin/sh\nexec %s %s /usr/bin/ssh \"$@\"\n" % (wrapper, self.ssh_cpu))
+        # setsid: out of the client's process group, which the run's end kills (pdiffcopy's
+        # ssh may outlive its client by the remote clean-up).
+        ssh.write_text("#!/bin/sh\necho >> %s\nexec setsid %s %s /usr/bin/ssh \"$@\"\n" % (
+            self.ssh_started, wrapper, self.ssh_cpu))
         self.rsh = shlex.join([str(ssh), "-F", "none", "-p", str(SSH_PORT), "-i", str(self.dir / "user_key"),
                                "-c", cipher, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
@@ -273,20 +293,29 @@ class SshSetup:
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
 
     def start_run(self) -> float:
-        for path in (self.ssh_cpu, self.remote_cpu):
+        for path in (self.ssh_cpu, self.remote_cpu, self.ssh_started):
             path.unlink(missing_ok=True)
         return self.sshd_children_cpu()
 
-    def end_run(self, sshd_before: float) -> "tuple[float, float]":
-        """(ssh clients' CPU, sshd's own CPU) of the run since start_run."""
-        # The session's sshd is reaped a moment after the client's end.
-        deadline = time.monotonic() + 2
+    def end_run(self, sshd_before: float) -> "tuple[float, float, float]":
+        """(ssh clients' CPU, sshd's own CPU, the remote program's CPU) of the run since start_run."""
+        # Every ssh started has ended (its wrapper wrote two lines), and the session's sshd,
+        # reaped a moment after, has been counted.
+        deadline = time.monotonic() + SSH_END_SECONDS
+        while time.monotonic() < deadline and _lines(self.ssh_cpu) < 2 * _lines(self.ssh_started):
+            time.sleep(0.05)
+        if _lines(self.ssh_cpu) < 2 * _lines(self.ssh_started):
+            log("warning: an ssh client of the run did not end within %g s; its CPU is missing" % SSH_END_SECONDS)
         remote = cpu_logged(self.remote_cpu)
         sshd = self.sshd_children_cpu() - sshd_before
-        while sshd < remote and time.monotonic() < deadline:
+        while sshd < remote and time.monotonic() < deadline + 2:
             time.sleep(0.05)
             sshd = self.sshd_children_cpu() - sshd_before
-        return cpu_logged(self.ssh_cpu), max(0.0, sshd - remote)
+        return cpu_logged(self.ssh_cpu), max(0.0, sshd - remote), remote
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 @dataclass
@@ -486,7 +515,7 @@ def build_tools(args, work: Path, link: Link, logs: Path):
                               lambda s, t, r=rsync, u=url: r(s) + [str(s), u + str(t.relative_to(work))]))
     if families & SSH_FAMILIES:
         ours, reason = benchlib.find_ours()
-        if ours is None and "ours-ssh" in families:
+        if ours is None and families & {"ours-ssh", "ours-ssh-direct"}:
             raise BenchmarkError(reason)
         ssh = SshSetup(logs, args.ssh_cipher, ours)
         servers.append(ssh.server)
@@ -497,6 +526,11 @@ def build_tools(args, work: Path, link: Link, logs: Path):
                           env))
         tools.append(Tool("ours-ssh-push", "push", lambda s, t: prefix + args.ours_args + [str(s), host + str(t)],
                           env))
+        direct = prefix + ["--direct-port", str(DIRECT_PORT)]
+        tools.append(Tool("ours-ssh-direct-pull", "pull",
+                          lambda s, t: direct + args.ours_args + [host + str(s), str(t)], env))
+        tools.append(Tool("ours-ssh-direct-push", "push",
+                          lambda s, t: direct + args.ours_args + [str(s), host + str(t)], env))
         for family, extra in (("rsync-ssh", []), ("rsync-ssh-z", ["-z"])):
             def rsync_ssh(source: Path, extra=extra) -> List[str]:
                 options = [o for o in benchlib.RSYNC_OPTIONS if not (SHIFTED in source.name and o == "--inplace")]
@@ -514,9 +548,11 @@ class Sample:
     wire: int
     #: CPU seconds of the client (every process it waited for, its ssh clients too).
     cpu: float = 0.0
-    #: CPU seconds of the ssh clients and of sshd (its sessions, less the remote program), or None.
+    #: CPU seconds of the ssh clients, of sshd (its sessions, less the remote program) and of
+    #: the remote program, or None.
     ssh_cpu: Optional[float] = None
     sshd_cpu: Optional[float] = None
+    remote_cpu: Optional[float] = None
 
 
 def measure(tool: Tool, workload: Workload, link: Link, work: Path, logs: Path, expected: str,
@@ -535,10 +571,10 @@ def measure(tool: Tool, workload: Workload, link: Link, work: Path, logs: Path, 
         before = link.wire_bytes()
         result = benchlib.run_tool(link.in_client(tool.command(workload.source, target)), log_path, tool.env)
         wire = link.wire_bytes() - before
-        ssh_cpu, sshd_cpu = ssh.end_run(sshd_before) if through_ssh else (None, None)
+        ssh_cpu, sshd_cpu, remote_cpu = ssh.end_run(sshd_before) if through_ssh else (None, None, None)
     benchlib.verify_copy(target, expected, workload.source.stat().st_size, "%s on %s" % (tool.name, workload.name))
     target.unlink()
-    return Sample(result.seconds, wire, result.cpu_seconds, ssh_cpu, sshd_cpu)
+    return Sample(result.seconds, wire, result.cpu_seconds, ssh_cpu, sshd_cpu, remote_cpu)
 
 
 def median_cpu(samples: List[Sample], field: str) -> str:
@@ -556,16 +592,18 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
         "- rsync: `%s` against an rsync daemon; on the shifted workloads without `--inplace`"
         % shlex.join(benchlib.RSYNC_OPTIONS),
         "- *-ssh-*: through OpenSSH's sshd in the server's namespace, cipher %s; their time / rsync and "
-        "bytes / rsync are against rsync -e ssh through the same sshd" % args.ssh_cipher,
-        "- CPU: client = the client process and every process it waited for (its ssh clients too); "
-        "ssh = the ssh clients; sshd = sshd's sessions less the remote program they ran",
+        "bytes / rsync are against rsync -e ssh through the same sshd (on the text workload against "
+        "rsync -e ssh -z when it ran); ours-ssh-direct: --direct, TLS straight to the server" % args.ssh_cipher,
+        "- CPU: client = the client process and every process it waited for; ssh = the ssh clients "
+        "(pdiffcopy's session too, which ends after its client); sshd = sshd's sessions less the remote "
+        "program they ran; remote = the remote program (with --direct, the server's TLS)",
         "- each cell: median of %i run(s)%s; bytes: both directions on the link, from the veth counters"
         % (args.rounds, ", each after an untimed warm-up run" if args.warm_up else ""),
         "- efficiency: bytes on the link x 8 / time / link rate (100 % = the link was full all the time)", ""]
     for rate in args.rates:
         lines += ["## %s" % format_rate(rate), ""]
         header = ["workload", "tool", "median s", "best s", "MiB on the link", "efficiency", "time / rsync",
-                  "bytes / rsync", "client CPU s", "ssh CPU s", "sshd CPU s"]
+                  "bytes / rsync", "client CPU s", "ssh CPU s", "sshd CPU s", "remote CPU s"]
         rows = []
         for workload in workloads:
             cells = {tool.name: results[(rate, workload.name, tool.name)] for tool in tools
@@ -578,6 +616,9 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
                     continue
                 # Through ssh, against rsync through the same sshd.
                 reference = ("rsync-ssh-" if "-ssh-" in tool.name else "rsync-") + tool.direction
+                compressed = "rsync-ssh-z-" + tool.direction
+                if tool.name.startswith("ours-ssh") and workload.name == "text" and compressed in medians:
+                    reference = compressed
                 seconds, rsync_time = medians[tool.name], medians.get(reference)
                 wire = wires[tool.name]
                 rows.append([workload.name, tool.name, "%.2f" % seconds, "%.2f" % min(s.seconds for s in samples),
@@ -585,7 +626,7 @@ def report(args, machine: str, versions: List[str], results: Dict, workloads: Li
                              benchlib.format_ratio(seconds, rsync_time),
                              benchlib.format_ratio(wire, wires.get(reference)),
                              median_cpu(samples, "cpu"), median_cpu(samples, "ssh_cpu"),
-                             median_cpu(samples, "sshd_cpu")])
+                             median_cpu(samples, "sshd_cpu"), median_cpu(samples, "remote_cpu")])
         lines += [benchlib.markdown_table(header, rows), ""]
     lines.append("Load average (1, 5, 15 min): %s at the start, %s at the end."
                  % (start_load, benchlib.load_averages()))

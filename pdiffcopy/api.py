@@ -117,7 +117,8 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
          progress: Optional[Progress] = None, bwlimit: "int | str | None" = None,
          compress: "str | int" = "auto", piece_size: "int | str | None" = None,
          partial: bool = False, delta: str = DEFAULT_DELTA, sparse: bool = False,
-         rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None) -> SyncResult:
+         rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None, direct: bool = False,
+         direct_port: Optional[int] = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -169,6 +170,9 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param rsh: For a ``HOST:PATH``: the ssh command, as rsync's ``-e`` (default ``ssh``).
     :param remote_pdiffcopy: For a ``HOST:PATH``: the command that runs pdiffcopy on HOST, as
                              rsync's ``--rsync-path`` (default ``pdiffcopy``, then ``python3 -m pdiffcopy``).
+    :param direct: For a ``HOST:PATH``: ssh only starts the server; the data goes over TLS straight
+                   to HOST (at ``direct_port``, default a free one), verified against a one-time
+                   certificate whose fingerprint came over ssh.
     :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
@@ -181,9 +185,10 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         _close_given(source, target)
         raise
     if any(_over_ssh(location) for location in (source, target)):
-        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
-                              timeout=timeout) as (source, target, session):
-            return _sync_with(source, target, options, session.token, timeout, ca_file, progress)
+        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
+                              direct=direct, direct_port=direct_port) as (source, target, session):
+            return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
+                              progress)
     return _sync_with(source, target, options, token, timeout, ca_file, progress)
 
 
@@ -237,7 +242,7 @@ def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffc
     :param wait: After the block succeeded, wait for the remote server to stop (the command
                  line does not: only the remote clean-up is left, and ssh ends on its own).
     :param session_options: For :class:`~pdiffcopy.transport.sshlaunch.SshSession`
-                            (``verbose``, ``while_waiting``).
+                            (``verbose``, ``while_waiting``, ``direct``, ``direct_port``).
 
     :raises UsageError: When both sides are remote.
     """
@@ -275,7 +280,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
               token: Optional[str] = None, timeout: Optional[float] = None, ca_file: Optional[str] = None,
               progress: "Optional[TreeProgress]" = None,
               report_line: Optional[Callable[[str], None]] = None, rsh: Optional[str] = None,
-              remote_pdiffcopy: Optional[str] = None, **fields) -> "TreeResult":
+              remote_pdiffcopy: Optional[str] = None, direct: bool = False, direct_port: Optional[int] = None,
+              **fields) -> "TreeResult":
     """Make the directory tree ``target`` hold what the tree ``source`` holds.
 
     The locations are taken as given: ``source`` is the directory whose
@@ -289,14 +295,16 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     :param report_line: Called with each line of a dry run's listing.
     :param rsh: For a ``HOST:PATH`` side: the ssh command, as for :func:`sync`.
     :param remote_pdiffcopy: For a ``HOST:PATH`` side: the remote program, as for :func:`sync`.
+    :param direct: For a ``HOST:PATH`` side: TLS straight to HOST, as for :func:`sync`.
     :returns: A :class:`~pdiffcopy.engine.treesync.TreeResult`; failures of single
               files are in its ``failures``.
     :raises PdiffcopyError: When the sync cannot start.
     """
     if _over_ssh(source) or _over_ssh(target):
-        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy,
-                              timeout=timeout) as (source, target, session):
-            return sync_tree(source, target, options, token=session.token, timeout=timeout, ca_file=ca_file,
+        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
+                              direct=direct, direct_port=direct_port) as (source, target, session):
+            return sync_tree(source, target, options, token=session.token, timeout=timeout,
+                             ca_file=session.ca_file or ca_file,
                              progress=progress, report_line=report_line, **fields)
     import dataclasses
 

@@ -228,6 +228,92 @@ def test_remote_server_listens_on_a_private_socket_and_hands_the_token_over_priv
     assert process.stdout.read() == b""  # nothing but the hand-over on the channel
 
 
+#: Run as the remote program: pdiffcopy whose first import of Flask takes SLOW_FLASK_SECONDS longer.
+SLOW_FLASK_SECONDS = 3.0
+SLOW_FLASK_SERVER = f"""
+import importlib.abc, importlib.machinery, sys, time
+
+class SlowFlask(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != "flask":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run = spec.loader.exec_module
+
+        def exec_module(module):  # the import itself, not a look-up of whether it is there
+            time.sleep({SLOW_FLASK_SECONDS})
+            run(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, SlowFlask())
+sys.argv = ["pdiffcopy", "--serve-over-ssh"]
+from pdiffcopy.cli import main
+main()
+"""
+
+
+def test_the_hand_over_comes_before_the_server_modules_are_loaded(sshd):
+    """The client forwards and starts its work while the remote imports Flask and gunicorn."""
+    import json
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp))
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-c", SLOW_FLASK_SERVER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        assert time.monotonic() - started < SLOW_FLASK_SECONDS
+        with socket.socket(socket.AF_UNIX) as client:  # queued until the workers run, then answered
+            client.connect(handover["socket"])
+            client.sendall(b"GET /.pdiffcopy/stat/etc/hostname HTTP/1.0\r\n\r\n")
+            assert client.recv(100).split(b" ")[1] == b"401"
+        assert time.monotonic() - started >= SLOW_FLASK_SECONDS
+    finally:
+        process.stdin.close()
+        status = process.wait(CLEAN_UP_SECONDS + SLOW_FLASK_SECONDS)
+    assert status == 0, process.stderr.read()
+    assert not remote_leftovers(sshd)
+
+
+def test_a_killed_remote_servers_leftovers_are_swept_by_the_next_one(sshd, tmp_path):
+    """A remote server killed by SIGKILL cannot clean up: the next serve-over-ssh start does."""
+    (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=7))
+    before = serve_processes()
+    client = subprocess.Popen(pdiffcopy_command("--no-progress", "--bwlimit", "512K", "-e", sshd.rsh(),
+                                                "--remote-pdiffcopy", REMOTE_PDIFFCOPY, str(tmp_path / "src"),
+                                                f"127.0.0.1:{tmp_path}/dst"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: serve_processes() - before and remote_leftovers(sshd)
+                          and any(p.name.startswith(".dst.") for p in tmp_path.iterdir()), 20), \
+            remote_leftovers(sshd)
+        killed = serve_processes() - before
+        socket_dir = sshd.remote_tmp / remote_leftovers(sshd)[0]
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        _, errors = client.communicate(timeout=60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.wait()
+    assert client.returncode not in (0, None)
+    assert "Traceback" not in errors, errors
+    assert wait_until(lambda: not (killed & serve_processes()))
+    # Left behind: the socket directory, the push's temporary, the /dev/shm directories.
+    assert socket_dir.exists()
+    assert any(p.name.startswith(".dst.") for p in tmp_path.iterdir())
+    (tmp_path / "other").write_bytes(b"another sync")
+    again = over_ssh(sshd, str(tmp_path / "other"), f"127.0.0.1:{tmp_path}/other-copy")
+    assert again.returncode == 0, again.stderr
+    assert not socket_dir.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "other-copy", "src"]
+    assert not [name for name in os.listdir("/dev/shm")
+                if any(name.startswith(f"pdiffcopy-{kind}-{pid}-") for pid in killed
+                       for kind in ("leases", "metrics"))]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
 def test_killed_client_leaves_nothing_on_the_remote(sshd, tmp_path, signum):
     (tmp_path / "src").write_bytes(random_bytes(2 * 1024 * 1024, seed=5))
@@ -428,3 +514,168 @@ def test_the_library_reaches_host_path_too(sshd, tmp_path):
               remote_pdiffcopy=REMOTE_PDIFFCOPY)
     assert (tmp_path / "pulled" / "sub" / "f").read_bytes() == b"in a tree"
     assert not serve_processes() and not remote_leftovers(sshd)  # closed before returning
+
+
+# -- --direct ------------------------------------------------------------------------------
+
+def test_direct_push_and_pull_go_over_tls_straight_to_the_server(sshd, tmp_path):
+    data = random_bytes(3 * 1024 * 1024 + 11, seed=22)
+    (tmp_path / "src").write_bytes(data)
+    pushed = over_ssh(sshd, "--direct", "-v", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed")
+    assert pushed.returncode == 0, pushed.stderr
+    assert (tmp_path / "pushed").read_bytes() == data
+    assert "https://127.0.0.1:" in pushed.stderr  # -v names the connections' URL: TLS, not the tunnel
+    changed = bytearray(data)
+    changed[2_000_000:2_000_004] = b"edit"
+    (tmp_path / "pushed").write_bytes(bytes(changed))
+    port = free_port()
+    pulled = over_ssh(sshd, "--direct-port", str(port), "-v", f"127.0.0.1:{tmp_path}/pushed", str(tmp_path / "src"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "src").read_bytes() == bytes(changed)
+    assert f"https://127.0.0.1:{port}" in pulled.stderr, pulled.stderr
+    assert "1 of 4 blocks differed" in pulled.stderr, pulled.stderr
+    assert wait_until(lambda: not serve_processes() and not remote_leftovers(sshd)), remote_leftovers(sshd)
+
+
+def test_direct_server_needs_its_certificate_and_its_token(sshd):
+    """The --direct server by itself: a client pinning another certificate refuses it; no token, no data."""
+    import hashlib
+    import json
+
+    from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
+    from pdiffcopy.errors import RemoteError
+    from pdiffcopy.transport.httpclient import Connection
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp), SSH_CONNECTION="127.0.0.1 50000 127.0.0.1 22")
+    env.pop("PDIFFCOPY_TOKEN", None)
+    process = subprocess.Popen([REMOTE_PDIFFCOPY, "--serve-over-ssh", "--serve-direct", "0"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        assert "socket" not in handover and handover["address"] == "127.0.0.1"
+        base = f"https://127.0.0.1:{handover['port']}"
+        pin = PINNED_CERTIFICATE_PREFIX + handover["fingerprint"]
+        wrong = PINNED_CERTIFICATE_PREFIX + hashlib.sha256(b"another certificate").hexdigest()
+        with pytest.raises(RemoteError, match="certificate is not the one"):
+            Connection(base, 10, wrong).open()
+
+        def status(token=None) -> int:
+            connection = Connection(base, 10, pin)
+            try:
+                http = connection.open()
+                http.request("GET", "/.pdiffcopy/stat/etc/hostname",
+                             headers={"Authorization": f"Bearer {token}"} if token else {})
+                return http.getresponse().status
+            finally:
+                connection.close()
+
+        assert status() == 401
+        assert status("not-the-token") in (401, 403)
+        assert status(handover["token"]) == 200
+    finally:
+        process.stdin.close()
+        exit_status = process.wait(CLEAN_UP_SECONDS)
+    assert exit_status == 0, process.stderr.read()
+    assert not remote_leftovers(sshd)  # the certificate and its key went with the directory
+
+
+def test_direct_on_a_busy_port_is_one_line(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        completed = over_ssh(sshd, "--direct-port", str(busy.getsockname()[1]), str(tmp_path / "src"),
+                             f"127.0.0.1:{tmp_path}/dst")
+    assert completed.returncode != 0
+    line = one_line_error(completed)
+    assert "cannot listen on 127.0.0.1 port" in line and "Address already in use" in line, line
+    assert not (tmp_path / "dst").exists()
+    assert wait_until(lambda: not remote_leftovers(sshd))
+
+
+def test_direct_is_refused_without_a_host_path(tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    completed = run_cli("--direct", str(tmp_path / "src"), str(tmp_path / "dst"))
+    assert completed.returncode == 2  # a usage error
+    assert "--direct is for a [USER@]HOST:PATH" in one_line_error(completed)
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_small_answer_leaves_in_one_write(sshd, tmp_path):
+    """Headers and body in one write: two let sshd send two packets, the second waiting ~40 ms
+    for the client's delayed ACK (sshd sets no TCP_NODELAY without a tty)."""
+    import json
+
+    trace = tmp_path / "trace"
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp))
+    process = subprocess.Popen(["strace", "-f", "-qq", "-s", "65536", "-e", "trace=sendto,write", "-o", str(trace),
+                                REMOTE_PDIFFCOPY, "--serve-over-ssh"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(handover["socket"])
+            client.sendall(f"GET /.pdiffcopy/stat/etc/hostname HTTP/1.1\r\nHost: x\r\n"
+                           f"Authorization: Bearer {handover['token']}\r\n\r\n".encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                answer += client.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200")
+    finally:
+        process.stdin.close()
+        process.wait(CLEAN_UP_SECONDS * 3)
+    calls = [line for line in trace.read_text(errors="replace").splitlines() if "HTTP/1.1 200" in line]
+    assert len(calls) == 1, calls
+    assert "\\r\\n\\r\\n{" in calls[0], calls[0]  # the JSON body follows the headers in the same call
+
+
+def test_compression_judges_the_link_behind_the_tunnel_of_another_host(sshd, tmp_path):
+    """The forwarded port is loopback; HOST is not: --compress auto must weigh the link, not stay plain."""
+    from pdiffcopy.core.sshform import parse_ssh_location
+    from pdiffcopy.transport.compressionpolicy import Compression
+    from pdiffcopy.transport.sshlaunch import SshSession
+
+    # "elsewhere" reaches the test sshd (ssh's HostName), as a host name would reach another machine.
+    rsh = sshd.rsh() + " -o HostName=127.0.0.1"
+    with SshSession(parse_ssh_location(f"elsewhere:{tmp_path}"), rsh=rsh, remote_program=REMOTE_PDIFFCOPY) as session:
+        assert session.base.startswith("http://127.0.0.1:")
+        assert Compression("auto", session.url).judges_the_link
+    with SshSession(parse_ssh_location(f"127.0.0.1:{tmp_path}"), rsh=sshd.rsh(),
+                    remote_program=REMOTE_PDIFFCOPY) as session:
+        assert not Compression("auto", session.url).judges_the_link  # this machine: no link to spare
+
+
+def test_direct_small_answers_do_not_wait_for_a_delayed_ack(sshd):
+    """Over --direct's TLS, an answer in two writes (two TLS records) waited ~40 ms for the
+    client's delayed ACK, every time: 20 small requests took about a second."""
+    import json
+
+    from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
+    from pdiffcopy.transport.httpclient import Connection
+
+    env = dict(os.environ, TMPDIR=str(sshd.remote_tmp), SSH_CONNECTION="127.0.0.1 50000 127.0.0.1 22")
+    process = subprocess.Popen([REMOTE_PDIFFCOPY, "--serve-over-ssh", "--serve-direct", "0"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        handover = json.loads(process.stdout.readline())
+        connection = Connection(f"https://127.0.0.1:{handover['port']}", 10,
+                                PINNED_CERTIFICATE_PREFIX + handover["fingerprint"])
+        http = connection.open()
+
+        def stat() -> None:
+            http.request("GET", "/.pdiffcopy/stat/etc/hostname",
+                         headers={"Authorization": f"Bearer {handover['token']}"})
+            answer = http.getresponse()
+            answer.read()
+            assert answer.status == 200
+
+        stat()  # (the workers are up)
+        started = time.monotonic()
+        for _ in range(20):
+            stat()
+        elapsed = time.monotonic() - started
+        connection.close()
+    finally:
+        process.stdin.close()
+        process.wait(CLEAN_UP_SECONDS)
+    assert elapsed < 0.4, f"20 small requests took {elapsed:.2f} s"

@@ -7,7 +7,7 @@ line on stderr and a non-zero exit status; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import logging
 import math
 import os
@@ -17,7 +17,7 @@ import time
 from typing import List, Optional
 
 from pdiffcopy import __version__
-from pdiffcopy.core.sshform import SERVE_OPTION
+from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.transport import counters
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
@@ -146,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--remote-pdiffcopy", metavar="PATH", default=None,
                       help="the command that runs pdiffcopy on the HOST of a HOST:PATH, as rsync's "
                            "--rsync-path (default: pdiffcopy on the remote PATH, else python3 -m pdiffcopy)")
+    sync.add_argument("--direct", action="store_true",
+                      help="for a HOST:PATH: ssh only starts pdiffcopy on HOST; the data goes over TLS "
+                           "straight to HOST's address that ssh reached, verified against a one-time "
+                           "certificate whose fingerprint comes over ssh (the port must be reachable)")
+    sync.add_argument("--direct-port", metavar="PORT", type=int, default=None,
+                      help="the port --direct listens on at HOST (implies --direct; default: a free one)")
     squeeze = sync.add_mutually_exclusive_group()
     squeeze.add_argument("-z", "--compress", dest="compress", action="store_const", const="always",
                          default="auto",
@@ -211,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "first, then directories deepest first; the filters and -n apply")
     # What the client runs on the HOST of a HOST:PATH (pdiffcopy.server.sshserve).
     parser.add_argument(SERVE_OPTION, action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(DIRECT_OPTION, metavar="PORT", type=int, default=None, help=argparse.SUPPRESS)
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
@@ -492,7 +499,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
         # Its stderr is the client's: request lines and notices only with the client's -v.
         logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-        serve_over_ssh(workers=args.concurrency, log_level="debug" if args.verbose else "warning")
+        serve_over_ssh(workers=args.concurrency, log_level="debug" if args.verbose else "warning",
+                       direct_port=args.serve_direct)
         return 0
     token = read_token(args.token_file)
     if not args.paths:
@@ -541,6 +549,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     over_ssh = any(parse_ssh_location(location) is not None for location in (source, target))
     if not over_ssh and args.rsh is not None:
         raise UsageError(_rsh_without_remote(args.rsh))
+    if not over_ssh and (args.direct or args.direct_port is not None):
+        raise UsageError("--direct is for a [USER@]HOST:PATH reached over ssh; a URL's server is reached directly")
+    if args.direct_port is not None and not 0 < args.direct_port < 65536:
+        raise UsageError(f"--direct-port {args.direct_port}: not a port (1 to 65535)")
     if args.compress_level is not None:
         if args.compress == "never" and args.compress_level:
             raise UsageError("--no-compress and --compress-level contradict each other")
@@ -555,7 +567,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
                           timeout=args.timeout, wait=False, verbose=args.verbose > 0,
-                          while_waiting=_import_sync_modules) as (source, target, session):
+                          while_waiting=_import_sync_modules, direct=args.direct,
+                          direct_port=args.direct_port) as (source, target, session):
+        if session.ca_file:  # --direct's pinned certificate
+            args.ca_file = session.ca_file
         # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
         return sync_locations(args, source, target, session.token, shown=session.shown)
 
@@ -660,9 +675,12 @@ def require_extra(modules, extra: str, what: str) -> None:
     :raises PdiffcopyError: Naming the missing module and the ``pip install`` that brings it.
     """
     for module in modules:
+        # Found, not imported: serve-over-ssh hands over before it loads the server's modules.
         try:
-            importlib.import_module(module)
-        except ImportError:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
             raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
                                  f"pip install 'pdiffcopy[{extra}]'") from None
 

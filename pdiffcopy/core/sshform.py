@@ -25,6 +25,14 @@ HANDSHAKE_MARK = "pdiffcopy-serve-over-ssh"
 #: The hidden option that starts the serve-over-ssh mode on the remote host.
 SERVE_OPTION = "--serve-over-ssh"
 
+#: With it, ``--direct``'s mode: TLS on the address the ssh connection came in on, at this
+#: port (0: any free one), instead of the Unix socket.
+DIRECT_OPTION = "--serve-direct"
+
+#: A client's ``ca_file`` that starts with it pins one certificate instead of naming a CA
+#: bundle: the SHA-256 (hex) of its DER form follows, as ``--direct``'s hand-over gives it.
+PINNED_CERTIFICATE_PREFIX = "pin-sha256:"
+
 #: rsync's remote forms: a colon with no slash before it (rsync's own rule:
 #: ``./a:b`` and ``/x/a:b`` are local paths).
 _REMOTE_FORM = re.compile(r"^(?:(?P<user>[^/:@]+)@)?(?P<host>\[[^/\]]+\]|[^/:\[\]]+):(?P<path>.*)$", re.DOTALL)
@@ -84,10 +92,18 @@ def parse_ssh_location(location: str) -> Optional[SshLocation]:
     return SshLocation(found.group("user"), found.group("host"), found.group("path"))
 
 
-def handshake_line(*, version: str, socket: str, token: str, home: str) -> str:
-    """The one line the serve-over-ssh mode writes on stdout once it listens."""
-    return json.dumps({HANDSHAKE_MARK: SSH_PROTOCOL_VERSION, "version": version, "socket": socket,
-                       "token": token, "home": home}, separators=(",", ":"))
+def handshake_line(*, version: str, token: str, home: str, socket: Optional[str] = None,
+                   address: Optional[str] = None, port: Optional[int] = None,
+                   fingerprint: Optional[str] = None) -> str:
+    """The one line the serve-over-ssh mode writes on stdout once it listens.
+
+    Its Unix ``socket``; or, for ``--direct``, the ``address`` and ``port`` it listens on
+    with TLS and the SHA-256 ``fingerprint`` (hex) of its one-time certificate.
+    """
+    fields = {HANDSHAKE_MARK: SSH_PROTOCOL_VERSION, "version": version, "socket": socket,
+              "address": address, "port": port, "fingerprint": fingerprint, "token": token, "home": home}
+    return json.dumps({name: value for name, value in fields.items() if value is not None},
+                      separators=(",", ":"))
 
 
 def read_handshake(line: str) -> Optional[dict]:
@@ -102,5 +118,5 @@ def read_handshake(line: str) -> Optional[dict]:
     return fields if isinstance(fields, dict) and HANDSHAKE_MARK in fields else None
 
 
-__all__ = ["HANDSHAKE_MARK", "SERVE_OPTION", "SSH_PROTOCOL_VERSION", "SshLocation", "handshake_line",
-           "looks_remote", "parse_ssh_location", "read_handshake"]
+__all__ = ["DIRECT_OPTION", "HANDSHAKE_MARK", "PINNED_CERTIFICATE_PREFIX", "SERVE_OPTION", "SSH_PROTOCOL_VERSION",
+           "SshLocation", "handshake_line", "looks_remote", "parse_ssh_location", "read_handshake"]

@@ -76,6 +76,9 @@ class ServerOptions:
     #: Listen on this Unix socket (made mode 0600) instead of ``listen``: the serve-over-ssh
     #: mode, which also skips the sweep of the root (there it is "/").
     unix_socket: Optional[str] = None
+    #: A listening socket's descriptor to serve instead of binding ``listen`` or ``unix_socket``
+    #: (serve-over-ssh binds its socket before it imports the server).
+    listen_descriptor: Optional[int] = None
     #: Called with gunicorn's arbiter once the server listens, before the workers start.
     when_ready: Optional[Callable] = None
     #: Seconds the workers get to finish their requests on shutdown.
@@ -106,7 +109,9 @@ def run_server(options: ServerOptions) -> None:
     for name in (options.certfile, options.keyfile):
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
-    if options.unix_socket:
+    if options.listen_descriptor is not None:
+        bind = f"fd://{options.listen_descriptor}"
+    elif options.unix_socket:
         bind = f"unix:{options.unix_socket}"
     else:
         check_address_free(host, port)
@@ -196,7 +201,7 @@ def run_server(options: ServerOptions) -> None:
     # Every connection is a descriptor (up to guard.MAX_CONNECTIONS per worker), and tree
     # walks hold one per level; the workers inherit the limit.
     raise_open_file_limit()
-    if not options.unix_socket:
+    if not options.unix_socket and options.listen_descriptor is None:  # (serve-over-ssh's "/")
         sweep_root(root)
     scheme = "https" if options.certfile else "http"
     logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)

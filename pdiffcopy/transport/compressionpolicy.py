@@ -32,6 +32,27 @@ PROBE_BYTES = compression.FRAME_BYTES
 JUDGED_BYTES = 4 * compression.FRAME_BYTES
 
 
+#: ``scheme://host:port`` of loopback addresses with a real link behind them: the near ends
+#: of the ssh tunnels of ``HOST:PATH`` arguments whose HOST is another machine. (Module
+#: state: the tree's worker processes are forked once the tunnel exists.)
+_TUNNELS: set = set()
+
+
+def note_tunnel(base: str, *, open: bool = True) -> None:
+    """Say that the loopback ``base`` leads to another host (``open=False``: no more)."""
+    parts = urlsplit(base)
+    key = f"{parts.scheme}://{parts.netloc}"
+    if open:
+        _TUNNELS.add(key)
+    else:
+        _TUNNELS.discard(key)
+
+
+def _tunnelled(base: str) -> bool:
+    parts = urlsplit(base)
+    return f"{parts.scheme}://{parts.netloc}" in _TUNNELS
+
+
 class Compression:
     """Whether a stream's ranges cross the wire compressed, and at which level: the mode asked
     for, and for ``auto`` the :class:`~pdiffcopy.core.compression.AdaptivePolicy` fed with what
@@ -56,7 +77,8 @@ class Compression:
         self.base = base
         self.policy = policy or AdaptivePolicy(cores or os.cpu_count() or 1)
         self.measure_loopback = measure_loopback
-        self._loopback = is_loopback(urlsplit(base).hostname or "") and not measure_loopback
+        self._loopback = (is_loopback(urlsplit(base).hostname or "") and not measure_loopback
+                          and not _tunnelled(base))
         #: Held by the one transfer probing the link, so that it has the link to itself (two at
         #: once would each see half the rate) and the others wait for its verdict.
         self.probe_lock = threading.Lock()
@@ -64,6 +86,11 @@ class Compression:
         self._moved_lock = threading.Lock()
         self._moved_since: Optional[float] = None
         self._moved = 0
+
+    @property
+    def judges_the_link(self) -> bool:
+        """Whether ``auto`` decides by what the link shows (False: a loopback server stays plain)."""
+        return not self._loopback
 
     def now(self) -> bool:
         """Whether the next request should compress."""

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.compression import FRAMES_TYPE
 from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
 from pdiffcopy.errors import (
     AccessDenied,
     AuthenticationFailed,
@@ -139,6 +140,8 @@ class Connection:
             if self.tls:
                 import ssl  # only for https: it takes a while to import
 
+                if self.ca_file and self.ca_file.startswith(PINNED_CERTIFICATE_PREFIX):
+                    return self._open_pinned(ssl)
                 try:
                     context = ssl.create_default_context(cafile=self.ca_file)
                 except (ssl.SSLError, OSError) as error:
@@ -149,11 +152,39 @@ class Connection:
                     self.host, self.port, timeout=CONNECT_TIMEOUT, context=context)
             else:
                 connection = http.client.HTTPConnection(self.host, self.port, timeout=CONNECT_TIMEOUT)
-            connection.connect()
-            connection.sock.settimeout(self.timeout)
-            connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            counters.track(connection.sock)
-            self.http = connection
+            self._connected(connection)
+        assert self.http is not None
+        return self.http
+
+    def _connected(self, connection: http.client.HTTPConnection) -> None:
+        connection.connect()
+        connection.sock.settimeout(self.timeout)
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        counters.track(connection.sock)
+        self.http = connection
+
+    def _open_pinned(self, ssl) -> http.client.HTTPConnection:
+        """TLS to a server whose one certificate is known by its SHA-256 (``--direct``'s hand-over).
+
+        The certificate is self-signed and made for this one session, so no CA vouches
+        for it: its fingerprint, which came over ssh, is the check.
+        """
+        import hashlib
+        import hmac
+
+        assert self.ca_file is not None
+        expected = self.ca_file[len(PINNED_CERTIFICATE_PREFIX):].lower()
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # (the fingerprint below is the verification)
+        connection = http.client.HTTPSConnection(self.host, self.port, timeout=CONNECT_TIMEOUT, context=context)
+        self._connected(connection)
+        certificate = connection.sock.getpeercert(binary_form=True) or b""
+        if not hmac.compare_digest(hashlib.sha256(certificate).hexdigest(), expected):
+            self.close()
+            raise RemoteError(f"{self.host}:{self.port}: the server's TLS certificate is not the one its "
+                              f"ssh hand-over named: refused (someone else answers on that address?)")
+        assert self.http is not None
         return self.http
 
     def __del__(self) -> None:  # never closed: its bytes on the wire still count

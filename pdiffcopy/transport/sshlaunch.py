@@ -38,8 +38,11 @@ import time
 from typing import Callable, List, Optional
 
 from pdiffcopy import __version__
+from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.sshform import (
+    DIRECT_OPTION,
     HANDSHAKE_MARK,
+    PINNED_CERTIFICATE_PREFIX,
     SERVE_OPTION,
     SSH_PROTOCOL_VERSION,
     SshLocation,
@@ -68,6 +71,9 @@ CLOSE_TIMEOUT = 5.0
 #: temporary suffix while it binds).
 MAX_CONTROL_PATH_LENGTH = 80
 
+#: Seconds --direct waits for a TCP connection to the remote server before it gives up.
+DIRECT_CONNECT_TIMEOUT = 10.0
+
 #: Local ports tried for the forwarding (another process may take a free one first).
 FORWARD_ATTEMPTS = 3
 
@@ -78,7 +84,8 @@ INSTALL_ADVICE = ("install it there (pip install pdiffcopy, in a venv whose bin/
 #: The remote command when no --remote-pdiffcopy is given: ``pdiffcopy`` on the remote PATH,
 #: else the module under python3. Run by sh, whatever the login shell is.
 _DEFAULT_REMOTE_SCRIPT = ("if command -v pdiffcopy >/dev/null 2>&1; then exec pdiffcopy {args}; fi; "
-                          "if python3 -c 'import pdiffcopy' >/dev/null 2>&1; then exec python3 -m pdiffcopy {args}; fi; "
+                          "if python3 -c 'import pdiffcopy' >/dev/null 2>&1; "
+                          "then exec python3 -m pdiffcopy {args}; fi; "
                           "echo 'pdiffcopy: command not found' >&2; exit 127")
 
 
@@ -109,9 +116,14 @@ def looks_like_regex(text: str) -> bool:
     return any(mark in first for mark in ("\\", "^", "$", "|", "(", "[", "*", "+", "?", "{"))
 
 
-def remote_command(remote_program: Optional[str], verbose: bool = False) -> str:
-    """The command line ssh runs on the host (its login shell reads it, as rsync's does)."""
-    args = SERVE_OPTION + (" -v" if verbose else "")
+def remote_command(remote_program: Optional[str], verbose: bool = False,
+                   direct_port: Optional[int] = None) -> str:
+    """The command line ssh runs on the host (its login shell reads it, as rsync's does).
+
+    :param direct_port: For ``--direct``: the port the server listens on (0: any free one).
+    """
+    args = SERVE_OPTION + (" -v" if verbose else "") + \
+        (f" {DIRECT_OPTION} {int(direct_port)}" if direct_port is not None else "")
     if remote_program:
         return f"{remote_program} {args}"  # as given: rsync's --rsync-path may be "sudo rsync"
     return "sh -c " + shlex.quote(_DEFAULT_REMOTE_SCRIPT.format(args=args))
@@ -126,12 +138,21 @@ class SshSession:
     :param timeout: Seconds to wait for the server's hand-over.
     :param while_waiting: Called once ssh runs, before the hand-over is awaited: work that
                           overlaps the login and the remote start (the caller's imports).
+    :param direct: ``--direct``: ssh only starts the server; the data goes over TLS straight
+                   to the address the ssh connection reached, at ``direct_port`` (None or 0:
+                   a free port), verified against the one-time certificate's fingerprint that
+                   came over ssh (:attr:`ca_file`).
     """
 
     def __init__(self, location: SshLocation, *, rsh: Optional[str] = None,
                  remote_program: Optional[str] = None, timeout: Optional[float] = None,
-                 verbose: bool = False, while_waiting: Optional[Callable[[], None]] = None) -> None:
+                 verbose: bool = False, while_waiting: Optional[Callable[[], None]] = None,
+                 direct: bool = False, direct_port: Optional[int] = None) -> None:
         self.location = location
+        self.direct_port = (direct_port or 0) if direct or direct_port is not None else None
+        #: What the sync's HTTP client verifies the server with: None over the ssh tunnel
+        #: (plain HTTP to a loopback port), the pinned certificate for ``--direct``.
+        self.ca_file: Optional[str] = None
         self.while_waiting = while_waiting
         self.rsh = rsh_command(rsh)
         self.remote_program = remote_program
@@ -192,7 +213,7 @@ class SshSession:
         self.control = control
         argv = [*self.rsh, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}",
                 "-o", "ControlPersist=no", "--", self.location.destination,
-                remote_command(self.remote_program, self.verbose)]
+                remote_command(self.remote_program, self.verbose, self.direct_port)]
         logger.debug("Starting the remote server: %s", shlex.join(argv))
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
@@ -204,7 +225,17 @@ class SshSession:
         self._check_version(fields)
         self.token = str(fields["token"])
         self.home = str(fields.get("home") or "/")
-        self.base = self._forward(control, str(fields["socket"]))
+        if self.direct_port is None:
+            self.base = self._forward(control, str(fields["socket"]))
+            if not is_loopback(self.location.host):
+                from pdiffcopy.transport.compressionpolicy import note_tunnel  # (after ssh started)
+
+                # The forwarded port is loopback, the link behind it is not: let --compress
+                # auto judge it, as it does a URL's (a loopback server stays plain).
+                note_tunnel(self.base)
+        else:
+            self.base = self._reach_directly(str(fields["address"]), int(fields["port"]))
+            self.ca_file = PINNED_CERTIFICATE_PREFIX + str(fields["fingerprint"])
 
     def _read_handover(self) -> dict:
         """The remote server's hand-over line, skipping whatever a login script printed first."""
@@ -254,9 +285,27 @@ class SshSession:
                 f"{self.location.host} runs pdiffcopy {fields.get('version', '?')}, whose serve-over-ssh "
                 f"protocol is version {theirs}; this pdiffcopy {__version__} speaks version "
                 f"{SSH_PROTOCOL_VERSION}: install the same version on both hosts")
-        for name in ("token", "socket"):
-            if not isinstance(fields.get(name), str) or not fields[name]:
+        expected = {"token": str, "socket": str} if self.direct_port is None else \
+            {"token": str, "address": str, "port": int, "fingerprint": str}
+        for name, kind in expected.items():
+            if not isinstance(fields.get(name), kind) or not fields[name]:
                 raise SshStartFailed(f"{self.location.host}: the remote pdiffcopy's hand-over lacks its {name}")
+
+    def _reach_directly(self, address: str, port: int) -> str:
+        """The base URL of a --direct server, once a TCP connection to it succeeded.
+
+        No quiet fall-back to the ssh path: --direct was asked for (to pass by sshd's
+        throughput), and a firewall in the way is worth knowing about.
+        """
+        try:
+            with socket.create_connection((address, port), timeout=min(self.timeout, DIRECT_CONNECT_TIMEOUT)):
+                pass
+        except OSError as error:
+            reason = error.strerror or str(error) or type(error).__name__
+            raise SshStartFailed(f"--direct: cannot reach {self.location.host}'s pdiffcopy at {address} port "
+                              f"{port} ({reason}): a firewall between the hosts? Without --direct the "
+                              f"data goes through ssh") from None
+        return f"https://[{address}]:{port}" if ":" in address else f"https://{address}:{port}"
 
     def _forward(self, control: str, remote_socket: str) -> str:
         """Forward a free local loopback port to the remote socket through the session; its base URL."""
@@ -299,6 +348,10 @@ class SshSession:
                      server to stop; without it ssh ends on its own a moment after this process
                      (the sync is complete: only the remote clean-up is left).
         """
+        if self.base is not None and not is_loopback(self.location.host):
+            from pdiffcopy.transport.compressionpolicy import note_tunnel
+
+            note_tunnel(self.base, open=False)
         process, self.process = self.process, None
         if process is not None:
             try:
