@@ -70,7 +70,9 @@ def sshd(tmp_path_factory):
     for name in ("host_key", "user_key"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(base / name)], check=True)
     shutil.copy(base / "user_key.pub", base / "authorized_keys")
-    home, remote_tmp = base / "home", base / "remote-tmp"
+    # A $TMPDIR as long as users' are (pytest's own base is 35 bytes): the server's socket
+    # directory must still go inside it, not to /tmp (the clean-up tests look there).
+    home, remote_tmp = base / "home", base / "remote-tmp-as-long-as-users"
     home.mkdir()
     remote_tmp.mkdir()
     port, path_port = free_port(), free_port()

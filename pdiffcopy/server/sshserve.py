@@ -32,8 +32,11 @@ from pdiffcopy.core.sshform import handshake_line
 #: that sent them is gone.
 SHUTDOWN_GRACE_SECONDS = 1
 
-#: Longest directory that leaves room for "/socket" in a Unix socket's path (108 bytes on Linux).
-MAX_SOCKET_DIRECTORY_LENGTH = 100
+#: Longest path a Unix socket can be bound at (108 bytes on Linux, the last a NUL).
+MAX_SOCKET_PATH_BYTES = 107
+
+#: Characters of the random part tempfile.mkdtemp appends to the prefix.
+_MKDTEMP_RANDOM = 8
 
 #: A server's directory (socket and temporaries log): the prefix, its process id, a random part.
 DIRECTORY_PREFIX = "pdiffcopy-serve-"
@@ -64,7 +67,9 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
     token = secrets.token_urlsafe(32)
     owner = os.getpid()
     parent = tempfile.gettempdir()
-    if len(os.fsencode(parent)) + len(DIRECTORY_PREFIX) + 40 > MAX_SOCKET_DIRECTORY_LENGTH:  # a long $TMPDIR
+    socket_path_bytes = len(os.path.join(os.fsencode(parent), f"{DIRECTORY_PREFIX}{owner}-".encode())) \
+        + _MKDTEMP_RANDOM + len(b"/socket")
+    if socket_path_bytes > MAX_SOCKET_PATH_BYTES:  # a long $TMPDIR
         parent = "/tmp"
     sweep_dead_servers(parent)
     directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{owner}-", dir=parent)  # mode 0700
