@@ -19,10 +19,11 @@ Both samples read a few MiB at most, so a file the block delta suits pays next t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange, split_digests
+from pdiffcopy.core.byteranges import merge_ranges
 from pdiffcopy.core.hashing import digest_size
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Unsupported
@@ -124,7 +125,8 @@ def choose(source: FileEndpoint, target: FileEndpoint, source_size: int, target_
     try:
         source_chunks = source.cut_chunks(windows, SAMPLE_AVERAGE)
         target_chunks = target.cut_chunks(
-            _merged(target_window(offset, length, shift, target_size) for offset, length in windows),
+            merge_ranges(window for window in (target_window(offset, length, shift, target_size)
+                                               for offset, length in windows) if window[1]),
             SAMPLE_AVERAGE)
     except Unsupported:
         return Choice("blocks", f"{matching:.0%} of sampled blocks match in place and a side cannot cut chunks")
@@ -146,20 +148,6 @@ def _windows(differing: Sequence[int], source_size: int) -> List[ByteRange]:
         if length > 0:
             windows.append((start, length))
     return windows
-
-
-def _merged(ranges: Iterable[ByteRange]) -> List[ByteRange]:
-    """``ranges`` sorted, the overlapping ones joined, the empty ones left out."""
-    merged: List[ByteRange] = []
-    for offset, length in sorted(ranges):
-        if not length:
-            continue
-        if merged and offset <= merged[-1][0] + merged[-1][1]:
-            last_offset, last_length = merged[-1]
-            merged[-1] = (last_offset, max(last_length, offset + length - last_offset))
-        else:
-            merged.append((offset, length))
-    return merged
 
 
 __all__ = ["BLOCKS_MATCH_ENOUGH", "CHUNKS_FOUND_ENOUGH", "COMPARABLE_SIZE_RATIO", "Choice", "choose",
