@@ -174,8 +174,11 @@ def test_trees_with_delete_both_ways(sshd, tmp_path):
     remote = tmp_path / "remote"
     (remote / "old").mkdir(parents=True)
     (remote / "old" / "gone").write_bytes(b"x")
-    pushed = over_ssh(sshd, "-a", "--delete", f"{source}/", f"127.0.0.1:{remote}/")
+    pushed = over_ssh(sshd, "-a", "-v", "--delete", f"{source}/", f"127.0.0.1:{remote}/")
     assert pushed.returncode == 0, pushed.stderr
+    # The summary names the target as given, not by the forwarded URL.
+    summary = [line for line in pushed.stderr.splitlines() if "Synchronised" in line]
+    assert len(summary) == 1 and f"127.0.0.1:{remote}" in summary[0] and "http" not in summary[0], summary
     assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*")) == ["a", "link", "sub", "sub/b"]
     assert (remote / "sub" / "b").read_bytes() == (source / "sub" / "b").read_bytes()
     assert os.readlink(remote / "link") == "a"

@@ -605,7 +605,7 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
             from pdiffcopy.cli.treecli import run_tree
 
             probes.close()
-            return run_tree(source, target, args, token)
+            return run_tree(source, target, args, token, shown)
         from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 
         options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,

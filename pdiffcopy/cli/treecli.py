@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
@@ -181,8 +181,12 @@ def tree_options(args: argparse.Namespace):
         compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse)
 
 
-def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str]) -> int:
-    """Sync a tree and report; exit status 23 when some paths failed."""
+def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str],
+             shown: Callable[[str], str] = lambda location: location) -> int:
+    """Sync a tree and report; exit status 23 when some paths failed.
+
+    :param shown: What a location is called in the report (``HOST:PATH`` for the forwarded URL).
+    """
     from pdiffcopy.api import sync_tree
     from pdiffcopy.engine.treesync import TreeProgress
 
@@ -202,7 +206,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     from humanfriendly import format_size, format_timespan
 
     logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
-                "%d deleted, %d unchanged, in %s", source, target, result.files_copied,
+                "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,
                 format_size(result.bytes_moved, binary=True), result.directories_made,
                 "y" if result.directories_made == 1 else "ies",
                 f"{result.linked} hard link(s) made, " if options.hard_links else "",
