@@ -451,13 +451,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         """
         if self.pool is not None and ranges:
             return self._submit_cut(self.pool, list(ranges), average).result()
-        fd = self._reader()
-        try:
-            return cut_ranges(fd, ranges, average)
-        except OSError as error:
-            raise storage_error(error, f"read {self.path}") from None
-        except EOFError:
-            raise StorageError(f"Cannot read {self.path}: it became shorter during the sync") from None
+        return _cut_open(self._reader(), ranges, average, self.path)
 
     def can_copy_within(self, origin: FileEndpoint) -> bool:
         return isinstance(origin, LocalFile)
