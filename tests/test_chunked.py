@@ -320,3 +320,75 @@ def test_the_command_line_takes_delta_chunks_for_trees(tmp_path):
     assert (target / "big.img").read_bytes() == big
     found = re.search(r"moved (\d+) bytes in 1 file", done.stdout)
     assert found and 100 <= int(found.group(1)) <= 16 * 1024, done.stdout
+
+
+# -- copies started while both sides cut -------------------------------------------------------
+
+
+@pytest.fixture
+def small_pieces(monkeypatch):
+    """Cut in 1 MiB pieces and start copies per 512 KiB, so that 8 MiB files take the early path."""
+    from pdiffcopy.engine import chunkdelta
+
+    monkeypatch.setattr(chunkdelta, "CUT_PIECE_BYTES", MIB)
+    monkeypatch.setattr(chunkdelta, "EARLY_COPY_BATCH_BYTES", MIB // 2)
+
+
+def copied_while_planning(records) -> int:
+    for record in records:
+        found = re.search(r"(\d+) bytes copied while planning", record.getMessage())
+        if found:
+            return int(found.group(1))
+    raise AssertionError("no planning line was logged")
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+@pytest.mark.parametrize("name,source_data,most", [
+    ("insert-near-start", inserted(OLD, [4096], 100), 64 * 1024),
+    ("insert-every-mib", inserted(OLD, range(MIB, SIZE, MIB), 1), 7 * 32 * 1024),
+    ("prepended-and-moved", OLD[SIZE // 2:] + b"header" + OLD[: SIZE // 2], 64 * 1024),
+    ("cut-short", OLD[: SIZE // 2], 16 * 1024),
+], ids=["insert-near-start", "insert-every-mib", "prepended-and-moved", "cut-short"])
+def test_copies_start_while_both_sides_cut_and_the_result_is_the_same(
+        server, tmp_path, unique, direction, name, source_data, most, small_pieces, caplog):
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, OLD)
+    with caplog.at_level("DEBUG", logger="pdiffcopy.engine.filejob"):
+        result = sync(source, target, delta="chunks", concurrency=2)
+    assert path.read_bytes() == source_data
+    assert result.verified and result.bytes_moved <= most
+    assert leftovers(path) == []
+    # Most of the file was copied before the plan was complete, none of it twice (the
+    # file is right, and a second copy over an early one would not show: the bound is the file).
+    early = copied_while_planning(caplog.records)
+    assert len(source_data) // 2 <= early <= len(source_data)
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+def test_an_identical_target_starts_no_copies_and_is_not_rewritten(server, tmp_path, unique, direction,
+                                                                  small_pieces, caplog):
+    source, target, path = arrange(direction, server, tmp_path, unique, OLD, OLD)
+    before = path.stat()
+    with caplog.at_level("DEBUG", logger="pdiffcopy.engine.filejob"):
+        result = sync(source, target, delta="chunks")
+    assert result.verified and result.bytes_moved == 0
+    assert copied_while_planning(caplog.records) == 0
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert leftovers(path) == []
+
+
+@pytest.mark.parametrize("direction", ["local", "pull"])
+def test_cutting_a_piece_at_a_time_gives_the_chunks_of_one_whole_cut(server, tmp_path, unique, direction):
+    from pdiffcopy.api import file_endpoint
+    from pdiffcopy.core import chunks
+    from pdiffcopy.engine.chunkdelta import cut_pieces
+
+    data = inserted(OLD, [4096], 100)
+    source, _, _ = arrange(direction, server, tmp_path, unique, data, None)
+    endpoint = file_endpoint(source, token=server.token)
+    try:
+        pieces = list(cut_pieces(endpoint, len(data), 4096, piece=64 * 1024))
+    finally:
+        endpoint.close()
+    assert len(pieces) > 100
+    assert [chunk for piece in pieces for chunk in piece] == chunks.cut(data, average=4096)

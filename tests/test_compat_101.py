@@ -147,6 +147,8 @@ def test_delta_chunks_with_a_101_server_falls_back_to_blocks(original_server, tm
     assert "cannot cut its files into chunks; comparing fixed blocks instead" in completed.stderr
     assert _moved(completed) == 2 * BLOCK + (SIZE - 64 * BLOCK)
     assert target.read_bytes() == data
+    # The temporary made for the chunks before the server said no is gone.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["source.bin", "target.bin"]
 
 
 def test_the_endpoint_of_a_101_file_is_legacy_from_the_start(original_server, server, tmp_path, unique):

@@ -221,6 +221,14 @@ def refine(steps: Sequence[Step], finer: Sequence[Step]) -> List[Step]:
     return merged
 
 
+def merged(steps: Iterable[Step]) -> List[Step]:
+    """``steps`` (in source order) with neighbours that continue each other merged, as :func:`plan` merges them."""
+    result: List[Step] = []
+    for step in steps:
+        _append(result, step)
+    return result
+
+
 def _append(steps: List[Step], step: Step) -> None:
     """Add ``step``, merged into the last one when it continues it."""
     last = steps[-1] if steps else None

@@ -20,8 +20,10 @@ file and the server's views implement.
 
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import BlockPlan, batch_ranges, split_ranges
@@ -43,20 +45,36 @@ COPY_REQUEST_BYTES = 1024 * 1024 * 1024
 #: Most moves one copy request names (12 to 40 bytes of JSON each: a body under 1 MiB).
 COPY_REQUEST_MOVES = 16384
 
+#: Bytes of a file cut per request when the coarse pass is cut a piece at a time (so that the
+#: copies it finds start while both sides still cut): 8 requests a side for 256 MiB, each a few
+#: ms of overhead beside the 25 ms its cutting takes.
+CUT_PIECE_BYTES = 32 * 1024 * 1024
 
-def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int) -> List[cdc.Step]:
+#: Copies found early are sent to the target's side once this many bytes of them wait: a
+#: copy request per piece or two, not one per chunk.
+EARLY_COPY_BATCH_BYTES = 8 * 1024 * 1024
+
+
+def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int,
+               early: "Optional[EarlyCopies]" = None) -> List[cdc.Step]:
     """The steps that build the source from the old target: copies, and sends from the source.
 
     Two passes: 64 KiB chunks over both whole files, then 2 KiB chunks over what the first
     pass left (the source's sends against the target's unused ranges). Each side cuts its
     own file, both at once.
 
+    :param early: Given, the first pass is cut a piece at a time and the copies it finds go
+                  to ``early`` as soon as both sides' chunks are in, while the rest is cut.
+                  The steps are the same either way.
     :raises Unsupported: When a side cannot be cut where it is (an older server).
     """
-    coarse_source, coarse_target = _both(
-        lambda: source.cut_chunks([(0, source_size)] if source_size else [], cdc.DEFAULT_AVERAGE),
-        lambda: target.cut_chunks([(0, target_size)] if target_size else [], cdc.DEFAULT_AVERAGE))
-    steps = cdc.plan(coarse_source, cdc.index(coarse_target))
+    if early is None:
+        coarse_source, coarse_target = _both(
+            lambda: source.cut_chunks([(0, source_size)] if source_size else [], cdc.DEFAULT_AVERAGE),
+            lambda: target.cut_chunks([(0, target_size)] if target_size else [], cdc.DEFAULT_AVERAGE))
+        steps = cdc.plan(coarse_source, cdc.index(coarse_target))
+    else:
+        steps = _plan_while_cutting(source, target, source_size, target_size, early)
     sends = cdc.sends(steps)
     gaps = cdc.target_gaps(steps, target_size)
     if not sends or not gaps or len(sends) == len(steps):
@@ -67,6 +85,89 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
     return cdc.refine(steps, cdc.plan(fine_source, cdc.index(fine_target)))
 
 
+def cut_pieces(endpoint: FileEndpoint, size: int, average: int,
+               piece: Optional[int] = None) -> Iterator[List[cdc.Chunk]]:
+    """The content-defined chunks of a whole file, a request of about ``piece`` bytes at a time.
+
+    The same chunks as one cut of the whole file: a chunk's end depends only on its own bytes
+    (FastCDC starts its rolling hash afresh at every cut), so each piece after the first starts
+    where the last chunk that the content ended did; the last chunk of a piece ends where the
+    piece was cut off, and is cut again as the start of the next one.
+    """
+    # More than one whole chunk in every piece (a chunk is at most MAX_FACTOR averages).
+    piece = max(CUT_PIECE_BYTES if piece is None else piece, 4 * cdc.MAX_FACTOR * average)
+    start = 0
+    while start < size:
+        end = min(size, start + piece)
+        chunks = endpoint.cut_chunks([(start, end - start)], average)
+        if end < size:
+            chunks.pop()
+        if not chunks:
+            raise ValueError(f"No whole chunk in {piece} bytes at {start} of {endpoint.location}")
+        yield chunks
+        start = chunks[-1].offset + chunks[-1].length
+
+
+def _plan_while_cutting(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int,
+                        early: "EarlyCopies") -> List[cdc.Step]:
+    """The first pass's steps, both files cut a piece at a time at once; copies go to ``early`` as found.
+
+    A source chunk is looked up when it arrives and again after each piece of the target, so
+    each copy is found as soon as both sides have cut that far. Target chunks arrive in their
+    order, so the first one with a digest is the one :func:`cdc.index` would give: the steps
+    equal those of the two whole lists.
+    """
+    arrivals: "queue.Queue[Tuple[str, object]]" = queue.Queue()
+    stop = threading.Event()
+
+    def produce(side: str, endpoint: FileEndpoint, size: int) -> None:
+        try:
+            for chunks in cut_pieces(endpoint, size, cdc.DEFAULT_AVERAGE):
+                arrivals.put((side, chunks))
+                if stop.is_set():
+                    return
+            arrivals.put((side, None))
+        except BaseException as error:  # handed to the planning thread, which raises it
+            arrivals.put((side, error))
+
+    where: Dict[tuple, int] = {}
+    source_chunks: List[cdc.Chunk] = []
+    unfound: List[cdc.Chunk] = []
+    with ThreadPoolExecutor(2, thread_name_prefix="cut") as pool:
+        pool.submit(produce, "source", source, source_size)
+        pool.submit(produce, "target", target, target_size)
+        try:
+            cutting = {"source", "target"}
+            while cutting:
+                side, item = arrivals.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    cutting.discard(side)
+                    continue
+                assert isinstance(item, list)
+                if side == "target":
+                    for chunk in item:
+                        where.setdefault((chunk.digest, chunk.length), chunk.offset)
+                    looked_up, unfound = unfound, []
+                else:
+                    source_chunks += item
+                    looked_up = item
+                found: List[cdc.Step] = []
+                for chunk in looked_up:
+                    offset = where.get((chunk.digest, chunk.length))
+                    if offset is None:
+                        unfound.append(chunk)
+                    else:
+                        found.append(cdc.Copy(chunk.offset, offset, chunk.length))
+                if found:
+                    found.sort(key=lambda step: step.source_offset)
+                    early.add([step for step in cdc.merged(found) if isinstance(step, cdc.Copy)])
+        finally:
+            stop.set()
+    return cdc.plan(source_chunks, where)
+
+
 def _both(first: Callable, second: Callable):
     """Run two calls at once (each side's cutting runs where its file is); return both results."""
     with ThreadPoolExecutor(1, thread_name_prefix="cut") as pool:
@@ -74,18 +175,52 @@ def _both(first: Callable, second: Callable):
         return first(), other.result()
 
 
-def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps: Sequence[cdc.Step],
-          pool: ThreadPoolExecutor, on_moved: Optional[Callable[[int], None]] = None) -> int:
-    """Write the steps into ``work`` (prepared to the source's size); return the bytes sent.
+class EarlyCopies:
+    """The first pass's copies, started on the target's side while both files are still cut.
 
-    Copies run on the target's side (:meth:`FileEndpoint.copy_within`), sends go through the
-    usual transfer (:func:`~pdiffcopy.engine.segments.move_ranges`), all in ``pool``.
-
-    :raises Unsupported: When ``work`` cannot copy from ``target`` on their side.
+    The copies of an insertion near the start are known long before the cutting ends; made
+    then, the kernel copies and their write-back overlap the cutting instead of following it.
+    Until a copy moves data (or the sizes differ), copies wait: a file whose every chunk is in
+    place needs no new version at all.
     """
-    copies = [step for step in steps if isinstance(step, cdc.Copy)]
-    if not work.can_copy_within(target):
-        raise Unsupported(f"Cannot copy from {target.location} to its temporary on its side")
+
+    def __init__(self, target: FileEndpoint, work: FileEndpoint, pool: ThreadPoolExecutor,
+                 same_size: bool) -> None:
+        if not work.can_copy_within(target):
+            raise Unsupported(f"Cannot copy from {target.location} to its temporary on its side")
+        self.target = target
+        self.work = work
+        self.pool = pool
+        self.moving = not same_size
+        self.waiting: List[cdc.Copy] = []
+        #: The copies started, in the order found.
+        self.started: List[cdc.Copy] = []
+        self.futures: List[Future] = []
+
+    def add(self, copies: Sequence[cdc.Copy]) -> None:
+        """Copies the plan will hold: started once enough of them wait."""
+        self.waiting.extend(copies)
+        if not self.moving:
+            self.moving = any(copy.source_offset != copy.target_offset for copy in copies)
+        if self.moving and sum(copy.length for copy in self.waiting) >= EARLY_COPY_BATCH_BYTES:
+            self.started.extend(self.waiting)
+            self.futures.extend(_submit_copies(self.pool, self.work, self.target, self.waiting))
+            self.waiting = []
+
+    def wait(self) -> None:
+        """Wait for the copies started; raise the first failure."""
+        for future in self.futures:
+            future.result()
+
+    def cancel(self) -> None:
+        """Stop the copies that have not started (the sync failed)."""
+        for future in self.futures:
+            future.cancel()
+
+
+def _submit_copies(pool: ThreadPoolExecutor, work: FileEndpoint, target: FileEndpoint,
+                   copies: Sequence[cdc.Copy]) -> List[Future]:
+    """Copy requests for ``copies``, within the bounds of one request each (at least one request)."""
     pending: List[Future] = []
     batch: List[cdc.Copy] = []
     total = 0
@@ -98,6 +233,56 @@ def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps:
     if batch or not pending:
         # At least one request, if empty: it gives the new file the old one's mode too.
         pending.append(pool.submit(work.copy_within, target, batch))
+    return pending
+
+
+def not_copied(copies: Sequence[cdc.Copy], started: Sequence[cdc.Copy]) -> List[cdc.Copy]:
+    """The parts of ``copies`` (a plan's, by source offset) that none of ``started`` covers.
+
+    Each started copy lies within one of ``copies`` (the plan merged it into a longer one,
+    or refined only the sends around it), at the same distance between source and target.
+    """
+    done = sorted((copy.source_offset, copy.source_offset + copy.length) for copy in started)
+    left: List[cdc.Copy] = []
+    position = 0
+    for copy in copies:
+        start, end = copy.source_offset, copy.source_offset + copy.length
+        shift = copy.target_offset - copy.source_offset
+        here = start
+        while position < len(done) and done[position][0] < end:
+            done_start, done_end = done[position]
+            if done_start < here or done_end > end:
+                raise ValueError(f"A copy started early at {done_start} is not within the plan's copies")
+            if done_start > here:
+                left.append(cdc.Copy(here, here + shift, done_start - here))
+            here = done_end
+            position += 1
+        if here < end:
+            left.append(cdc.Copy(here, here + shift, end - here))
+    if position != len(done):
+        raise ValueError("A copy started early is not among the plan's copies")
+    return left
+
+
+def build(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, steps: Sequence[cdc.Step],
+          pool: ThreadPoolExecutor, on_moved: Optional[Callable[[int], None]] = None,
+          early: Optional[EarlyCopies] = None) -> int:
+    """Write the steps into ``work`` (prepared to the source's size); return the bytes sent.
+
+    Copies run on the target's side (:meth:`FileEndpoint.copy_within`), sends go through the
+    usual transfer (:func:`~pdiffcopy.engine.segments.move_ranges`), all in ``pool``. The
+    copies ``early`` started while planning are not made again.
+
+    :raises Unsupported: When ``work`` cannot copy from ``target`` on their side.
+    """
+    copies = [step for step in steps if isinstance(step, cdc.Copy)]
+    if not work.can_copy_within(target):
+        raise Unsupported(f"Cannot copy from {target.location} to its temporary on its side")
+    if early is not None and early.started:
+        copies = not_copied(copies, early.started)
+    pending: List[Future] = list(early.futures) if early is not None else []
+    if copies or not pending:
+        pending += _submit_copies(pool, work, target, copies)
     sends = split_ranges(cdc.sends(steps), TRANSFER_REQUEST_BYTES)
     # A new temporary: the source's holes among the sends are holes there already.
     moves = [pool.submit(move_ranges, source, work, ranges, on_moved, True)
@@ -167,5 +352,5 @@ def sync_file(source: FileEndpoint, target: FileEndpoint, work: FileEndpoint, so
     return sent
 
 
-__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "Verification", "build",
-           "plan_delta", "sync_file", "verify"]
+__all__ = ["COPY_REQUEST_BYTES", "COPY_REQUEST_MOVES", "CUT_PIECE_BYTES", "EarlyCopies", "Verification",
+           "build", "cut_pieces", "not_copied", "plan_delta", "sync_file", "verify"]

@@ -294,16 +294,22 @@ class _SyncJob:
 
         :returns: None when a side cannot do it (an older server): the blocks then do.
         """
+        early = None if self.options.dry_run else self._start_early_copies(plan, target_info)
         try:
-            steps = chunkdelta.plan_delta(self.source, self.target, source_info.size, target_info.size)
+            steps = chunkdelta.plan_delta(self.source, self.target, source_info.size, target_info.size, early)
         except Unsupported as error:
+            self._drop_early_copies(early)
             logger.warning("%s; comparing fixed blocks instead", error)
             return None
-        if not self.target.can_copy_within(self.target):
+        except BaseException:
+            self._drop_early_copies(early)
+            raise
+        if early is None and not self.target.can_copy_within(self.target):
             logger.warning("Cannot copy within %s; comparing fixed blocks instead", self.target.location)
             return None
         to_send = cdc.bytes_to_send(steps)
-        self._log_phase("planned: %d bytes to send, %d steps", to_send, len(steps))
+        self._log_phase("planned: %d bytes to send, %d steps, %d bytes copied while planning", to_send,
+                        len(steps), sum(copy.length for copy in early.started) if early is not None else 0)
         # The blocks the sends touch: what --stats and the similarity index count as changed.
         changed = len({block for step in steps if isinstance(step, cdc.Send)
                        for block in range(step.source_offset // plan.block_size,
@@ -313,7 +319,8 @@ class _SyncJob:
             return self._result(plan, similarity, verified=False, digest="")
         self.progress.hash_total = 2 * plan.size  # the verification hashes both sides once
         if steps == [cdc.Copy(0, 0, plan.size)] and target_info.size == plan.size:
-            # Every chunk where it was: nothing to write if the strong digests agree.
+            # Every chunk where it was: nothing to write if the strong digests agree (and
+            # nothing was copied early: no copy moved data).
             self.progress.phase = "verifying"
             try:
                 digest = chunkdelta.verify(self.source, self.target, plan.size, plan.block_size,
@@ -321,32 +328,34 @@ class _SyncJob:
                                         self.progress.add_hashed)
             except VerificationFailed:
                 pass  # a chunk digest matched where the bytes differ: build it after all
+            except BaseException:
+                self._drop_early_copies(early)
+                raise
             else:
+                self._drop_early_copies(early)
                 self._check_source_unchanged(source_info)
                 return self._result(plan, similarity, verified=True, digest=digest)
-        needed = plan.size if self.source_data is None else self.source_data
-        free = self.target.free_space()
-        if free is not None and free < needed:
-            # In place, the block delta needs no room beyond the target's own.
-            logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
-                           "comparing fixed blocks instead", self.target.location, needed, free)
-            return None
-        self._sweep_temporaries()
-        work = self.target.create_temporary(clone=False)
-        self.work = work
-        if self.options.sparse:
-            work.write_sparse(True)
+        if early is None:
+            needed = plan.size if self.source_data is None else self.source_data
+            free = self.target.free_space()
+            if free is not None and free < needed:
+                # In place, the block delta needs no room beyond the target's own.
+                logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
+                               "comparing fixed blocks instead", self.target.location, needed, free)
+                return None
+            work = self._new_chunked_work(plan)
+        else:
+            work = early.work
         try:
-            prepare_work(work, plan.size, self.source_data, self.options.sparse)
-            self.prepared = True
             self.progress.move_total = to_send
-            self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
+            if self.transfers is None:
+                self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
             verification = chunkdelta.Verification(self.source, plan.size, plan.block_size,
                                                    verify_method(self.options.hash_method), self.target.location,
                                                    self.progress.add_hashed)
             try:
                 self.steps.bytes_moved = chunkdelta.build(self.source, self.target, work, steps, self.transfers,
-                                                          self.progress.add_moved)
+                                                          self.progress.add_moved, early)
             except BaseException:
                 verification.cancel()
                 raise
@@ -366,6 +375,56 @@ class _SyncJob:
             work.remove_temporary()
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _new_chunked_work(self, plan: BlockPlan) -> FileEndpoint:
+        """The new, empty temporary the chunked delta builds, sized to the source."""
+        self._sweep_temporaries()
+        work = self.target.create_temporary(clone=False)
+        self.work = work
+        try:
+            if self.options.sparse:
+                work.write_sparse(True)
+            prepare_work(work, plan.size, self.source_data, self.options.sparse)
+        except BaseException:
+            work.remove_temporary()
+            self.work = None
+            raise
+        self.prepared = True
+        return work
+
+    def _start_early_copies(self, plan: BlockPlan, target_info: FileInfo) -> Optional[chunkdelta.EarlyCopies]:
+        """The temporary made before planning, so that copies start while both sides cut.
+
+        None where the chunked delta may not get that far (copies impossible there, too
+        little room): it then plans first and says why after, as without early copies.
+        """
+        if not self.target.can_copy_within(self.target):
+            return None
+        free = self.target.free_space()
+        if free is not None and free < (plan.size if self.source_data is None else self.source_data):
+            return None
+        work = self._new_chunked_work(plan)
+        try:
+            self.transfers = ThreadPoolExecutor(self.options.concurrency, thread_name_prefix="transfer")
+            return chunkdelta.EarlyCopies(self.target, work, self.transfers, target_info.size == plan.size)
+        except BaseException:
+            self._stop_transfers()
+            self.transfers = None
+            work.remove_temporary()
+            self.work = None
+            self.prepared = False
+            raise
+
+    def _drop_early_copies(self, early: Optional[chunkdelta.EarlyCopies]) -> None:
+        """Stop the early copies and remove their temporary (the blocks take over, or nothing is written)."""
+        if early is None:
+            return
+        early.cancel()
+        self._stop_transfers()  # no copy may still write into the temporary once it is gone
+        self.transfers = None
+        early.work.remove_temporary()
+        self.work = None
+        self.prepared = False
 
     def _sweep_temporaries(self) -> None:
         """Remove the stale temporaries that killed runs left beside the target, and say how many."""
