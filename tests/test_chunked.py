@@ -392,3 +392,16 @@ def test_cutting_a_piece_at_a_time_gives_the_chunks_of_one_whole_cut(server, tmp
         endpoint.close()
     assert len(pieces) > 100
     assert [chunk for piece in pieces for chunk in piece] == chunks.cut(data, average=4096)
+
+
+def test_the_copies_left_after_early_ones_are_the_plans_copies_less_those():
+    from pdiffcopy.core.chunks import Copy
+    from pdiffcopy.engine.chunkdelta import not_copied
+
+    plan = [Copy(0, 0, 100), Copy(150, 250, 300), Copy(500, 1000, 50)]
+    started = [Copy(150, 250, 100), Copy(300, 400, 50), Copy(0, 0, 100)]
+    assert not_copied(plan, started) == [Copy(250, 350, 50), Copy(350, 450, 100), Copy(500, 1000, 50)]
+    assert not_copied(plan, []) == plan
+    assert not_copied(plan, plan) == []
+    with pytest.raises(ValueError):
+        not_copied(plan, [Copy(120, 120, 10)])  # not within any of the plan's copies

@@ -422,7 +422,10 @@ class _SyncJob:
         early.cancel()
         self._stop_transfers()  # no copy may still write into the temporary once it is gone
         self.transfers = None
-        early.work.remove_temporary()
+        try:
+            early.work.remove_temporary()
+        finally:
+            early.work.close()  # its connections too: the blocks make another work file
         self.work = None
         self.prepared = False
 
