@@ -405,3 +405,25 @@ def test_the_copies_left_after_early_ones_are_the_plans_copies_less_those():
     assert not_copied(plan, plan) == []
     with pytest.raises(ValueError):
         not_copied(plan, [Copy(120, 120, 10)])  # not within any of the plan's copies
+
+
+@pytest.mark.parametrize("direction", ["local", "pull", "push"])
+def test_a_sparse_source_keeps_its_hole_when_copies_start_early(server, tmp_path, unique, direction, small_pieces,
+                                                                caplog):
+    hole = 2 * MIB
+    data = inserted(OLD, [4096], 100)
+    source_data = data[:3 * MIB] + bytes(hole) + data[3 * MIB + hole:]
+    source, target, path = arrange(direction, server, tmp_path, unique, b"", OLD)
+    source_path = tmp_path / "source.img" if direction != "pull" else server.root / unique
+    with open(source_path, "r+b") as file:  # data, a hole, data: sparse
+        file.write(source_data[:3 * MIB])
+        file.seek(3 * MIB + hole)
+        file.write(source_data[3 * MIB + hole:])
+    assert source_path.stat().st_blocks * 512 <= len(source_data) - hole + 64 * 1024
+    with caplog.at_level("DEBUG", logger="pdiffcopy.engine.filejob"):
+        result = sync(source, target, delta="chunks")
+    assert copied_while_planning(caplog.records) > 0
+    assert result.verified and path.read_bytes() == source_data
+    assert result.bytes_moved <= 64 * 1024
+    assert path.stat().st_blocks * 512 <= len(source_data) - hole + 64 * 1024
+    assert leftovers(path) == []
