@@ -36,7 +36,7 @@ from pdiffcopy.engine.segments import (
     punch_holes_of,
     source_data_bytes,
 )
-from pdiffcopy.errors import Unsupported
+from pdiffcopy.errors import StorageError, Unsupported
 
 #: Most bytes one copy request copies on the target's side: the server copies them inside
 #: the kernel (a GiB in about a second here), so a request stays well inside the timeout.
@@ -103,7 +103,7 @@ def cut_pieces(endpoint: FileEndpoint, size: int, average: int,
         if end < size:
             chunks.pop()
         if not chunks:
-            raise ValueError(f"No whole chunk in {piece} bytes at {start} of {endpoint.location}")
+            raise StorageError(f"Cannot cut {endpoint.location}: no whole chunk in {piece} bytes at {start}")
         yield chunks
         start = chunks[-1].offset + chunks[-1].length
 
