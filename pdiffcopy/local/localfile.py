@@ -62,6 +62,8 @@ from pdiffcopy.local.processes import die_with_parent
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
+    from pdiffcopy.local.prehash import Prehash
+
 
 def _ready() -> bool:
     return True
@@ -136,6 +138,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.clone_method = ""
         #: Turn runs of zeros in what is written into holes (``--sparse``).
         self.sparse_zeros = False
+        #: Digests made before the sync asked (:meth:`start_prehash`), with the pool making them.
+        self.prehash: "Optional[Prehash]" = None
 
     @classmethod
     def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
@@ -218,6 +222,12 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
+        if self.prehash is not None and self.pool is not None:
+            pool = self.pool
+            made = self.prehash.take(ranges, block_size, method,
+                                     lambda: self._submit_hashes(pool, list(ranges), block_size, method))
+            if made is not None:
+                return made
         if self.pool is None:
             # No pool given (a tree's worker, a caller of its own): hashed
             # here, the future already done.
@@ -254,7 +264,25 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.pool = pool
 
     def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+        if self.prehash is not None:
+            pool = self.prehash.hand_over_pool(concurrency)  # already running, and busy for this sync
+            if pool is not None:
+                return pool  # type: ignore[return-value]
         return start_hash_pool(concurrency)
+
+    def start_prehash(self, ranges: List[ByteRange], block_size: int, method: str, concurrency: int) -> bool:
+        """Start hashing ``ranges`` (each one request, as the engine asks) before the sync asks.
+
+        For the wait on an ssh login: the sync's pool is started now, and its first
+        :meth:`submit_hashes` of exactly these ranges, block size and method gets these digests
+        if the file has not changed since (:mod:`pdiffcopy.local.prehash`).
+
+        :returns: False when the file cannot be opened as a regular file (the sync then says why).
+        """
+        from pdiffcopy.local.prehash import start_prehash
+
+        self.prehash = start_prehash(self.path, ranges, block_size, method, concurrency, start_hash_pool)
+        return self.prehash is not None
 
     def cache_mode(self, cache: str, size: int) -> str:
         from pdiffcopy.local.fastcopy import resolve_cache  # as copy_all_from imports fastcopy: when needed
@@ -670,6 +698,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
     def close(self) -> None:
         self._end_hold(renamed_or_removed=False)
+        if self.prehash is not None:
+            self.prehash.close()
         for name in ("_read_fd", "_write_fd", "_lease_fd"):
             fd = getattr(self, name)
             if fd is not None:
