@@ -22,10 +22,10 @@ from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
 from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options
 
 if TYPE_CHECKING:
+    from pdiffcopy.engine.filejob import Progress, SyncResult
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
 
@@ -235,6 +235,8 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
         for endpoint in made:
             endpoint.close()
         raise
+    from pdiffcopy.engine.filejob import run_sync  # (not at import: a sync over ssh starts ssh first)
+
     source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
     target_endpoint = target if isinstance(target, FileEndpoint) else made.pop(0)
     return run_sync(source_endpoint, target_endpoint, options, progress)

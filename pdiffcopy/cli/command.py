@@ -610,8 +610,8 @@ def _prehash_local_file(args: argparse.Namespace, source: str, target: str, preh
 
 def _import_sync_modules() -> None:
     """Import what a remote sync runs, while ssh logs in and the remote server starts."""
-    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.transport.legacyremote",
-                   "pdiffcopy.transport.remotetree"):
+    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.engine.filejob",
+                   "pdiffcopy.transport.legacyremote", "pdiffcopy.transport.remotetree"):
         importlib.import_module(module)
 
 
