@@ -186,18 +186,16 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         raise
     if any(_over_ssh(location) for location in (source, target)):
         prehashed = {}
-
-        def prehash_local_side() -> None:  # while ssh logs in
+        try:
+            # Hashed while ssh logs in; its processes fork before ssh starts (they must not
+            # hold ssh's pipes: the session ends when its stdin closes).
             for location, is_target in ((source, False), (target, True)):
                 if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
                     endpoint = prehashed_file(location, options, is_target)
                     if endpoint is not None:
                         prehashed[location] = endpoint
-
-        try:
             with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
-                                  direct=direct, direct_port=direct_port,
-                                  while_waiting=prehash_local_side) as (source, target, session):
+                                  direct=direct, direct_port=direct_port) as (source, target, session):
                 source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
                                   for location in (source, target))
                 return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,

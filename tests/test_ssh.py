@@ -377,18 +377,23 @@ def test_missing_remote_pdiffcopy_says_how_to_install_it(sshd, tmp_path, remote)
     assert not (tmp_path / "dst").exists()
 
 
-def test_other_protocol_version_names_both(sshd, tmp_path):
+@pytest.mark.parametrize("size", [4, 20 * 1024 * 1024])  # the second is hashed while ssh logs in
+def test_other_protocol_version_names_both(sshd, tmp_path, size):
     fake = tmp_path / "old-pdiffcopy"
     fake.write_text("#!/bin/sh\necho 'Welcome to the host'\n"
                     "echo '{\"pdiffcopy-serve-over-ssh\": 99, \"version\": \"9.0.0\", \"socket\": \"/x\", "
                     "\"token\": \"t\", \"home\": \"/\"}'\nexec cat >/dev/null\n")
     fake.chmod(0o755)
-    (tmp_path / "src").write_bytes(b"data")
+    (tmp_path / "src").write_bytes(random_bytes(size, seed=34))
+    started = time.monotonic()
     completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=str(fake))
     assert completed.returncode == 5, completed.stderr
     line = one_line_error(completed)
     assert "9.0.0" in line and "version 99" in line and "version 1" in line, line
     assert not (tmp_path / "dst").exists()
+    # The session ended at once: no hashing process held ssh's stdin open (ssh is killed
+    # after sshlaunch.CLOSE_TIMEOUT when its stdin does not close).
+    assert time.monotonic() - started < 4, completed.stderr
 
 
 def test_remote_path_not_permitted_gives_the_servers_error(sshd, tmp_path):

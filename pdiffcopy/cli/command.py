@@ -566,15 +566,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from pdiffcopy.api import reached_over_ssh
 
     prehashed: dict = {}
-
-    def while_ssh_logs_in() -> None:
-        _prehash_local_file(args, source, target, prehashed)
-        _import_sync_modules()
-
     try:
+        # Its processes fork before ssh starts: they must not hold ssh's pipes (the session
+        # ends when its stdin closes), and they hash while ssh logs in.
+        _prehash_local_file(args, source, target, prehashed)
         with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
                               timeout=args.timeout, wait=False, verbose=args.verbose > 0,
-                              while_waiting=while_ssh_logs_in, direct=args.direct,
+                              while_waiting=_import_sync_modules, direct=args.direct,
                               direct_port=args.direct_port) as (source, target, session):
             if session.ca_file:  # --direct's pinned certificate
                 args.ca_file = session.ca_file
