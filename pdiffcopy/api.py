@@ -15,7 +15,7 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -186,16 +186,18 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         raise
     if any(_over_ssh(location) for location in (source, target)):
         prehashed = {}
-        try:
-            # Hashed while ssh logs in; its processes fork before ssh starts (they must not
-            # hold ssh's pipes: the session ends when its stdin closes).
+
+        def prehash_local_side(session) -> None:  # while ssh logs in
             for location, is_target in ((source, False), (target, True)):
                 if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
-                    endpoint = prehashed_file(location, options, is_target)
+                    endpoint = prehashed_file(location, options, is_target, session.ssh_descriptors())
                     if endpoint is not None:
                         prehashed[location] = endpoint
+
+        try:
             with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
-                                  direct=direct, direct_port=direct_port) as (source, target, session):
+                                  direct=direct, direct_port=direct_port,
+                                  while_waiting=prehash_local_side) as (source, target, session):
                 source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
                                   for location in (source, target))
                 return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
@@ -244,7 +246,8 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
 PREHASH_MIN_BYTES = 16 * 1024 * 1024
 
 
-def prehashed_file(path: str, options: FileOptions, is_target: bool) -> "Optional[FileEndpoint]":
+def prehashed_file(path: str, options: FileOptions, is_target: bool,
+                   close_in_workers: "Sequence[int]" = ()) -> "Optional[FileEndpoint]":
     """The local file of a sync over ssh, already hashing its blocks while ssh logs in; None where it cannot pay.
 
     The sync's first request for those digests gets them (:mod:`pdiffcopy.local.prehash`).
@@ -252,6 +255,8 @@ def prehashed_file(path: str, options: FileOptions, is_target: bool) -> "Optiona
     its blocks in place: ``--whole-file``, ``--delta chunks``, or a target written into a
     new temporary (``--atomic``, ``--partial``). The caller hands the endpoint to :func:`sync`
     (which then owns it) or closes it.
+
+    :param close_in_workers: Descriptors its hashing processes close (``SshSession.ssh_descriptors``).
     """
     import os
     import stat
@@ -269,7 +274,8 @@ def prehashed_file(path: str, options: FileOptions, is_target: bool) -> "Optiona
 
     endpoint = LocalFile(path)
     ranges = [(segment.offset, segment.length) for segment in BlockPlan(info.st_size, options.block_size).segments()]
-    if not endpoint.start_prehash(ranges, options.block_size, options.hash_method, options.concurrency):
+    if not endpoint.start_prehash(ranges, options.block_size, options.hash_method, options.concurrency,
+                                  close_in_workers):
         return None
     return endpoint
 

@@ -566,13 +566,15 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from pdiffcopy.api import reached_over_ssh
 
     prehashed: dict = {}
+
+    def while_ssh_logs_in(session) -> None:
+        _prehash_local_file(args, source, target, prehashed, session.ssh_descriptors())
+        _import_sync_modules()
+
     try:
-        # Its processes fork before ssh starts: they must not hold ssh's pipes (the session
-        # ends when its stdin closes), and they hash while ssh logs in.
-        _prehash_local_file(args, source, target, prehashed)
         with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
                               timeout=args.timeout, wait=False, verbose=args.verbose > 0,
-                              while_waiting=_import_sync_modules, direct=args.direct,
+                              while_waiting=while_ssh_logs_in, direct=args.direct,
                               direct_port=args.direct_port) as (source, target, session):
             if session.ca_file:  # --direct's pinned certificate
                 args.ca_file = session.ca_file
@@ -583,8 +585,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             endpoint.close()
 
 
-def _prehash_local_file(args: argparse.Namespace, source: str, target: str, prehashed: dict) -> None:
-    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehashed_file`)."""
+def _prehash_local_file(args: argparse.Namespace, source: str, target: str, prehashed: dict,
+                        ssh_descriptors: List[int]) -> None:
+    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehashed_file`).
+
+    :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
+    """
     from pdiffcopy.core.sshform import parse_ssh_location
 
     if args.benchmark:
@@ -601,7 +607,7 @@ def _prehash_local_file(args: argparse.Namespace, source: str, target: str, preh
                                partial=args.partial, delta=args.delta, piece_size=args.piece_size)
     except PdiffcopyError:
         return  # the sync says what is wrong
-    endpoint = prehashed_file(local, options, is_target=pull)
+    endpoint = prehashed_file(local, options, is_target=pull, close_in_workers=ssh_descriptors)
     if endpoint is not None:
         prehashed[local] = endpoint
 
