@@ -15,17 +15,17 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
 from pdiffcopy.errors import PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-from pdiffcopy.engine.filejob import Progress, SyncResult, run_sync
 from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options
 
 if TYPE_CHECKING:
+    from pdiffcopy.engine.filejob import Progress, SyncResult
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
 
@@ -185,10 +185,26 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         _close_given(source, target)
         raise
     if any(_over_ssh(location) for location in (source, target)):
-        with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
-                              direct=direct, direct_port=direct_port) as (source, target, session):
-            return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
-                              progress)
+        prehashed = {}
+
+        def prehash_local_side(session) -> None:  # while ssh logs in
+            for location, is_target in ((source, False), (target, True)):
+                if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
+                    endpoint = prehashed_file(location, options, is_target, session.ssh_descriptors())
+                    if endpoint is not None:
+                        prehashed[location] = endpoint
+
+        try:
+            with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
+                                  direct=direct, direct_port=direct_port,
+                                  while_waiting=prehash_local_side) as (source, target, session):
+                source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
+                                  for location in (source, target))
+                return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
+                                  progress)
+        finally:
+            for endpoint in prehashed.values():  # (not taken: the sync failed to start)
+                endpoint.close()
     return _sync_with(source, target, options, token, timeout, ca_file, progress)
 
 
@@ -219,9 +235,49 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
         for endpoint in made:
             endpoint.close()
         raise
+    from pdiffcopy.engine.filejob import run_sync  # (not at import: a sync over ssh starts ssh first)
+
     source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
     target_endpoint = target if isinstance(target, FileEndpoint) else made.pop(0)
     return run_sync(source_endpoint, target_endpoint, options, progress)
+
+
+#: Files smaller than this are not hashed while ssh logs in: their hash takes milliseconds.
+PREHASH_MIN_BYTES = 16 * 1024 * 1024
+
+
+def prehashed_file(path: str, options: FileOptions, is_target: bool,
+                   close_in_workers: "Sequence[int]" = ()) -> "Optional[FileEndpoint]":
+    """The local file of a sync over ssh, already hashing its blocks while ssh logs in; None where it cannot pay.
+
+    The sync's first request for those digests gets them (:mod:`pdiffcopy.local.prehash`).
+    Not for a file smaller than :data:`PREHASH_MIN_BYTES`, nor when the sync will not hash
+    its blocks in place: ``--whole-file``, ``--delta chunks``, or a target written into a
+    new temporary (``--atomic``, ``--partial``). The caller hands the endpoint to :func:`sync`
+    (which then owns it) or closes it.
+
+    :param close_in_workers: Descriptors its hashing processes close (``SshSession.ssh_descriptors``).
+    """
+    import os
+    import stat
+
+    if options.whole_file or options.delta == "chunks" or (is_target and (options.atomic or options.partial)):
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None  # (the sync says what is wrong with it)
+    if not stat.S_ISREG(info.st_mode) or info.st_size < PREHASH_MIN_BYTES:
+        return None
+    from pdiffcopy.core.blocks import BlockPlan
+    from pdiffcopy.local.localfile import LocalFile
+
+    endpoint = LocalFile(path)
+    ranges = [(segment.offset, segment.length) for segment in BlockPlan(info.st_size, options.block_size).segments()]
+    if not endpoint.start_prehash(ranges, options.block_size, options.hash_method, options.concurrency,
+                                  close_in_workers):
+        return None
+    return endpoint
 
 
 def _over_ssh(location) -> bool:
@@ -328,5 +384,6 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["bwlimit_bucket", "check_locations", "file_endpoint", "reached_over_ssh", "sync", "sync_tree",
+__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "prehashed_file",
+           "reached_over_ssh", "sync", "sync_tree",
            "tree_endpoint"]

@@ -377,18 +377,23 @@ def test_missing_remote_pdiffcopy_says_how_to_install_it(sshd, tmp_path, remote)
     assert not (tmp_path / "dst").exists()
 
 
-def test_other_protocol_version_names_both(sshd, tmp_path):
+@pytest.mark.parametrize("size", [4, 20 * 1024 * 1024])  # the second is hashed while ssh logs in
+def test_other_protocol_version_names_both(sshd, tmp_path, size):
     fake = tmp_path / "old-pdiffcopy"
     fake.write_text("#!/bin/sh\necho 'Welcome to the host'\n"
                     "echo '{\"pdiffcopy-serve-over-ssh\": 99, \"version\": \"9.0.0\", \"socket\": \"/x\", "
                     "\"token\": \"t\", \"home\": \"/\"}'\nexec cat >/dev/null\n")
     fake.chmod(0o755)
-    (tmp_path / "src").write_bytes(b"data")
+    (tmp_path / "src").write_bytes(random_bytes(size, seed=34))
+    started = time.monotonic()
     completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=str(fake))
     assert completed.returncode == 5, completed.stderr
     line = one_line_error(completed)
     assert "9.0.0" in line and "version 99" in line and "version 1" in line, line
     assert not (tmp_path / "dst").exists()
+    # The session ended at once: no hashing process held ssh's stdin open (ssh is killed
+    # after sshlaunch.CLOSE_TIMEOUT when its stdin does not close).
+    assert time.monotonic() - started < 4, completed.stderr
 
 
 def test_remote_path_not_permitted_gives_the_servers_error(sshd, tmp_path):
@@ -519,6 +524,55 @@ def test_the_library_reaches_host_path_too(sshd, tmp_path):
               remote_pdiffcopy=REMOTE_PDIFFCOPY)
     assert (tmp_path / "pulled" / "sub" / "f").read_bytes() == b"in a tree"
     assert not serve_processes() and not remote_leftovers(sshd)  # closed before returning
+
+
+# -- hashing the local file while ssh logs in -----------------------------------------------
+
+#: Above pdiffcopy.api.PREHASH_MIN_BYTES: one segment of 1 MiB blocks.
+PREHASHED_SIZE = 20 * 1024 * 1024
+
+
+def test_the_local_file_is_hashed_while_ssh_logs_in(sshd, tmp_path):
+    data = random_bytes(PREHASHED_SIZE, seed=31)
+    (tmp_path / "remote").write_bytes(data)
+    changed = bytearray(data)
+    changed[5_000_000:5_000_010] = b"0123456789"
+    (tmp_path / "local").write_bytes(bytes(changed))
+    pulled = over_ssh(sshd, "-v", f"127.0.0.1:{tmp_path}/remote", str(tmp_path / "local"))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (tmp_path / "local").read_bytes() == data
+    assert "1 of 20 blocks differed" in pulled.stderr, pulled.stderr
+    assert "digests made while ssh logged in: 1 used, 0 not trusted" in pulled.stderr, pulled.stderr
+
+
+def test_a_local_file_changed_while_ssh_logs_in_is_hashed_again(sshd, tmp_path):
+    data = random_bytes(PREHASHED_SIZE, seed=32)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "dst").write_bytes(data)
+    # An ssh that changes the source (in place, the same size) once it has long been hashed.
+    wrapper = tmp_path / "ssh-that-changes-the-source"
+    wrapper.write_text(f"#!/bin/sh\nsleep 1\nprintf changed | dd of={tmp_path}/src bs=1 seek=7000000 "
+                       f"conv=notrunc 2>/dev/null\nexec ssh \"$@\"\n")
+    wrapper.chmod(0o755)
+    pushed = over_ssh(sshd, "-v", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst",
+                      rsh=f"{wrapper} {sshd.rsh().split(' ', 1)[1]}")
+    assert pushed.returncode == 0, pushed.stderr
+    assert (tmp_path / "src").read_bytes()[7_000_000:7_000_007] == b"changed"
+    assert (tmp_path / "dst").read_bytes() == (tmp_path / "src").read_bytes()
+    assert "digests made while ssh logged in: 0 used, 1 not trusted" in pushed.stderr, pushed.stderr
+
+
+def test_the_library_hashes_the_local_file_while_ssh_logs_in(sshd, tmp_path, caplog):
+    from pdiffcopy import sync
+
+    data = random_bytes(PREHASHED_SIZE, seed=33)
+    (tmp_path / "src").write_bytes(data)
+    (tmp_path / "dst").write_bytes(data[:-1] + b"!")
+    with caplog.at_level("DEBUG", logger="pdiffcopy.local.prehash"):
+        result = sync(str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", rsh=sshd.rsh(),
+                      remote_pdiffcopy=REMOTE_PDIFFCOPY)
+    assert result.changed_blocks == 1 and (tmp_path / "dst").read_bytes() == data
+    assert "1 used, 0 not trusted" in caplog.text, caplog.text
 
 
 # -- --direct ------------------------------------------------------------------------------

@@ -565,20 +565,57 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return sync_locations(args, source, target, token)
     from pdiffcopy.api import reached_over_ssh
 
-    with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
-                          timeout=args.timeout, wait=False, verbose=args.verbose > 0,
-                          while_waiting=_import_sync_modules, direct=args.direct,
-                          direct_port=args.direct_port) as (source, target, session):
-        if session.ca_file:  # --direct's pinned certificate
-            args.ca_file = session.ca_file
-        # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
-        return sync_locations(args, source, target, session.token, shown=session.shown)
+    prehashed: dict = {}
+
+    def while_ssh_logs_in(session) -> None:
+        _prehash_local_file(args, source, target, prehashed, session.ssh_descriptors())
+        _import_sync_modules()
+
+    try:
+        with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
+                              timeout=args.timeout, wait=False, verbose=args.verbose > 0,
+                              while_waiting=while_ssh_logs_in, direct=args.direct,
+                              direct_port=args.direct_port) as (source, target, session):
+            if session.ca_file:  # --direct's pinned certificate
+                args.ca_file = session.ca_file
+            # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
+            return sync_locations(args, source, target, session.token, shown=session.shown, prepared=prehashed)
+    finally:
+        for endpoint in prehashed.values():  # (the sync takes the one it uses)
+            endpoint.close()
+
+
+def _prehash_local_file(args: argparse.Namespace, source: str, target: str, prehashed: dict,
+                        ssh_descriptors: List[int]) -> None:
+    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehashed_file`).
+
+    :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
+    """
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    if args.benchmark:
+        return
+    pull = parse_ssh_location(source) is not None
+    local = target if pull else source
+    from pdiffcopy.api import prehashed_file
+    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+    from pdiffcopy.engine.options import file_options
+
+    try:
+        options = file_options(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+                               whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
+                               partial=args.partial, delta=args.delta, piece_size=args.piece_size)
+    except PdiffcopyError:
+        return  # the sync says what is wrong
+    endpoint = prehashed_file(local, options, is_target=pull, close_in_workers=ssh_descriptors)
+    if endpoint is not None:
+        prehashed[local] = endpoint
 
 
 def _import_sync_modules() -> None:
     """Import what a remote sync runs, while ssh logs in and the remote server starts."""
-    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.transport.legacyremote",
-                   "pdiffcopy.transport.remotetree"):
+    for module in ("pdiffcopy.cli.treecli", "pdiffcopy.api", "pdiffcopy.engine.filejob",
+                   "pdiffcopy.transport.legacyremote", "pdiffcopy.transport.remotetree"):
         importlib.import_module(module)
 
 
@@ -592,14 +629,19 @@ def _rsh_without_remote(rsh: str) -> str:
 
 
 def sync_locations(args: argparse.Namespace, source: str, target: str, token: Optional[str],
-                   shown=lambda location: location) -> int:
+                   shown=lambda location: location, prepared: Optional[dict] = None) -> int:
     """Sync a file or a tree between two paths or a path and a URL; the exit status.
 
     :param shown: What a location is called in the report (``HOST:PATH`` for the forwarded URL).
+    :param prepared: Endpoints already made for some locations (a local file hashing ahead):
+                     the file sync takes the one it syncs; this function closes the others.
     """
     from pdiffcopy.cli.treecli import Probes, resolve
 
     with Probes(token, args) as probes:  # a URL is probed once, here: the file sync takes its endpoint
+        if prepared:
+            probes.endpoints.update(prepared)
+            prepared.clear()
         source, target, is_tree = resolve(source, target, probes)
         if is_tree:
             from pdiffcopy.cli.treecli import run_tree

@@ -62,12 +62,14 @@ from pdiffcopy.local.processes import die_with_parent
 if TYPE_CHECKING:
     from concurrent.futures import Executor, Future, ProcessPoolExecutor
 
+    from pdiffcopy.local.prehash import Prehash
+
 
 def _ready() -> bool:
     return True
 
 
-def _start_worker(parent_pid: int) -> None:
+def _start_worker(parent_pid: int, inherited: "Sequence[int]" = ()) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and stops
     # the pool; a worker printing its own KeyboardInterrupt traceback would
     # only bury the one-line message.
@@ -76,14 +78,22 @@ def _start_worker(parent_pid: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     # A parent killed outright must not leave its hashing processes behind.
     die_with_parent(parent_pid)
+    for fd in inherited:  # the parent's pipes that must close when the parent closes them
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
-def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
+def start_hash_pool(concurrency: int, close_in_workers: "Sequence[int]" = ()) -> "ProcessPoolExecutor":
     """Start the processes that hash local files.
 
     The processes are forked now, before the sync starts any thread, because
     forking a process with running threads can deadlock the child. ``fork``
     (not spawn) keeps start-up to milliseconds.
+
+    :param close_in_workers: Descriptors the workers close as they start (a pipe whose end
+                             tells another process something: ssh's stdin).
     """
     import multiprocessing  # here: whole-file copies hash in threads and never need it
     from concurrent.futures import ProcessPoolExecutor
@@ -94,7 +104,7 @@ def start_hash_pool(concurrency: int) -> "ProcessPoolExecutor":
     except ValueError:  # no fork on this platform
         context = multiprocessing.get_context()
     pool = ProcessPoolExecutor(max_workers=concurrency, mp_context=context,
-                               initializer=_start_worker, initargs=(os.getpid(),))
+                               initializer=_start_worker, initargs=(os.getpid(), tuple(close_in_workers)))
     # With fork, the first submit starts every worker at once.
     pool.submit(_ready).result()
     return pool
@@ -136,6 +146,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.clone_method = ""
         #: Turn runs of zeros in what is written into holes (``--sparse``).
         self.sparse_zeros = False
+        #: Digests made before the sync asked (:meth:`start_prehash`), with the pool making them.
+        self.prehash: "Optional[Prehash]" = None
 
     @classmethod
     def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
@@ -218,6 +230,12 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
+        if self.prehash is not None and self.pool is not None:
+            pool = self.pool
+            made = self.prehash.take(ranges, block_size, method,
+                                     lambda: self._submit_hashes(pool, list(ranges), block_size, method))
+            if made is not None:
+                return made
         if self.pool is None:
             # No pool given (a tree's worker, a caller of its own): hashed
             # here, the future already done.
@@ -254,7 +272,28 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.pool = pool
 
     def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+        if self.prehash is not None:
+            pool = self.prehash.hand_over_pool(concurrency)  # already running, and busy for this sync
+            if pool is not None:
+                return pool  # type: ignore[return-value]
         return start_hash_pool(concurrency)
+
+    def start_prehash(self, ranges: List[ByteRange], block_size: int, method: str, concurrency: int,
+                      close_in_workers: Sequence[int] = ()) -> bool:
+        """Start hashing ``ranges`` (each one request, as the engine asks) before the sync asks.
+
+        For the wait on an ssh login: the sync's pool is started now, and its first
+        :meth:`submit_hashes` of exactly these ranges, block size and method gets these digests
+        if the file has not changed since (:mod:`pdiffcopy.local.prehash`).
+
+        :param close_in_workers: For :func:`start_hash_pool`.
+        :returns: False when the file cannot be opened as a regular file (the sync then says why).
+        """
+        from pdiffcopy.local.prehash import start_prehash
+
+        self.prehash = start_prehash(self.path, ranges, block_size, method, concurrency,
+                                     lambda count: start_hash_pool(count, close_in_workers))
+        return self.prehash is not None
 
     def cache_mode(self, cache: str, size: int) -> str:
         from pdiffcopy.local.fastcopy import resolve_cache  # as copy_all_from imports fastcopy: when needed
@@ -670,6 +709,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
     def close(self) -> None:
         self._end_hold(renamed_or_removed=False)
+        if self.prehash is not None:
+            self.prehash.close()
         for name in ("_read_fd", "_write_fd", "_lease_fd"):
             fd = getattr(self, name)
             if fd is not None:

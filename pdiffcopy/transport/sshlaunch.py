@@ -136,8 +136,10 @@ class SshSession:
     :param rsh: ``-e/--rsh COMMAND`` (None: ``ssh``).
     :param remote_program: ``--remote-pdiffcopy`` (None: ``pdiffcopy``, then ``python3 -m pdiffcopy``).
     :param timeout: Seconds to wait for the server's hand-over.
-    :param while_waiting: Called once ssh runs, before the hand-over is awaited: work that
-                          overlaps the login and the remote start (the caller's imports).
+    :param while_waiting: Called with the session once ssh runs, before the hand-over is awaited:
+                          work that overlaps the login and the remote start (the caller's imports,
+                          the local file's hashing: processes it forks close
+                          :meth:`ssh_descriptors`).
     :param direct: ``--direct``: ssh only starts the server; the data goes over TLS straight
                    to the address the ssh connection reached, at ``direct_port`` (None or 0:
                    a free port), verified against the one-time certificate's fingerprint that
@@ -146,7 +148,7 @@ class SshSession:
 
     def __init__(self, location: SshLocation, *, rsh: Optional[str] = None,
                  remote_program: Optional[str] = None, timeout: Optional[float] = None,
-                 verbose: bool = False, while_waiting: Optional[Callable[[], None]] = None,
+                 verbose: bool = False, while_waiting: Optional[Callable[["SshSession"], None]] = None,
                  direct: bool = False, direct_port: Optional[int] = None) -> None:
         self.location = location
         self.direct_port = (direct_port or 0) if direct or direct_port is not None else None
@@ -219,7 +221,7 @@ class SshSession:
                                         stderr=subprocess.PIPE)
         threading.Thread(target=self._relay_stderr, name="ssh-stderr", daemon=True).start()
         if self.while_waiting is not None:
-            self.while_waiting()
+            self.while_waiting(self)
         fields = self._read_handover()
         self._handed_over.set()
         self._check_version(fields)
@@ -236,6 +238,18 @@ class SshSession:
         else:
             self.base = self._reach_directly(str(fields["address"]), int(fields["port"]))
             self.ca_file = PINNED_CERTIFICATE_PREFIX + str(fields["fingerprint"])
+
+    def ssh_descriptors(self) -> List[int]:
+        """The descriptors of this process's pipes to ssh.
+
+        A process forked while the session runs must close them: while one holds ssh's stdin
+        open, closing it here does not end the session.
+        """
+        process = self.process
+        if process is None:
+            return []
+        return [stream.fileno() for stream in (process.stdin, process.stdout, process.stderr)
+                if stream is not None and not stream.closed]
 
     def _read_handover(self) -> dict:
         """The remote server's hand-over line, skipping whatever a login script printed first."""
