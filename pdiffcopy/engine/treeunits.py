@@ -14,7 +14,7 @@ import errno
 import multiprocessing
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import BlockPlan
 from pdiffcopy.engine import chunkdelta
@@ -192,9 +192,6 @@ class UnitWorker:
     def _transfer(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
         """Through a server: one request reads the batch, one (or two) write it."""
         meta = self.runner.meta
-        if not compare and (not fresh or len(fresh) == len(entries)):
-            self._stream(source, target, entries, bool(fresh))
-            return
         to_write: List[Tuple[Entry, bytes]] = []
         for entry, data, error in source.read_files(entries):
             if data is None:
@@ -215,37 +212,6 @@ class UnitWorker:
         done = [(e, d) for e, d in to_write if e.path not in failed]
         self._count("files", len(done))
         self._count("bytes", sum(len(d) for _, d in done))
-
-    def _stream(self, source, target, entries: List[Entry], fresh: bool) -> None:
-        """A batch with nothing to compare, each file written as it is read.
-
-        The reading side (a server's answer, or the disk for a push) and the
-        writing side then work at the same time, rather than taking turns a
-        batch at a time. A read that breaks off ends the batch with what was
-        written so far, which is counted (the unit's failure says why).
-        """
-        sizes: Dict[str, int] = {}
-
-        def readable() -> Iterator[Tuple[Entry, bytes]]:
-            try:
-                for entry, data, error in source.read_files(entries):
-                    if data is None:
-                        self.failures.append((entry.path, error))
-                    else:
-                        sizes[entry.path] = len(data)
-                        yield entry, data
-            except PdiffcopyError as error:
-                self.failures.append(("", str(error)))
-
-        files = readable()
-        try:
-            failures = target.write_files(files, self.runner.meta, fresh=fresh)
-        finally:
-            files.close()  # a writer that stopped early (a full disk): the read ends here too
-        failed = {path for path, _ in failures}
-        self.failures += failures
-        self._count("files", sum(1 for path in sizes if path not in failed))
-        self._count("bytes", sum(size for path, size in sizes.items() if path not in failed))
 
     def _run_links(self, unit: Unit) -> None:
         self.failures += self.runner.target.apply([Operation(SYMLINK, e) for e in unit.items],
