@@ -119,6 +119,32 @@ def test_records_round_trip_through_every_kind_of_source():
     assert list(decode_files([data])) == expected
 
 
+def test_an_answer_to_a_read_is_decoded_against_the_entries_asked_for():
+    records = sample_records()
+    asked = [entry for entry, _, _ in records]
+    data = stream_of(*records)
+    decoded = list(decode_files(one_byte_chunks(data), expected=asked))
+    assert decoded == records
+    assert all(entry is wanted for (entry, _, _), wanted in zip(decoded, asked))  # ours, not the header's
+
+
+@pytest.mark.parametrize("change", ["other path", "other size", "one more"])
+def test_an_answer_to_a_read_that_is_not_what_was_asked_is_refused(change):
+    asked = [file_entry("a", b"123"), file_entry("b", b"45")]
+    sent = [(asked[0], b"123", ""), (asked[1], b"45", "")]
+    if change == "other path":
+        sent[1] = (file_entry("c", b"45"), b"45", "")
+    elif change == "other size":
+        sent[1] = (file_entry("b", b"456"), b"456", "")
+    else:
+        sent.append((file_entry("d", b"6"), b"6", ""))
+    handed = []
+    with pytest.raises(TreeWireError):
+        for record in decode_files(io.BytesIO(stream_of(*sent)), expected=asked):
+            handed.append(record)
+    assert handed == sent[:1] if change != "one more" else handed == sent[:2]
+
+
 def test_names_that_are_not_utf8_travel_as_ascii_escapes_and_come_back_as_bytes():
     name = os.fsdecode(b"caf\xe9\n-x")
     header = encode_header(file_entry(name, b"abc"), 3)

@@ -203,14 +203,15 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         if not args.diff:
             _summarise_dry_run(result)
         return _finish(result)
-    from humanfriendly import format_size, format_timespan
+    if logger.isEnabledFor(logging.INFO):  # not with -q: humanfriendly is a start-up cost worth sparing
+        from humanfriendly import format_size, format_timespan
 
-    logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
-                "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,
-                format_size(result.bytes_moved, binary=True), result.directories_made,
-                "y" if result.directories_made == 1 else "ies",
-                f"{result.linked} hard link(s) made, " if options.hard_links else "",
-                result.deleted, result.unchanged, format_timespan(result.seconds))
+        logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
+                    "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,
+                    format_size(result.bytes_moved, binary=True), result.directories_made,
+                    "y" if result.directories_made == 1 else "ies",
+                    f"{result.linked} hard link(s) made, " if options.hard_links else "",
+                    result.deleted, result.unchanged, format_timespan(result.seconds))
     from pdiffcopy.cli.reports import print_stats, wants_stats
 
     if wants_stats(args):

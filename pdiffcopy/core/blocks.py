@@ -42,6 +42,10 @@ DEFAULT_SEGMENT_SIZE = 64 * 1024 * 1024
 ByteRange = Tuple[int, int]
 
 
+#: Whole numbers of bytes, K, M, G or T (1024-based, with or without "iB"), as parse_size reads them.
+_PLAIN_SIZE = re.compile(r"([0-9]+) *([KMGT])?(?:iB)?", re.IGNORECASE)
+
+
 def parse_block_size(value: "int | str") -> int:
     """Parse a block size such as ``5K``, ``1MiB`` or ``4M`` into bytes.
 
@@ -54,8 +58,12 @@ def parse_block_size(value: "int | str") -> int:
     """
     if isinstance(value, bool):
         raise UsageError(f"Invalid block size: {value!r}")
+    plain = None if isinstance(value, int) else _PLAIN_SIZE.fullmatch(str(value).strip())
     if isinstance(value, int):
         size = value
+    elif plain:  # the usual spellings (the default "1MiB"), without importing humanfriendly
+        number, unit = plain.groups()
+        size = int(number) * 1024 ** (" KMGT".index(unit.upper()) if unit else 0)
     else:
         from humanfriendly import InvalidSize, parse_size
 

@@ -73,6 +73,8 @@ DIRECTORY_CACHE_SIZE = 64
 WALK_BATCH_ENTRIES = 2048
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+#: The owner of what this process creates (outside set-group-ID directories).
+_CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 
 
 class TreeFailure(PdiffcopyError):
@@ -188,6 +190,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         cache[relative] = fd
         if len(cache) > DIRECTORY_CACHE_SIZE:
             _, oldest = cache.popitem(last=False)
+            owners = getattr(self._local, "owners", None)
+            if owners:
+                owners.pop(oldest, None)  # the number is reused by the next open
             os.close(oldest)
         return fd
 
@@ -198,6 +203,30 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             for fd in cache.values():
                 os.close(fd)
             cache.clear()
+        owners = getattr(self._local, "owners", None)
+        if owners:
+            owners.clear()
+
+    def _needs_chown(self, directory: int, entry: Entry) -> bool:
+        """Whether a file or directory just made in ``directory`` needs a chown to get ``entry``'s owner.
+
+        What this process makes is its own (effective uid), and its group is
+        the effective gid or, in a set-group-ID directory (or on a file system
+        mounted ``grpid``), the directory's. When the directory itself belongs
+        to this process's uid and gid, both rules give the effective ids, and
+        an entry with those ids needs no chown: one system call a file less.
+        The directory's owner is looked up once per cached descriptor.
+        """
+        if (entry.uid, entry.gid) != _CREATOR:
+            return True
+        owners = getattr(self._local, "owners", None)
+        if owners is None:
+            owners = self._local.owners = {}
+        mine = owners.get(directory)
+        if mine is None:
+            info = os.fstat(directory)
+            mine = owners[directory] = (info.st_uid, info.st_gid) == _CREATOR
+        return not mine
 
     def _parent(self, path: str) -> Tuple[int, str]:
         parent, _, name = path.rpartition("/")
@@ -536,7 +565,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 created = True
                 try:
                     fill(fd)
-                    self._set_metadata_fd(fd, entry, options, created=True)
+                    self._set_metadata_fd(fd, entry, options, created=directory)
                     if options.fsync:
                         os.fsync(fd)
                 finally:
@@ -557,7 +586,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             fd = create_held(temporary, entry.permissions & 0o777, dir_fd=directory)
             try:
                 fill(fd)
-                self._set_metadata_fd(fd, entry, options, created=True)
+                self._set_metadata_fd(fd, entry, options, created=directory)
                 if options.fsync:  # before the rename: the name never points at unflushed data
                     os.fsync(fd)
             finally:
@@ -568,21 +597,37 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
 
-    def _set_metadata_fd(self, fd: int, entry: Entry, options: MetadataOptions, created: bool = False
-                         ) -> None:
+    def _set_metadata_fd(self, fd: int, entry: Entry, options: MetadataOptions, created: Optional[int] = None,
+                         current: Optional[os.stat_result] = None) -> None:
         """Owner, attributes, permissions and times of an open file.
 
-        A file this process ``created`` got its permissions from ``open``:
-        chmod is needed only for what the umask took away and for set-id and
-        sticky bits (which open does not set and chown clears), or after its
-        ACL was set (the chmod makes the ACL's mask the mode's group bits, as
-        the source's is).
+        A file this process ``created`` (the descriptor of the directory it
+        was created in) got its permissions from ``open``: chmod is needed
+        only for what the umask took away and for set-id and sticky bits
+        (which open does not set and chown clears), or after its ACL was set
+        (the chmod makes the ACL's mask the mode's group bits, as the
+        source's is). Its owner is this process's, so chown is needed only
+        for another (:meth:`_needs_chown`). An existing file's ``current``
+        stat, when the caller has it, spares the chown and chmod that would
+        change nothing.
         """
+        chowned = False
         if options.owner and _IS_ROOT:
-            os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
+            if created is not None:
+                chowned = self._needs_chown(created, entry)
+            else:
+                chowned = current is None or (current.st_uid, current.st_gid) != (entry.uid, entry.gid)
+            if chowned:
+                os.fchown(fd, entry.uid, entry.gid)  # before chmod: chown clears set-id bits
         if options.attributes:
             apply_attributes(fd, entry.xattrs, options, self._notices)
-        if not created or options.acls or entry.permissions & (0o7000 | process_umask()):
+        if created is not None:
+            chmod = options.acls or bool(entry.permissions & (0o7000 | process_umask()))
+        else:
+            # A chown clears the set-id bits: those must be set again.
+            chmod = current is None or options.acls or stat.S_IMODE(current.st_mode) != entry.permissions \
+                or (chowned and entry.permissions & 0o6000)
+        if chmod:
             os.fchmod(fd, entry.permissions)
         if options.times:
             os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
@@ -595,7 +640,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         if not entry.path:
             fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._directory(""))
             try:
-                self._set_metadata_fd(fd, entry, options)
+                self._set_metadata_fd(fd, entry, options, current=os.fstat(fd))
             finally:
                 os.close(fd)
             return
@@ -632,8 +677,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 os.close(fd)
             return
         try:
-            self._check_links(_check_kind(fd, entry))
-            self._set_metadata_fd(fd, entry, options)
+            current = _check_kind(fd, entry)
+            self._check_links(current)
+            self._set_metadata_fd(fd, entry, options, current=current)
         finally:
             os.close(fd)
 
@@ -693,6 +739,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             return
         directory, name = self._parent(entry.path)
         if operation.name == MKDIR:
+            made = True
             try:
                 # Writable by us until the directory metadata step sets the real mode.
                 os.mkdir(name, entry.permissions | 0o700, dir_fd=directory)
@@ -700,7 +747,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 info = os.stat(name, dir_fd=directory, follow_symlinks=False)
                 if not stat.S_ISDIR(info.st_mode):
                     raise TreeFailure("exists and is not a directory") from None
-            if options.owner and _IS_ROOT:
+                made = False
+            if options.owner and _IS_ROOT and (not made or self._needs_chown(directory, entry)):
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
         elif operation.name == SYMLINK:
             temporary = temporary_name(name)

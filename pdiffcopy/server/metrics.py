@@ -34,6 +34,10 @@ DIRECTORY_PREFIX = "pdiffcopy-metrics-"
 #: per-process files (it must be set before it creates the first metric).
 DIRECTORY_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
+#: Bytes served between two updates of the served-bytes counter: a scrape sees
+#: a long transfer grow, and a tree's small files do not cost an update each.
+SERVED_COUNT_BYTES = 1024 * 1024
+
 #: Where the metrics are, behind the token like every endpoint but health.
 METRICS_PATH = "/.pdiffcopy/metrics"
 
@@ -114,13 +118,23 @@ class ServerMetrics:
             self.busy.inc()
 
     def served(self, chunks: Iterable[T], size=len) -> Iterator[T]:
-        """``chunks`` as they are, counting ``size(chunk)`` bytes served as each goes out.
+        """``chunks`` as they are, counting ``size(chunk)`` bytes served as they go out.
 
-        Counted chunk by chunk, so a long transfer shows up while it runs.
+        Counted every :data:`SERVED_COUNT_BYTES` or so, so a long transfer
+        shows up while it runs; not chunk by chunk, which for a tree's
+        small files (one chunk each) cost a lock and a getpid per file.
         """
-        for chunk in chunks:
-            self.bytes_served.inc(size(chunk))
-            yield chunk
+        uncounted = 0
+        try:
+            for chunk in chunks:
+                uncounted += size(chunk)
+                if uncounted >= SERVED_COUNT_BYTES:
+                    self.bytes_served.inc(uncounted)
+                    uncounted = 0
+                yield chunk
+        finally:
+            if uncounted:
+                self.bytes_served.inc(uncounted)
 
     def render(self) -> Tuple[bytes, str]:
         """The text exposition of every metric (of all worker processes) and its content type."""

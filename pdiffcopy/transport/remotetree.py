@@ -246,7 +246,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             position = 0
             coded = (response.headers.get("Content-Encoding") or "").strip().lower() == compression.ENCODING
             stream = compression.DecompressingReader(response.raw, TreeWireError) if coded else response.raw
-            for sent, data, error in decode_files(stream):
+            for sent, data, error in decode_files(stream, expected=entries):
                 if position == len(entries) or sent.path != entries[position].path:
                     raise self.client.malformed(f"it sent {sent.path!r}, which was not asked for "
                                                 f"at that point")
