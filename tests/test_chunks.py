@@ -83,3 +83,34 @@ def test_the_chunk_list_survives_the_wire():
 def test_a_damaged_chunk_list_is_refused(payload, message):
     with pytest.raises(ValueError, match=message):
         chunks.decode(payload)
+
+
+@pytest.mark.parametrize("size, average", [
+    (0, 64 * 1024), (1, 64 * 1024), (256 << 20, 64 * 1024), (512 << 20, 64 * 1024),
+    (1 << 30, 128 * 1024), (2 << 30, 128 * 1024), (4 << 30, 256 * 1024), (1 << 50, chunks.MAX_AVERAGE),
+])
+def test_the_first_pass_average_grows_with_big_files(size, average):
+    # The whole file's list crosses the link: 12 bytes a chunk, 157 KiB for 1 GiB at 64 KiB.
+    assert chunks.coarse_average(size) == average
+
+
+def test_one_byte_every_two_megabytes_costs_about_one_and_a_half_fine_chunks_each():
+    sent = changes = 0
+    for seed in range(3, 8):
+        rng = random.Random(seed)
+        old = rng.randbytes(16 << 20)
+        new = bytearray(old)
+        positions = range(2 << 20, len(old), 2 << 20)
+        for position in reversed(positions):
+            new[position:position] = b"x"
+        new = bytes(new)
+        steps = chunks.plan(chunks.cut(new), chunks.index(chunks.cut(old)))
+        sends, gaps = chunks.sends(steps), chunks.target_gaps(steps, len(old))
+        fine_new = [c for o, n in sends for c in chunks.cut(memoryview(new)[o:o + n], o, chunks.FINE_AVERAGE)]
+        fine_old = [c for o, n in gaps for c in chunks.cut(memoryview(old)[o:o + n], o, chunks.FINE_AVERAGE)]
+        refined = chunks.refine(steps, chunks.plan(fine_new, chunks.index(fine_old)))
+        assert rebuild(refined, old, new) == new
+        sent += chunks.bytes_to_send(refined)
+        changes += len(positions)
+    # 2 KiB fine chunks sent about 3.3 KiB a change here; 1 KiB chunks about 1.9 KiB.
+    assert sent <= changes * 2560

@@ -5,8 +5,8 @@ start of a file shifts every block after it, and everything is resent. Here both
 cut their file where its content says (:mod:`pdiffcopy.core.chunks`), so the cuts after
 an insertion fall on the same bytes again, wherever they moved to. The steps::
 
-    cut both files (64 KiB chunks, each side on its own machine) -> plan: copy or send
-      -> cut what found no match again, finer (2 KiB) -> refine the plan
+    cut both files (64 KiB chunks, more over 512 MiB; each side on its own machine) -> plan: copy or send
+      -> cut what found no match again, finer (1 KiB) -> refine the plan
       -> a NEW temporary of the target: copies from the old target on the target's side,
          the rest sent from the source (compressed and rate limited like any transfer)
       -> verify every block against the source's strong digests -> atomic rename
@@ -59,22 +59,23 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
                early: "Optional[EarlyCopies]" = None) -> List[cdc.Step]:
     """The steps that build the source from the old target: copies, and sends from the source.
 
-    Two passes: 64 KiB chunks over both whole files, then 2 KiB chunks over what the first
-    pass left (the source's sends against the target's unused ranges). Each side cuts its
-    own file, both at once.
+    Two passes: 64 KiB chunks (more for files over 512 MiB: :func:`cdc.coarse_average`)
+    over both whole files, then 1 KiB chunks over what the first pass left (the source's
+    sends against the target's unused ranges). Each side cuts its own file, both at once.
 
     :param early: Given, the first pass is cut a piece at a time and the copies it finds go
                   to ``early`` as soon as both sides' chunks are in, while the rest is cut.
                   The steps are the same either way.
     :raises Unsupported: When a side cannot be cut where it is (an older server).
     """
+    average = cdc.coarse_average(max(source_size, target_size))
     if early is None:
         coarse_source, coarse_target = _both(
-            lambda: source.cut_chunks([(0, source_size)] if source_size else [], cdc.DEFAULT_AVERAGE),
-            lambda: target.cut_chunks([(0, target_size)] if target_size else [], cdc.DEFAULT_AVERAGE))
+            lambda: source.cut_chunks([(0, source_size)] if source_size else [], average),
+            lambda: target.cut_chunks([(0, target_size)] if target_size else [], average))
         steps = cdc.plan(coarse_source, cdc.index(coarse_target))
     else:
-        steps = _plan_while_cutting(source, target, source_size, target_size, early)
+        steps = _plan_while_cutting(source, target, source_size, target_size, average, early)
     sends = cdc.sends(steps)
     gaps = cdc.target_gaps(steps, target_size)
     if not sends or not gaps or len(sends) == len(steps):
@@ -109,7 +110,7 @@ def cut_pieces(endpoint: FileEndpoint, size: int, average: int,
 
 
 def _plan_while_cutting(source: FileEndpoint, target: FileEndpoint, source_size: int, target_size: int,
-                        early: "EarlyCopies") -> List[cdc.Step]:
+                        average: int, early: "EarlyCopies") -> List[cdc.Step]:
     """The first pass's steps, both files cut a piece at a time at once; copies go to ``early`` as found.
 
     A source chunk is looked up when it arrives and again after each piece of the target, so
@@ -122,7 +123,7 @@ def _plan_while_cutting(source: FileEndpoint, target: FileEndpoint, source_size:
 
     def produce(side: str, endpoint: FileEndpoint, size: int) -> None:
         try:
-            for chunks in cut_pieces(endpoint, size, cdc.DEFAULT_AVERAGE):
+            for chunks in cut_pieces(endpoint, size, average):
                 arrivals.put((side, chunks))
                 if stop.is_set():
                     return
