@@ -15,7 +15,7 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
@@ -185,14 +185,10 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         _close_given(source, target)
         raise
     if any(_over_ssh(location) for location in (source, target)):
-        prehashed = {}
+        prehashed: dict = {}
 
         def prehash_local_side(session) -> None:  # while ssh logs in
-            for location, is_target in ((source, False), (target, True)):
-                if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
-                    endpoint = prehashed_file(location, options, is_target, session.ssh_descriptors())
-                    if endpoint is not None:
-                        prehashed[location] = endpoint
+            prehashed.update(prehash_local_files(source, target, options, session.ssh_descriptors()))
 
         try:
             with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
@@ -244,6 +240,19 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
 
 #: Files smaller than this are not hashed while ssh logs in: their hash takes milliseconds.
 PREHASH_MIN_BYTES = 16 * 1024 * 1024
+
+
+def prehash_local_files(source, target, options: FileOptions,
+                        close_in_workers: "Sequence[int]" = ()) -> "Dict[str, FileEndpoint]":
+    """The local files among ``source`` and ``target`` (a sync over ssh), each already hashing
+    (:func:`prehashed_file`), by location; the caller hands them to the sync or closes them."""
+    prehashed = {}
+    for location, is_target in ((source, False), (target, True)):
+        if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
+            endpoint = prehashed_file(location, options, is_target, close_in_workers)
+            if endpoint is not None:
+                prehashed[location] = endpoint
+    return prehashed
 
 
 def prehashed_file(path: str, options: FileOptions, is_target: bool,
@@ -384,6 +393,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "prehashed_file",
+__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "prehash_local_files",
+           "prehashed_file",
            "reached_over_ssh", "sync", "sync_tree",
            "tree_endpoint"]

@@ -587,17 +587,13 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _prehash_local_file(args: argparse.Namespace, source: str, target: str, prehashed: dict,
                         ssh_descriptors: List[int]) -> None:
-    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehashed_file`).
+    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehash_local_files`).
 
     :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
     """
-    from pdiffcopy.core.sshform import parse_ssh_location
-
     if args.benchmark:
         return
-    pull = parse_ssh_location(source) is not None
-    local = target if pull else source
-    from pdiffcopy.api import prehashed_file
+    from pdiffcopy.api import prehash_local_files
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
     from pdiffcopy.engine.options import file_options
 
@@ -607,9 +603,7 @@ def _prehash_local_file(args: argparse.Namespace, source: str, target: str, preh
                                partial=args.partial, delta=args.delta, piece_size=args.piece_size)
     except PdiffcopyError:
         return  # the sync says what is wrong
-    endpoint = prehashed_file(local, options, is_target=pull, close_in_workers=ssh_descriptors)
-    if endpoint is not None:
-        prehashed[local] = endpoint
+    prehashed.update(prehash_local_files(source, target, options, ssh_descriptors))
 
 
 def _import_sync_modules() -> None:

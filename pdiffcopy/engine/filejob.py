@@ -17,7 +17,7 @@ import logging
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -294,7 +294,8 @@ class _SyncJob:
 
         :returns: None when a side cannot do it (an older server): the blocks then do.
         """
-        early = None if self.options.dry_run else self._start_early_copies(plan, target_info)
+        short = None if self.options.dry_run else self._short_of_room(plan)
+        early = None if self.options.dry_run or short else self._start_early_copies(plan, target_info)
         try:
             steps = chunkdelta.plan_delta(self.source, self.target, source_info.size, target_info.size, early)
         except Unsupported as error:
@@ -335,14 +336,12 @@ class _SyncJob:
                 self._drop_early_copies(early)
                 self._check_source_unchanged(source_info)
                 return self._result(plan, similarity, verified=True, digest=digest)
+        if short:
+            # In place, the block delta needs no room beyond the target's own.
+            logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
+                           "comparing fixed blocks instead", self.target.location, *short)
+            return None
         if early is None:
-            needed = plan.size if self.source_data is None else self.source_data
-            free = self.target.free_space()
-            if free is not None and free < needed:
-                # In place, the block delta needs no room beyond the target's own.
-                logger.warning("Not enough free space beside %s for a new copy (%d bytes needed, %d free); "
-                               "comparing fixed blocks instead", self.target.location, needed, free)
-                return None
             work = self._new_chunked_work(plan)
         else:
             work = early.work
@@ -395,13 +394,10 @@ class _SyncJob:
     def _start_early_copies(self, plan: BlockPlan, target_info: FileInfo) -> Optional[chunkdelta.EarlyCopies]:
         """The temporary made before planning, so that copies start while both sides cut.
 
-        None where the chunked delta may not get that far (copies impossible there, too
-        little room): it then plans first and says why after, as without early copies.
+        None where copies are impossible there: it then plans first and says why after, as
+        without early copies. (The caller checked the room: :meth:`_short_of_room`.)
         """
         if not self.target.can_copy_within(self.target):
-            return None
-        free = self.target.free_space()
-        if free is not None and free < (plan.size if self.source_data is None else self.source_data):
             return None
         work = self._new_chunked_work(plan)
         try:
@@ -410,10 +406,23 @@ class _SyncJob:
         except BaseException:
             self._stop_transfers()
             self.transfers = None
-            work.remove_temporary()
-            self.work = None
-            self.prepared = False
+            self._remove_chunked_work(work)
             raise
+
+    def _short_of_room(self, plan: BlockPlan) -> Optional[Tuple[int, int]]:
+        """(bytes needed, bytes free) when the target's side cannot hold a new copy; None when it can or cannot say."""
+        needed = plan.size if self.source_data is None else self.source_data
+        free = self.target.free_space()
+        return (needed, free) if free is not None and free < needed else None
+
+    def _remove_chunked_work(self, work: FileEndpoint) -> None:
+        """Remove the chunked delta's temporary (nothing may write into it any more)."""
+        try:
+            work.remove_temporary()
+        finally:
+            work.close()  # its connections too: the blocks make another work file
+        self.work = None
+        self.prepared = False
 
     def _drop_early_copies(self, early: Optional[chunkdelta.EarlyCopies]) -> None:
         """Stop the early copies and remove their temporary (the blocks take over, or nothing is written)."""
@@ -422,12 +431,7 @@ class _SyncJob:
         early.cancel()
         self._stop_transfers()  # no copy may still write into the temporary once it is gone
         self.transfers = None
-        try:
-            early.work.remove_temporary()
-        finally:
-            early.work.close()  # its connections too: the blocks make another work file
-        self.work = None
-        self.prepared = False
+        self._remove_chunked_work(early.work)
 
     def _sweep_temporaries(self) -> None:
         """Remove the stale temporaries that killed runs left beside the target, and say how many."""
