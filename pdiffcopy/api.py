@@ -371,12 +371,11 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             return sync_tree(source, target, options, token=session.token, timeout=timeout,
                              ca_file=session.ca_file or ca_file,
                              progress=progress, report_line=report_line, **fields)
-    import dataclasses
-
+    from pdiffcopy.core import records
     from pdiffcopy.engine.treesync import sync_tree as run_tree
     from pdiffcopy.local.processes import die_with_parent
 
-    options = dataclasses.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
+    options = records.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
     check_locations(source, target)
     # In shared memory and made before any worker forks: one limit for all of them.
     bucket = bwlimit_bucket(options.bwlimit, shared=True)

@@ -7,7 +7,7 @@ line on stderr and a non-zero exit status; tracebacks are for bugs only.
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import logging
 import math
 import os
@@ -75,8 +75,28 @@ MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's layout, with the help starting ``Usage:`` as 1.0.1's did (scripts and its tests look for it)."""
 
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: Optional[int] = None) -> None:
+        if width is None:  # as argparse finds it, without importing shutil (and bz2, lzma) per run
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
     def add_usage(self, usage, actions, groups, prefix=None):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else standard output's terminal, else 80."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
 
 
 class _Parser(argparse.ArgumentParser):
@@ -712,6 +732,8 @@ def require_extra(modules, extra: str, what: str) -> None:
     """
     for module in modules:
         # Found, not imported: serve-over-ssh hands over before it loads the server's modules.
+        import importlib.util
+
         try:
             found = importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):

@@ -14,7 +14,7 @@ no rolling search.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.errors import UsageError

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Dict, Iterable, Iterator, List, Sequence, Tuple, Union
 
 import xxhash

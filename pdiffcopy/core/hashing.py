@@ -8,7 +8,6 @@ and ``blake3``. Both release the GIL while hashing, like hashlib does.
 from __future__ import annotations
 
 import functools
-import hashlib
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
@@ -48,6 +47,8 @@ _SHAKE_LENGTHS = {"shake_128": 32, "shake_256": 64}
 
 def available_methods() -> List[str]:
     """Every hash method name this installation supports, sorted."""
+    import hashlib  # (loads OpenSSL: a few ms that the default method, xxh3, never needs)
+
     names = set(hashlib.algorithms_available)
     try:
         import xxhash  # noqa: F401
@@ -93,6 +94,8 @@ def _factory(method: str) -> Callable[[], "object"]:
         import blake3
 
         return blake3.blake3
+    import hashlib
+
     if method in hashlib.algorithms_available:
         return lambda: hashlib.new(method)
     raise UsageError(

@@ -8,7 +8,6 @@ a header's name or a length (the layers of docs/design.rst).
 import itertools
 import os
 import re
-import secrets
 
 #: Bytes moved per read or write system call: writes into new files of 128 KiB
 #: to 1 MiB are several times faster than 4 MiB ones (docs/benchmarks.rst,
@@ -47,7 +46,7 @@ _PARTIAL_NAME = re.compile(r"^\..+" + re.escape(PARTIAL_SUFFIX) + "$", re.DOTALL
 #: processes of the same id on two hosts naming temporaries in one directory
 #: (a push names the server's) rarely meet; the exclusive create catches it
 #: when they do. A forked child goes on from its parent's count under its own id.
-_temporary_serials = itertools.count(secrets.randbits(24))
+_temporary_serials = itertools.count(int.from_bytes(os.urandom(3), "big"))  # (secrets would load OpenSSL)
 
 
 def temporary_name(name: str) -> str:

@@ -11,7 +11,7 @@ pieces move, how they are merged into ranges, and when refining stops paying.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import List, Sequence
 
 from pdiffcopy.core.blocks import MIN_BLOCK_SIZE, ByteRange, parse_block_size, split_digests, split_ranges

@@ -7,9 +7,8 @@ host writes on its standard output (docs/protocol.rst, "Serving over ssh").
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Optional
 
 from pdiffcopy.errors import UsageError
@@ -102,6 +101,8 @@ def handshake_line(*, version: str, token: str, home: str, socket: Optional[str]
     """
     fields = {HANDSHAKE_MARK: SSH_PROTOCOL_VERSION, "version": version, "socket": socket,
               "address": address, "port": port, "fingerprint": fingerprint, "token": token, "home": home}
+    import json
+
     return json.dumps({name: value for name, value in fields.items() if value is not None},
                       separators=(",", ":"))
 
@@ -111,6 +112,8 @@ def read_handshake(line: str) -> Optional[dict]:
     text = line.strip()
     if not text.startswith("{") or HANDSHAKE_MARK not in text:
         return None
+    import json
+
     try:
         fields = json.loads(text)
     except ValueError:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import re
 import stat
-from dataclasses import dataclass, field
+from pdiffcopy.core.records import dataclass, field
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.core.xattrs import attributes_differ

@@ -18,7 +18,7 @@ Both samples read a few MiB at most, so a file the block delta suits pays next t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import List, Sequence, Tuple
 
 from pdiffcopy.core import chunks as cdc

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from concurrent.futures import Future
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import Unsupported
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from pdiffcopy.core import chunks as cdc
     from concurrent.futures import Executor
 
 #: A piece of file data and where it belongs: (offset, bytes-like).

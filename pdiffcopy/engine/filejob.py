@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from pdiffcopy.core.blocks import (

@@ -11,7 +11,7 @@ the engine) gets the same rules, and the engine reads checked values only.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Optional, Tuple
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE, parse_block_size

@@ -28,7 +28,7 @@ of both sides is hashed again with the strong one.
 from __future__ import annotations
 
 import bisect
-import dataclasses
+from pdiffcopy.core import records
 import logging
 import threading
 import time
@@ -513,8 +513,8 @@ class SegmentSteps:
         if not self.piece_size or not ranges:
             return list(ranges)
         with self.lock:
-            tally = dataclasses.replace(self.refined)
-        before = dataclasses.replace(tally)
+            tally = records.replace(self.refined)
+        before = records.replace(tally)
         pieces = refine_ranges(self.source, self.work, ranges, self.piece_size, self.method, tally)
         with self.lock:
             self.refined.add(tally.refined - before.refined, tally.moved - before.moved)

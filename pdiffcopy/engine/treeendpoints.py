@@ -16,7 +16,7 @@ on with the rest: one unreadable file never stops a tree sync.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint

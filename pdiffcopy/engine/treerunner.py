@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import multiprocessing
 import signal
 import time
 from typing import Dict, List, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
-from pdiffcopy.engine import autodelta
 from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import (
@@ -338,6 +336,8 @@ class Runner:
             target = self.target.file_endpoint(action.path)
             try:
                 if self.options.delta == "auto":
+                    from pdiffcopy.engine import autodelta
+
                     choice = autodelta.choose(source, target, action.source.size, action.target.size,
                                               self.options.hash_method)
                     logger.debug("%s: %s delta (%s)", action.path, choice.delta, choice.reason)
@@ -388,11 +388,15 @@ class Runner:
 
     def _part_counters(self):
         """Per big file: parts left to do, and whether one failed (shared by forked workers)."""
+        import multiprocessing
+
         context = multiprocessing.get_context("fork")
         return (context.Array("i", [b.parts for b in self.big] or [0]),
                 context.Array("i", [0] * (len(self.big) or 1)))
 
     def _run_forked(self, workers: int) -> None:
+        import multiprocessing
+
         context = multiprocessing.get_context("fork")
         next_unit = context.Value("q", 0)
         parts_left, parts_failed = self._part_counters()

@@ -11,13 +11,12 @@ builds the queue and starts the workers.
 from __future__ import annotations
 
 import errno
-import multiprocessing
+import mmap
 import os
-from dataclasses import dataclass, field
+from pdiffcopy.core.records import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import BlockPlan
-from pdiffcopy.engine import chunkdelta
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, PdiffcopyError
 from pdiffcopy.core.hashing import verify_method
@@ -63,12 +62,18 @@ class TreeResult:
     seconds: float = 0.0
 
 
+def _shared_counters(count: int) -> memoryview:
+    """``count`` 64-bit counters that forked workers and this process share (anonymous shared memory:
+    no file in /dev/shm nor multiprocessing's heap, which cost a small run more than its work)."""
+    return memoryview(mmap.mmap(-1, 8 * count)).cast("q")
+
+
 class TreeProgress:
     """Counters for the progress display: per worker slots in shared memory."""
 
     def __init__(self, workers: int) -> None:
-        self.slots = multiprocessing.RawArray("q", 2 * max(1, workers) + 2)
-        self.moved_slots = multiprocessing.RawArray("q", max(1, workers) + 1)
+        self.slots = _shared_counters(2 * max(1, workers) + 2)
+        self.moved_slots = _shared_counters(max(1, workers) + 1)
         self.files_total = 0
         self.bytes_total = 0
         self.phase = "listing"
@@ -248,6 +253,8 @@ class UnitWorker:
 
         def move() -> int:
             assert big.action.target is not None, "only files with an old version are queued so"
+            from pdiffcopy.engine import chunkdelta
+
             return chunkdelta.sync_file(big.source, big.target, big.work, big.action.source.size,
                                         big.action.target.size, options.block_size,
                                         verify_method(options.hash_method), options.concurrency, big.action.path)

@@ -49,7 +49,7 @@ import queue
 import stat as stat_module
 import threading
 import time
-from dataclasses import dataclass
+from pdiffcopy.core.records import dataclass
 from typing import Callable
 
 from pdiffcopy.errors import (

@@ -12,11 +12,13 @@ Linux before 4.2) the figures stay 0 and the stats line says nothing of the wire
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import threading
 import weakref
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
+
+if TYPE_CHECKING:
+    import socket
 
 #: Where ``tcpi_bytes_acked`` and ``tcpi_bytes_received`` (two u64, Linux 4.1
 #: and 4.2) sit in Linux's ``struct tcp_info``, and the length that holds them.
@@ -31,6 +33,8 @@ _live: "weakref.WeakSet[socket.socket]" = weakref.WeakSet()
 
 def _counters(sock: socket.socket) -> Tuple[int, int]:
     """(bytes sent and acknowledged, bytes received) of a TCP socket, or (0, 0) if unknown."""
+    import socket  # (only once there is a socket: a local run never loads it)
+
     option = getattr(socket, "TCP_INFO", None)
     if option is None:
         return 0, 0
