@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import threading
 import time
@@ -73,6 +72,8 @@ class Worker:
     """A forked process running one task; :meth:`answer` collects what it returned."""
 
     def __init__(self, task: Callable[[], object], on_start: Optional[WorkerStart] = None) -> None:
+        import pickle  # (here, before the fork: once; a run that forks no worker never loads it)
+
         reader, writer = os.pipe()
         parent = os.getpid()
         pid = os.fork()
@@ -108,6 +109,8 @@ class Worker:
             os.waitpid(self.pid, 0)
         if not data:
             raise WorkerFailed(self.pid, None)
+        import pickle
+
         kind, value = pickle.loads(data)
         if kind == "error":
             raise WorkerFailed(self.pid, value)
