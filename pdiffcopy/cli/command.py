@@ -418,8 +418,33 @@ def main(argv: Optional[List[str]] = None) -> int:
             logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
             status = 1
     if argv is None:
+        if args.paths:  # a sync or a removal (a server's teardown is left as it was)
+            _exit_without_teardown(status)
         sys.exit(status)
     return status
+
+
+def _exit_without_teardown(status: int) -> None:
+    """End the process as Python would, less the teardown that frees every module and object one
+    by one (8 ms of a 60 ms no-change sync): atexit's functions run, the standard streams are flushed.
+
+    Not while another thread runs (Python's exit would wait for it), nor when a flush fails (a closed
+    pipe: Python's own exit reports it); then this returns and the caller exits as usual.
+    """
+    import atexit
+    import threading
+
+    run_exit_functions = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_functions is None or threading.active_count() > 1:
+        return
+    run_exit_functions()
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return
+    os._exit(status if isinstance(status, int) else 1)
 
 
 def _report_interrupt(interrupt: KeyboardInterrupt) -> int:

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.engine.options import TreeOptions
+from pdiffcopy.engine.shared import SharedInts
 from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
@@ -388,17 +389,10 @@ class Runner:
 
     def _part_counters(self):
         """Per big file: parts left to do, and whether one failed (shared by forked workers)."""
-        import multiprocessing
-
-        context = multiprocessing.get_context("fork")
-        return (context.Array("i", [b.parts for b in self.big] or [0]),
-                context.Array("i", [0] * (len(self.big) or 1)))
+        return SharedInts([b.parts for b in self.big] or [0]), SharedInts([0] * (len(self.big) or 1))
 
     def _run_forked(self, workers: int) -> None:
-        import multiprocessing
-
-        context = multiprocessing.get_context("fork")
-        next_unit = context.Value("q", 0)
+        next_unit = SharedInts([0])
         parts_left, parts_failed = self._part_counters()
 
         def work(slot: int) -> tuple:

@@ -11,7 +11,6 @@ builds the queue and starts the workers.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 from pdiffcopy.core.records import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -34,6 +33,7 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
+from pdiffcopy.engine.shared import shared_ints
 from pdiffcopy.engine.workers import Stop
 from pdiffcopy.core.treeplan import (
     Difference,
@@ -62,18 +62,12 @@ class TreeResult:
     seconds: float = 0.0
 
 
-def _shared_counters(count: int) -> memoryview:
-    """``count`` 64-bit counters that forked workers and this process share (anonymous shared memory:
-    no file in /dev/shm nor multiprocessing's heap, which cost a small run more than its work)."""
-    return memoryview(mmap.mmap(-1, 8 * count)).cast("q")
-
-
 class TreeProgress:
     """Counters for the progress display: per worker slots in shared memory."""
 
     def __init__(self, workers: int) -> None:
-        self.slots = _shared_counters(2 * max(1, workers) + 2)
-        self.moved_slots = _shared_counters(max(1, workers) + 1)
+        self.slots = shared_ints(2 * max(1, workers) + 2)
+        self.moved_slots = shared_ints(max(1, workers) + 1)
         self.files_total = 0
         self.bytes_total = 0
         self.phase = "listing"

@@ -15,8 +15,8 @@ refuses every symlink) but equally safe.
 
 from __future__ import annotations
 
-import ctypes
 import errno
+import functools
 import os
 import stat
 from typing import Optional, Tuple
@@ -39,8 +39,15 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_BENEATH = 0x08
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+@functools.lru_cache(maxsize=None)
+def _open_how() -> type:
+    """openat2's ``struct open_how`` (made on first use: ctypes is not imported by runs that never need it)."""
+    import ctypes
+
+    class _OpenHow(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+    return _OpenHow
 
 
 _have_openat2: Optional[bool] = None
@@ -50,7 +57,9 @@ def _openat2(dir_fd: int, path: str, flags: int, mode: int) -> int:
     syscall = libc.function("syscall")
     if syscall is None:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS), path)
-    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+    import ctypes
+
+    how = _open_how()(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
                    _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
     fd = syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how),
                        ctypes.sizeof(how))

@@ -8,7 +8,6 @@ calls into libc; the api hands it to the engine (which imports nothing of local/
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 
@@ -29,6 +28,8 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
 
     :param parent_pid: The parent's process id, read before the fork.
     """
+    import ctypes  # (here, in the worker: a run that forks none never imports it)
+
     prctl = libc.function("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
     if prctl is not None:  # else (no libc, no prctl): only the check below
         prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
