@@ -14,8 +14,9 @@ import sys
 from typing import List
 
 import pytest
-from humanfriendly import parse_size
+from humanfriendly import format_size, format_timespan, parse_size
 
+from pdiffcopy.cli import humanize
 from pdiffcopy.core import records
 from pdiffcopy.core.blocks import parse_block_size
 from pdiffcopy.engine.shared import SharedInts
@@ -67,6 +68,24 @@ def test_a_quiet_local_tree_sync_imports_only_what_it_needs(tmp_path):
         assert not imported, f"a quiet local tree sync imported {imported}"
         assert "pdiffcopy.engine.treesync" in modules  # (the listing is of a real tree sync)
     assert "ctypes" not in unchanged  # (a copy may call into libc; a no-change sync does not)
+    # Not quiet: the summary line's sizes and times are humanfriendly's, without importing it.
+    (tmp_path / "src" / "d0" / "new").write_bytes(b"new\n")
+    _, told = run_listing(*quiet[:1], *quiet[2:])
+    assert not [name for name in ("humanfriendly", "coloredlogs") if name in told]
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 999, 1000, 1023, 1024, 1025, 1536, 10 ** 6, 2 ** 20 - 1, 2 ** 20,
+                                  5 * 2 ** 30 + 12345, 7 * 10 ** 15, 2 ** 70, 3 * 2 ** 80, 1.0, 0.5, 1023.75,
+                                  123456.789, 2 ** 40 * 1.005])
+def test_sizes_are_written_as_humanfriendly_writes_them(size):
+    for binary in (True, False):
+        assert humanize.format_size(size, binary=binary) == format_size(size, binary=binary)
+
+
+@pytest.mark.parametrize("seconds", [0, 0.001, 0.004, 0.005, 0.01, 0.5, 0.999, 0.9951, 1, 1.0, 1.004, 2, 9.999,
+                                     59.99, 59.996, 60, 61.5, 3600, 90061.25])
+def test_times_are_written_as_humanfriendly_writes_them(seconds):
+    assert humanize.format_timespan(seconds) == format_timespan(seconds)
 
 
 def test_a_small_local_tree_sync_forks_nothing_and_a_big_one_lists_in_two_processes(tmp_path):

@@ -784,7 +784,7 @@ def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = Fa
 
 def report(result, shown=lambda location: location) -> None:
     """Print what a sync did: the similarity for a dry run, a summary otherwise."""
-    from humanfriendly import format_size, format_timespan
+    from pdiffcopy.cli.humanize import format_size, format_timespan
 
     moved = format_size(result.bytes_moved, binary=True)
     if result.dry_run:

@@ -30,7 +30,7 @@ FALLBACK_COLUMNS = 80
 
 
 def _size(count: float) -> str:
-    from humanfriendly import format_size
+    from pdiffcopy.cli.humanize import format_size
 
     return format_size(count, binary=True)
 

@@ -24,7 +24,7 @@ def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
     :param remote: Whether a server took part: then the bytes on the wire are shown, counted
                    by :mod:`pdiffcopy.transport.counters` since ``wire_before``.
     """
-    from humanfriendly import format_size
+    from pdiffcopy.cli.humanize import format_size
 
     parts = [f"stats: moved {moved} bytes" + ("" if files is None else
                                                  f" in {files} file{'' if files == 1 else 's'}")]

@@ -203,8 +203,8 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         if not args.diff:
             _summarise_dry_run(result)
         return _finish(result)
-    if logger.isEnabledFor(logging.INFO):  # not with -q: humanfriendly is a start-up cost worth sparing
-        from humanfriendly import format_size, format_timespan
+    if logger.isEnabledFor(logging.INFO):
+        from pdiffcopy.cli.humanize import format_size, format_timespan
 
         logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
                     "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,

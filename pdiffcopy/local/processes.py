@@ -17,6 +17,19 @@ from pdiffcopy.local import libc
 PR_SET_PDEATHSIG = 1
 
 
+def _prctl():
+    """prctl(2), or None; looked up once, in the parent before its first fork (below), so that
+    every worker has it at once: a run that forks nothing never imports ctypes."""
+    try:
+        import ctypes
+    except ImportError:
+        return None
+    return libc.function("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+
+
+os.register_at_fork(before=_prctl)
+
+
 def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
     """In a forked worker: get ``signum`` as soon as the parent process dies.
 
@@ -28,9 +41,7 @@ def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> None:
 
     :param parent_pid: The parent's process id, read before the fork.
     """
-    import ctypes  # (here, in the worker: a run that forks none never imports it)
-
-    prctl = libc.function("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    prctl = _prctl()
     if prctl is not None:  # else (no libc, no prctl): only the check below
         prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
     if os.getppid() != parent_pid:
