@@ -107,6 +107,31 @@ def test_a_small_local_tree_sync_forks_nothing_and_a_big_one_lists_in_two_proces
         sorted(p.name for p in (tmp_path / "src").rglob("*"))
 
 
+def test_a_file_pull_and_push_import_only_what_they_need(server, unique, tmp_path):
+    """Not the server's modules, not OpenSSL's hashes (xxh3 is the default), not the standard
+    dataclasses nor humanfriendly (its summary line is printed: not quiet)."""
+    import hashlib
+
+    from pdiffcopy.transport.legacyremote import LEGACY_METHODS
+
+    assert LEGACY_METHODS == frozenset(hashlib.algorithms_guaranteed) - {"shake_128", "shake_256"}
+    data = os.urandom(3 * 1024 * 1024)
+    (server.root / unique).write_bytes(data)
+    local = tmp_path / "local.img"
+    local.write_bytes(data[:1000] + b"changed" + data[1007:])
+    _, pulled = run_listing("--no-progress", server.url(unique), str(local))
+    assert local.read_bytes() == data
+    local.write_bytes(data[::-1])
+    _, pushed = run_listing("--no-progress", str(local), server.url(unique))
+    assert (server.root / unique).read_bytes() == data[::-1]
+    for modules in (pulled, pushed):
+        imported = [name for name in ("hashlib", "_hashlib", "dataclasses", "inspect", "humanfriendly",
+                                      "coloredlogs", "flask", "gunicorn", "werkzeug", "requests", "urllib3")
+                    if name in modules]
+        assert not imported, f"a file sync with a server imported {imported}"
+        assert "pdiffcopy.transport.remote" in modules
+
+
 def test_shared_ints_count_exactly_across_forked_processes():
     counters = SharedInts([0, 100])
     children: List[int] = []

@@ -7,8 +7,8 @@ them), so both sides speak exactly the same format (RFC 9110, section 14).
 
 from __future__ import annotations
 
+import os
 import re
-import secrets
 from typing import Iterable, Iterator, List, Optional, Protocol, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
@@ -164,7 +164,7 @@ def parse_content_range(value: str) -> Tuple[int, int, Optional[int]]:
 
 def new_boundary() -> str:
     """A fresh random boundary for one multipart body (a request's or a response's)."""
-    return f"pdiffcopy-{secrets.token_hex(BOUNDARY_RANDOM_BYTES)}"
+    return f"pdiffcopy-{os.urandom(BOUNDARY_RANDOM_BYTES).hex()}"  # (secrets.token_hex; secrets loads OpenSSL)
 
 
 def multipart_content_type(boundary: str) -> str:
