@@ -76,10 +76,10 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
     """argparse's layout, with the help starting ``Usage:`` as 1.0.1's did (scripts and its tests look for it)."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: Optional[int] = None) -> None:
+                 width: Optional[int] = None, **more) -> None:
         if width is None:  # as argparse finds it, without importing shutil (and bz2, lzma) per run
             width = _terminal_columns() - 2
-        super().__init__(prog, indent_increment, max_help_position, width)
+        super().__init__(prog, indent_increment, max_help_position, width, **more)
 
     def add_usage(self, usage, actions, groups, prefix=None):
         super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
