@@ -111,7 +111,7 @@ def _integer(value: Any, name: str, minimum: int, maximum: int) -> int:
     return value
 
 
-def _encodable(text: str, what: str) -> None:
+def check_encodable(text: str, what: str) -> None:
     """Refuse strings no file name can be: NUL, and surrogates other than fsdecode's escapes."""
     if "\x00" in text:
         raise TreeWireError(f"Invalid entry: its {what} contains a NUL byte")
@@ -137,7 +137,7 @@ def check_relative_path(path: str, allow_root: bool = False) -> str:
         raise TreeWireError("Invalid entry: its path must be a string")
     if path == "" and allow_root:
         return path
-    _encodable(path, "path")
+    check_encodable(path, "path")
     if path.startswith("/"):
         raise AccessDenied(f"Path outside the tree: {path[:200]!r}")
     parts = path.split("/")
@@ -186,7 +186,7 @@ MAX_ENTRY_XATTR_BYTES = 1024 * 1024
 MAX_LINK_LENGTH = 64
 
 
-def _check_extras(link: Any, xattrs: Any) -> None:
+def check_extras(link: Any, xattrs: Any) -> None:
     """The link group and the attributes of a twelve-value entry."""
     if type(link) is not str or len(link) > MAX_LINK_LENGTH or not link.isascii():
         raise TreeWireError(f"Invalid entry: its link must be a string of at most {MAX_LINK_LENGTH} ASCII characters")
@@ -222,7 +222,7 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     if not isinstance(kind, str) or not isinstance(target, str):
         raise TreeWireError("Invalid entry: its kind and target must be strings")
     if target:
-        _encodable(target, "symlink target")
+        check_encodable(target, "symlink target")
     _integer(size, "size", 0, _MAX_INT64)
     _integer(mtime_ns, "mtime_ns", -_MAX_INT64 - 1, _MAX_INT64)
     _integer(mode, "mode", 0, _MAX_UINT32)
@@ -232,7 +232,7 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     if sparse not in (0, 1) or isinstance(sparse, float):
         raise TreeWireError("Invalid entry: sparse must be 0 or 1")
     if len(value) == 12:
-        _check_extras(value[10], value[11])
+        check_extras(value[10], value[11])
     try:
         return Entry.from_wire(value)
     except (ValueError, binascii.Error) as error:  # an unknown kind, bad base64
@@ -328,7 +328,7 @@ def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
 READ_AHEAD_BYTES = 256 * 1024
 
 
-class _Source:
+class ExactSource:
     """Exactly-``n``-bytes reads over a file-like object or an iterator of chunks.
 
     Reads are served from a read-ahead buffer: a record is four reads
@@ -398,7 +398,7 @@ def decode_files(source: Any, max_files: Optional[int] = None,
                            malformed, corrupt, cut short or out of bounds,
                            at the first record where that shows.
     """
-    reader = _Source(source)
+    reader = ExactSource(source)
     files = 0
     total = 0
     while True:
@@ -431,7 +431,7 @@ def decode_files(source: Any, max_files: Optional[int] = None,
         yield (entry, None, error) if error else (entry, data, "")
 
 
-def _exactly(reader: _Source, size: int, what: str) -> bytes:
+def _exactly(reader: ExactSource, size: int, what: str) -> bytes:
     data = reader.read(size)
     if len(data) != size:
         raise TreeWireError(f"The batch stream was cut short in {what}")
@@ -495,7 +495,8 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 
 
 __all__ = [
-    "DIGEST_SIZE", "END_MARKER", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
+    "DIGEST_SIZE", "END_MARKER", "ExactSource", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
+    "check_encodable", "check_extras",
     "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS",
     "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_link", "check_relative_path", "decode_files",
     "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",

@@ -42,6 +42,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.core.jsonstream import JsonStream
+from pdiffcopy.core import packedlisting
 from pdiffcopy.local.localtree import Directories, LocalTree
 from pdiffcopy.server.context import server_state
 from pdiffcopy.local.confinement import Root, clean_relative_path
@@ -252,8 +253,10 @@ def json_list(key: str, limit: int, parse: Callable[[Any], Any]) -> List[Any]:
     return values
 
 
-def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories) -> Iterator[bytes]:
-    """A listing as JSON text, sent while the tree is walked; closes the tree.
+def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories,
+                   packed: bool = False) -> Iterator[bytes]:
+    """A listing as JSON text (or, ``packed``, in :mod:`~pdiffcopy.core.packedlisting`'s form),
+    sent while the tree is walked; closes the tree.
 
     The document is the one a client once received whole,
     ``{"root": ..., "entries": [...], "failures": [...]}``, and ends with
@@ -262,37 +265,59 @@ def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directori
     with ``"error": MESSAGE`` and no closing brace, so that no client can
     read it as a complete listing (ours reports the message). Text is sent in
     pieces of about :data:`LISTING_PIECE_BYTES`; the failures, usually few,
-    are kept until the end.
+    are kept until the end. A packed listing has the same ending, in JSON,
+    after its batches.
     """
     encode = _COMPACT.encode
     failures: List[Failure] = []
+    # Packed: the head, batches, the end marker, then the JSON ending; the JSON: its text.
+    if packed:
+        head, closing = packedlisting.encode_head(top), packedlisting.END + b"{"
+    else:
+        head = b'{"root":' + encode(None if top is None else top.to_wire()).encode("ascii") + b',"entries":['
+        closing = b"],"
     try:
-        pieces = [b'{"root":', encode(None if top is None else top.to_wire()).encode("ascii"),
-                  b',"entries":[']
+        pieces = [head]
         size, first = 0, True
         for entries, failed in directories:
             failures.extend(failed)
             if not entries:
                 continue
-            text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
-            if not first:
-                pieces.append(b",")
-            first = False
-            pieces.append(text)
-            size += len(text)
+            if packed:
+                for batch in packedlisting.encode_batches(entries):
+                    pieces.append(batch)
+                    size += len(batch)
+            else:
+                text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
+                if not first:
+                    pieces.append(b",")
+                first = False
+                pieces.append(text)
+                size += len(text)
             if size >= LISTING_PIECE_BYTES:
                 yield b"".join(pieces)
                 pieces, size = [], 0
-        pieces.append(b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+        pieces.append(closing + b'"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
                       + b',"complete":true}')
         yield b"".join(pieces)
     except (OSError, PdiffcopyError) as error:
         message = storage_error(error, "list the tree") if isinstance(error, OSError) else error
         logger.warning("Listing of %s failed midway: %s", tree.location, message)
-        yield (b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+        yield (closing + b'"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
                + b',"error":' + encode(str(message)).encode("ascii"))
     finally:
         tree.close()
+
+
+def wants_packed_listing(accept: Optional[str]) -> bool:
+    """Whether the Accept header names the packed listing (any other answer is JSON, as it always was)."""
+    if not accept:
+        return False
+    for item in accept.split(","):
+        media_type, _, parameters = item.partition(";")
+        if media_type.strip().lower() == packedlisting.PACKED_LISTING_TYPE:
+            return parameters.replace(" ", "").lower() not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 def json_answer(document: Any) -> Response:
@@ -377,9 +402,11 @@ def tree_list(path: str = ""):
         directories.close()
         tree.close()
 
-    response = Response(_ClosingBody(listing_stream(tree, top, directories), release),
-                        mimetype="application/json")
+    packed = wants_packed_listing(request.headers.get("Accept"))
+    response = Response(_ClosingBody(listing_stream(tree, top, directories, packed), release),
+                        mimetype=packedlisting.PACKED_LISTING_TYPE if packed else "application/json")
     response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
+    response.headers["Vary"] = "Accept"
     return response
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
 from pdiffcopy.core.jsonstream import JsonStream
-from pdiffcopy.core import compression
+from pdiffcopy.core import compression, packedlisting
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
@@ -53,6 +53,7 @@ from pdiffcopy.core.treewire import (
     TREE_ORDER_WALK,
     Record,
     TreeWireError,
+    ExactSource,
     check_relative_path,
     decode_files,
     encode_files,
@@ -134,22 +135,31 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             target += _attribute_flags(self._attributes, "?")
         if self._sweep:  # an older server ignores it
             target += ("&" if "?" in target else "?") + "sweep=1"
-        response = self.client.request("GET", target)
+        # The packed form when the server knows it; an older one answers JSON, as it always did.
+        response = self.client.request("GET", target, headers={"Accept": _LISTING_FORMS})
         try:
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
-            reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
+            packed = _media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
             root: Optional[Entry] = None
             with self._reading_listing():
-                reader.begin_object()
-                key = reader.next_key()
-                if key == "root":
-                    value = reader.value()
-                    root = None if value is None else parse_entry(value, allow_root=True)
+                if packed:
+                    source = ExactSource(response.raw)
+                    root = packedlisting.decode_head(source.read)
+                    reader = JsonStream(source, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
+                    key: Optional[str] = "entries"
+                else:
+                    source = None
+                    reader = JsonStream(response.raw, MAX_JSON_ITEM_CHARS, error=_MalformedListing)
+                    reader.begin_object()
                     key = reader.next_key()
+                    if key == "root":
+                        value = reader.value()
+                        root = None if value is None else parse_entry(value, allow_root=True)
+                        key = reader.next_key()
         except BaseException:
             response.close()
             raise
-        batches = self._listing_batches(response, reader, key)
+        batches = self._listing_batches(response, reader, key, source)
 
         def close() -> None:
             batches.close()
@@ -168,13 +178,22 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         except (OSError, http.client.HTTPException) as error:
             raise self.client.lost(error) from None
 
-    def _listing_batches(self, response, reader: JsonStream, key: Optional[str]
+    def _listing_batches(self, response, reader: JsonStream, key: Optional[str], packed: Optional[ExactSource]
                          ) -> Iterator[Tuple[List[Entry], List[Failure]]]:
-        """The rest of a listing after its root, in batches of about ``LISTING_BATCH_ENTRIES``."""
+        """The rest of a listing after its root, in batches of about ``LISTING_BATCH_ENTRIES``
+        (a packed listing's: as the server cut them)."""
         try:
             complete = False
             with self._reading_listing():
+                if packed is not None:
+                    for entries in packedlisting.decode_batches(packed.read):
+                        yield entries, []
+                    # The ending, in JSON: the rest of the object whose "{" came with the end marker.
+                    reader.begin_object()
+                    key = reader.next_key()
                 while key is not None:
+                    if key == "entries" and packed is not None:
+                        raise _MalformedListing("entries after the packed ones")
                     if key == "entries":
                         batch: List[Entry] = []
                         for value in reader.items():
@@ -388,6 +407,14 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             if message not in self._warned:
                 self._warned.add(message)
                 self._notices.append(" ".join(message.splitlines())[:500])
+
+
+#: What a listing request accepts: the packed form, or JSON (all an older server sends).
+_LISTING_FORMS = f"{packedlisting.PACKED_LISTING_TYPE}, application/json;q=0.5"
+
+
+def _media_type(content_type: Optional[str]) -> str:
+    return (content_type or "").partition(";")[0].strip().lower()
 
 
 def _attribute_flags(options: MetadataOptions, separator: str) -> str:

@@ -1,0 +1,214 @@
+"""The packed tree listing (pdiffcopy.core.packedlisting): its codec, and how client and server agree on it.
+
+The codec must carry every entry a JSON listing carries, unchanged (odd
+names, symlinks, link groups, attributes, numbers at their bounds), and
+refuse whatever parse_entry refuses. Over HTTP: a client that asks gets it,
+one that does not (every older client) gets JSON; our client reads either,
+and against a server of the revision before the packed form (an older
+server, run from git history) its listing is the same.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import http_get, start_server
+from test_treeserver import ODD_NAMES, outside, populate, remote, tree_dir  # noqa: F401 (fixtures)
+
+from pdiffcopy.core import packedlisting
+from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE, decode_batch, decode_head, encode_batch, encode_head
+from pdiffcopy.core.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
+from pdiffcopy.core.treewire import TreeWireError, parse_entry
+from pdiffcopy.errors import AccessDenied, RemoteError
+
+#: The last revision of main whose server knows only the JSON listing.
+BEFORE_PACKED = "f8aa5cd"
+
+
+def sample_entries():
+    entries = [Entry(name, FILE, index * 1000, 1_500_000_000_123_456_789 + index, stat.S_IFREG | 0o644,
+                     1000, 1000) for index, name in enumerate(ODD_NAMES)]
+    return entries + [
+        Entry("sub", DIR, 4096, -1, stat.S_IFDIR | 0o2775, 0, 2 ** 32 - 1, nlink=3),
+        Entry("sub/link", SYMLINK, 9, 0, stat.S_IFLNK | 0o777, target=os.fsdecode(b"../\xff/x y")),
+        Entry("sub/fifo", OTHER, 0, 2 ** 63 - 1, stat.S_IFIFO | 0o600, 2 ** 32 - 1, 7),
+        Entry("sub/huge-sparse", FILE, 2 ** 63 - 1, -2 ** 63, stat.S_IFREG | 0o4755, sparse=True),
+        Entry("sub/a", FILE, 5, 7, stat.S_IFREG | 0o600, nlink=2, link="g1",
+              xattrs=(("system.posix_acl_access", b"\x02\x00\x00"), ("user.note", b"\x00\xffvalue"))),
+        Entry("sub/b", FILE, 5, 7, stat.S_IFREG | 0o600, nlink=2, link="g1"),
+        Entry(".hidden/...", FILE, 0, 7, stat.S_IFREG | 0o600),
+    ]
+
+
+def decoded(data: bytes):
+    reader = io.BytesIO(data)
+    (count,) = struct.unpack("<I", reader.read(4))
+    entries = decode_batch(count, reader.read)
+    assert reader.read() == b""
+    return entries
+
+
+def test_a_batch_carries_every_field_unchanged():
+    entries = sample_entries()
+    assert decoded(encode_batch(entries)) == entries
+    # The same entries as the JSON form gives them, field by field checked.
+    assert decoded(encode_batch(entries)) == [parse_entry(json.loads(json.dumps(entry.to_wire())))
+                                             for entry in entries]
+
+
+def test_the_head_carries_the_root_or_its_absence():
+    root = Entry("", DIR, 0, 5, stat.S_IFDIR | 0o755)
+    assert decode_head(io.BytesIO(encode_head(root)).read) == root
+    assert decode_head(io.BytesIO(encode_head(None)).read) is None
+
+
+def test_big_listings_are_cut_into_bounded_batches():
+    entries = [Entry(f"d/f{index}", FILE, index, index, stat.S_IFREG | 0o644) for index in range(10_000)]
+    batches = list(packedlisting.encode_batches(entries))
+    assert len(batches) == 3
+    assert [entry for batch in batches for entry in decoded(batch)] == entries
+
+
+@pytest.mark.parametrize("path, error", [
+    ("../up", AccessDenied), ("a/../../up", AccessDenied), ("/abs", AccessDenied), ("", TreeWireError),
+    ("a//b", TreeWireError), ("a/./b", TreeWireError), ("a/", TreeWireError), (".", TreeWireError),
+    ("x" * 4097, TreeWireError), (os.fsdecode(b"\xff/../x"), AccessDenied),
+])
+def test_a_path_parse_entry_refuses_is_refused(path, error):
+    entries = sample_entries()
+    entries[3] = entries[3]._replace(path=path)
+    with pytest.raises(error):
+        decoded(encode_batch(entries))
+
+
+def batch_with(entries, **columns) -> bytes:
+    """A batch whose columns are replaced by hand (what no encoder of ours writes)."""
+    data = bytearray(encode_batch(entries))
+    count = len(entries)
+    offsets = {"kinds": 16, "sparse": 16 + count, "size": 16 + 2 * count}
+    for name, value in columns.items():
+        data[offsets[name]:offsets[name] + len(value)] = value
+    return bytes(data)
+
+
+@pytest.mark.parametrize("columns, message", [
+    ({"kinds": b"\x04"}, "unknown entry kind"),
+    ({"sparse": b"\x02"}, "sparse must be 0 or 1"),
+    ({"size": struct.pack("<q", -1)}, "size must be"),
+])
+def test_numbers_out_of_bounds_are_refused(columns, message):
+    with pytest.raises(TreeWireError, match=message):
+        decoded(batch_with(sample_entries()[:1], **columns))
+
+
+def test_a_batch_that_is_not_what_it_says_is_refused():
+    data = encode_batch(sample_entries())
+    # Cut anywhere: a one-line error, never a short list.
+    for cut in range(4, len(data), 97):
+        with pytest.raises(TreeWireError, match="cut short|paths|targets|extra"):
+            decoded(data[:cut])
+    count = struct.unpack_from("<I", data)[0]
+    with pytest.raises(TreeWireError, match="at most"):
+        decoded(struct.pack("<I", 100_000) + data[4:])
+    with pytest.raises(TreeWireError, match="longer than its entries"):
+        decoded(data[:4] + struct.pack("<I", count * 5000) + data[8:])
+    # One path fewer than entries (its NUL taken out joins two names).
+    paths_at = 16 + 34 * count
+    nul = data.index(b"\x00", paths_at)
+    with pytest.raises(TreeWireError):
+        decoded(data[:nul] + b"x" + data[nul + 1:])
+
+
+def test_extras_must_name_entries_in_order():
+    entries = sample_entries()[-3:-1]
+    data = encode_batch(entries)
+    extras = b'[5,"g1",[]]'
+    tampered = data[:12] + struct.pack("<I", 4 + len(extras)) + data[16:data.rindex(b"[0,") - 4]
+    with pytest.raises(TreeWireError, match="out of order"):
+        decoded(tampered + struct.pack("<I", len(extras)) + extras)
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+def test_the_server_sends_the_packed_listing_only_to_a_client_that_asks(server, tree_dir, outside):  # noqa: F811
+    populate(tree_dir, outside)
+    url = f"{server.base}/.pdiffcopy/tree/{tree_dir.name}"
+    status, headers, body = http_get(url)  # an older client
+    assert status == 200 and headers["Content-Type"].startswith("application/json")
+    document = json.loads(body)
+    status, headers, packed = http_get(url, {"Accept": f"{PACKED_LISTING_TYPE}, application/json;q=0.5"})
+    assert status == 200 and headers["Content-Type"] == PACKED_LISTING_TYPE
+    assert "Accept" in headers["Vary"]
+    reader = io.BytesIO(packed)
+    assert decode_head(reader.read) == parse_entry(document["root"], allow_root=True)
+    entries = [entry for batch in packedlisting.decode_batches(reader.read) for entry in batch]
+    assert entries == [parse_entry(value) for value in document["entries"]]
+    assert json.loads(reader.read()) == {"failures": [], "complete": True}
+    status, headers, _ = http_get(url, {"Accept": f"{PACKED_LISTING_TYPE};q=0, application/json"})
+    assert headers["Content-Type"].startswith("application/json")
+
+
+def test_our_client_reads_the_packed_listing(server, tree_dir, outside, monkeypatch):  # noqa: F811
+    populate(tree_dir, outside)
+    batches = []
+    real = packedlisting.decode_batch
+    monkeypatch.setattr(packedlisting, "decode_batch", lambda *args: batches.append(real(*args)) or batches[-1])
+    listing = remote(server, tree_dir).list()
+    assert batches and [entry for batch in batches for entry in batch] == listing.entries
+    assert {entry.path for entry in listing.entries} == set(ODD_NAMES) | {
+        "sub", "sub/deeper", "sub/deeper/leaf.bin", "sub/to-leaf", "link-out"}
+
+
+def test_a_listing_cut_short_after_its_batches_is_an_error(server, tree_dir, monkeypatch):  # noqa: F811
+    populate(tree_dir)
+    real = packedlisting.decode_batches
+
+    def then_nothing(read):
+        yield from real(read)
+        while read(65536):  # the JSON ending never arrives
+            pass
+
+    monkeypatch.setattr(packedlisting, "decode_batches", then_nothing)
+    with pytest.raises(RemoteError, match="malformed"):
+        remote(server, tree_dir).list()
+
+
+@pytest.fixture(scope="module")
+def older_server(tmp_path_factory):
+    """A server of the revision before the packed listing, run from the repository's history."""
+    repository = Path(__file__).resolve().parent.parent
+    code = tmp_path_factory.mktemp("older-code")
+    archive = subprocess.run(["git", "-C", str(repository), "archive", BEFORE_PACKED, "pdiffcopy"],
+                             capture_output=True)
+    if archive.returncode:
+        pytest.skip(f"revision {BEFORE_PACKED} is not in this checkout's history")
+    subprocess.run(["tar", "-x", "-C", str(code)], input=archive.stdout, check=True)
+    root = tmp_path_factory.mktemp("older-root")
+    # Started in the older code's directory: ``python -m`` looks there first.
+    running = start_server(root, tmp_path_factory.mktemp("older-log") / "server.log",
+                           env_extra={"PYTHONPATH": str(code)}, wrapper=("env", "-C", str(code)))
+    yield running
+    running.stop()
+
+
+def test_an_older_server_answers_json_and_our_client_reads_it(older_server, server, unique):
+    trees = []
+    for running in (older_server, server):
+        directory = running.root / f"tree-{unique}"
+        directory.mkdir()
+        populate(directory)
+        trees.append(remote(running, directory).list())
+    status, headers, _ = http_get(f"{older_server.base}/.pdiffcopy/tree/tree-{unique}",
+                                  {"Accept": PACKED_LISTING_TYPE})
+    assert headers["Content-Type"].startswith("application/json")  # it did not know the packed form
+    older, newer = trees
+    assert sorted((entry.path, entry.kind, entry.size, entry.target) for entry in older.entries) == sorted(
+        (entry.path, entry.kind, entry.size, entry.target) for entry in newer.entries)
