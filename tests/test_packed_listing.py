@@ -20,12 +20,17 @@ from pathlib import Path
 
 import pytest
 from conftest import http_get, start_server
-from test_treeserver import ODD_NAMES, outside, populate, remote, tree_dir  # noqa: F401 (fixtures)
+from test_errors import raw_request
+from test_treeserver import (ODD_NAMES, one_byte_chunks, outside, populate, remote, sample_records,  # noqa: F401
+                             tree_dir)
 
 from pdiffcopy.core import packedlisting
 from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE, decode_batch, decode_head, encode_batch, encode_head
 from pdiffcopy.core.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
-from pdiffcopy.core.treewire import TreeWireError, parse_entry
+from pdiffcopy.core.treewire import END_MARKER, TreeWireError, decode_files, digest, encode_files, parse_entry
+from pdiffcopy.engine.treeendpoints import MetadataOptions
+from pdiffcopy.transport import remotetree
+from pdiffcopy.transport.urls import quote_path
 from pdiffcopy.errors import AccessDenied, RemoteError
 
 #: The last revision of main whose server knows only the JSON listing.
@@ -212,3 +217,120 @@ def test_an_older_server_answers_json_and_our_client_reads_it(older_server, serv
     older, newer = trees
     assert sorted((entry.path, entry.kind, entry.size, entry.target) for entry in older.entries) == sorted(
         (entry.path, entry.kind, entry.size, entry.target) for entry in newer.entries)
+
+
+# -- packed record headers (tree-read answers, tree-write bodies) -------------------------
+
+
+def headers_of(stream: bytes):
+    """The first byte of each record's header in a treewire stream."""
+    position, kinds = 0, []
+    while True:
+        (length,) = struct.unpack_from(">I", stream, position)
+        if length == 0:
+            return kinds
+        header = stream[position + 4:position + 4 + length]
+        kinds.append(header[:1])
+        size = json.loads(header)["size"] if header[:1] == b"{" else struct.unpack_from("<q", header, 1)[0]
+        position += 4 + length + size + 8
+
+
+def test_file_records_travel_with_packed_headers_and_decode_as_the_json_ones():
+    records = sample_records()
+    packed = b"".join(encode_files(records, packed=True))
+    assert list(decode_files(io.BytesIO(packed))) == records
+    asked = [entry for entry, _, _ in records]
+    assert list(decode_files(one_byte_chunks(packed), expected=asked)) == records
+    # Files packed; the error record keeps its JSON header, as do entries with extras.
+    assert headers_of(packed) == [b"\x01"] * (len(records) - 1) + [b"{"]
+    linked = Entry("a", FILE, 1, 5, stat.S_IFREG | 0o644, nlink=2, link="g")
+    assert headers_of(b"".join(encode_files([(linked, b"x", "")], packed=True))) == [b"{"]
+    assert list(decode_files(io.BytesIO(b"".join(encode_files([(linked, b"x", "")], packed=True))))) == [
+        (linked, b"x", "")]
+
+
+def packed_record(path: bytes, size: int = 1, sparse: int = 0) -> bytes:
+    header = struct.pack("<BqqIIIIB", 1, size, 5, stat.S_IFREG | 0o644, 0, 0, 1, sparse) + path
+    data = b"x" * max(size, 0)
+    return struct.pack(">I", len(header)) + header + data + digest(data) + END_MARKER
+
+
+@pytest.mark.parametrize("record, error, message", [
+    (packed_record(b"../up"), AccessDenied, "outside"),
+    (packed_record(b"/abs"), AccessDenied, "outside"),
+    (packed_record(b"a//b"), TreeWireError, "empty"),
+    (packed_record(b"a\x00b"), TreeWireError, "NUL"),
+    (packed_record(b"x", size=-1), TreeWireError, "out of bounds"),
+    (packed_record(b"x", sparse=2), TreeWireError, "out of bounds"),
+    (packed_record(b""), TreeWireError, "without a path"),
+])
+def test_a_packed_header_is_checked_as_parse_entry_checks_an_entry(record, error, message):
+    with pytest.raises(error, match=message):
+        list(decode_files(io.BytesIO(record)))
+
+
+def test_a_packed_header_too_big_for_a_record_is_refused_before_its_data():
+    header = struct.pack("<BqqIIIIB", 1, 2 ** 40, 5, stat.S_IFREG, 0, 0, 1, 0) + b"big"
+    with pytest.raises(TreeWireError, match="more than"):
+        list(decode_files(io.BytesIO(struct.pack(">I", len(header)) + header)))
+
+
+def test_a_packed_answer_must_be_the_file_asked_for():
+    asked = [Entry("a", FILE, 1, 5, stat.S_IFREG | 0o644)]
+    with pytest.raises(TreeWireError, match="not asked for"):
+        list(decode_files(io.BytesIO(packed_record(b"b")), expected=asked))
+    with pytest.raises(TreeWireError, match="has 2 bytes"):
+        list(decode_files(io.BytesIO(packed_record(b"a", size=2)), expected=asked))
+
+
+def test_the_server_packs_a_read_answer_only_for_a_client_that_asks(server, tree_dir):  # noqa: F811
+    contents = populate(tree_dir)
+    listing = remote(server, tree_dir).list()
+    files = [entry for entry in listing.entries if entry.kind == FILE]
+    body = json.dumps({"entries": [entry.to_wire() for entry in files]})
+    target = f"/.pdiffcopy/tree-read/{quote_path(tree_dir.name)}"
+    answers = {}
+    for query in ("", "?packed=1"):
+        status, _, answer = raw_request(server.port, "POST", target + query, {"Content-Type": "application/json"},
+                                        body)
+        assert status == 200
+        assert [record[:2] for record in decode_files(io.BytesIO(answer), expected=files)] == [
+            (entry, contents[entry.path]) for entry in files]
+        answers[query] = headers_of(answer)
+    assert set(answers[""]) == {b"{"}  # an older client's answer, as it always was
+    assert set(answers["?packed=1"]) == {b"\x01"}
+
+
+def test_our_client_writes_packed_headers_to_a_server_that_listed_packed(server, tree_dir, monkeypatch):  # noqa: F811
+    source = tree_dir / "source"
+    source.mkdir()
+    contents = populate(source)
+    source_tree, target_tree = remote(server, source), remote(server, tree_dir)
+    files = [entry for entry in source_tree.list().entries if entry.kind == FILE]
+    records = [(entry._replace(path=f"copy-{index}"), data)
+               for index, (entry, data, _) in enumerate(source_tree.read_files(files))]
+    sent = []
+    real = remotetree.encode_files
+    monkeypatch.setattr(remotetree, "encode_files",
+                        lambda records, packed=False: sent.append(packed) or real(records, packed))
+    assert target_tree.write_files(records[:2], MetadataOptions()) == []  # not listed yet: JSON, as ever
+    target_tree.list()
+    assert target_tree.write_files(records[2:], MetadataOptions(times=True)) == []
+    assert sent == [False, True]
+    for index, (entry, _) in enumerate(records):
+        assert (tree_dir / f"copy-{index}").read_bytes() == contents[files[index].path]
+        assert os.stat(tree_dir / f"copy-{index}").st_mtime_ns == entry.mtime_ns or index < 2
+
+
+def test_an_older_server_gets_json_headers_and_its_answers_are_read(older_server, unique):
+    directory = older_server.root / f"rw-{unique}"
+    directory.mkdir()
+    contents = populate(directory)
+    tree = remote(older_server, directory)
+    files = [entry for entry in tree.list().entries if entry.kind == FILE]
+    got = {entry.path: data for entry, data, _ in tree.read_files(files)}  # it ignores ?packed=1
+    assert got == contents
+    records = [(entry._replace(path=f"copy-{index}"), got[entry.path]) for index, entry in enumerate(files)]
+    assert tree.write_files(records, MetadataOptions(times=True)) == []  # a packed header would be a 400
+    assert [(directory / f"copy-{index}").read_bytes() for index in range(len(files))] == [
+        got[entry.path] for entry in files]

@@ -58,6 +58,7 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
     TreeWireError,
@@ -356,10 +357,8 @@ class _ClosingBody:
             self._release()
 
 
-def _counted(records, counter):
-    for record in records:
-        counter.inc(len(record[1] or b""))
-        yield record
+def _data_size(record: Tuple[Entry, Optional[bytes], str]) -> int:
+    return len(record[1] or b"")
 
 
 class _ClientBody:
@@ -427,18 +426,19 @@ def tree_read(path: str = ""):
         try:
             records = tree.read_files(entries)
             if metrics is not None:
-                records = metrics.served(records, size=lambda record: len(record[1] or b""))
+                records = metrics.served(records, size=_data_size)
             if rate_limit is not None:
                 records = _limited(records, rate_limit)
             if coded:
                 if metrics is not None:
-                    records = _counted(records, metrics.compressed_bytes.labels("sent"))
-                yield from compression.compressed_stream(encode_files(records), level)
+                    records = metrics.counted(records, metrics.compressed_bytes.labels("sent"), _data_size)
+                yield from compression.compressed_stream(encode_files(records, packed), level)
             else:
-                yield from encode_files(records)
+                yield from encode_files(records, packed)
         finally:
             tree.close()
 
+    packed = flag_arg(PACKED_RECORDS_PARAMETER)  # headers packed where they can be, for a client that asks
     # Compressed when the client asks (RFC 9110 content coding of the answer).
     coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
     # At the level our client chose from the link it measured (?level=N); 1 for anyone else.
@@ -473,20 +473,23 @@ def tree_write(path: str = ""):
     def files() -> Iterator[Tuple[Entry, bytes]]:
         # Only records whose digest matched come out of decode_files: a
         # corrupt or cut-off record stops the stream before it is written.
+        records = decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES)
+        if metrics is not None:  # a batch at a time: per file, the counter cost more than parsing the header
+            records = metrics.counted(records, metrics.bytes_received, _data_size)
+            if coding == compression.ENCODING:
+                records = metrics.counted(records, metrics.compressed_bytes.labels("received"), _data_size)
         try:
-            for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
+            for entry, data, _ in records:
                 if data is None:
                     raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
-                if metrics is not None:
-                    metrics.bytes_received.inc(len(data))
-                    if coding == compression.ENCODING:
-                        metrics.compressed_bytes.labels("received").inc(len(data))
                 if rate_limit is not None:
                     rate_limit.take(len(data))
                 yield policy.entry(entry, ignored), data
         except PdiffcopyError as problem:
             refusal.append(problem)  # raised below, even if the tree took it for one failure
             raise
+        finally:
+            records.close()  # counts what is left to count now, not when collected
 
     try:
         failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))

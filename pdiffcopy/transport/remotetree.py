@@ -49,6 +49,7 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
     Record,
@@ -101,6 +102,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._attributes: Optional[MetadataOptions] = None
         #: The listing removes the temporaries of writers that are gone (:meth:`sweep_while_listing`).
         self._sweep = False
+        #: The server sent a packed listing, so it takes packed record headers too (before: JSON only).
+        self._server_packs = False
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -140,6 +143,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         try:
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
             packed = _media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
+            self._server_packs = self._server_packs or packed
             root: Optional[Entry] = None
             with self._reading_listing():
                 if packed:
@@ -247,11 +251,12 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         # maybe from several threads, and may send other requests meanwhile.
         connection = self.client.dedicated()
         headers = {"Content-Type": "application/json"}
-        target = self._target("tree-read")
+        # Packed record headers: an older server ignores the parameter and sends JSON ones.
+        target = self._target("tree-read") + f"?{PACKED_RECORDS_PARAMETER}=1"
         level = self.compression.level()
         if level is not None:
             headers["Accept-Encoding"] = compression.ENCODING
-            target += f"?{compression.LEVEL_PARAMETER}={level}"
+            target += f"&{compression.LEVEL_PARAMETER}={level}"
         # A plain batch tells the adaptive rule how fast the link is and how the data shrinks.
         learning = self.compression.learning()
         started, moved, sample = time.perf_counter(), 0, b""
@@ -293,7 +298,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         failures: List[Failure] = []
         pending = _Pending(files)
         while pending.more():
-            body = encode_files(self._write_batch(pending, failures))
+            body = encode_files(self._write_batch(pending, failures), packed=self._server_packs)
             headers = {"Content-Type": "application/octet-stream"}
             # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
             learning = self.compression.learning()
