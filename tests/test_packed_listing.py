@@ -334,3 +334,50 @@ def test_an_older_server_gets_json_headers_and_its_answers_are_read(older_server
     assert tree.write_files(records, MetadataOptions(times=True)) == []  # a packed header would be a 400
     assert [(directory / f"copy-{index}").read_bytes() for index in range(len(files))] == [
         got[entry.path] for entry in files]
+
+
+# -- packed read requests ----------------------------------------------------------------
+
+
+def read_packed(server, tree_dir, body: bytes):  # noqa: F811
+    return raw_request(server.port, "POST", f"/.pdiffcopy/tree-read/{quote_path(tree_dir.name)}?packed=1",
+                       {"Content-Type": PACKED_LISTING_TYPE}, body)
+
+
+def test_a_read_request_may_carry_its_entries_packed(server, tree_dir):  # noqa: F811
+    contents = populate(tree_dir)
+    files = [entry for entry in remote(server, tree_dir).list().entries if entry.kind == FILE]
+    status, _, answer = read_packed(server, tree_dir, encode_batch(files) + packedlisting.END)
+    assert status == 200
+    assert [(entry, data) for entry, data, _ in decode_files(io.BytesIO(answer), expected=files)] == [
+        (entry, contents[entry.path]) for entry in files]
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (encode_batch([Entry("../x", FILE, 1, 1, stat.S_IFREG | 0o644)]) + packedlisting.END, 403, "outside"),
+    (encode_batch([Entry("d", DIR, 0, 1, stat.S_IFDIR | 0o755)]) + packedlisting.END, 400, "Not a regular"),
+    (encode_batch([Entry("x", FILE, 1, 1, stat.S_IFREG | 0o644)]) + packedlisting.END + b"more", 400,
+     "after its end"),
+    (encode_batch([Entry("x", FILE, 1, 1, stat.S_IFREG | 0o644)]), 400, "cut short"),
+], ids=["leading out", "a directory", "after the end", "no end"])
+def test_a_bad_packed_read_request_is_refused_in_one_line(server, tree_dir, body, status, message):  # noqa: F811
+    got, headers, answer = read_packed(server, tree_dir, body)
+    assert got == status and message in json.loads(answer)["error"]
+    assert b"\n" not in answer.strip()
+
+
+def test_a_packed_read_request_is_bounded(server, tree_dir, monkeypatch):  # noqa: F811
+    many = [Entry(f"f{index}", FILE, 0, 1, stat.S_IFREG | 0o644) for index in range(10_001)]
+    got, _, answer = read_packed(server, tree_dir, b"".join(packedlisting.encode_batches(many)) + packedlisting.END)
+    assert got == 400 and "At most 10000" in json.loads(answer)["error"]
+
+
+def test_our_client_sends_packed_reads_to_a_server_that_listed_packed(server, tree_dir, monkeypatch):  # noqa: F811
+    contents = populate(tree_dir)
+    tree = remote(server, tree_dir)
+    packed = []
+    real = remotetree._packed_batches
+    monkeypatch.setattr(remotetree, "_packed_batches", lambda entries: packed.append(len(entries)) or real(entries))
+    files = [entry for entry in tree.list().entries if entry.kind == FILE]
+    assert {entry.path: data for entry, data, _ in tree.read_files(files)} == contents
+    assert packed == [len(files)]

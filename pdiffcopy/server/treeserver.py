@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import logging
 import os
@@ -254,6 +255,41 @@ def json_list(key: str, limit: int, parse: Callable[[Any], Any]) -> List[Any]:
     return values
 
 
+def packed_entries(limit: int) -> List[Entry]:
+    """The entries of a packed request body (:mod:`~pdiffcopy.core.packedlisting`'s batches and
+    end marker), each checked as :func:`json_list` checks a JSON one.
+
+    :raises PayloadTooLarge: For a body over :data:`MAX_JSON_BODY_BYTES`.
+    :raises BadRequest: For a body without a length, malformed, or with more than ``limit`` entries.
+    """
+    length = request.content_length
+    if length is None:
+        raise BadRequest("A packed request body needs a Content-Length")
+    if length > MAX_JSON_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body has {length} bytes; at most {MAX_JSON_BODY_BYTES} "
+                              f"are accepted")
+    pieces, left = [], length
+    while left:
+        piece = request.stream.read(min(left, 1024 * 1024))
+        if not piece:
+            raise BadRequest("The request body was cut short")
+        pieces.append(piece)
+        left -= len(piece)
+    body = io.BytesIO(b"".join(pieces))
+    entries: List[Entry] = []
+    for batch in packedlisting.decode_batches(body.read):
+        entries += batch
+        if len(entries) > limit:
+            raise BadRequest(f"At most {limit} entries per request")
+    if body.read(1):
+        raise BadRequest("The request body goes on after its end marker")
+    return entries
+
+
+def _media_type(content_type: Optional[str]) -> str:
+    return (content_type or "").partition(";")[0].strip().lower()
+
+
 def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories,
                    packed: bool = False) -> Iterator[bytes]:
     """A listing as JSON text (or, ``packed``, in :mod:`~pdiffcopy.core.packedlisting`'s form),
@@ -416,7 +452,10 @@ def tree_read(path: str = ""):
     """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
     state = server_state()
     metrics, rate_limit = state.metrics, state.rate_limit
-    entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
+    if _media_type(request.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE:
+        entries = packed_entries(MAX_BATCH_FILES)
+    else:
+        entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
     check_files_to_read(entries)
     tree = open_tree(state.root, path, state.config.write_hard_links)
 

@@ -241,16 +241,23 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                 yield entry, None, f"too large to copy whole ({entry.size} bytes)"
             else:
                 readable.append(entry)
-        for batch, body in _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES,
-                                    lambda entry: entry.size, lambda entry: entry.to_wire(), "entries"):
-            yield from self._read_batch(batch, body)
+        if self._server_packs:  # it takes the entries packed too, a fifth of the work of JSON at each end
+            batches: Iterable[Tuple[List[Entry], bytes]] = _packed_batches(readable)
+            content_type = packedlisting.PACKED_LISTING_TYPE
+        else:
+            batches = _batches(readable, MAX_BATCH_FILES, MAX_BATCH_BYTES, lambda entry: entry.size,
+                               lambda entry: entry.to_wire(), "entries")
+            content_type = "application/json"
+        for batch, body in batches:
+            yield from self._read_batch(batch, body, content_type)
 
-    def _read_batch(self, entries: List[Entry], body: bytes) -> Iterator[Record]:
-        """One read request (``body``: its JSON), decoded as it arrives; the records come in the order asked."""
+    def _read_batch(self, entries: List[Entry], body: bytes, content_type: str) -> Iterator[Record]:
+        """One read request (``body``: its entries, JSON or packed), decoded as it arrives; the records come
+        in the order asked."""
         # A connection of its own: the caller reads the answer at its pace,
         # maybe from several threads, and may send other requests meanwhile.
         connection = self.client.dedicated()
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": content_type}
         # Packed record headers: an older server ignores the parameter and sends JSON ones.
         target = self._target("tree-read") + f"?{PACKED_RECORDS_PARAMETER}=1"
         level = self.compression.level()
@@ -519,6 +526,26 @@ def _batches(items: List[Any], max_count: int, max_bytes: Optional[int], size_of
             body = _json_bytes({key: wires})
         yield items[start:start + len(wires)], body
         start += len(wires)
+
+
+def _packed_batches(entries: List[Entry]) -> Iterator[Tuple[List[Entry], bytes]]:
+    """``entries`` cut into read requests within their bounds, each with its packed body
+    (batches and the end marker; no head, no ending)."""
+    start = 0
+    while start < len(entries):
+        end, data = start, 0
+        while end < len(entries) and end - start < MAX_BATCH_FILES:
+            if end > start and data + entries[end].size > MAX_BATCH_BYTES:
+                break
+            data += entries[end].size
+            end += 1
+        while True:
+            body = b"".join(packedlisting.encode_batches(entries[start:end])) + packedlisting.END
+            if len(body) <= _JSON_BATCH_BYTES or end - start == 1:
+                break
+            end = start + (end - start) // 2  # long names: fewer entries a request
+        yield entries[start:end], body
+        start = end
 
 
 def _json_bytes(document: Any) -> bytes:
