@@ -381,3 +381,26 @@ def test_our_client_sends_packed_reads_to_a_server_that_listed_packed(server, tr
     files = [entry for entry in tree.list().entries if entry.kind == FILE]
     assert {entry.path: data for entry, data, _ in tree.read_files(files)} == contents
     assert packed == [len(files)]
+
+
+def test_plain_writes_go_in_bodies_of_known_length_within_their_bound(server, tree_dir, monkeypatch):  # noqa: F811
+    monkeypatch.setattr(remotetree, "SIZED_WRITE_BYTES", 5000)
+    bodies = []
+    real = remotetree.HttpClient.request
+
+    def request(client, method, target, *args, body=None, **kwargs):
+        if "tree-write" in target:
+            bodies.append(body)
+        return real(client, method, target, *args, body=body, **kwargs)
+
+    monkeypatch.setattr(remotetree.HttpClient, "request", request)
+    records = [(Entry(f"f{index}", FILE, 1500, 7, stat.S_IFREG | 0o644), bytes([index]) * 1500)
+               for index in range(10)]
+    tree = remote(server, tree_dir)
+    tree.list()
+    assert tree.write_files(records, MetadataOptions()) == []
+    # Bytes (sent with a Content-Length, which the server reads straight from its socket), three
+    # files a request, every file whole.
+    assert [type(body) for body in bodies] == [bytes] * 4
+    assert [len(list(decode_files(io.BytesIO(body)))) for body in bodies] == [3, 3, 3, 1]
+    assert [(tree_dir / entry.path).read_bytes() for entry, _ in records] == [data for _, data in records]

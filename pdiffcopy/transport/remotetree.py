@@ -67,6 +67,9 @@ logger = logging.getLogger(__name__)
 #: which leaves room for the escaping of odd names measured per item.
 _JSON_BATCH_BYTES = MAX_JSON_BODY_BYTES // 2
 
+#: Most bytes of files one plain write request carries: its body is gathered before it is sent.
+SIZED_WRITE_BYTES = 16 * 1024 * 1024
+
 #: Entries of a listing handed on at a time as they are read (the local walk's batch size too).
 LISTING_BATCH_ENTRIES = 2048
 
@@ -301,18 +304,29 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
 
     def write_files(self, files: Iterable[Tuple[Entry, bytes]], options: MetadataOptions,
                     fresh: bool = False) -> List[Failure]:
-        """Send the files, streamed, in as few requests as the server's bounds allow."""
+        """Send the files in as few requests as the server's bounds allow: plain ones gathered into
+        bodies of known length, at most :data:`SIZED_WRITE_BYTES` of files each (or one bigger
+        file); compressed or rate-limited ones streamed."""
         failures: List[Failure] = []
         pending = _Pending(files)
         while pending.more():
-            body = encode_files(self._write_batch(pending, failures), packed=self._server_packs)
             headers = {"Content-Type": "application/octet-stream"}
             # Only to a server that lists our compressed PATCH bodies: an older one would refuse it.
             learning = self.compression.learning()
             level = self.compression.level()
-            if level is not None and self.client.patch_frames:
+            compressing = level is not None and self.client.patch_frames
+            # A body of known length is read straight from the socket by the server; a chunked one
+            # through gunicorn's chunk parser. Streamed when compressed, and under --bwlimit, whose
+            # bucket paces a streamed body chunk by chunk.
+            sized = not compressing and self.client.rate_limit is None
+            records = self._write_batch(pending, failures,
+                                        min(SIZED_WRITE_BYTES, MAX_BATCH_BYTES) if sized else MAX_BATCH_BYTES)
+            body: Any = encode_files(records, packed=self._server_packs)
+            if compressing:
                 body = compression.compressed_stream(body, level)
                 headers["Content-Encoding"] = compression.ENCODING
+            elif sized:
+                body = b"".join(body)
             elif learning:
                 body = _measured(body)
             started = time.perf_counter()
@@ -320,13 +334,17 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                 "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
                 headers=headers, replayable=False)
             failures.extend(self._failures_of(response))
-            if learning and isinstance(body, _measured):
+            if learning and sized:
+                self.compression.observed(len(body), time.perf_counter() - started,
+                                          body[:compression.SAMPLE_BYTES])
+            elif learning and isinstance(body, _measured):
                 self.compression.observed(body.count, time.perf_counter() - started, bytes(body.sample))
         return failures
 
     @staticmethod
-    def _write_batch(pending: "_Pending", failures: List[Failure]) -> Iterator[Record]:
-        """The records of one write request, taken from ``pending`` as the body is sent."""
+    def _write_batch(pending: "_Pending", failures: List[Failure], max_bytes: int) -> Iterator[Record]:
+        """The records of one write request (at most ``max_bytes`` of files, or one file), taken from
+        ``pending`` as the body is made."""
         count = total = 0
         for entry, data in pending:
             refusal = _leaves_the_tree(entry.path)
@@ -339,7 +357,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             if len(data) > MAX_FILE_BYTES:
                 failures.append((entry.path, f"too large to copy whole ({len(data)} bytes)"))
                 continue
-            if count and (count == MAX_BATCH_FILES or total + len(data) > MAX_BATCH_BYTES):
+            if count and (count == MAX_BATCH_FILES or total + len(data) > max_bytes):
                 pending.put_back((entry, data))  # starts the next request
                 return
             count += 1
