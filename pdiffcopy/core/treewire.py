@@ -13,7 +13,13 @@ end marker::
     DIGEST   = 8 bytes: the xxh3_64 digest of DATA, big-endian
     end      = 4 zero bytes, and nothing after them
 
-``ENTRY`` is :meth:`Entry.to_wire`. Headers are written with
+``ENTRY`` is :meth:`Entry.to_wire`. A peer that knows it (see
+:data:`PACKED_RECORDS_PARAMETER`) may also get a file record's header packed:
+``0x01``, then size and mtime_ns (signed 64-bit), mode, uid, gid and nlink
+(unsigned 32-bit), sparse (one byte), all little-endian, then the path's
+bytes; a JSON header always starts with ``{``, so a decoder tells the two
+apart by the first byte. Error records, and entries with a link group or
+attributes, keep the JSON header. Headers are written with
 ``ensure_ascii``: a name that is not UTF-8 travels as the ``\\udcXX``
 surrogate escapes :func:`os.fsdecode` gives it, and comes back as the same
 ``str``. The decoder verifies every digest before it hands a record out,
@@ -74,6 +80,13 @@ TREE_ORDER_WALK = "walk"
 
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
+
+#: The query parameter (``=1``) with which a client asks for, or announces, packed record
+#: headers: a read's answer has them; a write's body may (docs/protocol.rst).
+PACKED_RECORDS_PARAMETER = "packed"
+#: The first byte of a packed header, and its numbers.
+_PACKED_TAG = 1
+_PACKED_HEADER = struct.Struct("<BqqIIIIB")
 END_MARKER = _LENGTH.pack(0)
 
 #: Files smaller than this are sent as one chunk with their header and digest
@@ -111,7 +124,7 @@ def _integer(value: Any, name: str, minimum: int, maximum: int) -> int:
     return value
 
 
-def _encodable(text: str, what: str) -> None:
+def check_encodable(text: str, what: str) -> None:
     """Refuse strings no file name can be: NUL, and surrogates other than fsdecode's escapes."""
     if "\x00" in text:
         raise TreeWireError(f"Invalid entry: its {what} contains a NUL byte")
@@ -137,7 +150,7 @@ def check_relative_path(path: str, allow_root: bool = False) -> str:
         raise TreeWireError("Invalid entry: its path must be a string")
     if path == "" and allow_root:
         return path
-    _encodable(path, "path")
+    check_encodable(path, "path")
     if path.startswith("/"):
         raise AccessDenied(f"Path outside the tree: {path[:200]!r}")
     parts = path.split("/")
@@ -186,7 +199,7 @@ MAX_ENTRY_XATTR_BYTES = 1024 * 1024
 MAX_LINK_LENGTH = 64
 
 
-def _check_extras(link: Any, xattrs: Any) -> None:
+def check_extras(link: Any, xattrs: Any) -> None:
     """The link group and the attributes of a twelve-value entry."""
     if type(link) is not str or len(link) > MAX_LINK_LENGTH or not link.isascii():
         raise TreeWireError(f"Invalid entry: its link must be a string of at most {MAX_LINK_LENGTH} ASCII characters")
@@ -222,7 +235,7 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     if not isinstance(kind, str) or not isinstance(target, str):
         raise TreeWireError("Invalid entry: its kind and target must be strings")
     if target:
-        _encodable(target, "symlink target")
+        check_encodable(target, "symlink target")
     _integer(size, "size", 0, _MAX_INT64)
     _integer(mtime_ns, "mtime_ns", -_MAX_INT64 - 1, _MAX_INT64)
     _integer(mode, "mode", 0, _MAX_UINT32)
@@ -232,7 +245,7 @@ def parse_entry(value: Any, allow_root: bool = False) -> Entry:
     if sparse not in (0, 1) or isinstance(sparse, float):
         raise TreeWireError("Invalid entry: sparse must be 0 or 1")
     if len(value) == 12:
-        _check_extras(value[10], value[11])
+        check_extras(value[10], value[11])
     try:
         return Entry.from_wire(value)
     except (ValueError, binascii.Error) as error:  # an unknown kind, bad base64
@@ -272,8 +285,17 @@ def check_link(entry: Entry) -> None:
 # -- encoding ------------------------------------------------------------------
 
 
-def encode_header(entry: Entry, size: int, error: str = "") -> bytes:
-    """One record's length prefix and JSON header."""
+def encode_header(entry: Entry, size: int, error: str = "", packed: bool = False) -> bytes:
+    """One record's length prefix and header (``packed``: the packed one, where the entry allows)."""
+    if packed and not error and not entry.link and not entry.xattrs and entry.kind == FILE:
+        try:
+            path = entry.path.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            pass  # not a file name: the JSON header carries it, and the receiver says so
+        else:
+            text = _PACKED_HEADER.pack(_PACKED_TAG, size, entry.mtime_ns, entry.mode, entry.uid, entry.gid,
+                                       entry.nlink, int(entry.sparse)) + path
+            return _LENGTH.pack(len(text)) + text
     header: dict = {"entry": entry.to_wire(), "size": size}
     if error:
         header["error"] = " ".join(error.splitlines()) or "unreadable"
@@ -281,11 +303,12 @@ def encode_header(entry: Entry, size: int, error: str = "") -> bytes:
     return _LENGTH.pack(len(text)) + text
 
 
-def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
+def encode_files(records: Iterable[Record], packed: bool = False) -> Iterator[bytes]:
     """The stream of ``records``, as chunks of bytes (ending with the end marker).
 
     :param records: ``(entry, content, "")`` per file, or ``(entry, None, why)``
                     for one that could not be read.
+    :param packed: Packed headers for the files (the receiver must know them).
     :raises TreeWireError: For a file larger than :data:`MAX_FILE_BYTES` or
                            whose content is not as long as its entry says
                            (the receiver would refuse the whole stream).
@@ -304,7 +327,7 @@ def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
         if len(data) > MAX_FILE_BYTES:
             raise TreeWireError(f"{entry.path!r} is larger than {MAX_FILE_BYTES} bytes, too large "
                                 f"to travel whole")
-        header = encode_header(entry, len(data))
+        header = encode_header(entry, len(data), packed=packed)
         if len(data) < _COALESCE_BYTES:
             pending += (header, data, digest(data))
             pending_size += len(header) + len(data) + DIGEST_SIZE
@@ -324,11 +347,27 @@ def encode_files(records: Iterable[Record]) -> Iterator[bytes]:
 # -- decoding ------------------------------------------------------------------
 
 
+def _parse_packed_header(text: bytes) -> Tuple[Entry, int, str]:
+    """A packed file header, checked as parse_entry checks an entry."""
+    (size, mtime_ns, mode, uid, gid, nlink, sparse), raw = _packed_header(text)
+    if size > MAX_FILE_BYTES:
+        raise TreeWireError(f"Invalid batch stream: a file of {size} bytes, more than the "
+                            f"{MAX_FILE_BYTES} one record may carry")
+    path = raw.decode("utf-8", "surrogateescape")
+    if not (path.isascii() and len(path) <= MAX_PATH_LENGTH and path[0] != "/" and "\x00" not in path
+            and not _ODD_COMPONENT.search(path)):
+        check_relative_path(path)  # says what is wrong, or passes an odd but valid name
+    entry = tuple.__new__(Entry, (path, FILE, size, mtime_ns, known_mode(mode) or shared_mode(mode), uid, gid,
+                                  "", nlink, sparse == 1, "", ()))
+    return entry, size, ""
+
+
+
 #: Bytes a decoder reads from its source at a time (more when a record needs it).
 READ_AHEAD_BYTES = 256 * 1024
 
 
-class _Source:
+class ExactSource:
     """Exactly-``n``-bytes reads over a file-like object or an iterator of chunks.
 
     Reads are served from a read-ahead buffer: a record is four reads
@@ -344,6 +383,7 @@ class _Source:
             self._chunks = iter(source)
         self._buffer = b""  # read ahead; handed out from _position on
         self._position = 0
+        self._scratch: Optional[memoryview] = None
 
     def read(self, size: int) -> bytes:
         """Up to ``size`` bytes; fewer only at the end of the stream."""
@@ -371,9 +411,12 @@ class _Source:
             return next(self._chunks, b"")
         if self._read is not None:
             return bytes(self._read(size))
-        buffer = bytearray(size)
-        count = self._readinto(memoryview(buffer))  # type: ignore[misc]
-        return bytes(buffer[:count]) if count else b""
+        # One buffer for every read: a new zeroed 256 KiB per call, when a socket hands out a few
+        # KiB at a time, was a quarter of a pushed small file's time on the server.
+        if self._scratch is None or len(self._scratch) < size:
+            self._scratch = memoryview(bytearray(size))
+        count = self._readinto(self._scratch[:size])  # type: ignore[misc]
+        return self._scratch[:count].tobytes() if count else b""
 
 
 def decode_files(source: Any, max_files: Optional[int] = None,
@@ -398,7 +441,7 @@ def decode_files(source: Any, max_files: Optional[int] = None,
                            malformed, corrupt, cut short or out of bounds,
                            at the first record where that shows.
     """
-    reader = _Source(source)
+    reader = ExactSource(source)
     files = 0
     total = 0
     while True:
@@ -431,11 +474,21 @@ def decode_files(source: Any, max_files: Optional[int] = None,
         yield (entry, None, error) if error else (entry, data, "")
 
 
-def _exactly(reader: _Source, size: int, what: str) -> bytes:
+def _exactly(reader: ExactSource, size: int, what: str) -> bytes:
     data = reader.read(size)
     if len(data) != size:
         raise TreeWireError(f"The batch stream was cut short in {what}")
     return data
+
+
+def _packed_header(text: bytes) -> Tuple[tuple, bytes]:
+    """A packed header's numbers (size, mtime_ns, mode, uid, gid, nlink, sparse) and path bytes."""
+    if len(text) <= _PACKED_HEADER.size:
+        raise TreeWireError("Invalid batch stream: a packed header without a path")
+    numbers = _PACKED_HEADER.unpack_from(text)[1:]
+    if numbers[0] < 0 or numbers[6] > 1:
+        raise TreeWireError("Invalid batch stream: a packed header's size or sparse flag is out of bounds")
+    return numbers, text[_PACKED_HEADER.size:]
 
 
 def _header_of(text: bytes) -> dict:
@@ -450,6 +503,15 @@ def _header_of(text: bytes) -> dict:
 
 def _parse_expected_header(text: bytes, wanted: Entry) -> Tuple[Entry, int, str]:
     """A record's header that must be ``wanted``'s: its path, and its size unless an error record."""
+    if text[0] == _PACKED_TAG:
+        numbers, path = _packed_header(text)
+        if path != wanted.path.encode("utf-8", "surrogateescape"):
+            raise TreeWireError(f"Invalid batch stream: a record of {path[:200]!r}, which was not asked for "
+                                f"at that point ({wanted.path!r} was)")
+        if numbers[0] != wanted.size:
+            raise TreeWireError(f"Invalid batch stream: the record of {wanted.path!r} has {numbers[0]} bytes, "
+                                f"its entry says {wanted.size}")
+        return wanted, numbers[0], ""
     header = _header_of(text)
     sent = header["entry"]
     path = sent[0] if type(sent) is list and sent else None
@@ -471,6 +533,8 @@ def _parse_expected_header(text: bytes, wanted: Entry) -> Tuple[Entry, int, str]
 
 
 def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
+    if text[0] == _PACKED_TAG:
+        return _parse_packed_header(text)
     header = _header_of(text)
     entry = parse_entry(header["entry"])
     size = header.get("size", 0)
@@ -495,8 +559,8 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 
 
 __all__ = [
-    "DIGEST_SIZE", "END_MARKER", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
-    "MAX_FILE_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS",
-    "MAX_HEADER_BYTES", "Record", "TreeWireError", "check_link", "check_relative_path", "decode_files",
-    "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
+    "DIGEST_SIZE", "END_MARKER", "ExactSource", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
+    "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "PACKED_RECORDS_PARAMETER",
+    "Record", "TreeWireError", "check_encodable", "check_extras", "check_link", "check_relative_path",
+    "decode_files", "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
 ]

@@ -118,7 +118,12 @@ class ServerMetrics:
             self.busy.inc()
 
     def served(self, chunks: Iterable[T], size=len) -> Iterator[T]:
-        """``chunks`` as they are, counting ``size(chunk)`` bytes served as they go out.
+        """``chunks`` as they are, counting ``size(chunk)`` bytes served as they go out (:meth:`counted`)."""
+        return self.counted(chunks, self.bytes_served, size)
+
+    @staticmethod
+    def counted(chunks: Iterable[T], counter, size=len) -> Iterator[T]:
+        """``chunks`` as they are, adding ``size(chunk)`` to ``counter`` as they pass.
 
         Counted every :data:`SERVED_COUNT_BYTES` or so, so a long transfer
         shows up while it runs; not chunk by chunk, which for a tree's
@@ -129,12 +134,12 @@ class ServerMetrics:
             for chunk in chunks:
                 uncounted += size(chunk)
                 if uncounted >= SERVED_COUNT_BYTES:
-                    self.bytes_served.inc(uncounted)
+                    counter.inc(uncounted)
                     uncounted = 0
                 yield chunk
         finally:
             if uncounted:
-                self.bytes_served.inc(uncounted)
+                counter.inc(uncounted)
 
     def render(self) -> Tuple[bytes, str]:
         """The text exposition of every metric (of all worker processes) and its content type."""

@@ -26,6 +26,7 @@ from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.engine.treeendpoints import OPERATIONS
+from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE
 from pdiffcopy.core.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS, TREE_ORDER_HEADER, TREE_ORDER_WALK
 
 #: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
@@ -315,6 +316,8 @@ def _components() -> Dict[str, Any]:
                            "403.",
             "schema": {"type": "string", "minLength": 1}, "example": "db",
         },
+        "Packed": _flag("packed", "1: the file records' headers packed where they can be (docs/protocol.rst, "
+                                  "The batch stream); 0 (the default): JSON headers"),
         "Sweep": _flag("sweep", "1: remove the temporaries of writers that are gone (their writer locks "
                                 "are free) as the tree is listed, as a push's target does; 0 (the default): "
                                 "do not"),
@@ -639,7 +642,10 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
     for suffix, parameters, name in (("/{path}", [tree], ""), ("/", [], "Root")):
         listing = _operation(
             f"treeList{name}", "List a directory tree recursively (symlinks listed, not followed)",
-            {"200": {**_json_answer("The listing", "Listing"), "headers": {TREE_ORDER_HEADER: {
+            {"200": {"description": "The listing: JSON, or packed (docs/protocol.rst, The packed listing) "
+                                    "for a client whose Accept names that type", "content": {
+                _JSON: {"schema": _ref("schemas", "Listing")}, PACKED_LISTING_TYPE: binary}, "headers": {
+                TREE_ORDER_HEADER: {
                 "description": f"{TREE_ORDER_WALK!r}: the entries come in walk order (each directory's "
                                "entries sorted by name, the directories depth first, a directory's "
                                "subdirectories by name); absent: in no particular order",
@@ -650,16 +656,19 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
             {"200": {"description": "The files in the order asked, as a batch stream (records "
                                     "of a JSON header, the data and its xxh3_64 digest)",
                      "content": {_BYTES: binary}}},
-            errors=_PATH_ERRORS + (413,), parameters=list(parameters),
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + [_ref("parameters", "Packed")],
             body={"required": True, "description": "The files to read (at most 64 MiB of JSON, "
-                                                   "read item by item)",
-                  "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")}}})
+                                                   "read item by item; or packed, as a packed listing's "
+                                                   "batches and end marker, with a Content-Length)",
+                  "content": {_JSON: {"schema": _ref("schemas", "ReadRequest")},
+                              PACKED_LISTING_TYPE: binary}})
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
             {"200": _json_answer("The files that could not be written", "Failures")},
             errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Fresh")],
             body={"required": True, "description": "The files, as a batch stream (at most "
-                                                   "10,000 files and 256 MiB)",
+                                                   "10,000 files and 256 MiB; headers JSON or, from a "
+                                                   "client that got a packed listing, packed)",
                   "content": {_BYTES: binary}})
         apply = _operation(
             f"treeApply{name}", "Make directories, symlinks and hard links, set metadata, delete entries",

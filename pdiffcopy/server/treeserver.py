@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.core.jsonstream import JsonStream
+from pdiffcopy.core import packedlisting
 from pdiffcopy.local.localtree import Directories, LocalTree
 from pdiffcopy.server.context import server_state
 from pdiffcopy.local.confinement import Root, clean_relative_path
@@ -57,6 +59,7 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
     TreeWireError,
@@ -252,8 +255,45 @@ def json_list(key: str, limit: int, parse: Callable[[Any], Any]) -> List[Any]:
     return values
 
 
-def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories) -> Iterator[bytes]:
-    """A listing as JSON text, sent while the tree is walked; closes the tree.
+def packed_entries(limit: int) -> List[Entry]:
+    """The entries of a packed request body (:mod:`~pdiffcopy.core.packedlisting`'s batches and
+    end marker), each checked as :func:`json_list` checks a JSON one.
+
+    :raises PayloadTooLarge: For a body over :data:`MAX_JSON_BODY_BYTES`.
+    :raises BadRequest: For a body without a length, malformed, or with more than ``limit`` entries.
+    """
+    length = request.content_length
+    if length is None:
+        raise BadRequest("A packed request body needs a Content-Length")
+    if length > MAX_JSON_BODY_BYTES:
+        raise PayloadTooLarge(f"The request body has {length} bytes; at most {MAX_JSON_BODY_BYTES} "
+                              f"are accepted")
+    pieces, left = [], length
+    while left:
+        piece = request.stream.read(min(left, 1024 * 1024))
+        if not piece:
+            raise BadRequest("The request body was cut short")
+        pieces.append(piece)
+        left -= len(piece)
+    body = io.BytesIO(b"".join(pieces))
+    entries: List[Entry] = []
+    for batch in packedlisting.decode_batches(body.read):
+        entries += batch
+        if len(entries) > limit:
+            raise BadRequest(f"At most {limit} entries per request")
+    if body.read(1):
+        raise BadRequest("The request body goes on after its end marker")
+    return entries
+
+
+def _media_type(content_type: Optional[str]) -> str:
+    return (content_type or "").partition(";")[0].strip().lower()
+
+
+def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories,
+                   packed: bool = False) -> Iterator[bytes]:
+    """A listing as JSON text (or, ``packed``, in :mod:`~pdiffcopy.core.packedlisting`'s form),
+    sent while the tree is walked; closes the tree.
 
     The document is the one a client once received whole,
     ``{"root": ..., "entries": [...], "failures": [...]}``, and ends with
@@ -262,37 +302,59 @@ def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directori
     with ``"error": MESSAGE`` and no closing brace, so that no client can
     read it as a complete listing (ours reports the message). Text is sent in
     pieces of about :data:`LISTING_PIECE_BYTES`; the failures, usually few,
-    are kept until the end.
+    are kept until the end. A packed listing has the same ending, in JSON,
+    after its batches.
     """
     encode = _COMPACT.encode
     failures: List[Failure] = []
+    # Packed: the head, batches, the end marker, then the JSON ending; the JSON: its text.
+    if packed:
+        head, closing = packedlisting.encode_head(top), packedlisting.END + b"{"
+    else:
+        head = b'{"root":' + encode(None if top is None else top.to_wire()).encode("ascii") + b',"entries":['
+        closing = b"],"
     try:
-        pieces = [b'{"root":', encode(None if top is None else top.to_wire()).encode("ascii"),
-                  b',"entries":[']
+        pieces = [head]
         size, first = 0, True
         for entries, failed in directories:
             failures.extend(failed)
             if not entries:
                 continue
-            text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
-            if not first:
-                pieces.append(b",")
-            first = False
-            pieces.append(text)
-            size += len(text)
+            if packed:
+                for batch in packedlisting.encode_batches(entries):
+                    pieces.append(batch)
+                    size += len(batch)
+            else:
+                text = encode([entry.to_wire() for entry in entries])[1:-1].encode("ascii")
+                if not first:
+                    pieces.append(b",")
+                first = False
+                pieces.append(text)
+                size += len(text)
             if size >= LISTING_PIECE_BYTES:
                 yield b"".join(pieces)
                 pieces, size = [], 0
-        pieces.append(b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+        pieces.append(closing + b'"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
                       + b',"complete":true}')
         yield b"".join(pieces)
     except (OSError, PdiffcopyError) as error:
         message = storage_error(error, "list the tree") if isinstance(error, OSError) else error
         logger.warning("Listing of %s failed midway: %s", tree.location, message)
-        yield (b'],"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
+        yield (closing + b'"failures":' + encode([list(failure) for failure in failures]).encode("ascii")
                + b',"error":' + encode(str(message)).encode("ascii"))
     finally:
         tree.close()
+
+
+def wants_packed_listing(accept: Optional[str]) -> bool:
+    """Whether the Accept header names the packed listing (any other answer is JSON, as it always was)."""
+    if not accept:
+        return False
+    for item in accept.split(","):
+        media_type, _, parameters = item.partition(";")
+        if media_type.strip().lower() == packedlisting.PACKED_LISTING_TYPE:
+            return parameters.replace(" ", "").lower() not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 def json_answer(document: Any) -> Response:
@@ -331,10 +393,8 @@ class _ClosingBody:
             self._release()
 
 
-def _counted(records, counter):
-    for record in records:
-        counter.inc(len(record[1] or b""))
-        yield record
+def _data_size(record: Tuple[Entry, Optional[bytes], str]) -> int:
+    return len(record[1] or b"")
 
 
 class _ClientBody:
@@ -377,9 +437,11 @@ def tree_list(path: str = ""):
         directories.close()
         tree.close()
 
-    response = Response(_ClosingBody(listing_stream(tree, top, directories), release),
-                        mimetype="application/json")
+    packed = wants_packed_listing(request.headers.get("Accept"))
+    response = Response(_ClosingBody(listing_stream(tree, top, directories, packed), release),
+                        mimetype=packedlisting.PACKED_LISTING_TYPE if packed else "application/json")
     response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
+    response.headers["Vary"] = "Accept"
     return response
 
 
@@ -390,7 +452,10 @@ def tree_read(path: str = ""):
     """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
     state = server_state()
     metrics, rate_limit = state.metrics, state.rate_limit
-    entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
+    if _media_type(request.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE:
+        entries = packed_entries(MAX_BATCH_FILES)
+    else:
+        entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
     check_files_to_read(entries)
     tree = open_tree(state.root, path, state.config.write_hard_links)
 
@@ -400,18 +465,19 @@ def tree_read(path: str = ""):
         try:
             records = tree.read_files(entries)
             if metrics is not None:
-                records = metrics.served(records, size=lambda record: len(record[1] or b""))
+                records = metrics.served(records, size=_data_size)
             if rate_limit is not None:
                 records = _limited(records, rate_limit)
             if coded:
                 if metrics is not None:
-                    records = _counted(records, metrics.compressed_bytes.labels("sent"))
-                yield from compression.compressed_stream(encode_files(records), level)
+                    records = metrics.counted(records, metrics.compressed_bytes.labels("sent"), _data_size)
+                yield from compression.compressed_stream(encode_files(records, packed), level)
             else:
-                yield from encode_files(records)
+                yield from encode_files(records, packed)
         finally:
             tree.close()
 
+    packed = flag_arg(PACKED_RECORDS_PARAMETER)  # headers packed where they can be, for a client that asks
     # Compressed when the client asks (RFC 9110 content coding of the answer).
     coded = compression.accepts_zstd(request.headers.get("Accept-Encoding"))
     # At the level our client chose from the link it measured (?level=N); 1 for anyone else.
@@ -446,20 +512,23 @@ def tree_write(path: str = ""):
     def files() -> Iterator[Tuple[Entry, bytes]]:
         # Only records whose digest matched come out of decode_files: a
         # corrupt or cut-off record stops the stream before it is written.
+        records = decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES)
+        if metrics is not None:  # a batch at a time: per file, the counter cost more than parsing the header
+            records = metrics.counted(records, metrics.bytes_received, _data_size)
+            if coding == compression.ENCODING:
+                records = metrics.counted(records, metrics.compressed_bytes.labels("received"), _data_size)
         try:
-            for entry, data, _ in decode_files(stream, MAX_BATCH_FILES, MAX_BATCH_BYTES):
+            for entry, data, _ in records:
                 if data is None:
                     raise TreeWireError(f"A write stream carries files, not errors ({entry.path!r})")
-                if metrics is not None:
-                    metrics.bytes_received.inc(len(data))
-                    if coding == compression.ENCODING:
-                        metrics.compressed_bytes.labels("received").inc(len(data))
                 if rate_limit is not None:
                     rate_limit.take(len(data))
                 yield policy.entry(entry, ignored), data
         except PdiffcopyError as problem:
             refusal.append(problem)  # raised below, even if the tree took it for one failure
             raise
+        finally:
+            records.close()  # counts what is left to count now, not when collected
 
     try:
         failures = tree.write_files(files(), options, fresh=flag_arg("fresh"))
