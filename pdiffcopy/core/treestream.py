@@ -39,6 +39,9 @@ from pdiffcopy.core.treeplan import (
 #: Actions in one piece of a streamed plan (the runner forks its workers once per piece).
 PIECE_ACTIONS = 20000
 
+#: The first piece holds this fraction of :data:`PIECE_ACTIONS`; each next one twice its predecessor's.
+FIRST_PIECE_FRACTION = 8
+
 
 def walk_order(path: str) -> Tuple[str, str]:
     """The sort key of a path in a walk's order: its directory in depth-first order, then its name.
@@ -188,7 +191,10 @@ class StreamPlanner:
             parent, _, name = current.path.rpartition("/")
             current_key = (parent.replace("/", "\0"), name)
         taken = 0
-        check_every = next_check = min(256, self.piece_actions)
+        # The first pieces are smaller, growing to the bound: the workers start copying
+        # after a short listing, and each piece is planned while the one before it runs.
+        bound = max(1, self.piece_actions // FIRST_PIECE_FRACTION)
+        check_every = next_check = min(256, bound)
         while ours is not None:
             parent, _, name = ours.path.rpartition("/")
             our_key = (parent.replace("/", "\0"), name)
@@ -210,9 +216,10 @@ class StreamPlanner:
             taken += 1
             if taken == next_check:  # not every entry: a piece may pass its bound a little
                 next_check += check_every
-                if size(piece) >= self.piece_actions:
+                if size(piece) >= bound:
                     yield piece
                     piece = TreePlan()
+                    bound = min(bound * 2, self.piece_actions)
         while current is not None:
             extra(current)
             current = next(theirs, None)

@@ -145,8 +145,13 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     hard_link_count = 0
     announced: set = set()  # what the target could not keep, said once for all pieces
     target_made = not target_missing
+    running: Optional[Runner] = None  # the piece whose queue the workers run while the next is planned
     try:
         for piece in pieces:
+            log_phase(started, "planned %d source entries", planner.wanted)
+            if running is not None:
+                running, finishing = None, running
+                _finish(finishing, target)
             result.unchanged += piece.unchanged
             result.skipped += piece.specials
             hard_link_count += len(piece.hard_links)
@@ -168,10 +173,23 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             if planner.finished:
                 runner.source_root = source_stream.root
             try:
-                runner.run(not target_made)
-            finally:
+                runner.start(not target_made)
+            except BaseException:
                 runner.announce(target.take_notices())
+                raise
+            running = runner
             target_made = True
+        if running is not None:
+            running, finishing = None, running
+            _finish(finishing, target)
+    except Exception:
+        if running is not None:  # what the workers do is sound: finished, then the error
+            _finish(running, target)
+        raise
+    except BaseException:
+        if running is not None:  # interrupted: the workers stop after the unit in hand
+            running.abandon()
+        raise
     finally:
         pieces.close()
     if whole is not None:
@@ -181,6 +199,13 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 report_line(line.render())
     result.seconds = time.monotonic() - started
     return result
+
+
+def _finish(runner: Runner, target: TreeEndpoint) -> None:
+    try:
+        runner.finish()
+    finally:
+        runner.announce(target.take_notices())
 
 
 def _entries(stream: ListingStream, failures: List[Failure]) -> Iterator[Entry]:
