@@ -7,6 +7,8 @@ real: the workers of one piece copy while this process reads both trees further.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -36,6 +38,28 @@ def test_the_first_piece_is_an_eighth_and_the_pieces_double_up_to_the_bound():
     assert max(sizes) == 800
 
 
+@contextlib.contextmanager
+def caplog_steps():
+    """The tree runner's and sync's phase messages (-vv), in order, as they are logged."""
+    steps = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.name.startswith("pdiffcopy.engine.tree"):
+                steps.append(record.getMessage().split(": ", 1)[1])
+
+    handler = Collect(logging.DEBUG)
+    engine = logging.getLogger("pdiffcopy.engine")
+    level = engine.level
+    engine.addHandler(handler)
+    engine.setLevel(logging.DEBUG)
+    try:
+        yield steps
+    finally:
+        engine.removeHandler(handler)
+        engine.setLevel(level)
+
+
 def make_tree(root: Path, directories: int = 12, files: int = 60) -> None:
     for index in range(directories):
         directory = root / f"d{index:02d}" / "inner"
@@ -61,8 +85,7 @@ def state(root: Path) -> dict:
 
 
 @pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
-def test_each_next_piece_is_planned_while_the_workers_copy_and_the_tree_ends_as_rsyncs(
-        tmp_path, monkeypatch, caplog):
+def test_each_next_piece_is_planned_while_the_workers_copy_and_the_tree_ends_as_rsyncs(tmp_path, monkeypatch):
     monkeypatch.setattr(treestream, "PIECE_ACTIONS", 240)
     monkeypatch.setattr(treerunner, "INLINE_FILES", 0)  # every piece forks its workers
     monkeypatch.setattr(treerunner, "INLINE_BYTES", 0)
@@ -70,14 +93,12 @@ def test_each_next_piece_is_planned_while_the_workers_copy_and_the_tree_ends_as_
     source, target, reference = tmp_path / "src", tmp_path / "dst", tmp_path / "ref"
     make_tree(source)
     subprocess.run(["rsync", "-aH", f"{source}/", str(reference)], check=True)
-    with caplog.at_level(logging.DEBUG, logger="pdiffcopy.engine"):
+    with caplog_steps() as steps:
         result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
                            TreeOptions(times=True, hard_links=True, concurrency=2))
     assert not result.failures
     assert result.files_copied == 12 * 61
     assert state(target) == state(reference)
-    steps = [record.getMessage().split(": ", 1)[1] for record in caplog.records
-             if record.name.startswith("pdiffcopy.engine.tree")]
     started = [index for index, step in enumerate(steps) if step.startswith("queued")]
     collected = [index for index, step in enumerate(steps) if step == "ran the queue"]
     planned = [index for index, step in enumerate(steps) if step.startswith("planned")]
@@ -87,3 +108,57 @@ def test_each_next_piece_is_planned_while_the_workers_copy_and_the_tree_ends_as_
         assert any(start < plan < end for plan in planned), steps
     # No piece's queue starts before the one before it is collected (its directories and links first).
     assert all(end < next_start for end, next_start in zip(collected, started[1:])), steps
+
+
+def children() -> set:
+    """This process's child processes (zombies included)."""
+    found = set()
+    for task in Path("/proc/self/task").iterdir():
+        found.update((task / "children").read_text().split())
+    return found
+
+
+def test_an_interrupt_while_the_next_piece_is_listed_stops_the_workers_and_leaves_only_whole_files(
+        tmp_path, monkeypatch):
+    # Guards the path main never had: the interrupt comes from the listing while a piece's
+    # workers copy. They stop after the unit in hand, are reaped, and leave no temporary.
+    monkeypatch.setattr(treestream, "PIECE_ACTIONS", 240)
+    monkeypatch.setattr(treerunner, "INLINE_FILES", 0)
+    monkeypatch.setattr(treerunner, "INLINE_BYTES", 0)
+    monkeypatch.setattr(treerunner, "BATCH_FILES", 4)
+    source, target = tmp_path / "src", tmp_path / "dst"
+    make_tree(source)
+    reached = []
+
+    class InterruptedListing(LocalTree):
+        def stream(self):
+            listing = super().stream()
+
+            def batches():
+                for entries, failures in listing.batches:
+                    for entry in entries:  # one entry at a time: the planner asks as it goes
+                        if entry.path.startswith("d08/"):
+                            reached.append(entry.path)
+                            raise KeyboardInterrupt
+                        yield [entry], []
+                    if failures:
+                        yield [], failures
+
+            return dataclasses.replace(listing, batches=batches())
+
+    before = children()
+    with caplog_steps() as steps, pytest.raises(KeyboardInterrupt):
+        sync_tree(InterruptedListing(f"{source}/"), LocalTree(str(target)),
+                  TreeOptions(times=True, concurrency=2))
+    assert reached
+    assert children() <= before, "a worker was left running or unreaped"
+    # The interrupt came while a piece's workers ran (not between pieces).
+    assert steps[-1].startswith("queued"), steps
+    copied = 0
+    for directory, _, files in os.walk(target):
+        for name in files:
+            assert not name.startswith("."), f"temporary left: {directory}/{name}"
+            path = Path(directory) / name
+            assert path.read_bytes() == (source / path.relative_to(target)).read_bytes()
+            copied += 1
+    assert copied  # the first pieces copied before the interrupt
