@@ -16,7 +16,8 @@ read them back). A huge file is many units, so it never serialises the
 run, and thousands of small files share the workers with it. A piece holds
 at most :data:`~pdiffcopy.core.treestream.PIECE_ACTIONS` actions, so a sync holds
 about the same memory for a million files as for twenty thousand, and copying
-starts before the walks end.
+starts before the walks end: the next piece is planned while the workers copy
+the one before it (:meth:`Runner.start`, then :meth:`Runner.finish`).
 
 The listings are :mod:`~pdiffcopy.engine.treelisting`'s, the units and their
 counters :mod:`~pdiffcopy.engine.treeunits`' and the run of the queue in forked
