@@ -392,8 +392,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     size = info.st_size
                     entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
                                                info.st_gid, "", info.st_nlink,
-                                               info.st_blocks * 512 < size,
-                                               link_group(info) if info.st_nlink > 1 else "", xattrs)))
+                                               info.st_blocks * 512 < size, link_group(info), xattrs)))
                     continue
                 if stat.S_ISLNK(mode):
                     entries.append(entry_from_stat(path, info, os.readlink(name, dir_fd=fd), xattrs))
