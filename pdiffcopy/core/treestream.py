@@ -39,6 +39,9 @@ from pdiffcopy.core.treeplan import (
 #: Actions in one piece of a streamed plan (the runner forks its workers once per piece).
 PIECE_ACTIONS = 20000
 
+#: The first piece holds this fraction of :data:`PIECE_ACTIONS`; each next one twice its predecessor's.
+FIRST_PIECE_FRACTION = 8
+
 
 def walk_order(path: str) -> Tuple[str, str]:
     """The sort key of a path in a walk's order: its directory in depth-first order, then its name.
@@ -181,38 +184,49 @@ class StreamPlanner:
             return len(plan.files) + len(plan.directories) + len(plan.symlinks) + len(plan.metadata) + \
                 len(plan.links) + len(plan.removals) + len(plan.directory_metadata)
 
-        # walk_order inline: two calls per entry are a tenth of a no-change sync's planning.
+        # walk_order inline: two calls per entry are a tenth of a no-change sync's planning. A path
+        # both trees have (most, when little changed) needs no key: the same path is the same place.
         ours = next(wanted, None)
         current = next(theirs, None)
-        if current is not None:
-            parent, _, name = current.path.rpartition("/")
-            current_key = (parent.replace("/", "\0"), name)
+        current_key = None
         taken = 0
-        check_every = next_check = min(256, self.piece_actions)
+        # The first pieces are smaller, growing to the bound: the workers start copying
+        # after a short listing, and each piece is planned while the one before it runs.
+        bound = max(1, self.piece_actions // FIRST_PIECE_FRACTION)
+        check_every = next_check = min(256, bound)
         while ours is not None:
-            parent, _, name = ours.path.rpartition("/")
-            our_key = (parent.replace("/", "\0"), name)
-            while current is not None and current_key < our_key:
-                extra(current)
-                current = next(theirs, None)
-                if current is not None:
-                    parent, _, name = current.path.rpartition("/")
-                    current_key = (parent.replace("/", "\0"), name)
-            if current is not None and current_key == our_key:
+            if current is None:
+                take(ours, None)
+            elif current.path == ours.path:
                 take(ours, current)
                 current = next(theirs, None)
-                if current is not None:
-                    parent, _, name = current.path.rpartition("/")
-                    current_key = (parent.replace("/", "\0"), name)
+                current_key = None
             else:
-                take(ours, None)
+                parent, _, name = ours.path.rpartition("/")
+                our_key = (parent.replace("/", "\0"), name)
+                while current is not None:
+                    if current_key is None:
+                        parent, _, name = current.path.rpartition("/")
+                        current_key = (parent.replace("/", "\0"), name)
+                    if current_key >= our_key:
+                        break
+                    extra(current)
+                    current = next(theirs, None)
+                    current_key = None
+                if current is not None and current_key == our_key:
+                    take(ours, current)
+                    current = next(theirs, None)
+                    current_key = None
+                else:
+                    take(ours, None)
             ours = next(wanted, None)
             taken += 1
             if taken == next_check:  # not every entry: a piece may pass its bound a little
                 next_check += check_every
-                if size(piece) >= self.piece_actions:
+                if size(piece) >= bound:
                     yield piece
                     piece = TreePlan()
+                    bound = min(bound * 2, self.piece_actions)
         while current is not None:
             extra(current)
             current = next(theirs, None)

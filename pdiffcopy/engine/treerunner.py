@@ -105,10 +105,21 @@ class Runner:
         self.failed_directories: set = set()
         #: The plan's directory fixes are only those to apply (a streamed plan's: see core.treestream).
         self.fixes_filtered = False
+        self._workers: List[Worker] = []  # started by start(), collected by finish()
 
     # -- sequential steps --------------------------------------------------
 
     def run(self, target_missing: bool) -> None:
+        """All of the plan, in order."""
+        self.start(target_missing)
+        self.finish()
+
+    def start(self, target_missing: bool) -> None:
+        """Make the directories and start the queue: in forked workers, :meth:`finish` waits for them.
+
+        Between the two the caller may plan what comes next (a streamed plan's
+        next piece) while the workers copy.
+        """
         plan = self.plan
         progress = self.progress
         progress.phase = "preparing"
@@ -129,13 +140,20 @@ class Runner:
         progress.bytes_total += plan.bytes_to_copy
         progress.phase = "copying"
         try:
-            self._run_units()
+            self._start_units()
         except BaseException:
-            for big in self.big:  # the ones a worker did not finish (renamed or removed)
-                big.give_up(announce=False)  # some may be done: not named one by one
-            if any(big.partial for big in self.big):
-                logger.warning("Kept the partial files of the big files not done; run again with "
-                               "--partial (-P) to resume")
+            self._give_up_big_files()
+            raise
+
+    def finish(self) -> None:
+        """Wait for the queue :meth:`start` started, then link, delete directories and fix their metadata."""
+        plan = self.plan
+        progress = self.progress
+        failed_directories = self.failed_directories
+        try:
+            self._wait_for_workers()
+        except BaseException:
+            self._give_up_big_files()
             raise
         for big in self.big:
             big.work.close()  # forked workers ended the leases; our copies of them go too
@@ -149,6 +167,21 @@ class Runner:
                     + self._root_fix())
         log_phase(self.started, "deleted and set directory metadata")
 
+    def abandon(self) -> None:
+        """Stop the workers :meth:`start` started (the sync fails or is interrupted before :meth:`finish`)."""
+        try:
+            stop_workers([worker.pid for worker in self._workers])
+            self._workers = []
+        finally:
+            self._give_up_big_files()
+
+    def _give_up_big_files(self) -> None:
+        for big in self.big:  # the ones a worker did not finish (renamed or removed)
+            big.give_up(announce=False)  # some may be done: not named one by one
+        if any(big.partial for big in self.big):
+            logger.warning("Kept the partial files of the big files not done; run again with "
+                           "--partial (-P) to resume")
+
     def delete_everything(self, remove_root: bool) -> None:
         files = [e for e in self.plan.deletions if e.kind != DIR]
         directories = self._deletable([e for e in self.plan.deletions if e.kind == DIR])
@@ -156,7 +189,8 @@ class Runner:
         self.progress.phase = "deleting"
         self.units = [Unit(0, "delete", tuple(files[i:i + BATCH_OPERATIONS]))
                       for i in range(0, len(files), BATCH_OPERATIONS)]
-        self._run_units()
+        self._start_units()
+        self._wait_for_workers()
         failed = self._apply([Operation(DELETE, entry) for entry in directories])
         self.result.deleted += len(directories) - len(failed)
         if remove_root and not self.result.failures:
@@ -370,7 +404,8 @@ class Runner:
                                  target, True, 1))
         self.units.append(Unit(action.source.size, "chunks", (index, 0)))
 
-    def _run_units(self) -> None:
+    def _start_units(self) -> None:
+        """Run the queue here when it is small; otherwise start the workers that run it."""
         if not self.units:
             return
         small_job = sum(u.weight for u in self.units) < INLINE_BYTES and \
@@ -385,13 +420,13 @@ class Runner:
                     state.run(self.units[index])
             self._collect(state.failures, state.counts)
             return
-        self._run_forked(workers)
+        self._start_forked(workers)
 
     def _part_counters(self):
         """Per big file: parts left to do, and whether one failed (shared by forked workers)."""
         return SharedInts([b.parts for b in self.big] or [0]), SharedInts([0] * (len(self.big) or 1))
 
-    def _run_forked(self, workers: int) -> None:
+    def _start_forked(self, workers: int) -> None:
         next_unit = SharedInts([0])
         parts_left, parts_failed = self._part_counters()
 
@@ -418,20 +453,31 @@ class Runner:
             state.counts["wire_sent"], state.counts["wire_received"] = traffic(self.source, self.target)
             return state.failures, state.counts, self.target.take_notices()
 
-        started: List[Worker] = []
         try:
             for slot in range(workers):
-                started.append(Worker(functools.partial(work, slot), self.on_worker_start))
-            for worker in started:
+                self._workers.append(Worker(functools.partial(work, slot), self.on_worker_start))
+        except BaseException:
+            stop_workers([worker.pid for worker in self._workers])
+            self._workers = []
+            raise
+
+    def _wait_for_workers(self) -> None:
+        """Collect what the forked workers did (none: the queue ran here, or was empty)."""
+        waiting = self._workers
+        self._workers = []
+        try:
+            while waiting:
                 try:
-                    failures, counts, notices = worker.answer()
+                    failures, counts, notices = waiting[0].answer()
                 except WorkerFailed:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
                     continue
+                finally:
+                    waiting.pop(0)  # answered or dead: reaped
                 self._collect(failures, counts)
                 self.announce(notices)
         except BaseException:
-            stop_workers([worker.pid for worker in started])
+            stop_workers([worker.pid for worker in waiting])
             raise
 
     def announce(self, notices: List[str]) -> None:

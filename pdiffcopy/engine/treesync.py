@@ -16,7 +16,8 @@ read them back). A huge file is many units, so it never serialises the
 run, and thousands of small files share the workers with it. A piece holds
 at most :data:`~pdiffcopy.core.treestream.PIECE_ACTIONS` actions, so a sync holds
 about the same memory for a million files as for twenty thousand, and copying
-starts before the walks end.
+starts before the walks end: the next piece is planned while the workers copy
+the one before it (:meth:`Runner.start`, then :meth:`Runner.finish`).
 
 The listings are :mod:`~pdiffcopy.engine.treelisting`'s, the units and their
 counters :mod:`~pdiffcopy.engine.treeunits`' and the run of the queue in forked
@@ -145,8 +146,13 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     hard_link_count = 0
     announced: set = set()  # what the target could not keep, said once for all pieces
     target_made = not target_missing
+    running: Optional[Runner] = None  # the piece whose queue the workers run while the next is planned
     try:
         for piece in pieces:
+            log_phase(started, "planned %d source entries", planner.wanted)
+            if running is not None:
+                running, finishing = None, running
+                _finish(finishing, target)
             result.unchanged += piece.unchanged
             result.skipped += piece.specials
             hard_link_count += len(piece.hard_links)
@@ -168,10 +174,23 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             if planner.finished:
                 runner.source_root = source_stream.root
             try:
-                runner.run(not target_made)
-            finally:
+                runner.start(not target_made)
+            except BaseException:
                 runner.announce(target.take_notices())
+                raise
+            running = runner
             target_made = True
+        if running is not None:
+            running, finishing = None, running
+            _finish(finishing, target)
+    except Exception:
+        if running is not None:  # what the workers do is sound: finished, then the error
+            _finish(running, target)
+        raise
+    except BaseException:
+        if running is not None:  # interrupted: the workers stop after the unit in hand
+            running.abandon()
+        raise
     finally:
         pieces.close()
     if whole is not None:
@@ -181,6 +200,13 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 report_line(line.render())
     result.seconds = time.monotonic() - started
     return result
+
+
+def _finish(runner: Runner, target: TreeEndpoint) -> None:
+    try:
+        runner.finish()
+    finally:
+        runner.announce(target.take_notices())
 
 
 def _entries(stream: ListingStream, failures: List[Failure]) -> Iterator[Entry]:
