@@ -19,7 +19,7 @@ import pytest
 
 from pdiffcopy.core import treestream
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, PlanOptions
-from pdiffcopy.engine import treerunner
+from pdiffcopy.engine import treelisting, treerunner
 from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 from pdiffcopy.local.localtree import LocalTree
 
@@ -126,6 +126,8 @@ def test_an_interrupt_while_the_next_piece_is_listed_stops_the_workers_and_leave
     monkeypatch.setattr(treerunner, "INLINE_FILES", 0)
     monkeypatch.setattr(treerunner, "INLINE_BYTES", 0)
     monkeypatch.setattr(treerunner, "BATCH_FILES", 4)
+    # Read as it comes: a small source is otherwise read ahead whole before the plan starts.
+    monkeypatch.setattr(treelisting, "SMALL_TREE_ENTRIES", 0)
     source, target = tmp_path / "src", tmp_path / "dst"
     make_tree(source)
     reached = []
