@@ -18,6 +18,7 @@ import pytest
 from conftest import random_bytes, run_cli
 from pdiffcopy import sync, sync_tree
 from pdiffcopy.core.protocol import temporary_name
+from pdiffcopy.transport import counters
 
 MIB = 1024 * 1024
 SIZE = 8 * MIB
@@ -427,3 +428,39 @@ def test_a_sparse_source_keeps_its_hole_when_copies_start_early(server, tmp_path
     assert result.bytes_moved <= 64 * 1024
     assert path.stat().st_blocks * 512 <= len(source_data) - hole + 64 * 1024
     assert leftovers(path) == []
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_one_byte_every_mebibyte_costs_far_less_than_a_fine_list_of_the_changed_chunks(
+        server, tmp_path, unique, direction):
+    # 63 one-byte insertions in 64 MiB (issue 23's shift-every, scaled down). Going from the
+    # 64 KiB pass straight to 1 KiB chunks put about 96 KiB of fine list and 107 KiB of data on
+    # the wire; passes 8 times finer each list only what the one before left, and end at 256 bytes.
+    old = random_bytes(64 * MIB, seed=26)
+    source_data = inserted(old, range(MIB, 64 * MIB, MIB), 1)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
+    before = counters.totals()
+    result = sync(source, target, delta="chunks", concurrency=2)
+    on_the_wire = sum(counters.totals()) - sum(before)
+    assert path.read_bytes() == source_data and result.verified
+    assert result.bytes_moved <= 63 * 640
+    assert on_the_wire <= 100 * 1024, on_the_wire
+
+
+@pytest.mark.parametrize("direction, change", [("pull", "inserted"), ("push", "removed")])
+def test_data_only_one_side_has_is_listed_once_in_coarse_chunks_not_again_in_fine_ones(
+        server, tmp_path, unique, direction, change):
+    # 4 MiB that only one side has, in the middle: no finer pass finds any of it, so only the
+    # first refining pass (8 KiB chunks, 6 KiB of list) covers it; 1 KiB chunks would list
+    # 48 KiB, 256 bytes 192. The list that crosses is the server's: the source's in a pull, the
+    # old target's in a push.
+    shared = random_bytes(64 * MIB, seed=27)
+    only_one_side = shared[:30 * MIB] + random_bytes(4 * MIB, seed=28) + shared[30 * MIB:]
+    source_data, old = (only_one_side, shared) if change == "inserted" else (shared, only_one_side)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
+    before = counters.totals()
+    result = sync(source, target, delta="chunks", concurrency=2, compress="never")
+    on_the_wire = sum(counters.totals()) - sum(before)
+    assert path.read_bytes() == source_data and result.verified
+    assert result.bytes_moved <= len(only_one_side) - len(shared) + 256 * 1024
+    assert on_the_wire - result.bytes_moved <= 40 * 1024, on_the_wire - result.bytes_moved
