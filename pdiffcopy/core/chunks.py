@@ -42,10 +42,15 @@ FINE_AVERAGE = 256
 #: a pass.
 REFINE_FACTOR = 8
 #: A send (or an unused range of the old target) this many chunks of the pass that left it long
-#: found nothing at all of the other file inside it: data only one side has, which finer chunks
-#: will not find either. The passes after the first refining one leave it out, so new data pays
-#: for one list of 16 KiB chunks (12 bytes per 16 KiB), not one of 256-byte chunks (12 per 256).
+#: found nothing at all of the other file inside it: most likely data only one side has. Passes
+#: finer than :data:`LISTED_EVERYWHERE_AVERAGE` leave such ranges out: their lists cost more
+#: than 1 % of what they cover (12 bytes per 256 is 4.7 %), so new data pays for lists of
+#: 16 KiB and 2 KiB chunks (0.7 %, less than the 1 KiB pass before them cost) and not for one
+#: of 256-byte chunks.
 NEW_DATA_CHUNKS = 16
+#: Passes of at least this average cut every range left unmatched, short or long: edits a few
+#: KiB apart leave long ranges that chunks of 1 or 2 KiB still find most of.
+LISTED_EVERYWHERE_AVERAGE = 1024
 #: The averages a chunk list may be asked for: pyfastcdc's bounds (its minimum, a quarter of the
 #: average, must be at least 64 bytes; its maximum, four times, at most 16 MiB).
 MIN_AVERAGE = 256

@@ -64,7 +64,7 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
     over both whole files, then passes of chunks 8 times smaller each, down to 256 bytes
     (:func:`cdc.refining_averages`), over what the pass before left (the source's sends
     against the target's unused ranges): each list covers only what is still unmatched, and
-    after the first of them not a long range that found nothing (new or removed data: ``_short``).
+    the passes under 1 KiB not a long range that found nothing (new or removed data: ``_short``).
     Each side cuts its own file, both at once.
 
     :param early: Given, the first pass is cut a piece at a time and the copies it finds go
@@ -82,11 +82,11 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
         steps = _plan_while_cutting(source, target, source_size, target_size, average, early)
     if len(cdc.sends(steps)) == len(steps):
         return steps  # nothing in common at all (another file): no finer pass finds more
-    previous = None
+    previous = average
     for finer in cdc.refining_averages(average):
         sends = cdc.sends(steps)
         gaps = cdc.target_gaps(steps, target_size)
-        if previous is not None:
+        if finer < cdc.LISTED_EVERYWHERE_AVERAGE:
             sends, gaps = _short(sends, previous), _short(gaps, previous)
         previous = finer
         if not sends or not gaps:
