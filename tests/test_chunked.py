@@ -18,6 +18,7 @@ import pytest
 from conftest import random_bytes, run_cli
 from pdiffcopy import sync, sync_tree
 from pdiffcopy.core.protocol import temporary_name
+from pdiffcopy.transport import counters
 
 MIB = 1024 * 1024
 SIZE = 8 * MIB
@@ -427,3 +428,53 @@ def test_a_sparse_source_keeps_its_hole_when_copies_start_early(server, tmp_path
     assert result.bytes_moved <= 64 * 1024
     assert path.stat().st_blocks * 512 <= len(source_data) - hole + 64 * 1024
     assert leftovers(path) == []
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_one_byte_every_mebibyte_costs_far_less_than_a_fine_list_of_the_changed_chunks(
+        server, tmp_path, unique, direction):
+    # 63 one-byte insertions in 64 MiB (issue 23's shift-every, scaled down). Going from the
+    # 64 KiB pass straight to 1 KiB chunks put about 96 KiB of fine list and 107 KiB of data on
+    # the wire; passes 8 times finer each list only what the one before left, and end at 256 bytes.
+    old = random_bytes(64 * MIB, seed=26)
+    source_data = inserted(old, range(MIB, 64 * MIB, MIB), 1)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
+    before = counters.totals()
+    result = sync(source, target, delta="chunks", concurrency=2)
+    on_the_wire = sum(counters.totals()) - sum(before)
+    assert path.read_bytes() == source_data and result.verified
+    assert result.bytes_moved <= 63 * 640
+    assert on_the_wire <= 100 * 1024, on_the_wire
+
+
+@pytest.mark.parametrize("direction, change", [("pull", "inserted"), ("push", "removed")])
+def test_data_only_one_side_has_is_not_listed_in_chunks_under_a_kibibyte(server, tmp_path, unique, direction, change):
+    # 2 MiB that only one side has, and 63 one-byte insertions around it. The insertions need
+    # the finest pass (256 bytes); the 2 MiB, where no pass finds anything, would cost 96 KiB of
+    # list in it (12 bytes per 256) and is left out: it costs its 8 KiB and 1 KiB passes' lists
+    # (3 and 24 KiB). The list that crosses is the server's: the source's in a pull, the old
+    # target's in a push. Main's single 1 KiB pass put about 230 KiB beside the 2 MiB.
+    shared = random_bytes(64 * MIB, seed=27)
+    only_one_side = shared[:30 * MIB] + random_bytes(2 * MIB, seed=28) + shared[30 * MIB:]
+    source_data, old = (only_one_side, shared) if change == "inserted" else (shared, only_one_side)
+    source_data = inserted(source_data, range(MIB, len(source_data), MIB), 1)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
+    before = counters.totals()
+    result = sync(source, target, delta="chunks", concurrency=2, compress="never")
+    on_the_wire = sum(counters.totals()) - sum(before)
+    assert path.read_bytes() == source_data and result.verified
+    extra = len(only_one_side) - len(shared) if change == "inserted" else 0
+    assert on_the_wire - extra <= 140 * 1024, on_the_wire - extra
+
+
+@pytest.mark.parametrize("direction", ["pull", "push"])
+def test_edits_a_few_kibibytes_apart_are_found_between_by_the_kibibyte_passes(server, tmp_path, unique, direction):
+    # A byte inserted every 6 KiB over 4 MiB (a dump where many rows changed): no 8 KiB chunk
+    # there survives, so the range is long after that pass, yet 1 KiB chunks find most of it.
+    old = random_bytes(16 * MIB, seed=29)
+    source_data = inserted(old, range(8 * MIB, 12 * MIB, 6 * 1024), 1)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
+    result = sync(source, target, delta="chunks", concurrency=2)
+    assert path.read_bytes() == source_data and result.verified
+    # Main's single 1 KiB pass sent 1.1 MiB here, 8 times finer passes without it 2.7 MiB.
+    assert result.bytes_moved <= MIB, result.bytes_moved

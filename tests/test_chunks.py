@@ -114,3 +114,18 @@ def test_one_byte_every_two_megabytes_costs_about_one_and_a_half_fine_chunks_eac
         changes += len(positions)
     # 2 KiB fine chunks sent about 3.3 KiB a change here; 1 KiB chunks about 1.9 KiB.
     assert sent <= changes * 2560
+
+
+@pytest.mark.parametrize("coarse, averages", [
+    (128 * 1024, [16384, 2048, 256]), (64 * 1024, [8192, 1024, 256]), (4 << 20, [524288, 65536, 8192, 1024, 256]),
+    (256, []),
+])
+def test_each_refining_pass_is_eight_times_finer_down_to_the_finest(coarse, averages):
+    assert chunks.refining_averages(coarse) == averages
+
+
+def test_a_send_the_finer_pass_left_out_stays_a_send():
+    steps = [chunks.Copy(0, 0, 100), chunks.Send(100, 50), chunks.Copy(150, 150, 100), chunks.Send(250, 30)]
+    finer = [chunks.Copy(250, 400, 10), chunks.Send(260, 20)]  # only the second send was cut again
+    assert chunks.refine(steps, finer) == [chunks.Copy(0, 0, 100), chunks.Send(100, 50), chunks.Copy(150, 150, 100),
+                                           chunks.Copy(250, 400, 10), chunks.Send(260, 20)]

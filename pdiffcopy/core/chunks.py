@@ -27,13 +27,30 @@ from pdiffcopy.errors import UsageError
 #: and a change costs about one and a half chunks for the finer pass to cut again, so for a
 #: file of S bytes and a few edits the best average is near sqrt(8 * S).
 DEFAULT_AVERAGE = 64 * 1024
-#: Average chunk size of the second, finer pass over what the first pass found no match for.
-#: An insertion costs about one and a half chunks of the pass that finds it: 1 KiB chunks make
-#: that about 1.5 KiB, and their list (12 bytes per KiB) covers only the unmatched ranges,
-#: never the whole file. Measured on 1 GiB with 63 one-byte insertions: 2 KiB chunks sent
-#: 201 KiB of data and a 59 KiB list, 1 KiB chunks 106 KiB and 118 KiB, 512 bytes 56 KiB
-#: and 237 KiB.
-FINE_AVERAGE = 1024
+#: Average chunk size of the last, finest pass over what the passes before found no match for.
+#: An insertion costs about one and a half chunks of the pass that finds it: 256-byte chunks
+#: make that about 400 bytes. Their list (12 bytes per 256) covers only what the 2 KiB pass
+#: left around each change, never the whole file. Measured on 1 GiB with 63 one-byte
+#: insertions (passes of 16 KiB and 2 KiB before it): 1 KiB chunks sent 92 KiB of data,
+#: 512 bytes 53 KiB, 256 bytes 30 KiB, each for a last list of 2 to 8 KiB.
+FINE_AVERAGE = 256
+#: Each refining pass cuts chunks this many times smaller than the pass before, down to
+#: :data:`FINE_AVERAGE`. A pass's list covers what the pass before left unmatched, about one
+#: and a half of its chunks a change, so it costs 12 x 1.5 x this factor bytes a change: going
+#: from 128 KiB straight to 1 KiB chunks listed 128 x 18 bytes a change (123 KB for 1 GiB with
+#: 63 one-byte insertions), through 16 KiB and 2 KiB 3 x 8 x 18 (about 25 KB), for a round trip
+#: a pass.
+REFINE_FACTOR = 8
+#: A send (or an unused range of the old target) this many chunks of the pass that left it long
+#: found nothing at all of the other file inside it: most likely data only one side has. Passes
+#: finer than :data:`LISTED_EVERYWHERE_AVERAGE` leave such ranges out: their lists cost more
+#: than 1 % of what they cover (12 bytes per 256 is 4.7 %), so new data pays for lists of
+#: 16 KiB and 2 KiB chunks (0.7 %, less than the 1 KiB pass before them cost) and not for one
+#: of 256-byte chunks.
+NEW_DATA_CHUNKS = 16
+#: Passes of at least this average cut every range left unmatched, short or long: edits a few
+#: KiB apart leave long ranges that chunks of 1 or 2 KiB still find most of.
+LISTED_EVERYWHERE_AVERAGE = 1024
 #: The averages a chunk list may be asked for: pyfastcdc's bounds (its minimum, a quarter of the
 #: average, must be at least 64 bytes; its maximum, four times, at most 16 MiB).
 MIN_AVERAGE = 256
@@ -98,6 +115,17 @@ def coarse_average(size: int) -> int:
         return DEFAULT_AVERAGE
     nearest = 1 << int(math.log2(8 * size) / 2 + 0.5)  # (halves round up: 1 GiB gets 128 KiB)
     return max(DEFAULT_AVERAGE, min(MAX_AVERAGE, nearest))
+
+
+def refining_averages(coarse: int) -> List[int]:
+    """The averages of the passes after a first pass of ``coarse``: :data:`REFINE_FACTOR` times
+    smaller each, the last :data:`FINE_AVERAGE` (after 128 KiB: 16 KiB, 2 KiB, 256 bytes)."""
+    averages: List[int] = []
+    average = coarse
+    while average > FINE_AVERAGE:
+        average = max(FINE_AVERAGE, average // REFINE_FACTOR)
+        averages.append(average)
+    return averages
 
 
 def check_average(average: int) -> int:
@@ -217,7 +245,8 @@ def sends(steps: Iterable[Step]) -> List[Tuple[int, int]]:
 def refine(steps: Sequence[Step], finer: Sequence[Step]) -> List[Step]:
     """The coarse ``steps`` with each of their sends replaced by the ``finer`` steps inside it.
 
-    ``finer`` covers exactly the coarse sends (a plan of their finer chunks); neighbours that
+    ``finer`` covers exactly the coarse sends it has chunks of (a plan of their finer chunks;
+    a send without any stays a send); neighbours that
     continue each other are merged as :func:`plan` merges them.
     """
     by_offset = sorted(finer, key=lambda step: step.source_offset)
@@ -230,7 +259,9 @@ def refine(steps: Sequence[Step], finer: Sequence[Step]) -> List[Step]:
             while position < len(by_offset) and by_offset[position].source_offset < end:
                 inside.append(by_offset[position])
                 position += 1
-            if sum(piece.length for piece in inside) != step.length:
+            if not inside:
+                inside = [step]  # a send the finer pass left out (new data): sent as it is
+            elif sum(piece.length for piece in inside) != step.length:
                 raise ValueError(f"The finer steps do not cover the send at {step.source_offset}")
         else:
             inside = [step]

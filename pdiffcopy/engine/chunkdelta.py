@@ -6,7 +6,7 @@ cut their file where its content says (:mod:`pdiffcopy.core.chunks`), so the cut
 an insertion fall on the same bytes again, wherever they moved to. The steps::
 
     cut both files (64 KiB chunks, more over 512 MiB; each side on its own machine) -> plan: copy or send
-      -> cut what found no match again, finer (1 KiB) -> refine the plan
+      -> cut what found no match again, 8 times finer, down to 256 bytes -> refine the plan each time
       -> a NEW temporary of the target: copies from the old target on the target's side,
          the rest sent from the source (compressed and rate limited like any transfer)
       -> verify every block against the source's strong digests -> atomic rename
@@ -23,6 +23,7 @@ from __future__ import annotations
 import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core import chunks as cdc
@@ -59,9 +60,12 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
                early: "Optional[EarlyCopies]" = None) -> List[cdc.Step]:
     """The steps that build the source from the old target: copies, and sends from the source.
 
-    Two passes: 64 KiB chunks (more for files over 512 MiB: :func:`cdc.coarse_average`)
-    over both whole files, then 1 KiB chunks over what the first pass left (the source's
-    sends against the target's unused ranges). Each side cuts its own file, both at once.
+    A first pass of 64 KiB chunks (more for files over 512 MiB: :func:`cdc.coarse_average`)
+    over both whole files, then passes of chunks 8 times smaller each, down to 256 bytes
+    (:func:`cdc.refining_averages`), over what the pass before left (the source's sends
+    against the target's unused ranges): each list covers only what is still unmatched, and
+    the passes under 1 KiB not a long range that found nothing (new or removed data: ``_short``).
+    Each side cuts its own file, both at once.
 
     :param early: Given, the first pass is cut a piece at a time and the copies it finds go
                   to ``early`` as soon as both sides' chunks are in, while the rest is cut.
@@ -76,14 +80,30 @@ def plan_delta(source: FileEndpoint, target: FileEndpoint, source_size: int, tar
         steps = cdc.plan(coarse_source, cdc.index(coarse_target))
     else:
         steps = _plan_while_cutting(source, target, source_size, target_size, average, early)
-    sends = cdc.sends(steps)
-    gaps = cdc.target_gaps(steps, target_size)
-    if not sends or not gaps or len(sends) == len(steps):
-        # Nothing to find, nowhere to find it, or nothing in common at all (another file).
-        return steps
-    fine_source, fine_target = _both(lambda: source.cut_chunks(sends, cdc.FINE_AVERAGE),
-                                     lambda: target.cut_chunks(gaps, cdc.FINE_AVERAGE))
-    return cdc.refine(steps, cdc.plan(fine_source, cdc.index(fine_target)))
+    if len(cdc.sends(steps)) == len(steps):
+        return steps  # nothing in common at all (another file): no finer pass finds more
+    previous = average
+    for finer in cdc.refining_averages(average):
+        sends = cdc.sends(steps)
+        gaps = cdc.target_gaps(steps, target_size)
+        if finer < cdc.LISTED_EVERYWHERE_AVERAGE:
+            sends, gaps = _short(sends, previous), _short(gaps, previous)
+        previous = finer
+        if not sends or not gaps:
+            break  # nothing left to find, or nowhere left to find it
+        fine_source, fine_target = _both(partial(source.cut_chunks, sends, finer),
+                                         partial(target.cut_chunks, gaps, finer))
+        steps = cdc.refine(steps, cdc.plan(fine_source, cdc.index(fine_target)))
+    return steps
+
+
+def _short(ranges: List[Tuple[int, int]], average: int) -> List[Tuple[int, int]]:
+    """The ranges a pass of ``average`` chunks left shorter than ``cdc.NEW_DATA_CHUNKS`` of them.
+
+    A longer one found nothing inside it: data only one side has (new in the source, gone from
+    the target), which finer chunks will not find either.
+    """
+    return [(offset, length) for offset, length in ranges if length < cdc.NEW_DATA_CHUNKS * average]
 
 
 def cut_pieces(endpoint: FileEndpoint, size: int, average: int,
