@@ -53,6 +53,13 @@ from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 #: The media type of a packed listing: asked for in Accept, named in the answer's Content-Type.
 PACKED_LISTING_TYPE = "application/vnd.pdiffcopy.listing"
 
+
+
+def media_type(content_type: Optional[str]) -> str:
+    """The media type of a Content-Type value, lower case, without its parameters."""
+    return (content_type or "").partition(";")[0].strip().lower()
+
+
 #: Most entries in one batch, and entries the encoder puts in one.
 MAX_PACKED_ENTRIES = 8192
 PACKED_BATCH_ENTRIES = 4096

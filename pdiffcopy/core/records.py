@@ -181,21 +181,16 @@ def _init(cls, every: dict, frozen: bool):
     """``__init__``, compiled from source as the standard module writes it (keyword and positional)."""
     namespace = {"MISSING": MISSING, "__object_setattr": object.__setattr__}
     parameters, lines = [], []
-    seen_default = False
-    for name, own in every.items():
+    for name, own in every.items():  # in an order _check_order allowed
         if own.default_factory is not MISSING:
             namespace[f"__factory_{name}"] = own.default_factory
             parameters.append(f"{name}=MISSING")
             value = f"__factory_{name}() if {name} is MISSING else {name}"
-            seen_default = True
         elif own.default is not MISSING:
             namespace[f"__default_{name}"] = own.default
             parameters.append(f"{name}=__default_{name}")
             value = name
-            seen_default = True
         else:
-            if seen_default:
-                raise TypeError(f"non-default argument {name!r} follows default argument")
             parameters.append(name)
             value = name
         lines.append(f"__object_setattr(self, {name!r}, {value})" if frozen else f"self.{name} = {value}")

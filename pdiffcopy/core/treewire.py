@@ -163,6 +163,12 @@ def check_relative_path(path: str, allow_root: bool = False) -> str:
 
 #: A "." or ".." component, or an empty one, anywhere in a path.
 _ODD_COMPONENT = re.compile(r"(?:^|/)\.{0,2}(?:/|$)")
+
+
+def _plain_path(path: str) -> bool:
+    """Whether ``path`` passes :func:`check_relative_path` the cheap way (the common case: ASCII)."""
+    return (path.isascii() and 0 < len(path) <= MAX_PATH_LENGTH and path[0] != "/" and "\x00" not in path
+            and not _ODD_COMPONENT.search(path))
 #: Each kind's one string object: a decoded listing's entries point at it, not at a copy each.
 _KINDS = {kind: kind for kind in (FILE, DIR, SYMLINK, OTHER)}
 _UINT32 = range(0, _MAX_UINT32 + 1)
@@ -176,8 +182,7 @@ def _plainly_valid(value: Any) -> Optional[Entry]:
     if type(value) is not list or len(value) != 10:
         return None
     path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse = value
-    if not (type(path) is str and path.isascii() and 0 < len(path) <= MAX_PATH_LENGTH
-            and path[0] != "/" and "\x00" not in path and not _ODD_COMPONENT.search(path)
+    if not (type(path) is str and _plain_path(path)
             and type(target) is str and target.isascii() and "\x00" not in target
             and len(target) <= MAX_PATH_LENGTH and kind in _KINDS
             and type(size) is int and 0 <= size <= _MAX_INT64
@@ -354,8 +359,7 @@ def _parse_packed_header(text: bytes) -> Tuple[Entry, int, str]:
         raise TreeWireError(f"Invalid batch stream: a file of {size} bytes, more than the "
                             f"{MAX_FILE_BYTES} one record may carry")
     path = raw.decode("utf-8", "surrogateescape")
-    if not (path.isascii() and len(path) <= MAX_PATH_LENGTH and path[0] != "/" and "\x00" not in path
-            and not _ODD_COMPONENT.search(path)):
+    if not _plain_path(path):
         check_relative_path(path)  # says what is wrong, or passes an odd but valid name
     entry = tuple.__new__(Entry, (path, FILE, size, mtime_ns, known_mode(mode) or shared_mode(mode), uid, gid,
                                   "", nlink, sparse == 1, "", ()))

@@ -17,10 +17,9 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import Unsupported
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from concurrent.futures import Executor, Future
 
     from pdiffcopy.core import chunks as cdc
-    from concurrent.futures import Executor
 
 #: A piece of file data and where it belongs: (offset, bytes-like).
 Chunk = Tuple[int, "bytes | memoryview"]

@@ -28,7 +28,6 @@ of both sides is hashed again with the strong one.
 from __future__ import annotations
 
 import bisect
-from pdiffcopy.core import records
 import logging
 import threading
 import time
@@ -46,6 +45,7 @@ from pdiffcopy.core.blocks import (
     split_ranges,
     tree_digest_input,
 )
+from pdiffcopy.core import records
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint

@@ -8,6 +8,7 @@ calls into libc; the api hands it to the engine (which imports nothing of local/
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
@@ -17,6 +18,7 @@ from pdiffcopy.local import libc
 PR_SET_PDEATHSIG = 1
 
 
+@functools.lru_cache(maxsize=None)
 def _prctl():
     """prctl(2), or None; looked up once, in the parent before its first fork (below), so that
     every worker has it at once: a run that forks nothing never imports ctypes."""

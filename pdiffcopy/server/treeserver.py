@@ -286,10 +286,6 @@ def packed_entries(limit: int) -> List[Entry]:
     return entries
 
 
-def _media_type(content_type: Optional[str]) -> str:
-    return (content_type or "").partition(";")[0].strip().lower()
-
-
 def listing_stream(tree: LocalTree, top: Optional[Entry], directories: Directories,
                    packed: bool = False) -> Iterator[bytes]:
     """A listing as JSON text (or, ``packed``, in :mod:`~pdiffcopy.core.packedlisting`'s form),
@@ -452,7 +448,7 @@ def tree_read(path: str = ""):
     """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
     state = server_state()
     metrics, rate_limit = state.metrics, state.rate_limit
-    if _media_type(request.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE:
+    if packedlisting.media_type(request.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE:
         entries = packed_entries(MAX_BATCH_FILES)
     else:
         entries = json_list("entries", MAX_BATCH_FILES, parse_entry)

@@ -145,7 +145,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         response = self.client.request("GET", target, headers={"Accept": _LISTING_FORMS})
         try:
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
-            packed = _media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
+            packed = packedlisting.media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
             self._server_packs = self._server_packs or packed
             root: Optional[Entry] = None
             with self._reading_listing():
@@ -441,10 +441,6 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
 
 #: What a listing request accepts: the packed form, or JSON (all an older server sends).
 _LISTING_FORMS = f"{packedlisting.PACKED_LISTING_TYPE}, application/json;q=0.5"
-
-
-def _media_type(content_type: Optional[str]) -> str:
-    return (content_type or "").partition(";")[0].strip().lower()
 
 
 def _attribute_flags(options: MetadataOptions, separator: str) -> str:
