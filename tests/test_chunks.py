@@ -129,3 +129,48 @@ def test_a_send_the_finer_pass_left_out_stays_a_send():
     finer = [chunks.Copy(250, 400, 10), chunks.Send(260, 20)]  # only the second send was cut again
     assert chunks.refine(steps, finer) == [chunks.Copy(0, 0, 100), chunks.Send(100, 50), chunks.Copy(150, 150, 100),
                                            chunks.Copy(250, 400, 10), chunks.Send(260, 20)]
+
+
+def test_a_file_is_cut_window_by_window_into_the_chunks_of_the_whole(tmp_path, monkeypatch):
+    """The file adapters cut a mapped window at a time; a chunk a window's end cut short is cut
+    again from the next window, so both sides list the chunks of the whole range, as one cut of
+    all its bytes would (and as an older peer's stream cut does)."""
+    import os
+
+    from pdiffcopy.local import filehash
+
+    monkeypatch.setattr(filehash, "CUT_WINDOW_BYTES", 64 * 1024)  # 16 chunks of 4 KiB a window
+    data = random.Random(7).randbytes(1_000_003)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        windows = list(filehash.cut_region(fd, 0, len(data), AVERAGE))
+        assert len(windows) > 10
+        assert [c for window in windows for c in window] == chunks.cut(data, 0, AVERAGE)
+        # A range that starts and ends inside the file: chunks at the file's offsets.
+        inside = [c for window in filehash.cut_region(fd, 123_457, 600_000, AVERAGE) for c in window]
+        assert inside == chunks.cut(data[123_457:723_457], 123_457, AVERAGE)
+        # The range reaches past the end: the file became shorter.
+        with pytest.raises(EOFError):
+            list(filehash.cut_region(fd, 900_000, 200_000, AVERAGE))
+    finally:
+        os.close(fd)
+
+
+def test_a_hole_is_cut_as_the_zeros_it_reads(tmp_path):
+    import os
+
+    from pdiffcopy.local import filehash
+
+    path = tmp_path / "sparse"
+    with open(path, "wb") as handle:
+        handle.write(b"x" * 5000)
+        handle.seek(300_000)
+        handle.write(random.Random(3).randbytes(50_000))
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert [c for w in filehash.cut_region(fd, 0, len(data), AVERAGE) for c in w] == chunks.cut(data, 0, AVERAGE)
+    finally:
+        os.close(fd)

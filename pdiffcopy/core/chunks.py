@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import struct
 from pdiffcopy.core.records import dataclass
-from typing import Dict, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Sequence, Tuple, Union
 
 import xxhash
 
@@ -136,21 +136,6 @@ def check_average(average: int) -> int:
     if isinstance(average, bool) or not isinstance(average, int) or not MIN_AVERAGE <= average <= MAX_AVERAGE:
         raise UsageError(f"Invalid chunk average: {average!r} (expected {MIN_AVERAGE} to {MAX_AVERAGE} bytes)")
     return average
-
-
-def cut_stream(stream, offset: int = 0, average: int = DEFAULT_AVERAGE) -> Iterator[Chunk]:
-    """The content-defined chunks of what ``stream`` yields, one at a time.
-
-    :param stream: Any object with ``readinto`` (or ``read``): the caller owns the I/O, so a
-                   file of any size is cut in bounded memory and the chunks can be sent on
-                   while the rest is still read.
-    :param offset: Where the stream's first byte is in its file.
-    """
-    from pyfastcdc import FastCDC  # imported here: only the shift-tolerant mode needs it
-
-    chunker = FastCDC(avg_size=average, min_size=average // MIN_FACTOR, max_size=average * MAX_FACTOR)
-    for piece in chunker.cut_stream(stream):
-        yield Chunk(offset + piece.offset, piece.length, xxhash.xxh3_64_digest(piece.data))
 
 
 def encode(chunks: Sequence[Chunk]) -> bytes:

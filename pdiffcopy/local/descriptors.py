@@ -582,31 +582,3 @@ __all__ = [
     "resize", "reserve", "start_writeback", "copy_range", "copy_available", "process_umask", "clear_umask",
     "fsync_directory", "replace_atomically", "free_space", "etag",
 ]
-
-
-class RangeReader:
-    """A range of an open file as a stream (``readinto``), read with ``pread``.
-
-    For code that wants a stream, such as the content-defined chunker: it reads
-    the range in bounded pieces, so a file of any size is cut in bounded memory.
-    """
-
-    def __init__(self, fd: int, offset: int, length: int) -> None:
-        self.fd = fd
-        self.position = offset
-        self.end = offset + length
-
-    def readinto(self, buffer) -> int:
-        """Fill ``buffer`` with the range's next bytes; 0 at the range's end.
-
-        :raises EOFError: When the file ends before the range does (it became shorter).
-        :raises OSError: When reading fails.
-        """
-        count = min(len(buffer), self.end - self.position)
-        if count <= 0:
-            return 0
-        got = os.preadv(self.fd, [memoryview(buffer)[:count]], self.position)
-        if got == 0:
-            raise EOFError(f"file ended at {self.position} bytes, before {self.end}")
-        self.position += got
-        return got

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import List, Sequence, Tuple
+from typing import Iterator, List, Sequence, Tuple
 
+from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import storage_error
 from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled
@@ -119,6 +120,59 @@ def _hash_region_read(fd: int, offset: int, length: int, block_size: int, method
             position += got
         digests.append(finish(hasher, method))
     return b"".join(digests)
+
+
+#: How much of a file a content-defined cut maps at a time: about this many chunks, but at
+#: most :data:`CUT_WINDOW_BYTES`. The last chunk of a window may be cut short by the window's
+#: end, so it is cut again from the start of the next one: the chunks are those of the whole
+#: range at once, whatever the window (a chunk is at most four times the average).
+CUT_WINDOW_CHUNKS = 1024
+CUT_WINDOW_BYTES = 64 * 1024 * 1024
+
+
+def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List[cdc.Chunk]]:
+    """The content-defined chunks of ``[offset, offset + length)`` of an open file, a window at a time.
+
+    The chunker and the chunk digests read the mapped page cache: no copy into a buffer
+    (a read-fed stream copies every byte once more: 256 MiB cut in 0.158 s instead of 0.130).
+
+    :raises EOFError: When the file ends before the range does (it became shorter).
+    :raises OSError: When reading fails.
+    """
+    end = offset + length
+    position = offset
+    window = min(CUT_WINDOW_BYTES, CUT_WINDOW_CHUNKS * average)
+    while position < end:
+        span = min(window, end - position)
+        if os.fstat(fd).st_size < position + span:
+            raise EOFError(f"file ended before {position + span} bytes")
+        last = position + span == end
+        try:
+            view, mapping = _map(fd, position, span)
+        except (OSError, ValueError):  # not mappable (a pipe, some FUSE file systems): read instead
+            view, mapping = memoryview(_read_exactly(fd, position, span)), None
+        try:
+            chunks = cdc.cut(view, position, average)
+        finally:
+            view.release()
+            if mapping is not None:
+                mapping.close()
+        if not last and len(chunks) > 1:
+            chunks.pop()
+        position = chunks[-1].offset + chunks[-1].length
+        yield chunks
+
+
+def _read_exactly(fd: int, offset: int, length: int) -> bytearray:
+    buffer = bytearray(length)
+    view = memoryview(buffer)
+    done = 0
+    while done < length:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise EOFError(f"file ended at {offset + done} bytes, before {offset + length}")
+        done += got
+    return buffer
 
 
 def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,

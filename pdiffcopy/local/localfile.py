@@ -34,7 +34,6 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.local.descriptors import (
     TRANSFER_CHUNK_SIZE,
-    RangeReader,
     copy_available,
     copy_range,
     data_extents,
@@ -53,7 +52,7 @@ from pdiffcopy.local.descriptors import (
     write_all,
     write_sparse,
 )
-from pdiffcopy.local.filehash import hash_file_ranges, hash_region
+from pdiffcopy.local.filehash import cut_region, hash_file_ranges, hash_region
 from pdiffcopy.local import writerlocks
 from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
@@ -868,7 +867,7 @@ def cut_ranges(fd: int, ranges: Sequence[ByteRange], average: int) -> "List[cdc.
     :raises EOFError: When the file is shorter than a range.
     """
     return [chunk for offset, length in ranges
-            for chunk in cdc.cut_stream(RangeReader(fd, offset, length), offset, average)]
+            for window in cut_region(fd, offset, length, average) for chunk in window]
 
 
 def _lock_or_refuse(fd: int, path: str) -> None:

@@ -32,9 +32,9 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import RangeReader, copy_available, data_extents, etag, punch_ranges, resize, \
+from pdiffcopy.local.descriptors import copy_available, data_extents, etag, punch_ranges, resize, \
     start_writeback
-from pdiffcopy.local.filehash import hash_region
+from pdiffcopy.local.filehash import cut_region, hash_region
 from pdiffcopy.local.leases import LEASE_SECONDS
 from pdiffcopy.server.context import (
     API_PREFIX,
@@ -449,8 +449,8 @@ def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str) -> I
     pending: List[cdc.Chunk] = []
     try:
         for offset, length in ranges:
-            for chunk in cdc.cut_stream(RangeReader(fd, offset, length), offset, average):
-                pending.append(chunk)
+            for window in cut_region(fd, offset, length, average):
+                pending.extend(window)
                 if len(pending) >= CHUNKS_PER_WRITE:
                     yield cdc.encode(pending)
                     pending = []
