@@ -379,3 +379,62 @@ def test_a_confined_file_is_a_class_of_its_own(tmp_path):
     confined = LocalFile.below(Root(str(tmp_path), reserve=False), "a")
     assert isinstance(confined, LocalFile) and type(confined) is not LocalFile
     assert "_root is None" not in Path(localfile.__file__).read_text()
+
+
+def _open_deleted(path: Path) -> List[str]:
+    """This process's descriptors that lead to ``path`` after it was replaced."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link == f"{path} (deleted)":
+            found.append(name)
+    return found
+
+
+def _eventually(condition, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_big_replaced_file_is_closed_behind_the_rename(tmp_path):
+    """Replacing a big file hands its last descriptors to a closer (freeing its blocks can
+    wait on the device); they are closed all the same, and the new version has the name."""
+    target, work = tmp_path / "target", tmp_path / ".target.new"
+    target.write_bytes(b"o" * (descriptors.CLOSE_SOON_BYTES + 1))
+    work.write_bytes(b"new")
+    old, new = LocalFile(str(target)), LocalFile(str(work))
+    old._reader()  # the old version is open for reading, as while copies are made from it
+    assert _open_deleted(target) == []
+    new.replace(old)
+    assert target.read_bytes() == b"new"
+    assert _eventually(lambda: _open_deleted(target) == []), _open_deleted(target)
+    old.close()
+    new.close()
+
+
+def test_a_forked_child_closes_what_it_hands_to_the_closer(tmp_path):
+    """A child forked after the parent's closer started has no closer thread of its own
+    until it starts one: a descriptor handed over there must still be closed."""
+    descriptors.close_soon(os.open(os.devnull, os.O_RDONLY))  # the parent's closer runs
+    path = tmp_path / "file"
+    path.write_bytes(b"x")
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            descriptors.close_soon(fd)
+            os.unlink(path)
+            os._exit(0 if _eventually(lambda: _open_deleted(path) == []) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

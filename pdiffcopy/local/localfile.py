@@ -33,7 +33,9 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.descriptors import (
+    CLOSE_SOON_BYTES,
     TRANSFER_CHUNK_SIZE,
+    close_soon,
     copy_available,
     copy_range,
     data_extents,
@@ -675,12 +677,35 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             finally:
                 if source_directory is not None:
                     os.close(source_directory)
-        except OSError as error:
-            raise storage_error(error, f"rename {self.path} to {other.path}") from None
-        finally:
+        except BaseException as error:
             if held is not None:
                 os.close(held)
+            if isinstance(error, OSError):
+                raise storage_error(error, f"rename {self.path} to {other.path}") from None
+            raise
+        if held is not None:
+            other._close_replaced(held)
         self._end_hold(renamed_or_removed=True)
+
+    def _close_replaced(self, held: int) -> None:
+        """Close ``held`` and this file's read descriptor, now that a new version has its name.
+
+        The last of them frees the old version's blocks: a big one's off the caller's way.
+        """
+        fds = [held] + ([self._read_fd] if self._read_fd is not None else [])
+        self._read_fd = None
+        try:
+            big = os.fstat(held).st_size >= CLOSE_SOON_BYTES
+        except OSError:
+            big = False
+        for fd in fds:
+            if big:
+                close_soon(fd)
+            else:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def remove_temporary(self) -> None:
         self.close()
