@@ -478,3 +478,60 @@ def test_edits_a_few_kibibytes_apart_are_found_between_by_the_kibibyte_passes(se
     assert path.read_bytes() == source_data and result.verified
     # Main's single 1 KiB pass sent 1.1 MiB here, 8 times finer passes without it 2.7 MiB.
     assert result.bytes_moved <= MIB, result.bytes_moved
+
+
+@pytest.fixture
+def watched_flush(monkeypatch):
+    """Make the temporary's flush wait (up to 10 s) for its read-back to start; record whether it did."""
+    import threading
+
+    from pdiffcopy.local.localfile import LocalFile
+
+    read_back = threading.Event()
+    overlapped: list = []
+    submit_hashes, flush = LocalFile.submit_hashes, LocalFile.flush
+
+    def watching_submit(self, ranges, block_size, method):
+        if self.temporary:
+            read_back.set()
+        return submit_hashes(self, ranges, block_size, method)
+
+    def waiting_flush(self):
+        if self.temporary:
+            overlapped.append(read_back.wait(10))
+        flush(self)
+
+    monkeypatch.setattr(LocalFile, "submit_hashes", watching_submit)
+    monkeypatch.setattr(LocalFile, "flush", waiting_flush)
+    return overlapped
+
+
+@pytest.mark.parametrize("direction", ["local", "pull"])
+def test_the_new_version_is_read_back_while_it_is_flushed(server, tmp_path, unique, direction, watched_flush):
+    source_data = inserted(OLD, [4096], 100)
+    source, target, path = arrange(direction, server, tmp_path, unique, source_data, OLD)
+    result = sync(source, target, delta="chunks", concurrency=2)
+    assert path.read_bytes() == source_data and result.verified
+    assert watched_flush == [True]  # the read-back started before the fsync returned
+    assert leftovers(path) == []
+
+
+@pytest.mark.parametrize("direction", ["local", "pull"])
+def test_a_failed_flush_during_the_read_back_fails_the_sync_and_keeps_the_old_target(
+        server, tmp_path, unique, direction, monkeypatch):
+    from pdiffcopy.errors import StorageError
+    from pdiffcopy.local.localfile import LocalFile
+
+    flush = LocalFile.flush
+
+    def failing_flush(self):
+        if self.temporary:
+            raise StorageError(f"Cannot flush {self.path}: No space left on device")
+        flush(self)
+
+    monkeypatch.setattr(LocalFile, "flush", failing_flush)
+    source, target, path = arrange(direction, server, tmp_path, unique, inserted(OLD, [4096], 100), OLD)
+    with pytest.raises(StorageError, match="Cannot flush"):
+        sync(source, target, delta="chunks", concurrency=2)
+    assert path.read_bytes() == OLD
+    assert leftovers(path) == []

@@ -204,3 +204,32 @@ def test_records_are_dataclasses_as_the_package_uses_them():
 def test_block_sizes_mean_what_humanfriendly_reads(text):
     binary = not text.upper().endswith(("KB", "MB", "GB", "TB"))
     assert parse_block_size(text) == int(parse_size(text, binary=binary))
+
+
+#: Start the hash processes of a local file as a sync that may cut chunks does (argv[1]: "1" or "0");
+#: print whether each process, and this one, has the chunker loaded once the processes are idle.
+CHUNKER_IN_POOL = """
+import sys, time
+from pdiffcopy.local.localfile import LocalFile
+import startup_probe
+pool = LocalFile(sys.argv[2]).start_hash_pool(2, cuts_likely=sys.argv[1] == "1")
+time.sleep(0.5)  # (the loads are not waited for by design: let both processes finish theirs)
+loaded = {pool.submit(startup_probe.chunker_loaded).result() for _ in range(8)}
+print(sorted(loaded), "pyfastcdc" in sys.modules)
+pool.shutdown()
+"""
+
+
+@pytest.mark.parametrize("cuts_likely,expected", [("1", "[(True,)] False"), ("0", "[(False,)] False")])
+def test_the_hash_processes_load_the_chunker_early_only_when_a_cut_is_likely(tmp_path, cuts_likely, expected):
+    (tmp_path / "startup_probe.py").write_text(
+        "import os, sys\n"
+        "def chunker_loaded():\n"
+        "    return ('pyfastcdc' in sys.modules,)\n")
+    (tmp_path / "file").write_bytes(b"x")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
+    output = subprocess.run([sys.executable, "-c", CHUNKER_IN_POOL, cuts_likely, str(tmp_path / "file")],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert output.returncode == 0, output.stderr
+    # Each process loaded it (or none did); the sync's own process never pays for it.
+    assert output.stdout.strip() == expected

@@ -140,7 +140,7 @@ class FileEndpoint(ABC):
     def use_hash_pool(self, pool: "Executor") -> None:
         """:meth:`HashingHere.use_hash_pool`; without it, nothing to do."""
 
-    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+    def start_hash_pool(self, concurrency: int, cuts_likely: bool = False) -> "Optional[Executor]":
         """:meth:`HashingHere.start_hash_pool`; without it, None: nothing hashes here."""
         return None
 
@@ -246,10 +246,13 @@ class HashingHere(ABC):
         """Hash in ``pool`` from now on (see :meth:`hashes_here`)."""
 
     @abstractmethod
-    def start_hash_pool(self, concurrency: int) -> "Optional[Executor]":
+    def start_hash_pool(self, concurrency: int, cuts_likely: bool = False) -> "Optional[Executor]":
         """Start ``concurrency`` processes that hash files of this kind here.
 
         Called before the sync starts any thread (forking a process with threads can deadlock it).
+
+        :param cuts_likely: The sync may cut content-defined chunks: the processes load the
+                            chunker while the sync's first requests wait on the other side.
         """
 
     @abstractmethod

@@ -128,7 +128,10 @@ class _SyncJob:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="hash")
         elif local:
             # Forked before any thread exists (see FileEndpoint.start_hash_pool).
-            self.pool = local[0].start_hash_pool(options.concurrency)
+            # (A remote target's existence would cost a request here: assumed.)
+            cuts_likely = (options.delta != "blocks" and not options.whole_file
+                           and (not target.hashes_here() or target.exists()))
+            self.pool = local[0].start_hash_pool(options.concurrency, cuts_likely)
         for endpoint in local:
             endpoint.use_hash_pool(self.pool)
         self.transfers: Optional[ThreadPoolExecutor] = None
@@ -360,12 +363,18 @@ class _SyncJob:
                 raise
             self._log_phase("built: %d bytes sent", self.steps.bytes_moved)
             self.progress.phase = "verifying"
-            work.flush()
+            # The new version is read back from the page cache while the disk writes it: the
+            # fsync and the read-back each wait on something else (docs/design.rst).
+            flushing = self.transfers.submit(work.flush)
             try:
                 digest = verification.check(work)
             except VerificationFailed:
                 self._check_source_unchanged(source_info)
                 raise
+            finally:
+                flush_error = flushing.exception()  # waits: nothing may touch the file while it flushes
+            if flush_error is not None:
+                raise flush_error
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
             work.replace(self.target)

@@ -70,6 +70,11 @@ def _ready() -> bool:
     return True
 
 
+def _load_chunker() -> None:
+    """Import the chunker (8 ms, most of it pyfastcdc's typing imports) before the first cut needs it."""
+    import pyfastcdc  # noqa: F401
+
+
 def _start_worker(parent_pid: int, inherited: "Sequence[int]" = ()) -> None:
     # Ctrl-C reaches the whole process group: the parent handles it and stops
     # the pool; a worker printing its own KeyboardInterrupt traceback would
@@ -272,12 +277,16 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     def use_hash_pool(self, pool: "Executor") -> None:
         self.pool = pool
 
-    def start_hash_pool(self, concurrency: int) -> "ProcessPoolExecutor":
+    def start_hash_pool(self, concurrency: int, cuts_likely: bool = False) -> "ProcessPoolExecutor":
         if self.prehash is not None:
             pool = self.prehash.hand_over_pool(concurrency)  # already running, and busy for this sync
             if pool is not None:
                 return pool  # type: ignore[return-value]
-        return start_hash_pool(concurrency)
+        pool = start_hash_pool(concurrency)
+        if cuts_likely:
+            for _ in range(concurrency):  # (not waited for: a process that gets two loads once)
+                pool.submit(_load_chunker)
+        return pool
 
     def start_prehash(self, ranges: List[ByteRange], block_size: int, method: str, concurrency: int,
                       close_in_workers: Sequence[int] = ()) -> bool:
