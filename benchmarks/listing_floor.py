@@ -1,5 +1,6 @@
 """How far a tree listing is from its floor: os.listdir and lstat in a bare loop, against
-pdiffcopy's own listing (LocalTree.stream) of the same tree, alternating, in one process.
+pdiffcopy's own listing (LocalTree.stream) of the same tree, alternating, in one process; and
+what planning a no-change sync of the tree against its own listing costs.
 
 Usage: python3 benchmarks/listing_floor.py TREE [--rounds N]
 
@@ -43,6 +44,15 @@ def our_walk(root: str) -> int:
     return sum(len(entries) for entries, _ in LocalTree(root).stream().batches)
 
 
+def plan_unchanged(entries) -> int:
+    """Plan the listing against itself (every entry unchanged); return the unchanged count."""
+    from pdiffcopy.core.treeplan import PlanOptions
+    from pdiffcopy.core.treestream import StreamPlanner
+
+    planner = StreamPlanner(PlanOptions(times=True, owner=True))
+    return sum(piece.unchanged for piece in planner.plan(iter(entries), iter(entries)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("tree")
@@ -56,6 +66,15 @@ def main() -> None:
             counts[label] = walk(args.tree)
             times[label].append(time.process_time() - started)
     print("load average: %.2f %.2f %.2f" % os.getloadavg())
+    from pdiffcopy.local.localtree import LocalTree
+
+    entries = [entry for batch, _ in LocalTree(args.tree).stream().batches for entry in batch]
+    times["planning, no change"] = []
+    for _ in range(args.rounds):
+        started = time.process_time()
+        counts["planning, no change"] = len(entries)
+        plan_unchanged(entries)
+        times["planning, no change"].append(time.process_time() - started)
     for label, values in times.items():
         print("%-22s %7d entries  CPU median %.3f s, best %.3f s, %.2f us an entry"
               % (label, counts[label], statistics.median(values), min(values),
