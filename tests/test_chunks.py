@@ -174,3 +174,24 @@ def test_a_hole_is_cut_as_the_zeros_it_reads(tmp_path):
         assert [c for w in filehash.cut_region(fd, 0, len(data), AVERAGE) for c in w] == chunks.cut(data, 0, AVERAGE)
     finally:
         os.close(fd)
+
+
+def test_a_file_that_cannot_be_mapped_is_read_and_cut_the_same(tmp_path, monkeypatch):
+    """Some file systems refuse mmap (FUSE ones may): the window is read instead, same chunks."""
+    import os
+
+    from pdiffcopy.local import filehash
+
+    def refuse(fd, offset, length):
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(filehash, "_map", refuse)
+    monkeypatch.setattr(filehash, "CUT_WINDOW_BYTES", 64 * 1024)
+    data = random.Random(11).randbytes(300_001)
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert [c for w in filehash.cut_region(fd, 0, len(data), AVERAGE) for c in w] == chunks.cut(data, 0, AVERAGE)
+    finally:
+        os.close(fd)

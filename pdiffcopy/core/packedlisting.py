@@ -54,7 +54,6 @@ from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 PACKED_LISTING_TYPE = "application/vnd.pdiffcopy.listing"
 
 
-
 def media_type(content_type: Optional[str]) -> str:
     """The media type of a Content-Type value, lower case, without its parameters."""
     return (content_type or "").partition(";")[0].strip().lower()

@@ -169,6 +169,8 @@ def _plain_path(path: str) -> bool:
     """Whether ``path`` passes :func:`check_relative_path` the cheap way (the common case: ASCII)."""
     return (path.isascii() and 0 < len(path) <= MAX_PATH_LENGTH and path[0] != "/" and "\x00" not in path
             and not _ODD_COMPONENT.search(path))
+
+
 #: Each kind's one string object: a decoded listing's entries point at it, not at a copy each.
 _KINDS = {kind: kind for kind in (FILE, DIR, SYMLINK, OTHER)}
 _UINT32 = range(0, _MAX_UINT32 + 1)

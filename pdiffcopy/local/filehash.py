@@ -13,7 +13,7 @@ from typing import Iterator, List, Sequence, Tuple
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import storage_error
-from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled
+from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled, read_chunks
 from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
 
 
@@ -150,7 +150,8 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
         try:
             view, mapping = _map(fd, position, span)
         except (OSError, ValueError):  # not mappable (a pipe, some FUSE file systems): read instead
-            view, mapping = memoryview(_read_exactly(fd, position, span)), None
+            view = memoryview(b"".join(chunk for _, chunk in read_chunks(fd, [(position, span)], copies=True)))
+            mapping = None
         try:
             chunks = cdc.cut(view, position, average)
         finally:
@@ -161,18 +162,6 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
             chunks.pop()
         position = chunks[-1].offset + chunks[-1].length
         yield chunks
-
-
-def _read_exactly(fd: int, offset: int, length: int) -> bytearray:
-    buffer = bytearray(length)
-    view = memoryview(buffer)
-    done = 0
-    while done < length:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got == 0:
-            raise EOFError(f"file ended at {offset + done} bytes, before {offset + length}")
-        done += got
-    return buffer
 
 
 def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -701,20 +702,15 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
         The last of them frees the old version's blocks: a big one's off the caller's way.
         """
-        fds = [held] + ([self._read_fd] if self._read_fd is not None else [])
+        fds = [held] if self._read_fd is None else [held, self._read_fd]
         self._read_fd = None
         try:
-            big = os.fstat(held).st_size >= CLOSE_SOON_BYTES
+            close = close_soon if os.fstat(held).st_size >= CLOSE_SOON_BYTES else os.close
         except OSError:
-            big = False
+            close = os.close
         for fd in fds:
-            if big:
-                close_soon(fd)
-            else:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            with contextlib.suppress(OSError):
+                close(fd)
 
     def remove_temporary(self) -> None:
         self.close()
