@@ -103,6 +103,15 @@ MAX_HEADER_BYTES = 64 * 1024
 HEADER_CHUNK = 16 * 1024
 
 
+#: Seconds a worker that is running a request lets a new connection wait
+#: before it accepts it, when the server has other workers. gunicorn's
+#: workers share one listening socket and the first to wake takes each
+#: connection, so a tree sync's few long requests often landed on one
+#: worker and shared its interpreter lock while another worker idled. An
+#: idle worker wakes at once and takes the connection well within this
+#: time; when every worker is busy, one of them takes it after it.
+BUSY_ACCEPT_DELAY = 0.005
+
 #: Linux's option number, for Pythons whose socket module lacks the name.
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
@@ -232,6 +241,8 @@ class GuardedThreadWorker(ThreadWorker):
         # Sorted by deadline: every entry gets the same timeout when added.
         self.waiting: Deque[_Waiting] = deque()
         self.ssl_context: Optional[ssl.SSLContext] = None
+        self.running_requests = 0  # requests in the request threads (changed by the event loop only)
+        self.accept_after: Optional[float] = None  # a busy worker's pause in accepting ends then
 
     def init_process(self) -> None:
         if self.cfg.is_ssl:
@@ -241,13 +252,39 @@ class GuardedThreadWorker(ThreadWorker):
 
     # -- the event loop's part: accept, handshake, headers -----------------
 
+    def set_accept_enabled(self, enabled: bool) -> None:
+        if enabled and self.accept_after is not None:
+            return  # paused: the event loop resumes accepting at accept_after
+        super().set_accept_enabled(enabled)
+
     def accept(self, listener) -> None:
+        if self.running_requests and self.cfg.workers > 1:
+            # Leave the connection to an idle worker for a moment (BUSY_ACCEPT_DELAY).
+            self.accept_after = time.monotonic() + BUSY_ACCEPT_DELAY
+            super().set_accept_enabled(False)
+            return
+        self._accept(listener)
+
+    def _resume_accepting(self) -> None:
+        """After a pause: take every connection no idle worker took, then accept as usual again.
+
+        Every one, not one: when all workers are busy, the pause must not
+        become a limit on the rate of new connections.
+        """
+        self.accept_after = None
+        for listener in self.sockets:
+            while self.nr_conns < self.worker_connections and self._accept(listener):
+                pass
+        super().set_accept_enabled(self.nr_conns < self.worker_connections)
+
+    def _accept(self, listener) -> bool:
+        """Accept one connection; whether there was one."""
         try:
             client, address = listener.accept()
         except OSError as error:
             if error.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
                 raise
-            return
+            return error.errno == errno.ECONNABORTED  # that one is gone; others may wait
         self.nr_conns += 1
         paced = PacedSocket(client.family, client.type, client.proto, fileno=client.detach())
         try:
@@ -263,9 +300,10 @@ class GuardedThreadWorker(ThreadWorker):
                     suppress_ragged_eofs=self.cfg.suppress_ragged_eofs)
             except OSError:
                 self._close(conn)
-                return
+                return True
             handshake = True
         self._wait(conn, handshake)
+        return True
 
     def on_client_socket_readable(self, conn, client) -> None:
         # A kept-alive connection's next request: collect its headers here too.
@@ -357,10 +395,19 @@ class GuardedThreadWorker(ThreadWorker):
     def wait_for_and_dispatch_events(self, timeout):
         if self.waiting:
             timeout = max(0.0, min(timeout, self.waiting[0].deadline - time.monotonic()))
+        if self.accept_after is not None:
+            timeout = max(0.0, min(timeout, self.accept_after - time.monotonic()))
         super().wait_for_and_dispatch_events(timeout)
         self.murder_waiting()
+        if self.accept_after is not None and time.monotonic() >= self.accept_after and self.alive:
+            self._resume_accepting()
+
+    def enqueue_req(self, conn) -> None:
+        self.running_requests += 1
+        super().enqueue_req(conn)
 
     def finish_request(self, conn, fs) -> None:
+        self.running_requests -= 1
         if getattr(conn, "closed_in_thread", False):
             self.nr_conns -= 1
             return
