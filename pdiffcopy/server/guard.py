@@ -103,14 +103,17 @@ MAX_HEADER_BYTES = 64 * 1024
 HEADER_CHUNK = 16 * 1024
 
 
-#: Seconds a worker that is running a request lets a new connection wait
-#: before it accepts it, when the server has other workers. gunicorn's
-#: workers share one listening socket and the first to wake takes each
-#: connection, so a tree sync's few long requests often landed on one
-#: worker and shared its interpreter lock while another worker idled. An
-#: idle worker wakes at once and takes the connection well within this
-#: time; when every worker is busy, one of them takes it after it.
-BUSY_ACCEPT_DELAY = 0.005
+#: Seconds a worker lets a new connection wait before it accepts it, per
+#: connection it already has in hand (a request running, or headers being
+#: read), when the server has other workers; at most
+#: :data:`MAX_ACCEPT_DELAY`. gunicorn's workers share one listening socket
+#: and the kernel wakes them in a fixed order, so a tree sync's few long
+#: requests (a listing, one stream per client worker, often opened at the
+#: same moment) piled onto one worker and shared its interpreter lock while
+#: another idled. A worker with nothing in hand accepts at once, the least
+#: busy of the others first.
+ACCEPT_DELAY_PER_CONNECTION = 0.003
+MAX_ACCEPT_DELAY = 0.012
 
 #: Linux's option number, for Pythons whose socket module lacks the name.
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
@@ -258,9 +261,11 @@ class GuardedThreadWorker(ThreadWorker):
         super().set_accept_enabled(enabled)
 
     def accept(self, listener) -> None:
-        if self.running_requests and self.cfg.workers > 1:
-            # Leave the connection to an idle worker for a moment (BUSY_ACCEPT_DELAY).
-            self.accept_after = time.monotonic() + BUSY_ACCEPT_DELAY
+        in_hand = self.running_requests + len(self.waiting)
+        if in_hand and self.cfg.workers > 1:
+            # Leave the connection to a less busy worker for a moment (ACCEPT_DELAY_PER_CONNECTION).
+            delay = min(ACCEPT_DELAY_PER_CONNECTION * in_hand, MAX_ACCEPT_DELAY)
+            self.accept_after = time.monotonic() + delay
             super().set_accept_enabled(False)
             return
         self._accept(listener)
