@@ -32,7 +32,8 @@ CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEX
 
 
 def copy_part(src: str, dst: str, part: int, parts: int) -> list:
-    """Copy every ``parts``-th file of each directory, from the ``part``-th; the directories' metadata."""
+    """Copy every ``parts``-th file of each directory, from the ``part``-th; the directories' metadata
+    (from part 0 only: every part walks all of them)."""
     directories = []
     pending = [(os.open(src, DIRECTORY_FLAGS), os.open(dst, DIRECTORY_FLAGS), "")]
     while pending:
@@ -50,7 +51,8 @@ def copy_part(src: str, dst: str, part: int, parts: int) -> list:
                 child = relative + "/" + name if relative else name
                 pending.append((os.open(name, DIRECTORY_FLAGS, dir_fd=source),
                                 os.open(name, DIRECTORY_FLAGS, dir_fd=target), child))
-                directories.append((child, stat.S_IMODE(mode), info.st_atime_ns, info.st_mtime_ns))
+                if part == 0:
+                    directories.append((child, stat.S_IMODE(mode), info.st_atime_ns, info.st_mtime_ns))
             elif index % parts == part and stat.S_ISREG(mode):
                 reader = os.open(name, COPY_FLAGS, dir_fd=source)
                 writer = os.open(name, CREATE_FLAGS, stat.S_IMODE(mode), dir_fd=target)
@@ -138,4 +140,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except OSError as error:
+        sys.exit(f"python_floor.py: {error}")
