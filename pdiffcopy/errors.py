@@ -61,6 +61,10 @@ class AccessDenied(PdiffcopyError):
     http_status = 403
 
 
+class ForeignUser(AccessDenied):
+    """A token-less server was asked by another user than its own (or root)."""
+
+
 class AuthenticationFailed(PdiffcopyError):
     """The request carried no token or the wrong one."""
 

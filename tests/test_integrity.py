@@ -327,7 +327,7 @@ def test_lease_files_do_not_pile_up(tmp_path):
     root.mkdir()
     leases.mkdir()
     (root / "a.img").write_bytes(b"\0" * 8192)
-    client = create_app(ServerConfig(root=str(root), lease_directory=str(leases))).test_client()
+    client = create_app(ServerConfig(root=str(root), lease_directory=str(leases), serve_anyone=True)).test_client()
     answer = client.patch("/a.img", data=b"x" * 10, headers={"Content-Range": "bytes 0-9/*"})
     assert answer.status_code == 200 and os.listdir(leases) == []
     lease = client.post("/.pdiffcopy/lease/a.img").get_json()["lease"]

@@ -52,7 +52,8 @@ Without SOURCE and TARGET, the server starts: it serves the files below
 --root (default: the current directory) on --listen (default 127.0.0.1:8080);
 the sync and tree options are then refused, since a server ignores them.
 When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
-require and send it."""
+require and send it; without a token the server serves only the clients its
+own user and root run on this host."""
 
 EPILOG = """\
 exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
@@ -257,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="at most RATE bytes per second of file data served and received, all "
                              "clients and worker processes together (--bwlimit's units; 0 no limit)")
     server.add_argument("--insecure", action="store_true",
-                        help="allow listening on a non-loopback address without a token")
+                        help="without a token, serve everyone who can connect (every local user; on "
+                             "a non-loopback address, the network); without it a token-less server "
+                             "serves only the user running it and root, on this host")
     server.add_argument("--trust-clients", action="store_true",
                         help="let clients set owners, setuid/setgid bits (tree syncs with -o, "
                              "-a) and security.*/trusted.* attributes (-X); without it they are "
@@ -268,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "--root; without it that is refused and --atomic replaces them")
     server.add_argument("--legacy-api", action="store_true",
                         help="also serve the API of pdiffcopy 1.0.1 clients (below --root, and only "
-                             "without a token: they cannot send one); without it they get an error "
+                             "without a token: they cannot send one, so only the server's own user "
+                             "and root, or everyone with --insecure); without it they get an error "
                              "saying so")
     # Without SOURCE and TARGET pdiffcopy starts a server, which would ignore
     # these: refused instead (-c is also the server's worker count).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+import weakref
 from typing import Optional
 
 from flask import Flask, Response, g, jsonify, request
@@ -25,13 +26,16 @@ from werkzeug.exceptions import HTTPException, NotFound
 
 from pdiffcopy import __version__
 from pdiffcopy.core.compression import FRAMES_TYPE
+from pdiffcopy.core.protocol import TOKEN_VARIABLE
 from pdiffcopy.errors import (
     AuthenticationFailed,
+    ForeignUser,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
     storage_error,
 )
+from pdiffcopy.local.peers import peer_uid
 from pdiffcopy.server.context import API_PREFIX, ServerConfig, ServerState
 from pdiffcopy.server import holds
 from pdiffcopy.server.files import files
@@ -50,6 +54,15 @@ PATCH_TYPES = f"application/octet-stream, multipart/byteranges, {FRAMES_TYPE}"
 #: Liveness: the one request answered without the token (a probe has none),
 #: and it says nothing but that the server answers.
 HEALTH_PATH = f"{API_PREFIX}/health"
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -73,6 +86,24 @@ def create_app(config: ServerConfig) -> Flask:
     holds.install(app)
     expected = config.token.encode() if config.token else None
     document = render_document()
+    owner_only = expected is None and not config.serve_anyone
+    owner = _user_name(config.owner_uid)
+    #: The peer's uid, looked up once per connection (a kept-alive one keeps its socket).
+    peer_uids: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def check_peer_is_the_owner() -> None:
+        connection = request.environ.get("gunicorn.socket")
+        uid = None
+        if connection is not None:
+            uid = peer_uids.get(connection)
+            if uid is None:
+                uid = peer_uid(connection)
+                if uid is not None:
+                    peer_uids[connection] = uid
+        if uid not in (config.owner_uid, 0):
+            raise ForeignUser(
+                f"This server has no token, so it serves only its own user ({owner}) "
+                f"and root on its host; its owner can share it by starting it with ${TOKEN_VARIABLE} set")
 
     def metrics_answer() -> Response:
         body, content_type = state.metrics.render()
@@ -87,7 +118,12 @@ def create_app(config: ServerConfig) -> Flask:
             if request.path not in (SCRAPE_PATH, METRICS_PATH) or request.method not in ("GET", "HEAD"):
                 raise NotFound(f"This address answers only GET {SCRAPE_PATH} (the metrics)")
             return metrics_answer()
-        if expected is None or request.path == HEALTH_PATH:
+        if request.path == HEALTH_PATH:
+            return None
+        if owner_only:
+            check_peer_is_the_owner()
+            return None
+        if expected is None:
             return None
         # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
         scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")

@@ -7,6 +7,7 @@ application; the blueprints' views (files, trees, the legacy API) reach it with
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
@@ -69,6 +70,11 @@ class ServerConfig:
 
     root: str
     token: Optional[str] = None
+    #: Without a token, serve everyone who can connect (``--insecure``); else only the
+    #: clients that :attr:`owner_uid` and root run on this host (docs/service.rst).
+    serve_anyone: bool = False
+    #: The user a token-less server serves: the one running it.
+    owner_uid: int = field(default_factory=os.geteuid)
     #: The hash methods accepted (:func:`~pdiffcopy.core.hashing.accepted_methods`).
     hash_methods: Tuple[str, ...] = field(default_factory=accepted_methods)
     #: Clients may set owners and setuid/setgid bits (``--trust-clients``).

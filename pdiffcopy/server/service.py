@@ -140,13 +140,20 @@ def run_server(options: ServerOptions) -> None:
     metrics_directory = make_directory()
     from pdiffcopy.server.app import ServerConfig, create_app
 
-    app = create_app(ServerConfig(root=root, token=options.token, trust_clients=options.trust_clients,
+    app = create_app(ServerConfig(root=root, token=options.token, serve_anyone=options.insecure,
+                                  trust_clients=options.trust_clients,
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
                                   legacy_api=options.legacy_api, max_rate=options.max_rate))
     metrics = app.extensions["pdiffcopy.server.metrics"]
     if options.wrap_app:
         app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
+    if not options.token and options.insecure:
+        logger.warning("No token and --insecure: every local user (and anyone who can reach %s) may read "
+                       "and write %s", bind, root)
+    elif not options.token and not options.unix_socket:
+        logger.info("No token: serving only uid %d and root on this host (set $%s to share the server)",
+                    os.geteuid(), TOKEN_VARIABLE)
     if options.legacy_api and options.token:
         logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
                        "requests are refused (401)")
