@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from pdiffcopy import __version__
 from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
@@ -392,7 +392,27 @@ def _timeout(text: str) -> float:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the command line; return (and as a script, exit with) its status."""
+    """Run the command line; return its status (with ``argv`` None: raise SystemExit with it)."""
+    status, _ = _run_command(argv)
+    if argv is None:
+        sys.exit(status)
+    return status
+
+
+def console_main() -> None:
+    """The console script: run with this process's arguments, then end the process with the status.
+
+    After a sync or a removal the process ends without the interpreter's teardown
+    (:func:`_exit_without_teardown`); a server's teardown is left as it was.
+    """
+    status, synced = _run_command(None)
+    if synced:
+        _exit_without_teardown(status)
+    sys.exit(status)
+
+
+def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
+    """Run the command line: (its exit status, whether it was a sync or a removal)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.partial_progress:  # -P: rsync's --partial --progress
@@ -417,11 +437,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             logger.debug("Unexpected error", exc_info=True)
             logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
             status = 1
-    if argv is None:
-        if args.paths:  # a sync or a removal (a server's teardown is left as it was)
-            _exit_without_teardown(status)
-        sys.exit(status)
-    return status
+    return status, bool(args.paths)
 
 
 def _exit_without_teardown(status: int) -> None:
@@ -799,7 +815,7 @@ def report(result, shown=lambda location: location) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    console_main()
 
 
-__all__ = ["main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]
+__all__ = ["main", "console_main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]
