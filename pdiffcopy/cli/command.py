@@ -420,6 +420,7 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
     setup_logging(args.verbose - args.quiet)
     try:
         status = run(parser, args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except PdiffcopyError as error:
         logger.error("%s", error)
         status = error.exit_code
@@ -433,6 +434,8 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
             # tripped over the half-released lock: still an interruption.
             logger.debug("Interrupted, then %s while unwinding", type(error).__name__, exc_info=True)
             status = _report_interrupt(behind)
+        elif _output_closed_behind(error):
+            status = _end_quietly_after_closed_output()
         else:  # a bug: still one line, the details with -v
             logger.debug("Unexpected error", exc_info=True)
             logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
@@ -467,6 +470,49 @@ def _report_interrupt(interrupt: KeyboardInterrupt) -> int:
     how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
     logger.error("Interrupted%s", how)
     return 130
+
+
+#: Exit status when standard output is closed under the command (``| head``): rsync's
+#: "errors with program diagnostics", what it exits with when it cannot write its output.
+CLOSED_OUTPUT_STATUS = 13
+
+
+def _output_closed_behind(error: BaseException) -> bool:
+    """Whether ``error`` is (or was raised while handling) a write into a standard output nobody reads."""
+    seen = set()
+    cause: Optional[BaseException] = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, BrokenPipeError):
+            return _stdout_reader_gone()
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe or socket whose other end closed (a broken pipe of a
+    connection is not: that is the sync's own failure)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _end_quietly_after_closed_output() -> int:
+    """Stop as other Unix tools do when their reader leaves: no message; what is still buffered
+    for standard output goes to /dev/null, so that no flush at exit complains either."""
+    logger.debug("Standard output was closed: stopped")
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):
+        pass
+    return CLOSED_OUTPUT_STATUS
 
 
 def _interrupt_behind(error: BaseException) -> Optional[KeyboardInterrupt]:
