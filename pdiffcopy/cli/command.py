@@ -55,10 +55,26 @@ When $PDIFFCOPY_TOKEN is set (or --token-file given), server and client
 require and send it."""
 
 EPILOG = """\
-exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
-  5 the server started over ssh did not hand over (or in another protocol
-  version), 23 some files of a tree failed (the rest was synced), 127 no
-  pdiffcopy on the ssh host, 130 interrupted, 255 ssh failed.
+exit status (rsync's, where rsync has one for the same failure):
+    0  success
+    1  bad usage, or a failure with no status of its own
+    2  protocol incompatibility: the server refused a request as malformed,
+       or cannot do what was asked (1.0.1; over ssh, another version)
+    3  errors selecting files: SOURCE or TARGET missing, not a file or
+       directory as needed, or not accessible
+    5  error starting the protocol: the token refused, the server busy,
+       the server started over ssh did not hand over
+   10  socket I/O: the server cannot be reached or the connection broke
+       (a server: it cannot listen)
+   11  file I/O: reading or writing a file failed (I/O error, disk full)
+   12  data stream: the server's answer was malformed or damaged
+   13  standard output closed (| head): the run stopped there, quietly
+   20  interrupted by SIGINT, SIGTERM or SIGHUP
+   23  partial transfer: some paths of a tree failed (the rest was synced),
+       a file failed its verification or changed during the sync
+   30  timeout: the server did not answer within --timeout
+  127  no pdiffcopy on the ssh host
+  255  ssh failed
 examples:
   pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
   pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
@@ -105,7 +121,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # one line, like every other error
         sys.stderr.write(f"pdiffcopy: {message} (see pdiffcopy --help)\n")
-        sys.exit(2)
+        sys.exit(UsageError.exit_code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -466,10 +482,14 @@ def _exit_without_teardown(status: int) -> None:
     os._exit(status if isinstance(status, int) else 1)
 
 
+#: Exit status after Ctrl-C or a clean-up signal: rsync's ("received SIGINT, SIGTERM, or SIGHUP").
+INTERRUPTED_STATUS = 20
+
+
 def _report_interrupt(interrupt: KeyboardInterrupt) -> int:
     how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
     logger.error("Interrupted%s", how)
-    return 130
+    return INTERRUPTED_STATUS
 
 
 #: Exit status when standard output is closed under the command (``| head``): rsync's
