@@ -1,5 +1,5 @@
 """``python -m pdiffcopy``: the same as the ``pdiffcopy`` command."""
 
-from pdiffcopy.cli import main
+from pdiffcopy.cli import console_main
 
-main()
+console_main()

@@ -4,6 +4,10 @@ Every error a user can cause or meet derives from :class:`PdiffcopyError`. Each
 class says who failed and carries what the boundaries need: the command line
 prints ``str(error)`` as one line and exits with :attr:`~PdiffcopyError.exit_code`;
 the server answers with :attr:`~PdiffcopyError.http_status` and a JSON body.
+
+The exit statuses are rsync's wherever rsync has one for the same failure
+(its man page, "EXIT VALUES"); the command's ``--help`` and docs/api.rst
+list them all.
 """
 
 from __future__ import annotations
@@ -14,16 +18,17 @@ from typing import Optional
 class PdiffcopyError(Exception):
     """Base class of every error pdiffcopy reports to a user."""
 
-    #: Exit status of the command line for this kind of error.
+    #: Exit status of the command line for this kind of error: 1 for a failure rsync has no
+    #: status for (pdiffcopy 1.0.1 exited with 1 for every failure).
     exit_code = 1
     #: HTTP status the server answers with for this kind of error.
     http_status = 500
 
 
 class UsageError(PdiffcopyError):
-    """The user asked for something that makes no sense (a bad option value)."""
+    """The user asked for something that makes no sense (a bad option value): rsync's 1."""
 
-    exit_code = 2
+    exit_code = 1
     http_status = 400
 
 
@@ -56,7 +61,10 @@ class PayloadTooLarge(BadRequest):
 
 
 class AccessDenied(PdiffcopyError):
-    """A path leads outside the server's root, or the file system refused access."""
+    """A path leads outside the server's root, or the file system refused access
+    (rsync's 3: errors selecting input/output files)."""
+
+    exit_code = 3
 
     http_status = 403
 
@@ -66,25 +74,38 @@ class ForeignUser(AccessDenied):
 
 
 class AuthenticationFailed(PdiffcopyError):
-    """The request carried no token or the wrong one."""
+    """The request carried no token or the wrong one (rsync's 5, as for a daemon's "auth failed")."""
+
+    exit_code = 5
 
     http_status = 401
 
 
 class FileMissing(PdiffcopyError):
-    """A file that must exist does not."""
+    """A file that must exist does not (rsync's 3: errors selecting input/output files)."""
+
+    exit_code = 3
 
     http_status = 404
 
 
 class NotAFile(PdiffcopyError):
-    """A path names a directory or something else that is not a regular file."""
+    """A path names a directory or something else that is not a regular file, or a tree's
+    SOURCE or TARGET is not a directory (rsync's 3: errors selecting input/output files)."""
+
+    exit_code = 3
 
     http_status = 409
 
 
 class Conflict(PdiffcopyError):
-    """The file changed under us (a changing source, a precondition that failed)."""
+    """The file changed under us (a changing source, a precondition that failed).
+
+    Its status is rsync's 23, a partial transfer: a source that changes under rsync
+    fails its verification and the file is not transferred.
+    """
+
+    exit_code = 23
 
     http_status = 412
 
@@ -102,24 +123,54 @@ class PartialTransfer(PdiffcopyError):
 
 
 class StorageError(PdiffcopyError):
-    """Reading or writing a file failed (I/O error, no space left, ...)."""
+    """Reading or writing a file failed (I/O error, no space left, ...): rsync's 11, file I/O."""
+
+    exit_code = 11
 
     http_status = 507
 
 
 class RemoteError(PdiffcopyError):
-    """The server could not be reached, answered an error, or went away."""
+    """The server could not be reached, answered an error, or went away: rsync's 10, socket I/O."""
 
+    exit_code = 10
     http_status = 502
+
+
+class ServerFailed(RemoteError):
+    """The server answered that it failed (an error of its own, a 500): no status of its own, 1."""
+
+    exit_code = 1
+
+
+class RemoteTimeout(RemoteError):
+    """The server did not answer within the timeout (rsync's 30: timeout in data send/receive)."""
+
+    exit_code = 30
+
+
+class RemoteDataError(RemoteError):
+    """The server's answer is not what the protocol says: malformed, damaged, other ranges than
+    asked (rsync's 12: error in the protocol data stream)."""
+
+    exit_code = 12
+
+
+class CannotListen(PdiffcopyError):
+    """The server cannot listen on its address (a busy port): rsync's daemon exits 10, socket I/O."""
+
+    exit_code = 10
 
 
 class ServerBusy(RemoteError):
     """The server is doing as much of this kind of work as it allows; ask again later.
 
     The server answers 503 with a ``Retry-After`` header; the client waits
-    and retries a bounded number of times before it gives up with this error.
+    and retries a bounded number of times before it gives up with this error:
+    rsync's 5, as when a daemon's "max connections" are reached.
     """
 
+    exit_code = 5
     http_status = 503
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
@@ -134,8 +185,12 @@ class RemoteProtocolError(RemoteError):
     The user asked for nothing wrong (that would be a :class:`UsageError`,
     found before any request); this client and that server do not agree on
     what a request may say (an older or stricter server, a hash method it
-    does not accept), so it exits as a failure, not as bad usage.
+    does not accept), so it exits as rsync's 2, protocol incompatibility, not as
+    bad usage. So does a pdiffcopy 1.0.1 server asked for what its API lacks, and
+    a remote pdiffcopy over ssh of another protocol version.
     """
+
+    exit_code = 2
 
 
 class SshFailed(RemoteError):
@@ -158,9 +213,13 @@ class SshStartFailed(RemoteError):
 
 
 class VerificationFailed(PdiffcopyError):
-    """After a sync, the target's digest differs from the source's."""
+    """After a sync, the target's digest differs from the source's.
 
-    exit_code = 3
+    rsync's 23, a partial transfer: a file that fails rsync's verification twice
+    is "not transferred", and a tree's file that fails ours is one of its failed paths.
+    """
+
+    exit_code = 23
 
 
 class Unsupported(PdiffcopyError):

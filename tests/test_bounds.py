@@ -191,7 +191,7 @@ def test_the_operator_chooses_the_hash_methods(tmp_path):
     finally:
         running.stop()
     result = run_cli("--root", str(tmp_path), "--hash-methods", "nosuch", "-l", "127.0.0.1:0")
-    assert result.returncode == 2 and "Unknown hash method: 'nosuch'" in result.stderr
+    assert result.returncode == 1 and "Unknown hash method: 'nosuch'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

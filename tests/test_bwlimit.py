@@ -79,10 +79,10 @@ def test_sync_refuses_a_bad_limit_before_touching_anything(tmp_path):
     (("--max-rate", "lots"), "Invalid rate 'lots'"),
     (("--max-rate", "1M"), "--max-rate is a server option"),
 ])
-def test_bad_values_are_one_line_and_exit_2(tmp_path, args, words):
+def test_bad_values_are_one_line_and_the_usage_status(tmp_path, args, words):
     (tmp_path / "a").write_bytes(b"x")
     done = run_cli(*args, str(tmp_path / "a"), str(tmp_path / "b"))
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert words in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / "b").exists()
@@ -90,7 +90,7 @@ def test_bad_values_are_one_line_and_exit_2(tmp_path, args, words):
 
 def test_bwlimit_without_paths_does_not_start_a_server(tmp_path):
     done = run_cli("--bwlimit", "1M", "--root", str(tmp_path), "--listen", "127.0.0.1:1")
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert "--bwlimit" in done.stderr and "only for a sync" in done.stderr
 
 

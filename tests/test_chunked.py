@@ -131,7 +131,7 @@ def test_the_command_line_takes_delta_chunks_and_reports_the_bytes(server, tmp_p
 def test_an_unknown_delta_mode_is_a_one_line_usage_error(tmp_path):
     (tmp_path / "a").write_bytes(b"a")
     done = run_cli("--delta", "rolling", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert len(done.stderr.strip().splitlines()) == 1 and "--delta" in done.stderr
     assert not (tmp_path / "b").exists()
     with pytest.raises(Exception, match="Invalid delta mode"):

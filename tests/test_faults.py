@@ -28,7 +28,7 @@ from test_errors import (
 )
 
 from pdiffcopy import Progress, sync
-from pdiffcopy.errors import Conflict, VerificationFailed
+from pdiffcopy.errors import Conflict, RemoteError, VerificationFailed
 
 BIG = 64 * 1024 * 1024
 
@@ -187,7 +187,7 @@ def test_worker_killed_mid_pull_never_yields_success_with_a_hole(tmp_path, big_d
             # A retry may have completed the pull: then the target must be whole.
             assert digest(target) == hashlib.sha256(big_data).hexdigest()
         else:
-            assert client.returncode == 1, stderr
+            assert client.returncode == RemoteError.exit_code, stderr
             error_message(stderr)
             if not target_exists:
                 assert not target.exists(), "a failed pull left a target under its name"
@@ -240,7 +240,7 @@ def test_disk_full_during_a_push(tmp_path, small_disk, old_size, new_size, atomi
         client = start_client("-c", "2", "--timeout", "20", *args, str(source),
                               server.url("target.img"))
         _, stderr = finish(client)
-        assert client.returncode == 1, stderr
+        assert client.returncode == 11, stderr
         message = error_message(stderr)
         assert "space" in message.lower(), message
         if old_size:
@@ -298,7 +298,7 @@ def test_silent_server_times_out_within_the_timeout(tmp_path, silent_server, dir
     client = start_client("--timeout", "2", *args)
     _, stderr = finish(client, 30)
     elapsed = time.monotonic() - started
-    assert client.returncode == 1, stderr
+    assert client.returncode == 30, stderr
     message = error_message(stderr)
     assert "did not answer within 2 seconds" in message, message
     assert accepted, "the client never connected"
@@ -394,7 +394,7 @@ def test_a_source_changed_during_a_cli_pull(server, tmp_path, big_data, unique):
         handle.seek(BIG // 2)
         handle.write(b"changed!")
     _, stderr = finish(client)
-    assert client.returncode == 1, stderr
+    assert client.returncode == 23, stderr
     assert "changed" in error_message(stderr)
     assert not target.exists()
     assert temporaries(tmp_path) == []

@@ -114,14 +114,14 @@ def test_the_server_imports_without_its_launcher():
 
 
 def test_a_servers_400_is_a_remote_protocol_error_not_bad_usage(tmp_path):
-    """A server that refuses a request as malformed: the client is not misused (exit 2), the peers disagree."""
+    """A server that refuses a request as malformed: not bad usage (1) but peers that disagree (2)."""
     root = tmp_path / "root"
     root.mkdir()
     (root / "a.img").write_bytes(random_bytes(64 * 1024))
     running = start_server(root, tmp_path / "server.log")  # the default methods: sm3 is refused with a 400
     try:
         completed = run_cli("-m", "sm3", "--no-progress", running.url("a.img"), str(tmp_path / "copy.img"))
-        assert completed.returncode == RemoteProtocolError.exit_code == 1, completed.stderr
+        assert completed.returncode == RemoteProtocolError.exit_code == 2, completed.stderr
         lines = completed.stderr.strip().splitlines()
         assert len(lines) == 1 and "does not accept the hash method 'sm3'" in lines[0], completed.stderr
         with pytest.raises(RemoteProtocolError) as raised:

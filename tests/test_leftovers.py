@@ -113,7 +113,7 @@ def test_a_killed_client_leaves_no_process(server, big_pair, tmp_path, signum, d
             time.sleep(0.05)
         assert session_processes(process.pid) == []
         if signum != signal.SIGKILL:
-            assert process.returncode == 130, stderr
+            assert process.returncode == 20, stderr
             assert f"Interrupted by {signal.Signals(signum).name}" in stderr
             assert "Traceback" not in stderr
     finally:
@@ -157,7 +157,7 @@ def test_term_during_a_push_removes_the_servers_temporary(server, big_pair, tmp_
     process.wait(timeout=30)
     stderr = (tmp_path / "client.log").read_text()
     assert started, "the push never made its temporary"
-    assert process.returncode == 130, stderr
+    assert process.returncode == 20, stderr
     assert not [p for p in server.root.iterdir() if unique in p.name]
 
 
@@ -172,7 +172,7 @@ def test_term_and_hup_remove_the_temporary_like_ctrl_c(server, big_pair, tmp_pat
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=30)
     assert started, "the pull never made its temporary"
-    assert process.returncode == 130, stderr
+    assert process.returncode == 20, stderr
     assert "Traceback" not in stderr
     assert list(tmp_path.iterdir()) == []
 

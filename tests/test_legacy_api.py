@@ -330,7 +330,7 @@ def test_an_old_request_to_a_token_server_without_legacy_api_says_to_upgrade(tok
 def test_legacy_api_is_a_server_option(tmp_path):
     (tmp_path / "a").write_bytes(b"a")
     done = run_cli("--legacy-api", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert done.returncode == 2 and "--legacy-api is a server option" in done.stderr
+    assert done.returncode == 1 and "--legacy-api is a server option" in done.stderr
     assert not (tmp_path / "b").exists()
 
 

@@ -215,10 +215,10 @@ def test_the_wire_carries_the_pieces_not_the_blocks(tmp_path, server, unique):
 
 
 @pytest.mark.parametrize("value", ["3000", "1M", "abc"])
-def test_a_bad_piece_size_is_one_line_and_exit_2(tmp_path, value):
+def test_a_bad_piece_size_is_one_line_and_the_usage_status(tmp_path, value):
     (tmp_path / "a").write_bytes(b"x" * 1000)
     completed = run_cli("--piece-size", value, str(tmp_path / "a"), str(tmp_path / "b"))
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert "Invalid piece size" in completed.stderr and "Traceback" not in completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "b").exists()
@@ -264,7 +264,7 @@ def test_a_bad_piece_size_for_a_tree_is_refused_before_anything_moves(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"a" * 1000)
     completed = run_cli("--piece-size", "3000", f"{tmp_path / 'src'}/", str(tmp_path / "dst"))
-    assert completed.returncode == 2 and "Invalid piece size" in completed.stderr
+    assert completed.returncode == 1 and "Invalid piece size" in completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1 and "Traceback" not in completed.stderr
     with pytest.raises(UsageError, match="Invalid piece size"):
         sync_tree(f"{tmp_path / 'src'}/", str(tmp_path / "dst"), piece_size="1M")  # the block size itself

@@ -86,7 +86,7 @@ def test_no_warning_without_a_token_or_on_loopback(token_server, tmp_path, uniqu
 def test_the_token_to_an_unreachable_other_host_is_warned_about_before_it_is_sent(tmp_path):
     completed = run_cli("--timeout", "1", "http://192.0.2.1:9/a", str(tmp_path / "b"),
                         env_extra={"PDIFFCOPY_TOKEN": TOKEN})
-    assert completed.returncode == 1
+    assert completed.returncode in (10, 30)  # refused or unanswered: socket I/O or a timeout
     assert completed.stderr.count(WARNING) == 1, completed.stderr
 
 
@@ -101,7 +101,7 @@ def test_a_proc_file_is_refused_not_copied_empty(server, tmp_path, unique, direc
     target = tmp_path / "status" if direction == "local" else server.root / unique
     target_arg = str(target) if direction == "local" else server.url(unique)
     completed = run_cli("/proc/self/status", target_arg)
-    assert completed.returncode == 1, completed.stderr
+    assert completed.returncode == 3, completed.stderr
     assert "/proc/self/status" in one_error_line(completed.stderr)
     assert "0 bytes but has content" in completed.stderr
     assert not target.exists()

@@ -76,4 +76,4 @@ def test_tree_syncs_print_stats_local_and_remote(tmp_path, server, unique):
 
 def test_stats_is_a_sync_option(tmp_path):
     done = run_cli("--stats", "--root", tmp_path)
-    assert done.returncode == 2 and "--stats" in done.stderr
+    assert done.returncode == 1 and "--stats" in done.stderr

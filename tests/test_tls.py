@@ -47,13 +47,13 @@ def test_an_unknown_certificate_is_refused_not_downgraded(tls_server, tmp_path):
         sync(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
     assert not (tmp_path / "c.img").exists()
     completed = run_cli(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
-    assert completed.returncode == 1
+    assert completed.returncode == 10
     assert "certificate verify failed" in completed.stderr and "Traceback" not in completed.stderr
 
 
 def test_half_a_tls_configuration_is_a_usage_error(tmp_path):
     completed = run_cli("--root", str(tmp_path), "--listen", "127.0.0.1:0", "--certfile", "/nonexistent")
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert "--keyfile" in completed.stderr
 
 
@@ -65,20 +65,20 @@ def one_error_line(stderr: str) -> str:
 
 def test_a_self_signed_certificate_is_named_as_the_reason(tls_server, tmp_path):
     completed = run_cli(f"https://127.0.0.1:{tls_server.port}/c.img", str(tmp_path / "c.img"))
-    assert completed.returncode == 1
+    assert completed.returncode == 10
     assert "certificate verify failed: self-signed certificate" in one_error_line(completed.stderr)
 
 
 def test_a_host_name_the_certificate_is_not_for_is_named_as_the_reason(tls_server, tmp_path):
     completed = run_cli("--ca-file", tls_server.ca_file, f"https://localhost:{tls_server.port}/c.img",
                         str(tmp_path / "c.img"))
-    assert completed.returncode == 1
+    assert completed.returncode == 10
     assert "Hostname mismatch" in one_error_line(completed.stderr)
 
 
 def test_https_to_a_plain_http_server_says_so(server, tmp_path):
     completed = run_cli(f"https://127.0.0.1:{server.port}/c.img", str(tmp_path / "c.img"))
-    assert completed.returncode == 1
+    assert completed.returncode == 10
     line = one_error_line(completed.stderr)
     assert "TLS error" in line and "wrong version number" in line.lower(), line
 
@@ -90,7 +90,7 @@ def test_an_unusable_ca_file_is_a_usage_error_with_its_reason(tls_server, tmp_pa
                             (tmp_path / "missing.pem", "No such file or directory")):
         completed = run_cli("--ca-file", str(ca_file), f"https://127.0.0.1:{tls_server.port}/c.img",
                             str(tmp_path / "c.img"))
-        assert completed.returncode == 2
+        assert completed.returncode == 1
         line = one_error_line(completed.stderr)
         assert str(ca_file) in line and reason.lower() in line.lower().replace("_", " "), line
 

@@ -157,7 +157,7 @@ def test_file_into_existing_directory(tmp_path):
 
 def test_target_inside_source_refused(tree):
     done = sync(f"{tree}/", tree / "sub" / "copy", ok=False)
-    assert done.returncode == 2
+    assert done.returncode == 1
     assert "inside the source" in done.stderr
     assert not (tree / "sub" / "copy").exists()
 
@@ -166,7 +166,7 @@ def test_delete_with_empty_source_refused_unless_forced(tree, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = sync("--delete", f"{empty}/", f"{tree}/", ok=False)
-    assert refused.returncode == 2 and "--force" in refused.stderr
+    assert refused.returncode == 1 and "--force" in refused.stderr
     assert (tree / "a.txt").exists()
     sync("--delete", "--force", f"{empty}/", f"{tree}/")
     assert os.listdir(tree) == []
@@ -174,7 +174,7 @@ def test_delete_with_empty_source_refused_unless_forced(tree, tmp_path):
 
 def test_missing_source_is_one_line_error(tmp_path):
     done = sync(f"{tmp_path}/nothing/", tmp_path / "dst", ok=False)
-    assert done.returncode == 1
+    assert done.returncode == 3
     assert len(done.stderr.strip().splitlines()) == 1 and "does not exist" in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -218,7 +218,7 @@ def test_remove_with_filters_keeps_the_rest(tree):
 
 def test_remove_missing_path_fails_cleanly(tmp_path):
     done = sync("--remove", tmp_path / "nothing", ok=False)
-    assert done.returncode == 1 and "does not exist" in done.stderr
+    assert done.returncode == 3 and "does not exist" in done.stderr
 
 
 def small_engine(monkeypatch):
@@ -279,7 +279,7 @@ def test_interrupted_tree_sync_leaves_whole_files_and_a_rerun_completes(tmp_path
         time.sleep(0.005)
     os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
     process.wait(timeout=60)
-    assert process.returncode == 130, process.stderr.read()
+    assert process.returncode == 20, process.stderr.read()
     expected = snapshot(source, times=True)
     for path, item in snapshot(target).items():
         name = path.rpartition("/")[2]

@@ -27,7 +27,7 @@ def remote(server, unique):
 def test_token_is_required_and_sent(token_server, tree, tmp_path):
     url = token_server.url("tree-with-token") + "/"
     refused = sync(f"{tree}/", url, ok=False)
-    assert refused.returncode == 1 and "token" in refused.stderr.lower()
+    assert refused.returncode == 5 and "token" in refused.stderr.lower()
     sync(f"{tree}/", url, env_extra={"PDIFFCOPY_TOKEN": "s3cret-token"})
     assert snapshot(token_server.root / "tree-with-token") == snapshot(tree)
 

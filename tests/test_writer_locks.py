@@ -203,35 +203,46 @@ def test_a_temporary_a_push_just_made_is_never_swept_by_another_push(server, uni
     404 and the client a broken pipe). Here one client makes temporaries as a push
     does while another sweeps the same directory without pause.
     """
+    import http.client
+    import json
     import threading
-
-    import requests
 
     directory = server.root / unique
     directory.mkdir()
     stop = threading.Event()
     swept = []
 
+    def ask(connection: http.client.HTTPConnection, method: str, path: str, body: bytes = b"",
+            headers=None):
+        """One request on a kept-alive connection, as a push sends them: (status, body)."""
+        connection.request(method, path, body=body, headers=headers or {})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+
     def sweep_without_pause() -> None:
-        with requests.Session() as session:
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
             while not stop.is_set():
-                answer = session.post(server.url(f".pdiffcopy/sweep/{unique}/other.img"), timeout=10)
-                swept.append(answer.json()["removed"])
+                status, body = ask(connection, "POST", f"/.pdiffcopy/sweep/{unique}/other.img")
+                swept.append(json.loads(body)["removed"])
+        finally:
+            connection.close()
 
     sweeper = threading.Thread(target=sweep_without_pause)
     sweeper.start()
     lost = []
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)  # held open as a push's are
     try:
-        with requests.Session() as session:  # one connection, held open as a push's are
-            for attempt in range(300):
-                name = f"{unique}/.pushed-{attempt}.img.pdiffcopy-{os.getpid():08x}{attempt:04x}"
-                made = session.post(server.url(f".pdiffcopy/resize/{name}"), params={"size": 4096}, timeout=10)
-                assert made.status_code == 200, made.text
-                written = session.patch(server.url(name), data=b"x" * 4096,
-                                        headers={"Content-Range": "bytes 0-4095/4096"}, timeout=10)
-                if written.status_code == 404:
-                    lost.append(name)
+        for attempt in range(300):
+            name = f"{unique}/.pushed-{attempt}.img.pdiffcopy-{os.getpid():08x}{attempt:04x}"
+            status, body = ask(connection, "POST", f"/.pdiffcopy/resize/{name}?size=4096")
+            assert status == 200, body
+            status, _ = ask(connection, "PATCH", f"/{name}", b"x" * 4096,
+                            {"Content-Range": "bytes 0-4095/4096"})
+            if status == 404:
+                lost.append(name)
     finally:
+        connection.close()
         stop.set()
         sweeper.join(timeout=30)
     assert len(swept) > 0

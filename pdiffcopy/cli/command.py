@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from pdiffcopy import __version__
 from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
@@ -56,10 +56,26 @@ require and send it; without a token the server serves only the clients its
 own user and root run on this host."""
 
 EPILOG = """\
-exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
-  5 the server started over ssh did not hand over (or in another protocol
-  version), 23 some files of a tree failed (the rest was synced), 127 no
-  pdiffcopy on the ssh host, 130 interrupted, 255 ssh failed.
+exit status (rsync's, where rsync has one for the same failure):
+    0  success
+    1  bad usage, or a failure with no status of its own
+    2  protocol incompatibility: the server refused a request as malformed,
+       or cannot do what was asked (1.0.1; over ssh, another version)
+    3  errors selecting files: SOURCE or TARGET missing, not a file or
+       directory as needed, or not accessible
+    5  error starting the protocol: the token refused, the server busy,
+       the server started over ssh did not hand over
+   10  socket I/O: the server cannot be reached or the connection broke
+       (a server: it cannot listen)
+   11  file I/O: reading or writing a file failed (I/O error, disk full)
+   12  data stream: the server's answer was malformed or damaged
+   13  standard output closed (| head): the run stopped there, quietly
+   20  interrupted by SIGINT, SIGTERM or SIGHUP
+   23  partial transfer: some paths of a tree failed (the rest was synced),
+       a file failed its verification or changed during the sync
+   30  timeout: the server did not answer within --timeout
+  127  no pdiffcopy on the ssh host
+  255  ssh failed
 examples:
   pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
   pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
@@ -106,7 +122,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # one line, like every other error
         sys.stderr.write(f"pdiffcopy: {message} (see pdiffcopy --help)\n")
-        sys.exit(2)
+        sys.exit(UsageError.exit_code)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,7 +412,27 @@ def _timeout(text: str) -> float:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run the command line; return (and as a script, exit with) its status."""
+    """Run the command line; return its status (with ``argv`` None: raise SystemExit with it)."""
+    status, _ = _run_command(argv)
+    if argv is None:
+        sys.exit(status)
+    return status
+
+
+def console_main() -> None:
+    """The console script: run with this process's arguments, then end the process with the status.
+
+    After a sync or a removal the process ends without the interpreter's teardown
+    (:func:`_exit_without_teardown`); a server's teardown is left as it was.
+    """
+    status, synced = _run_command(None)
+    if synced:
+        _exit_without_teardown(status)
+    sys.exit(status)
+
+
+def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
+    """Run the command line: (its exit status, whether it was a sync or a removal)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.partial_progress:  # -P: rsync's --partial --progress
@@ -404,6 +440,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     setup_logging(args.verbose - args.quiet)
     try:
         status = run(parser, args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except PdiffcopyError as error:
         logger.error("%s", error)
         status = error.exit_code
@@ -417,15 +454,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             # tripped over the half-released lock: still an interruption.
             logger.debug("Interrupted, then %s while unwinding", type(error).__name__, exc_info=True)
             status = _report_interrupt(behind)
+        elif _output_closed_behind(error):
+            status = _end_quietly_after_closed_output()
         else:  # a bug: still one line, the details with -v
             logger.debug("Unexpected error", exc_info=True)
             logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
             status = 1
-    if argv is None:
-        if args.paths:  # a sync or a removal (a server's teardown is left as it was)
-            _exit_without_teardown(status)
-        sys.exit(status)
-    return status
+    return status, bool(args.paths)
 
 
 def _exit_without_teardown(status: int) -> None:
@@ -451,10 +486,57 @@ def _exit_without_teardown(status: int) -> None:
     os._exit(status if isinstance(status, int) else 1)
 
 
+#: Exit status after Ctrl-C or a clean-up signal: rsync's ("received SIGINT, SIGTERM, or SIGHUP").
+INTERRUPTED_STATUS = 20
+
+
 def _report_interrupt(interrupt: KeyboardInterrupt) -> int:
     how = f" by {signal.Signals(interrupt.signum).name}" if isinstance(interrupt, Terminated) else ""
     logger.error("Interrupted%s", how)
-    return 130
+    return INTERRUPTED_STATUS
+
+
+#: Exit status when standard output is closed under the command (``| head``): rsync's
+#: "errors with program diagnostics", what it exits with when it cannot write its output.
+CLOSED_OUTPUT_STATUS = 13
+
+
+def _output_closed_behind(error: BaseException) -> bool:
+    """Whether ``error`` is (or was raised while handling) a write into a standard output nobody reads."""
+    seen = set()
+    cause: Optional[BaseException] = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, BrokenPipeError):
+            return _stdout_reader_gone()
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether standard output is a pipe or socket whose other end closed (a broken pipe of a
+    connection is not: that is the sync's own failure)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.__stdout__.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _end_quietly_after_closed_output() -> int:
+    """Stop as other Unix tools do when their reader leaves: no message; what is still buffered
+    for standard output goes to /dev/null, so that no flush at exit complains either."""
+    logger.debug("Standard output was closed: stopped")
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+        os.close(devnull)
+    except (AttributeError, ValueError, OSError):
+        pass
+    return CLOSED_OUTPUT_STATUS
 
 
 def _interrupt_behind(error: BaseException) -> Optional[KeyboardInterrupt]:
@@ -803,7 +885,7 @@ def report(result, shown=lambda location: location) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    console_main()
 
 
-__all__ = ["main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]
+__all__ = ["main", "console_main", "build_parser", "Terminated", "CLEAN_UP_SIGNALS"]

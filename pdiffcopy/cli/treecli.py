@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple
 
 from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
-from pdiffcopy.errors import FileMissing, PartialTransfer, PdiffcopyError, UsageError
+from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.core.treeplan import printable
 
@@ -99,7 +99,7 @@ def resolve(source: str, target: str, probes: Probes) -> Tuple[str, str, bool]:
     if source_kind == "directory":
         target_kind = probes.kind(target)
         if target_kind is not None and target_kind != "directory":
-            raise UsageError(f"Cannot sync the directory {source} onto {target}: it is not a directory")
+            raise NotAFile(f"Cannot sync the directory {source} onto {target}: it is not a directory")
         source_tree, target_tree = tree_locations(source, target)
         check_not_nested(source_tree, target_tree)
         return source_tree, target_tree, True

@@ -35,7 +35,7 @@ import time
 from typing import Callable, Dict, Iterator, List, Optional, Set
 
 from pdiffcopy.engine.options import TreeOptions
-from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
+from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import verify_method
 from pdiffcopy.core.treeplan import (
     DIR,
@@ -127,10 +127,10 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     if source_stream.root is None:
         raise FileMissing(f"Source does not exist: {source.location}")
     if source_stream.root.kind != DIR:
-        raise UsageError(f"Source is not a directory: {source.location}")
+        raise NotAFile(f"Source is not a directory: {source.location}")
     target_missing = target_stream.root is None
     if not target_missing and target_stream.root.kind != DIR:
-        raise UsageError(f"Target exists and is not a directory: {target.location}")
+        raise NotAFile(f"Target exists and is not a directory: {target.location}")
     source_failures: List[Failure] = []
     target_failures: List[Failure] = []
     planner = StreamPlanner(PlanOptions(checksum=options.checksum, times=options.times,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from pdiffcopy.core.addresses import is_loopback
-from pdiffcopy.errors import PdiffcopyError, UsageError
+from pdiffcopy.errors import CannotListen, UsageError
 from pdiffcopy.core.protocol import TOKEN_VARIABLE
 
 logger = logging.getLogger(__name__)
@@ -109,6 +109,8 @@ def run_server(options: ServerOptions) -> None:
     for name in (options.certfile, options.keyfile):
         if name and not os.access(name, os.R_OK):
             raise UsageError(f"Cannot read {name}")
+    if options.certfile:
+        check_certificate(options.certfile, options.keyfile)
     if options.listen_descriptor is not None:
         bind = f"fd://{options.listen_descriptor}"
     elif options.unix_socket:
@@ -219,6 +221,47 @@ def run_server(options: ServerOptions) -> None:
     Application().run()
 
 
+def check_certificate(certfile: str, keyfile: str) -> None:
+    """Load the certificate and its key as the workers will, before anything listens.
+
+    gunicorn loads them in each worker after forking: a bad pair killed every
+    worker with a traceback, and the server exited 3 after saying it served.
+
+    :raises UsageError: Saying what is wrong with which file (swapped, another key's...).
+    """
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+        return
+    except ssl.SSLError as error:
+        reason = error.reason
+    except OSError as error:
+        raise UsageError(f"Cannot read --certfile {certfile} or --keyfile {keyfile}: "
+                         f"{error.strerror or error}") from None
+
+    def holds(name: str, marker: str) -> bool:
+        try:
+            with open(name, encoding="ascii", errors="replace") as handle:
+                return marker in handle.read(1 << 20)
+        except OSError:
+            return False
+
+    certificate_in = {name: holds(name, "-----BEGIN CERTIFICATE-----") for name in (certfile, keyfile)}
+    key_in = {name: holds(name, "PRIVATE KEY-----") for name in (certfile, keyfile)}  # RSA, EC, ENCRYPTED...
+    if not certificate_in[certfile] and certificate_in[keyfile] and key_in[certfile]:
+        problem = "swapped: --certfile holds the key and --keyfile the certificate"
+    elif not certificate_in[certfile]:
+        problem = f"no certificate (PEM) in --certfile {certfile}"
+    elif not key_in[keyfile] and not key_in[certfile]:
+        problem = f"no private key (PEM) in --keyfile {keyfile}"
+    elif reason == "KEY_VALUES_MISMATCH":
+        problem = f"--keyfile {keyfile} is not the key of that certificate"
+    else:
+        problem = f"they cannot be loaded ({reason or 'not a PEM certificate and key'})"
+    raise UsageError(f"TLS: --certfile {certfile}, --keyfile {keyfile}: {problem}")
+
+
 def sweep_root(root: str) -> int:
     """Remove the stale temporaries (of pushes whose client was killed, say) below ``root``.
 
@@ -241,7 +284,7 @@ def check_address_free(host: str, port: int) -> None:
     The probe binds as gunicorn does, with SO_REUSEADDR, so a port whose old
     connections linger in TIME_WAIT still counts as free.
 
-    :raises PdiffcopyError: Naming the address and the reason.
+    :raises CannotListen: Naming the address and the reason.
     """
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
@@ -251,7 +294,7 @@ def check_address_free(host: str, port: int) -> None:
     except OSError as error:
         hint = " (is another server running there?)" if error.errno == errno.EADDRINUSE else ""
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise PdiffcopyError(f"Cannot listen on {shown}: {error.strerror or error}{hint}") from None
+        raise CannotListen(f"Cannot listen on {shown}: {error.strerror or error}{hint}") from None
 
 
 def answer_protocol_errors_in_json() -> None:

@@ -34,9 +34,12 @@ from pdiffcopy.errors import (
     Locked,
     NotAFile,
     PdiffcopyError,
+    RemoteDataError,
     RemoteError,
     RemoteProtocolError,
+    RemoteTimeout,
     ServerBusy,
+    ServerFailed,
     StorageError,
     UsageError,
 )
@@ -411,24 +414,26 @@ class HttpClient:
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
         if isinstance(error, socket.timeout) or isinstance(error, TimeoutError):
             if not connected:
-                return RemoteError(f"Cannot connect to {self.base}: timed out")
-            return RemoteError(f"The server at {self.base} did not answer within {self.timeout:g} seconds")
+                return RemoteTimeout(f"Cannot connect to {self.base}: timed out")
+            return RemoteTimeout(f"The server at {self.base} did not answer within {self.timeout:g} seconds")
         if isinstance(error, socket.gaierror):
             return RemoteError(f"Cannot find the server {self.base}: {error.strerror}")
         if type(error).__name__.startswith("SSL") or "CERTIFICATE" in str(error).upper():
             return RemoteError(f"TLS error talking to {self.base}: {_reason(error)}")
         if isinstance(error, ConnectionRefusedError):
             return RemoteError(f"Cannot connect to the server at {self.base}: connection refused")
+        if not isinstance(error, OSError):  # an answer that is not HTTP
+            return RemoteDataError(f"Cannot talk to the server at {self.base}: {_reason(error)}")
         return RemoteError(f"Cannot talk to the server at {self.base}: {_reason(error)}")
 
     def lost(self, error: BaseException) -> RemoteError:
         """The one-line error for a connection that failed while an answer was being read."""
         return RemoteError(f"Lost the connection to {self.base}: {_reason(error)}")
 
-    def malformed(self, detail: str = "is it pdiffcopy?") -> RemoteError:
+    def malformed(self, detail: str = "is it pdiffcopy?") -> RemoteDataError:
         """The one-line error for an answer that is not what the protocol says."""
         separator = "; " if detail == "is it pdiffcopy?" else ": "
-        return RemoteError(f"Server {self.base} sent a malformed answer{separator}{detail}")
+        return RemoteDataError(f"Server {self.base} sent a malformed answer{separator}{detail}")
 
     def body(self, response: Response) -> bytes:
         """The whole body of an answer; a connection lost meanwhile is a one-line error."""
@@ -457,7 +462,7 @@ class HttpClient:
         except (PdiffcopyError, ValueError, OSError, http.client.HTTPException):
             return None
         if isinstance(data, dict) and set(data) == {"size"} and isinstance(data["size"], int):
-            return RemoteError(f"{self.base}: this is a pdiffcopy 1.0.1 server; {LEGACY_ADVICE}")
+            return RemoteProtocolError(f"{self.base}: this is a pdiffcopy 1.0.1 server; {LEGACY_ADVICE}")
         return None
 
     def error(self, response: Response) -> PdiffcopyError:
@@ -472,7 +477,7 @@ class HttpClient:
                 return legacy
         finally:
             response.close()
-        kind = _STATUS_ERRORS.get(response.status, RemoteError)
+        kind = _STATUS_ERRORS.get(response.status, ServerFailed)
         # The server's words, on one line and bounded: a hostile server must
         # not be able to forge further log lines.
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))[:500]

@@ -26,7 +26,7 @@ from urllib.parse import urlencode
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
-from pdiffcopy.errors import RemoteError, Unsupported
+from pdiffcopy.errors import RemoteProtocolError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
 from pdiffcopy.core.ratelimit import TokenBucket
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
@@ -76,8 +76,8 @@ def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
         raise
     remote.close()
     if token:
-        raise RemoteError(f"{remote.base}: this is a pdiffcopy 1.0.1 server, which cannot check a token; "
-                          f"sync without one to use its old API, or upgrade it (see docs/migration.rst)")
+        raise RemoteProtocolError(f"{remote.base}: this is a pdiffcopy 1.0.1 server, which cannot check a token; "
+                                  f"sync without one to use its old API, or upgrade it (see docs/migration.rst)")
     return LegacyRemoteFile(url, concurrency=concurrency, timeout=timeout, ca_file=ca_file, rate_limit=rate_limit)
 
 
@@ -117,8 +117,8 @@ class LegacyRemoteFile(RemoteFile):
         probe = self.request("GET", self._legacy("blocks", offset=0, size=0), expected=(200, 500))
         self._body(probe)
         if probe.status != 200:
-            raise RemoteError(f"{self.base}: this is a pdiffcopy 1.0.1 server, which cannot read "
-                              f"/{self.path} (a directory? with 1.0.1, only single files sync)")
+            raise RemoteProtocolError(f"{self.base}: this is a pdiffcopy 1.0.1 server, which cannot read "
+                                      f"/{self.path} (a directory? with 1.0.1, only single files sync)")
         # After the checks: a directory's error is then the only line.
         if self.base not in _warned:  # once per server and run, not per file opened
             _warned.add(self.base)

@@ -51,6 +51,7 @@ from pdiffcopy.errors import (
     BadRequest,
     NotAFile,
     PdiffcopyError,
+    RemoteDataError,
     RemoteError,
     StorageError,
 )
@@ -263,7 +264,7 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         digests = self._body(response)
         expected = digest_count(ranges, block_size)
         if len(digests) != expected * digest_size(method):
-            raise RemoteError(f"Server {self.base} sent {len(digests)} bytes of digests for "
+            raise RemoteDataError(f"Server {self.base} sent {len(digests)} bytes of digests for "
                               f"{expected} blocks")
         return digests
 
@@ -349,7 +350,7 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             if boundary is None:
                 offset, length, _ = parse_content_range(response.headers.get("Content-Range", ""))
                 if [(offset, length)] != merged:
-                    raise RemoteError(f"Server {self.base} sent other ranges than asked")
+                    raise RemoteDataError(f"Server {self.base} sent other ranges than asked")
                 for chunk in _read_exactly(stream, offset, length, self.base):
                     if learning and sample is None:
                         sample = bytes(chunk[1][:compression.SAMPLE_BYTES])
@@ -360,14 +361,14 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             received: List[ByteRange] = []
             for offset, length, _ in read_parts(stream, boundary, max_parts=len(ranges)):
                 if (offset, length) not in allowed:
-                    raise RemoteError(f"Server {self.base} sent a range that was not asked for")
+                    raise RemoteDataError(f"Server {self.base} sent a range that was not asked for")
                 received.append((offset, length))
                 for chunk in _read_exactly(stream, offset, length, self.base):
                     if learning and sample is None:
                         sample = bytes(chunk[1][:compression.SAMPLE_BYTES])
                     yield chunk
             if merge_ranges(received) != merged or overlapping(received):
-                raise RemoteError(f"Server {self.base} left out ranges that were asked for")
+                raise RemoteDataError(f"Server {self.base} left out ranges that were asked for")
             stream.read()  # the closing delimiter, so the connection can be reused
             if learning:
                 self.compression.observed(sum(length for _, length in received), time.perf_counter() - started,
@@ -380,12 +381,12 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             moved = 0
             for offset, data, wire_length in compression.read_frames(response.raw.read):
                 if (offset, len(data)) != next(expected, None):
-                    raise RemoteError(f"Server {self.base} sent a range that was not asked for")
+                    raise RemoteDataError(f"Server {self.base} sent a range that was not asked for")
                 moved += wire_length
                 yield offset, memoryview(data)
             self.compression.compressed_moved(moved)
             if next(expected, None) is not None:
-                raise RemoteError(f"Server {self.base} left out ranges that were asked for")
+                raise RemoteDataError(f"Server {self.base} left out ranges that were asked for")
 
     @contextmanager
     def _reading(self, response: Response) -> Iterator[None]:
@@ -399,7 +400,7 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         except BadRequest as error:
             raise self.client.malformed(str(error)) from None
         except CompressionError as error:  # (a ValueError: before the clause below)
-            raise RemoteError(f"Server {self.base} sent damaged data: {error}") from None
+            raise RemoteDataError(f"Server {self.base} sent damaged data: {error}") from None
         except (OSError, ValueError, http.client.HTTPException) as error:
             raise self.client.lost(error) from None
         finally:

@@ -22,7 +22,7 @@ import time
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.transport import counters
-from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
+from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError, ServerFailed
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core import compression, packedlisting
 from pdiffcopy.core.ratelimit import TokenBucket
@@ -216,8 +216,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                         complete = reader.value() is True
                     elif key == "error":
                         message = " ".join(str(reader.value()).splitlines())[:1000]
-                        raise RemoteError(f"Server {self.client.base} could not list "
-                                          f"{self.location}: {message}")
+                        raise ServerFailed(f"Server {self.client.base} could not list "
+                                           f"{self.location}: {message}")
                     else:
                         reader.value()  # a key of a later version: ignored
                     key = reader.next_key()

@@ -48,7 +48,7 @@ from pdiffcopy.core.sshform import (
     SshLocation,
     read_handshake,
 )
-from pdiffcopy.errors import RemoteProgramMissing, SshFailed, SshStartFailed, UsageError
+from pdiffcopy.errors import RemoteProgramMissing, RemoteProtocolError, SshFailed, SshStartFailed, UsageError
 from pdiffcopy.transport.urls import quote_path
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,8 @@ class SshSession:
 
         :raises SshFailed: With ssh's own message when it cannot connect or log in.
         :raises RemoteProgramMissing: When HOST has no pdiffcopy.
-        :raises SshStartFailed: When the remote speaks another protocol version, or says nothing.
+        :raises RemoteProtocolError: When the remote speaks another protocol version.
+        :raises SshStartFailed: When the remote says nothing.
         """
         try:
             self._start()
@@ -288,14 +289,14 @@ class SshSession:
         if status == 127 or "No module named pdiffcopy" in message:
             raise RemoteProgramMissing(f"pdiffcopy not found on {host} ({message}): {INSTALL_ADVICE}")
         if "unrecognized arguments: " + SERVE_OPTION in message:
-            raise SshStartFailed(f"{host}: the remote pdiffcopy is too old to serve over ssh: upgrade it to "
-                                 f"{__version__} ({message})")
+            raise RemoteProtocolError(f"{host}: the remote pdiffcopy is too old to serve over ssh: upgrade it "
+                                      f"to {__version__} ({message})")
         raise SshStartFailed(f"{host}: the remote pdiffcopy did not start: {message}")
 
     def _check_version(self, fields: dict) -> None:
         theirs = fields.get(HANDSHAKE_MARK)
         if theirs != SSH_PROTOCOL_VERSION:
-            raise SshStartFailed(
+            raise RemoteProtocolError(
                 f"{self.location.host} runs pdiffcopy {fields.get('version', '?')}, whose serve-over-ssh "
                 f"protocol is version {theirs}; this pdiffcopy {__version__} speaks version "
                 f"{SSH_PROTOCOL_VERSION}: install the same version on both hosts")
