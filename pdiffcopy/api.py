@@ -346,7 +346,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
               progress: "Optional[TreeProgress]" = None,
               report_line: Optional[Callable[[str], None]] = None, rsh: Optional[str] = None,
               remote_pdiffcopy: Optional[str] = None, direct: bool = False, direct_port: Optional[int] = None,
-              **fields) -> "TreeResult":
+              transfer_line: Optional[Callable[[str], None]] = None, **fields) -> "TreeResult":
     """Make the directory tree ``target`` hold what the tree ``source`` holds.
 
     The locations are taken as given: ``source`` is the directory whose
@@ -358,6 +358,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                     replace some of its values.
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
+    :param transfer_line: Called with each path the sync changes, as rsync's ``-v`` lists them.
     :param rsh: For a ``HOST:PATH`` side: the ssh command, as for :func:`sync`.
     :param remote_pdiffcopy: For a ``HOST:PATH`` side: the remote program, as for :func:`sync`.
     :param direct: For a ``HOST:PATH`` side: TLS straight to HOST, as for :func:`sync`.
@@ -370,7 +371,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                               direct=direct, direct_port=direct_port) as (source, target, session):
             return sync_tree(source, target, options, token=session.token, timeout=timeout,
                              ca_file=session.ca_file or ca_file,
-                             progress=progress, report_line=report_line, **fields)
+                             progress=progress, report_line=report_line, transfer_line=transfer_line,
+                             **fields)
     from pdiffcopy.core import records
     from pdiffcopy.engine.treesync import sync_tree as run_tree
     from pdiffcopy.local.processes import die_with_parent
@@ -386,7 +388,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                                        timeout=timeout, ca_file=ca_file, rate_limit=bucket,
                                        compress=options.compress))
         return run_tree(trees[0], trees[1], options, progress, report_line=report_line,
-                        on_worker_start=die_with_parent)
+                        on_worker_start=die_with_parent, transfer_line=transfer_line)
     finally:
         for tree in trees:
             tree.close()

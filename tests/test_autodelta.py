@@ -47,7 +47,7 @@ def test_the_default_sends_little_for_shifted_data(server, tmp_path, unique, dir
 def test_unrelated_data_of_the_same_size_goes_by_blocks(server, tmp_path, unique, direction):
     source_data = random_bytes(SIZE, seed=42)
     source, target, path = arrange(direction, server, tmp_path, unique, source_data, OLD)
-    done = run_cli("-v", "--stats", source, target)
+    done = run_cli("-vv", "--stats", source, target)
     assert done.returncode == 0, done.stderr
     assert path.read_bytes() == source_data
     assert re.search(r": blocks delta \(0% of sampled blocks match in place, 0% of sampled chunks "
@@ -60,7 +60,7 @@ def test_data_changed_in_place_goes_by_blocks(tmp_path):
     source_data = mutate(OLD, range(0, SIZE, 3 * MIB))
     source.write_bytes(source_data)
     target.write_bytes(OLD)
-    done = run_cli("-v", "--stats", str(source), str(target))
+    done = run_cli("-vv", "--stats", str(source), str(target))
     assert done.returncode == 0, done.stderr
     assert target.read_bytes() == source_data
     assert "target.img: blocks delta (" in done.stderr and "match in place)" in done.stderr
@@ -72,7 +72,7 @@ def test_the_verbose_line_says_chunks_and_why(tmp_path):
     source, target = tmp_path / "source.img", tmp_path / "target.img"
     source.write_bytes(SHIFTED[0][1])
     target.write_bytes(OLD)
-    done = run_cli("-v", str(source), str(target))
+    done = run_cli("-vv", str(source), str(target))
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stderr.splitlines() if " delta (" in line]
     assert len(lines) == 1, done.stderr
@@ -83,7 +83,7 @@ def test_the_verbose_line_says_chunks_and_why(tmp_path):
 def test_delta_blocks_still_resends_after_an_insertion(server, tmp_path, unique):
     source_data = SHIFTED[0][1]
     source, target, path = arrange("pull", server, tmp_path, unique, source_data, OLD)
-    done = run_cli("-v", "--stats", "--delta", "blocks", source, target)
+    done = run_cli("-vv", "--stats", "--delta", "blocks", source, target)
     assert done.returncode == 0, done.stderr
     assert path.read_bytes() == source_data
     assert "target.img: blocks delta (--delta blocks)" in done.stderr

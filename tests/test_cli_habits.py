@@ -16,6 +16,7 @@ import time
 import pytest
 
 from conftest import free_port, pdiffcopy_command, run_cli, start_server
+from pdiffcopy import __version__
 from pdiffcopy.errors import PdiffcopyError, RemoteError
 
 #: Long enough for the command line to start and refuse; a server started by
@@ -119,7 +120,7 @@ def test_missing_server_extra_says_what_to_install(tmp_path):
     except subprocess.TimeoutExpired:
         pytest.fail("the server started without flask and gunicorn?")
     assert completed.returncode == 1, completed.stderr
-    assert "pip install 'pdiffcopy[server]'" in completed.stderr
+    assert f"pip install 'pdiffcopy[server]=={__version__}'" in completed.stderr
     assert "Traceback" not in completed.stderr and len(completed.stderr.strip().splitlines()) == 1
 
 
@@ -130,7 +131,7 @@ def test_missing_client_extra_for_benchmark_says_what_to_install(tmp_path):
     completed = subprocess.run([sys.executable, "-c", script, "-q", "-B", "1", "a", "b"],
                                capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert completed.returncode == 1, completed.stderr
-    assert "pip install 'pdiffcopy[client]'" in completed.stderr
+    assert f"pip install 'pdiffcopy[client]=={__version__}'" in completed.stderr
     assert "Traceback" not in completed.stderr
 
 

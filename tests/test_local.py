@@ -17,7 +17,7 @@ SIZE = 5 * 1024 * 1024 + 7
 def test_whole_file_copy_takes_the_forced_path(tmp_path, method):
     data = random_bytes(SIZE)
     (tmp_path / "a").write_bytes(data)
-    completed = run_cli("-v", str(tmp_path / "a"), str(tmp_path / "b"),
+    completed = run_cli("-vv", str(tmp_path / "a"), str(tmp_path / "b"),
                         env_extra={"PDIFFCOPY_COPY_METHOD": method})
     assert completed.returncode == 0, completed.stderr
     assert f"Copied {tmp_path / 'a'} with {method}" in completed.stderr
@@ -28,7 +28,7 @@ def test_no_fastpath_switch_forces_plain_reads_and_writes(tmp_path):
     data = random_bytes(SIZE, seed=5)
     (tmp_path / "a").write_bytes(data)
     (tmp_path / "b").write_bytes(b"old and longer" * 1000000)
-    completed = run_cli("-v", "-W", str(tmp_path / "a"), str(tmp_path / "b"),
+    completed = run_cli("-vv", "-W", str(tmp_path / "a"), str(tmp_path / "b"),
                         env_extra={"PDIFFCOPY_NO_FASTPATH": "1"})
     assert completed.returncode == 0, completed.stderr
     assert "with readwrite" in completed.stderr

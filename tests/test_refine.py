@@ -172,7 +172,7 @@ def test_a_dense_rewrite_turns_refinement_off(tmp_path, caplog):
     buffer[8 * MiB:40 * MiB] = random_bytes(32 * MiB, seed=15)  # every byte of 32 blocks
     (tmp_path / "source").write_bytes(bytes(buffer))
     (tmp_path / "target").write_bytes(old)
-    caplog.set_level(logging.INFO, logger="pdiffcopy")
+    caplog.set_level(logging.DEBUG, logger="pdiffcopy")
     result = sync(str(tmp_path / "source"), str(tmp_path / "target"), concurrency=1)
     assert (tmp_path / "target").read_bytes() == bytes(buffer)
     assert result.bytes_moved == 32 * MiB
@@ -180,7 +180,7 @@ def test_a_dense_rewrite_turns_refinement_off(tmp_path, caplog):
     # Refined until the probe (one step of 2 MiB) had all moved, the other 30 MiB moved whole:
     # a dense rewrite costs one small probe (an 8 MiB one cost 11 % of a 10 % delta on loopback).
     assert REFINE_PROBE_BYTES <= 2 * MiB
-    assert len(stopped) == 1 and f"{32 * MiB - REFINE_PROBE_BYTES} bytes moved as whole blocks" in stopped[0], \
+    assert len(stopped) == 1 and f"{32 * MiB - REFINE_PROBE_BYTES} bytes taken as whole blocks" in stopped[0], \
         stopped
 
 
@@ -189,7 +189,7 @@ def test_a_sparse_edit_keeps_refining(tmp_path, caplog):
     new = edited(old, [block * MiB + 77 for block in range(0, 24, 2)])  # every other block
     (tmp_path / "source").write_bytes(new)
     (tmp_path / "target").write_bytes(old)
-    caplog.set_level(logging.INFO, logger="pdiffcopy")
+    caplog.set_level(logging.DEBUG, logger="pdiffcopy")
     result = sync(str(tmp_path / "source"), str(tmp_path / "target"), concurrency=1)
     assert (tmp_path / "target").read_bytes() == new
     assert result.bytes_moved == 12 * PIECE

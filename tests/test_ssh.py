@@ -10,6 +10,7 @@ test's. Both put the remote server's temporaries in a directory of the test's
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -367,14 +368,110 @@ def test_ssh_that_cannot_log_in_says_what_ssh_says(sshd, tmp_path):
     assert "Permission denied" in one_line_error(completed)
 
 
+#: pdiffcopy 1.0.1, which PyPI's ``pip install pdiffcopy`` brings (tests/test_compat_101.py).
+ORIGINAL_PDIFFCOPY = Path(__file__).parent.parent / "benchmarks" / ".venv-original" / "bin" / "pdiffcopy"
+
+
 @pytest.mark.parametrize("remote", [None, "/nonexistent/bin/pdiffcopy"])
 def test_missing_remote_pdiffcopy_says_how_to_install_it(sshd, tmp_path, remote):
+    """Not ``pip install pdiffcopy`` (PyPI's 1.0.1, without the server extra): this version, with it."""
+    from pdiffcopy import __version__
+
     (tmp_path / "src").write_bytes(b"data")
     completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=remote)
     assert completed.returncode == 127, completed.stderr
     line = one_line_error(completed)
-    assert "pip install pdiffcopy" in line and "--remote-pdiffcopy" in line
+    assert f"pdiffcopy {__version__}" in line and f"'pdiffcopy[server]=={__version__}'" in line, line
+    assert "pip install pdiffcopy " not in line and "pip install pdiffcopy," not in line, line
+    assert "--remote-pdiffcopy" in line
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.skipif(not ORIGINAL_PDIFFCOPY.exists(), reason="pdiffcopy 1.0.1 is not installed in benchmarks/")
+def test_a_remote_pdiffcopy_1_0_1_is_told_apart_and_how_to_install_this_version(sshd, tmp_path):
+    from pdiffcopy import __version__
+
+    (tmp_path / "src").write_bytes(b"data")
+    completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst", remote=str(ORIGINAL_PDIFFCOPY))
+    assert completed.returncode == 2, completed.stderr  # a protocol incompatibility, as rsync's 2
+    line = one_line_error(completed)
+    assert "too old to serve over ssh" in line and f"'pdiffcopy[server]=={__version__}'" in line, line
+
+
+# -- HOST:PATH named as the user typed it ----------------------------------------------------
+
+def test_the_summary_names_a_relative_remote_path_as_typed(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"to the home directory")
+    pushed = over_ssh(sshd, str(tmp_path / "src"), "127.0.0.1:typed-name", remote=None,
+                      rsh=sshd.rsh(port=sshd.path_port))
+    assert pushed.returncode == 0, pushed.stderr
+    assert f"Synchronised {tmp_path / 'src'} to 127.0.0.1:typed-name: " in pushed.stderr, pushed.stderr
+    pulled = over_ssh(sshd, "127.0.0.1:~/typed-name", str(tmp_path / "back"), remote=None,
+                      rsh=sshd.rsh(port=sshd.path_port))
+    assert pulled.returncode == 0, pulled.stderr
+    assert f"Synchronised 127.0.0.1:~/typed-name to {tmp_path / 'back'}: " in pulled.stderr, pulled.stderr
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "f").write_bytes(b"in a tree")
+    tree = over_ssh(sshd, str(tmp_path / "tree"), "127.0.0.1:", remote=None, rsh=sshd.rsh(port=sshd.path_port))
+    assert tree.returncode == 0, tree.stderr
+    assert f"Synchronised {tmp_path / 'tree'}/ to 127.0.0.1:tree: " in tree.stderr, tree.stderr
+
+
+def test_a_missing_remote_directory_is_named_as_typed_not_by_the_temporary(sshd, tmp_path):
+    (tmp_path / "src").write_bytes(b"data")
+    typed = f"127.0.0.1:{tmp_path}/missing-dir/x"
+    completed = over_ssh(sshd, str(tmp_path / "src"), typed)
+    assert completed.returncode == 1, completed.stderr
+    line = one_line_error(completed)
+    assert typed in line and "directory" in line and "does not exist" in line, line
+    assert ".x.pdiffcopy" not in line and "http" not in line, line
+
+
+@pytest.mark.parametrize("direction", ["push", "pull"])
+def test_a_servers_error_names_the_path_as_typed(sshd, tmp_path, direction):
+    """Not ``tmp/...`` (relative to the remote server's root) for ``HOST:/tmp/...``."""
+    (tmp_path / "src").write_bytes(b"data")
+    (tmp_path / "plain").write_bytes(b"a file, not a directory")
+    typed = f"127.0.0.1:{tmp_path}/plain/y"
+    arguments = (str(tmp_path / "src"), typed) if direction == "push" else (typed, str(tmp_path / "copy"))
+    completed = over_ssh(sshd, *arguments)
+    assert completed.returncode != 0, completed.stderr
+    line = one_line_error(completed)
+    assert typed in line and "Not a directory" in line, line
+    assert f" {str(tmp_path)[1:]}" not in line and "http" not in line, line
+
+
+def test_notices_name_the_remote_side_as_typed(sshd, tmp_path):
+    """A notice logged by the engine (here: a push's sweep of a temporary left by a killed run)."""
+    (tmp_path / "src").write_bytes(b"data")
+    stale = tmp_path / ".dst.pdiffcopy-0123456789ab"
+    stale.write_bytes(b"left by a killed run")
+    completed = over_ssh(sshd, str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst")
+    assert completed.returncode == 0, completed.stderr
+    assert not stale.exists()
+    assert f"Removed 1 stale temporary file(s) left beside 127.0.0.1:{tmp_path}/dst" in completed.stderr, \
+        completed.stderr
+    assert "http" not in completed.stderr, completed.stderr
+
+
+# -- what -v and -q print over ssh ---------------------------------------------------------
+
+def test_verbose_over_ssh_tells_about_the_files_not_the_remote_server(sshd, tmp_path):
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "f").write_bytes(b"in a tree")
+    pushed = over_ssh(sshd, "-v", f"{source}/", f"127.0.0.1:{tmp_path}/dst/")
+    assert pushed.returncode == 0, pushed.stderr
+    assert [line for line in pushed.stdout.splitlines() if not line.startswith("stats:")] == ["sub/", "sub/f"]
+    assert "Current configuration" not in pushed.stderr and "gunicorn" not in pushed.stderr, pushed.stderr
+    assert len(pushed.stderr.splitlines()) == 1, pushed.stderr  # the summary
+    quiet = over_ssh(sshd, "-q", f"{source}/", f"127.0.0.1:{tmp_path}/quiet/")
+    assert quiet.returncode == 0, quiet.stderr
+    assert (quiet.stdout, quiet.stderr) == ("", "")
+    debug = over_ssh(sshd, "-vv", f"{source}/", f"127.0.0.1:{tmp_path}/debug/")
+    assert debug.returncode == 0, debug.stderr
+    assert "Starting the remote server" in debug.stderr and "127.0.0.1: " in debug.stderr  # the remote's log
+    assert "Current configuration" not in debug.stderr, debug.stderr
 
 
 @pytest.mark.parametrize("size", [4, 20 * 1024 * 1024])  # the second is hashed while ssh logs in
@@ -538,7 +635,7 @@ def test_the_local_file_is_hashed_while_ssh_logs_in(sshd, tmp_path):
     changed = bytearray(data)
     changed[5_000_000:5_000_010] = b"0123456789"
     (tmp_path / "local").write_bytes(bytes(changed))
-    pulled = over_ssh(sshd, "-v", f"127.0.0.1:{tmp_path}/remote", str(tmp_path / "local"))
+    pulled = over_ssh(sshd, "-vv", f"127.0.0.1:{tmp_path}/remote", str(tmp_path / "local"))
     assert pulled.returncode == 0, pulled.stderr
     assert (tmp_path / "local").read_bytes() == data
     assert "1 of 20 blocks differed" in pulled.stderr, pulled.stderr
@@ -554,7 +651,7 @@ def test_a_local_file_changed_while_ssh_logs_in_is_hashed_again(sshd, tmp_path):
     wrapper.write_text(f"#!/bin/sh\nsleep 1\nprintf changed | dd of={tmp_path}/src bs=1 seek=7000000 "
                        f"conv=notrunc 2>/dev/null\nexec ssh \"$@\"\n")
     wrapper.chmod(0o755)
-    pushed = over_ssh(sshd, "-v", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst",
+    pushed = over_ssh(sshd, "-vv", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/dst",
                       rsh=f"{wrapper} {sshd.rsh().split(' ', 1)[1]}")
     assert pushed.returncode == 0, pushed.stderr
     assert (tmp_path / "src").read_bytes()[7_000_000:7_000_007] == b"changed"
@@ -580,15 +677,15 @@ def test_the_library_hashes_the_local_file_while_ssh_logs_in(sshd, tmp_path, cap
 def test_direct_push_and_pull_go_over_tls_straight_to_the_server(sshd, tmp_path):
     data = random_bytes(3 * 1024 * 1024 + 11, seed=22)
     (tmp_path / "src").write_bytes(data)
-    pushed = over_ssh(sshd, "--direct", "-v", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed")
+    pushed = over_ssh(sshd, "--direct", "-vv", str(tmp_path / "src"), f"127.0.0.1:{tmp_path}/pushed")
     assert pushed.returncode == 0, pushed.stderr
     assert (tmp_path / "pushed").read_bytes() == data
-    assert "https://127.0.0.1:" in pushed.stderr  # -v names the connections' URL: TLS, not the tunnel
+    assert "https://127.0.0.1:" in pushed.stderr  # -vv names the connections' URL: TLS, not the tunnel
     changed = bytearray(data)
     changed[2_000_000:2_000_004] = b"edit"
     (tmp_path / "pushed").write_bytes(bytes(changed))
     port = free_port()
-    pulled = over_ssh(sshd, "--direct-port", str(port), "-v", f"127.0.0.1:{tmp_path}/pushed", str(tmp_path / "src"))
+    pulled = over_ssh(sshd, "--direct-port", str(port), "-vv", f"127.0.0.1:{tmp_path}/pushed", str(tmp_path / "src"))
     assert pulled.returncode == 0, pulled.stderr
     assert (tmp_path / "src").read_bytes() == bytes(changed)
     assert f"https://127.0.0.1:{port}" in pulled.stderr, pulled.stderr
@@ -738,3 +835,17 @@ def test_direct_small_answers_do_not_wait_for_a_delayed_ack(sshd):
         process.stdin.close()
         process.wait(CLEAN_UP_SECONDS)
     assert elapsed < 0.4, f"20 small requests took {elapsed:.2f} s"
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_benchmark_of_an_ssh_source_compares_with_rsync_over_the_same_ssh(sshd, tmp_path):
+    """-B with HOST:PATH as SOURCE: rsync reaches it as pdiffcopy does (rsync -e RSH HOST:PATH)."""
+    data = random_bytes(2 * 1024 * 1024, seed=35)
+    (tmp_path / "src").write_bytes(data)
+    completed = over_ssh(sshd, "-B", "2", f"127.0.0.1:{tmp_path}/src", str(tmp_path / "dst"))
+    assert completed.returncode == 0, completed.stderr
+    rows = [line.strip("|").split("|") for line in completed.stdout.splitlines()
+            if re.match(r"^\|\s*\d+\s*\|", line)]
+    assert len(rows) == 2, completed.stdout
+    assert all(re.fullmatch(r"\d+\.\d\d s", row[-1].strip()) for row in rows), completed.stdout  # not "n/a"
+    assert (tmp_path / "dst").read_bytes() == data

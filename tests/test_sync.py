@@ -152,13 +152,15 @@ def test_benchmark_mode_creates_and_resyncs_target(tmp_path):
     assert completed.returncode == 0, completed.stderr
     rows = [line for line in completed.stdout.splitlines() if line.startswith("| ") and "%" in line]
     # Round 1 mutates round(50 % of 41) = 20 blocks, one of which may be the 5-byte last block;
-    # the Delta column is the share that moved: 19 or 20 blocks of 40, 48 % to 50 %.
-    moved = float(rows[0].split("|")[2].split()[0])
+    # "Of the file" is the share that moved: 19 or 20 blocks of 40, 48 % to 50 %.
+    rows = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    assert [row[1] for row in rows] == ["50%", "100%"]  # the blocks mutated
+    moved = float(rows[0][2].split()[0])
     assert 19 * 4 <= moved <= 20 * 4
-    assert [row.split("|")[1].strip() for row in rows] == ["%d%%" % round(100 * moved / 160), "100%"]
-    assert rows[1].split("|")[2].strip() == "160 KiB"  # every block, 40 * 4 KiB + 5 bytes
+    assert [row[3] for row in rows] == ["%d%%" % round(100 * moved / 160), "100%"]
+    assert rows[1][2] == "160 KiB"  # every block, 40 * 4 KiB + 5 bytes
     if shutil.which("rsync"):
-        assert all(row.split("|")[4].strip().endswith(" s") for row in rows)
+        assert all(row[5].endswith(" s") for row in rows)
     assert target.read_bytes() == data
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     # With a local source, whole-file copies are compared too, every one verified.

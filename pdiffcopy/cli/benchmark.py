@@ -119,13 +119,18 @@ class RsyncDaemon(PropertyManager):
         shutil.rmtree(self.workspace, ignore_errors=True)
 
 
-def time_rsync(daemon: RsyncDaemon, name: str, target: str) -> float:
-    """Seconds ``rsync --inplace --no-whole-file`` takes to update ``target``."""
+def time_rsync(source: str, target: str, rsh: Optional[str] = None) -> float:
+    """Seconds ``rsync --inplace --no-whole-file`` takes to update ``target`` from ``source``.
+
+    :param source: An rsync daemon's URL (:meth:`RsyncDaemon.url`), or a ``HOST:PATH`` reached
+                   with ``rsh`` (rsync's ``-e``; None: ssh), as pdiffcopy reached it.
+    """
     from executor import ExternalCommandFailed, execute
 
+    over_ssh = () if source.startswith("rsync://") else ("-e", rsh or "ssh")
     started = time.monotonic()
     try:
-        execute("rsync", "--inplace", "--no-whole-file", "--ignore-times", daemon.url(name), target,
+        execute("rsync", *over_ssh, "--inplace", "--no-whole-file", "--ignore-times", source, target,
                 silent=True, capture_stderr=True)
     except ExternalCommandFailed as error:
         reason = (error.command.stderr or b"").decode(errors="replace").strip().splitlines()
@@ -133,15 +138,26 @@ def time_rsync(daemon: RsyncDaemon, name: str, target: str) -> float:
     return time.monotonic() - started
 
 
-def run_benchmark(source: str, target: str, rounds: int, **options) -> List[dict]:
+#: The rounds table's columns: what the round did, then what was measured.
+ROUND_COLUMNS = ["Round", "Blocks mutated", "Data moved", "Of the file", "pdiffcopy", "rsync"]
+
+#: Printed under the rounds table: what "Data moved" counts, which can be far less than was mutated.
+MOVED_NOTE = ("Data moved: the bytes pdiffcopy sent or copied into the target; not the source's holes, nor data "
+              "the target already held elsewhere (the chunked delta copies it within the target)")
+
+
+def run_benchmark(source: str, target: str, rounds: int, rsync_source: Optional[str] = None,
+                  rsh: Optional[str] = None, **options) -> List[dict]:
     """Run ``rounds`` mutate-and-resync rounds and print an overview.
 
     :param source: Path or URL of the source file.
     :param target: Local path of the target (created by a first sync if missing).
     :param rounds: How many rounds, at evenly spaced similarity.
+    :param rsync_source: The ``HOST:PATH`` that ``source`` (a URL) was reached at over ssh: rsync
+                         is compared on it, over ``rsh`` (rsync's ``-e``) as pdiffcopy used it.
     :param options: Options for :func:`~pdiffcopy.api.sync`.
-    :returns: One dict per round: delta (the % of the file that moved), mutated (the %
-              of blocks mutated), bytes moved, seconds, rsync seconds or None.
+    :returns: One dict per round: mutated (the % of blocks mutated), delta (the % of the file that
+              moved), bytes moved, seconds, rsync seconds or None.
     :raises UsageError: When ``target`` is a URL.
     """
     from humanfriendly import format_size, format_timespan
@@ -155,43 +171,52 @@ def run_benchmark(source: str, target: str, rounds: int, **options) -> List[dict
         sync(source, target, **options)
     logging.getLogger("executor").setLevel(logging.WARNING)
     daemon = None
-    if is_url(source):
-        logger.info("rsync needs the source on this host; comparing with rsync skipped")
-    elif shutil.which("rsync") is None:
-        logger.info("rsync is not installed; comparing with rsync skipped")
+    rsync_from: Optional[str] = None
+    skipped = ""
+    if shutil.which("rsync") is None:
+        skipped = "rsync is not installed"
+    elif rsync_source is not None:
+        rsync_from = rsync_source
+    elif is_url(source):
+        skipped = "rsync cannot read a pdiffcopy server's URL (a HOST:PATH source it reaches over ssh)"
     else:
         daemon = RsyncDaemon(directory=os.path.dirname(os.path.abspath(source)))
         daemon.start()
+        rsync_from = daemon.url(os.path.basename(source))
     scratch = os.path.join(os.path.dirname(os.path.abspath(target)),
                            f".{os.path.basename(target)}.rsync-benchmark")
     results = []
     try:
-        for index, delta in enumerate(deltas(rounds)):
-            mutate(target, block_size, delta, SEED + index)
+        for index, mutated in enumerate(deltas(rounds)):
+            mutate(target, block_size, mutated, SEED + index)
             rsync_seconds: Optional[float] = None
-            if daemon is not None:
+            if rsync_from is not None:
                 shutil.copyfile(target, scratch)
             result = sync(source, target, **options)
-            if daemon is not None:
-                rsync_seconds = time_rsync(daemon, os.path.basename(source), scratch)
-                if not filecmp.cmp(source, scratch, shallow=False):
+            if rsync_from is not None:
+                rsync_seconds = time_rsync(rsync_from, scratch, rsh)
+                if not filecmp.cmp(target, scratch, shallow=False):  # (the target is the source's copy now)
                     raise StorageError("rsync left a target that differs from the source")
             # The delta is what moved, not what was mutated: a target that
             # differed from the source before round 1 moves whole in it.
             measured = measured_delta(result.bytes_moved, result.size)
-            results.append(dict(delta=measured, mutated=delta, moved=result.bytes_moved,
+            results.append(dict(mutated=mutated, delta=measured, moved=result.bytes_moved,
                                 seconds=result.seconds, rsync=rsync_seconds))
-            logger.info("Round %d of %d: %d%% mutated, %s moved (%d%%) in %s", index + 1, rounds, delta,
-                        format_size(result.bytes_moved, binary=True), measured,
+            logger.info("Round %d of %d: %d%% of the blocks mutated, %s moved (%d%% of the file) in %s",
+                        index + 1, rounds, mutated, format_size(result.bytes_moved, binary=True), measured,
                         format_timespan(result.seconds))
     finally:
         if daemon is not None:
             daemon.stop()
         if os.path.exists(scratch):
             os.unlink(scratch)
-    rows = [[f"{r['delta']}%", format_size(r["moved"], binary=True), f"{r['seconds']:.2f} s",
-             f"{r['rsync']:.2f} s" if r["rsync"] is not None else "n/a"] for r in results]
-    print(format_pretty_table(rows, ["Delta", "Data moved", "pdiffcopy", "rsync"]))
+    rows = [[str(index + 1), f"{r['mutated']}%", format_size(r["moved"], binary=True), f"{r['delta']}%",
+             f"{r['seconds']:.2f} s", f"{r['rsync']:.2f} s" if r["rsync"] is not None else "not run"]
+            for index, r in enumerate(results)]
+    print(format_pretty_table(rows, ROUND_COLUMNS))
+    print(MOVED_NOTE)
+    if skipped:
+        print(f"rsync: not run: {skipped}")
     if not is_url(source):
         compare_copies(source, scratch, options)
     return results

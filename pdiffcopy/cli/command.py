@@ -20,6 +20,7 @@ from pdiffcopy import __version__
 from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
 from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.transport import counters
+from pdiffcopy.cli.logs import DEBUG_VERBOSITY, setup_logging
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
 from pdiffcopy.errors import PdiffcopyError, UsageError
 
@@ -204,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "changed in place: disk images, databases); chunks finds bytes that moved "
                            "(data inserted or removed: archives, logs, dumps) with content-defined "
                            "chunks and writes a new copy of TARGET; auto chooses per file from a "
-                           "small sample of both (-v says which and why) (default auto)")
+                           "small sample of both (-vv says which and why) (default auto)")
     tree = parser.add_argument_group("tree options (SOURCE is a directory)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
@@ -304,9 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the same as --partial --progress, as rsync's -P")
     common.add_argument("--no-progress", action="store_true", help="no progress display")
     common.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logging (repeatable)")
+                        help="list the paths a tree sync changes (as rsync -v) and end with the --stats "
+                             "line; -vv also logs the internals (timings, the engine's choices, the remote "
+                             "server's log)")
     common.add_argument("-q", "--quiet", action="count", default=0,
-                        help="less logging and no progress display (repeatable)")
+                        help="print nothing but errors: no summary, no warnings, no progress display")
     common.add_argument("--version", action="version", version=f"pdiffcopy {__version__}")
     common.add_argument("-h", "--help", action="help", help="show this message and exit")
     return parser
@@ -458,7 +461,7 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
             status = _end_quietly_after_closed_output()
         else:  # a bug: still one line, the details with -v
             logger.debug("Unexpected error", exc_info=True)
-            logger.error("Unexpected error: %s: %s (run with -v for details)", type(error).__name__, error)
+            logger.error("Unexpected error: %s: %s (run with -vv for details)", type(error).__name__, error)
             status = 1
     return status, bool(args.paths)
 
@@ -574,30 +577,6 @@ def handle_termination() -> None:
         signal.signal(signum, _terminate)
 
 
-#: One format for every log line, coloured or not.
-LOG_FORMAT = "%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s"
-
-
-def setup_logging(verbosity: int) -> None:
-    """Log to stderr: INFO by default, -v for DEBUG, -q for WARNING.
-
-    On a terminal coloredlogs colours the lines; elsewhere (pipes, files,
-    services) colours are no use and plain logging spares the import (~40 ms
-    of every run).
-    """
-    level = logging.INFO - 10 * verbosity
-    level = max(logging.DEBUG, min(logging.CRITICAL, level))
-    if sys.stderr.isatty():
-        import coloredlogs
-
-        coloredlogs.install(level=level, fmt=LOG_FORMAT, stream=sys.stderr)
-    else:
-        logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
-        logging.getLogger().setLevel(level)
-    # Keep third-party chatter out of normal output.
-    logging.getLogger("urllib3").setLevel(max(level, logging.WARNING))
-
-
 def read_token(token_file: Optional[str] = None) -> Optional[str]:
     """The shared secret from ``token_file`` or ``$PDIFFCOPY_TOKEN`` (None if neither).
 
@@ -628,9 +607,11 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         require_extra(("flask", "gunicorn", "prometheus_client"), "server", "Serving over ssh")
         from pdiffcopy.server.sshserve import serve_over_ssh
 
-        # Its stderr is the client's: request lines and notices only with the client's -v.
-        logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.WARNING)
-        serve_over_ssh(workers=args.concurrency, log_level="debug" if args.verbose else "warning",
+        # Its stderr is the client's: request lines only with the client's -vv (which sends -v),
+        # warnings unless the client is quiet (which sends -q).
+        level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
+        logging.getLogger().setLevel(level)
+        serve_over_ssh(workers=args.concurrency, log_level=logging.getLevelName(level).lower(),
                        direct_port=args.serve_direct)
         return 0
     token = read_token(args.token_file)
@@ -695,6 +676,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not over_ssh:
         return sync_locations(args, source, target, token)
     from pdiffcopy.api import reached_over_ssh
+    from pdiffcopy.cli.logs import NamedAsTyped
 
     prehashed: dict = {}
 
@@ -704,9 +686,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     try:
         with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
-                              timeout=args.timeout, wait=False, verbose=args.verbose > 0,
-                              while_waiting=while_ssh_logs_in, direct=args.direct,
-                              direct_port=args.direct_port) as (source, target, session):
+                              timeout=args.timeout, wait=False, verbose=args.verbose >= DEBUG_VERBOSITY,
+                              quiet=args.quiet > 0, while_waiting=while_ssh_logs_in, direct=args.direct,
+                              direct_port=args.direct_port) as (source, target, session), \
+                NamedAsTyped(session):
             if session.ca_file:  # --direct's pinned certificate
                 args.ca_file = session.ca_file
             # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
@@ -784,7 +767,10 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
             from pdiffcopy.cli.benchmark import run_benchmark
 
             probes.close()  # every round makes its own
-            run_benchmark(source, target, rounds=args.benchmark, **options)
+            # rsync reaches a HOST:PATH source over the same ssh.
+            typed = shown(source)
+            run_benchmark(source, target, rounds=args.benchmark, rsync_source=typed if typed != source else None,
+                          rsh=args.rsh, **options)
             return 0
         if args.diff:
             args.dry_run = True
@@ -851,7 +837,7 @@ def require_extra(modules, extra: str, what: str) -> None:
             found = False
         if not found:
             raise PdiffcopyError(f"{what} needs {module}, which is not installed: "
-                                 f"pip install 'pdiffcopy[{extra}]'") from None
+                                 f"python3 -m pip install 'pdiffcopy[{extra}]=={__version__}'") from None
 
 
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):

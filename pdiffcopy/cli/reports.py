@@ -32,7 +32,7 @@ def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
     if remote and (sent or received):
         parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
     seconds = max(seconds, 1e-6)
-    parts += [f"{seconds:.2f} s", f"{format_size(moved / seconds, binary=True)}/s"]
+    parts += [f"{seconds:.2f} s", f"{format_size(round(moved / seconds), binary=True)}/s"]  # no "0.5 bytes"
     sys.stdout.write(", ".join(parts) + "\n")
     sys.stdout.flush()
 

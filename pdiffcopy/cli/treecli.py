@@ -198,7 +198,8 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     started, wire_before = time.monotonic(), counters.totals()
     with _display(progress, args):
         result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
-                           progress=progress, report_line=_print)
+                           progress=progress, report_line=_print,
+                           transfer_line=_print if args.verbose and not options.dry_run else None)
     if options.dry_run:
         if not args.diff:
             _summarise_dry_run(result)

@@ -53,6 +53,11 @@ class SshLocation:
         host = self.host[1:-1] if self.host.startswith("[") else self.host
         return f"{self.user}@{host}" if self.user else host
 
+    @property
+    def typed(self) -> str:
+        """The argument as the user typed it (what messages call it)."""
+        return f"{self.user}@{self.host}:{self.path}" if self.user else f"{self.host}:{self.path}"
+
     def absolute_path(self, home: str) -> str:
         """The remote path, relative ones (and ``~/``) taken from ``home``, as rsync does."""
         path = self.path

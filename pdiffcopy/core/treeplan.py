@@ -612,6 +612,25 @@ class Difference:
         return f"{text}  ({self.details})" if self.details else text
 
 
+def transfer_listing(plan: TreePlan) -> List[str]:
+    """What a sync of ``plan`` changes, a line per path in path order, as rsync's ``-v`` lists it.
+
+    The directories it makes (``NAME/``), the files it copies or updates, the symlinks
+    (``NAME -> TARGET``) and hard links (``NAME => LEADER``) it makes, and
+    ``deleting NAME`` for what it deletes or replaces. Changes of metadata alone are not listed.
+    """
+    lines: List[Tuple[str, str]] = []
+    for entry in plan.removals + plan.deletions:
+        lines.append((entry.path, f"deleting {printable(entry.path)}{'/' if entry.kind == DIR else ''}"))
+    lines += [(entry.path, printable(entry.path) + "/") for entry in plan.directories]
+    lines += [(action.source.path, printable(action.source.path)) for action in plan.files]
+    lines += [(entry.path, f"{printable(entry.path)} -> {printable(entry.target or '')}")
+              for entry, _ in plan.symlinks]
+    lines += [(link.path, f"{printable(link.path)} => {printable(link.leader)}") for link in plan.links]
+    lines.sort(key=lambda line: line[0])
+    return [line for _, line in lines]
+
+
 def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = None
                   ) -> List[Difference]:
     """The itemised differences of a plan, in path order.
@@ -703,6 +722,7 @@ def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
 __all__ = [
     "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "LinkAction", "MetadataFix",
     "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "is_under", "kind_of", "plan_tree",
+    "transfer_listing",
     "printable",
     "removal_order",
     "Failure",

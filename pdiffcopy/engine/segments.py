@@ -526,9 +526,9 @@ class SegmentSteps:
     def log_refinement(self, where: str) -> None:
         """Say that refining stopped paying (a dense change), once per file or segment that saw it."""
         if self.refined.skipped:
-            logger.info("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes refined "
-                        "still moved (a dense change); %d bytes moved as whole blocks",
-                        self.piece_size, where, self.refined.moved, self.refined.refined, self.refined.skipped)
+            logger.debug("Refinement into %d-byte pieces stopped paying for %s after %d of %d bytes refined "
+                         "still differed (a dense change); %d bytes taken as whole blocks",
+                         self.piece_size, where, self.refined.moved, self.refined.refined, self.refined.skipped)
 
     def move(self, ranges: Sequence[ByteRange], fresh: bool = False, all_data: bool = False) -> int:
         """Bring ``ranges`` of the work file to the source's bytes (:func:`move_ranges`); return the bytes.

@@ -47,6 +47,7 @@ from pdiffcopy.core.treeplan import (
     TreePlan,
     describe_plan,
     plan_tree,
+    transfer_listing,
 )
 from pdiffcopy.core.treestream import StreamPlanner
 from pdiffcopy.engine.segments import hash_both
@@ -65,10 +66,13 @@ logger = logging.getLogger(__name__)
 def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
               progress: Optional[TreeProgress] = None,
               report_line: Optional[Callable[[str], None]] = None,
-              on_worker_start: Optional[WorkerStart] = None) -> TreeResult:
+              on_worker_start: Optional[WorkerStart] = None,
+              transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     """Make the tree ``target`` hold what the tree ``source`` holds.
 
     :param report_line: Called with each line of a dry run's or diff's listing.
+    :param transfer_line: Called with each path a sync changes as it starts on it
+                          (:func:`~pdiffcopy.core.treeplan.transfer_listing`: rsync's ``-v``).
     :param on_worker_start: What each forked worker does first, given this process's id:
                             :func:`pdiffcopy.api.sync_tree` passes
                             ``pdiffcopy.local.processes.die_with_parent``.
@@ -77,7 +81,7 @@ def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
             collected in :attr:`TreeResult.failures` instead.
     """
     with _no_garbage_collection():
-        return _sync_tree(source, target, options, progress, report_line, on_worker_start)
+        return _sync_tree(source, target, options, progress, report_line, on_worker_start, transfer_line)
 
 
 @contextlib.contextmanager
@@ -100,7 +104,8 @@ def _no_garbage_collection():
 def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                progress: Optional[TreeProgress],
                report_line: Optional[Callable[[str], None]],
-               on_worker_start: Optional[WorkerStart]) -> TreeResult:
+               on_worker_start: Optional[WorkerStart],
+               transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
@@ -113,7 +118,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     source_stream, target_stream = stream_both(source, target, on_worker_start)
     try:
         return _sync_streams(source, target, options, progress, report_line, on_worker_start, path_filter,
-                             source_stream, target_stream, started)
+                             source_stream, target_stream, started, transfer_line)
     finally:
         source_stream.close()
         target_stream.close()
@@ -122,7 +127,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
 def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions, progress: TreeProgress,
                   report_line: Optional[Callable[[str], None]], on_worker_start: Optional[WorkerStart],
                   path_filter: PathFilter, source_stream: ListingStream, target_stream: ListingStream,
-                  started: float) -> TreeResult:
+                  started: float, transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     """Plan and run the sync a piece at a time, as the two listings come (core.treestream)."""
     if source_stream.root is None:
         raise FileMissing(f"Source does not exist: {source.location}")
@@ -167,6 +172,9 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 continue
             if piece.empty and not planner.finished:
                 continue
+            if transfer_line is not None:
+                for line in transfer_listing(piece):
+                    transfer_line(line)
             runner = Runner(source, target, options, piece, progress, result, on_worker_start)
             runner.failed_directories = failed_directories
             runner.announced = announced

@@ -195,6 +195,8 @@ def run_server(options: ServerOptions) -> None:
 
         settings["when_ready"] = when_ready
 
+    settings["logger_class"] = server_logger_class()
+
     class Application(BaseApplication):  # gunicorn's documented embedding API
         def load_config(self) -> None:
             for key, value in settings.items():
@@ -260,6 +262,31 @@ def check_certificate(certfile: str, keyfile: str) -> None:
     else:
         problem = f"they cannot be loaded ({reason or 'not a PEM certificate and key'})"
     raise UsageError(f"TLS: --certfile {certfile}, --keyfile {keyfile}: {problem}")
+
+
+def server_logger_class() -> type:
+    """gunicorn's logger, writing through this process's logging: one format for every line.
+
+    gunicorn gives its loggers handlers and a format of their own (``[time] [pid]
+    [LEVEL]``); where the process has a handler (the command line's, with its format),
+    gunicorn's records go to it instead. Its debug lines are left out: its settings one a
+    line and each request's line, which the application logs with its status and time.
+    """
+    from gunicorn.glogging import Logger
+
+    class ServerLogger(Logger):
+        def setup(self, cfg) -> None:
+            super().setup(cfg)
+            self.error_log.setLevel(max(self.error_log.level, logging.INFO))
+            if not logging.getLogger().handlers:
+                return  # (nowhere else to write: a program that set up no logging)
+            for log in (self.error_log, self.access_log):
+                for handler in list(log.handlers):
+                    if getattr(handler, "_gunicorn", False):
+                        log.removeHandler(handler)
+                log.propagate = True
+
+    return ServerLogger
 
 
 def sweep_root(root: str) -> int:

@@ -363,7 +363,7 @@ class HttpClient:
             if response.status != 503 or delay is None or 503 in expected or not replayable:
                 break  # a 503 without Retry-After (maintenance, a proxy) fails at once
             if retry == MAX_BUSY_RETRIES:
-                error = self.error(response)
+                error = self.error(response, target)
                 raise ServerBusy(f"{error} (still busy after {MAX_BUSY_RETRIES} retries)") from None
             try:
                 response.read()  # the small JSON body: the connection stays usable
@@ -376,7 +376,7 @@ class HttpClient:
                          target, delay)
             time.sleep(delay)
         if response.status not in expected:
-            raise self.error(response)
+            raise self.error(response, target)
         return response
 
     def _send(self, method: str, target: str, all_headers: Dict[str, str], body,
@@ -465,8 +465,13 @@ class HttpClient:
             return RemoteProtocolError(f"{self.base}: this is a pdiffcopy 1.0.1 server; {LEGACY_ADVICE}")
         return None
 
-    def error(self, response: Response) -> PdiffcopyError:
-        """The exception for an error answer: its class from the status, the server's message."""
+    def error(self, response: Response, target: Optional[str] = None) -> PdiffcopyError:
+        """The exception for an error answer: its class from the status, the server's message.
+
+        :param target: The request's target: where the server's message names the file by its
+                       path below the server's root, the file is named by its URL instead (the
+                       name the user gave, not one relative to a root they may never have seen).
+        """
         try:
             message = response.json()["error"]
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
@@ -481,6 +486,15 @@ class HttpClient:
         # The server's words, on one line and bounded: a hostile server must
         # not be able to forge further log lines.
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))[:500]
+        path = _request_path(target)
+        if path:
+            from pdiffcopy.transport.urls import quote_path
+
+            # The path as a word of the message: after a space, before a space or punctuation.
+            pattern = r"(?:(?<=\s)|^)" + re.escape(path) + r"(?=[\s:;,)]|$)"
+            named = re.sub(pattern, lambda _: f"{self.base}/{quote_path(path)}", message)
+            if named != message:
+                return kind(named)  # the URL says whose file it is
         return kind(f"Server {self.base}: {message}")
 
     def close(self) -> None:
@@ -493,6 +507,21 @@ class HttpClient:
                 connection.close()
             self._connections.clear()
             self._idle.clear()
+
+
+def _request_path(target: Optional[str]) -> Optional[str]:
+    """The file path (below the server's root) a request's target names, or None.
+
+    ``/.pdiffcopy/ENDPOINT/PATH?QUERY`` (our API) and ``/PATH`` (a plain read) name ``PATH``.
+    """
+    if not target:
+        return None
+    from urllib.parse import unquote_to_bytes
+
+    path = os.fsdecode(unquote_to_bytes(target.partition("?")[0])).lstrip("/")
+    if path.startswith(".pdiffcopy/"):
+        path = path.split("/", 2)[2] if path.count("/") >= 2 else ""
+    return path.rstrip("/") or None
 
 
 def media_type(response: Response) -> str:

@@ -49,6 +49,7 @@ from pdiffcopy.engine.endpoints import (
 )
 from pdiffcopy.errors import (
     BadRequest,
+    FileMissing,
     NotAFile,
     PdiffcopyError,
     RemoteDataError,
@@ -547,7 +548,13 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         else:
             # Made now, empty, as a local temporary is: a missing directory or a
             # full disk fails here (one round trip) rather than at the first write.
-            sibling.prepare(0)
+            try:
+                sibling.prepare(0)
+            except (FileMissing, NotAFile) as error:  # named as the user named it, not by the sibling's name
+                reason = str(error).rpartition(": ")[2]
+                if isinstance(error, FileMissing):
+                    reason = f"its directory does not exist ({reason})"
+                raise type(error)(f"Cannot create {self.location}: {reason}") from None
 
     def replace(self, other: FileEndpoint) -> None:
         assert isinstance(other, RemoteFile)

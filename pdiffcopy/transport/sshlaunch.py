@@ -77,9 +77,41 @@ DIRECT_CONNECT_TIMEOUT = 10.0
 #: Local ports tried for the forwarding (another process may take a free one first).
 FORWARD_ATTEMPTS = 3
 
-#: What to do when pdiffcopy is missing on the other host.
-INSTALL_ADVICE = ("install it there (pip install pdiffcopy, in a venv whose bin/ is on the PATH of "
-                  "non-interactive ssh sessions) or name it with --remote-pdiffcopy PATH")
+
+
+def install_advice() -> str:
+    """What to do when the other host lacks this version of pdiffcopy, with what serving needs.
+
+    Not ``pip install pdiffcopy``: PyPI's is 1.0.1, which cannot serve over ssh, and without
+    the server extra no version can. The version is pinned (pip then refuses rather than
+    installing another), and the source this one was installed from is named when pip
+    recorded one (a checkout, a wheel), since a version not yet on PyPI comes from there.
+    """
+    source = _installed_from()
+    where = f" (this one was installed from {source})" if source else ""
+    return (f"install pdiffcopy {__version__} there with its server extra, in a venv whose bin/ is on the "
+            f"PATH of non-interactive ssh sessions: python3 -m pip install 'SOURCE[server]' from the checkout "
+            f"or wheel of this version{where}, or 'pdiffcopy[server]=={__version__}' from an index that has it "
+            f"(PyPI's plain pdiffcopy is 1.0.1, which cannot serve over ssh); or name it with "
+            f"--remote-pdiffcopy PATH")
+
+
+def _installed_from() -> Optional[str]:
+    """Where pip installed this pdiffcopy from (its PEP 610 ``direct_url.json``), if not an index."""
+    import json
+    from importlib import metadata
+
+    try:
+        recorded = metadata.distribution("pdiffcopy").read_text("direct_url.json")
+        url = json.loads(recorded or "null")["url"] if recorded else None
+    except (metadata.PackageNotFoundError, ValueError, KeyError, TypeError, OSError):
+        return None
+    if isinstance(url, str) and url.startswith("file://"):
+        from urllib.parse import unquote, urlsplit
+
+        return unquote(urlsplit(url).path)
+    return url if isinstance(url, str) else None
+
 
 #: The remote command when no --remote-pdiffcopy is given: ``pdiffcopy`` on the remote PATH,
 #: else the module under python3. Run by sh, whatever the login shell is.
@@ -117,12 +149,14 @@ def looks_like_regex(text: str) -> bool:
 
 
 def remote_command(remote_program: Optional[str], verbose: bool = False,
-                   direct_port: Optional[int] = None) -> str:
+                   direct_port: Optional[int] = None, quiet: bool = False) -> str:
     """The command line ssh runs on the host (its login shell reads it, as rsync's does).
 
+    :param verbose: The remote server logs its requests (the client's ``-vv``).
     :param direct_port: For ``--direct``: the port the server listens on (0: any free one).
+    :param quiet: The remote server logs only its errors (the client's ``-q``).
     """
-    args = SERVE_OPTION + (" -v" if verbose else "") + \
+    args = SERVE_OPTION + (" -v" if verbose else " -q" if quiet else "") + \
         (f" {DIRECT_OPTION} {int(direct_port)}" if direct_port is not None else "")
     if remote_program:
         return f"{remote_program} {args}"  # as given: rsync's --rsync-path may be "sudo rsync"
@@ -149,7 +183,7 @@ class SshSession:
     def __init__(self, location: SshLocation, *, rsh: Optional[str] = None,
                  remote_program: Optional[str] = None, timeout: Optional[float] = None,
                  verbose: bool = False, while_waiting: Optional[Callable[["SshSession"], None]] = None,
-                 direct: bool = False, direct_port: Optional[int] = None) -> None:
+                 direct: bool = False, direct_port: Optional[int] = None, quiet: bool = False) -> None:
         self.location = location
         self.direct_port = (direct_port or 0) if direct or direct_port is not None else None
         #: What the sync's HTTP client verifies the server with: None over the ssh tunnel
@@ -160,6 +194,7 @@ class SshSession:
         self.remote_program = remote_program
         self.timeout = timeout or DEFAULT_START_TIMEOUT
         self.verbose = verbose
+        self.quiet = quiet
         self.process: Optional[subprocess.Popen] = None
         self.control: Optional[str] = None
         self.token: Optional[str] = None
@@ -176,19 +211,33 @@ class SshSession:
         return self.base + quote_path(self.location.absolute_path(self.home))
 
     def shown(self, location: str) -> str:
-        """``location`` as the user named it: ``[USER@]HOST:PATH`` for a URL of this session's server."""
+        """``location`` as the user named it: the ``[USER@]HOST:PATH`` typed for the session's own
+        URL and what is below it, ``[USER@]HOST:/ABSOLUTE`` for another URL of its server."""
         if self.base is None or not location.startswith(self.base + "/"):
             return location
         from pdiffcopy.transport.urls import split_server_url
 
-        return f"{self.location.destination}:/{split_server_url(location)[1]}"
+        try:
+            path = split_server_url(location)[1]
+        except UsageError:  # (not a file's URL: a query, say)
+            return location
+        own = self.location.absolute_path(self.home).strip("/")
+        typed = self.location.typed
+        if path.rstrip("/") == own:
+            return typed + ("/" if path.endswith("/") and not typed.endswith(("/", ":")) else "")
+        if path.startswith(own + "/") or not own:
+            below = path[len(own):].lstrip("/")
+            return typed + ("" if typed.endswith(("/", ":")) else "/") + below
+        return SshLocation(self.location.user, self.location.host, "/" + path).typed
 
     def shown_message(self, message: str) -> str:
-        """An error message with this session's forwarded URLs named as the user named them."""
+        """A message with this session's forwarded URLs named as the user named them."""
         if self.base is None:
             return message
         message = message.replace(f"Server {self.base}", f"{self.location.destination} (over ssh)")
-        message = re.sub(re.escape(self.base) + r"(/\S*)", lambda found: self.shown(found.group(0)), message)
+        # A URL ends at a space; the punctuation before that (``URL: reason``) is the sentence's.
+        message = re.sub(re.escape(self.base) + r"(/\S*?)([:;,.)]*)(?=\s|$)",
+                         lambda found: self.shown(self.base + found.group(1)) + found.group(2), message)
         return message.replace(self.base, f"{self.location.destination} (over ssh)")
 
     def start(self) -> "SshSession":
@@ -216,7 +265,7 @@ class SshSession:
         self.control = control
         argv = [*self.rsh, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}",
                 "-o", "ControlPersist=no", "--", self.location.destination,
-                remote_command(self.remote_program, self.verbose, self.direct_port)]
+                remote_command(self.remote_program, self.verbose, self.direct_port, self.quiet)]
         logger.debug("Starting the remote server: %s", shlex.join(argv))
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
@@ -287,10 +336,11 @@ class SshSession:
         if status == 255:
             raise SshFailed(f"ssh {self.location.destination}: {message}")
         if status == 127 or "No module named pdiffcopy" in message:
-            raise RemoteProgramMissing(f"pdiffcopy not found on {host} ({message}): {INSTALL_ADVICE}")
-        if "unrecognized arguments: " + SERVE_OPTION in message:
-            raise RemoteProtocolError(f"{host}: the remote pdiffcopy is too old to serve over ssh: upgrade it "
-                                      f"to {__version__} ({message})")
+            raise RemoteProgramMissing(f"pdiffcopy not found on {host} ({message}): {install_advice()}")
+        # argparse's words, and 1.0.1's ("Error: option --serve-over-ssh not recognized").
+        if "unrecognized arguments: " + SERVE_OPTION in message or f"option {SERVE_OPTION} not recognized" in message:
+            raise RemoteProtocolError(f"{host}: the remote pdiffcopy is too old to serve over ssh ({message}): "
+                                      f"{install_advice()}")
         raise SshStartFailed(f"{host}: the remote pdiffcopy did not start: {message}")
 
     def _check_version(self, fields: dict) -> None:
@@ -400,5 +450,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-__all__ = ["DEFAULT_RSH", "SSH_DATA_CONNECTIONS", "SshSession", "looks_like_regex", "remote_command",
+__all__ = ["DEFAULT_RSH", "SSH_DATA_CONNECTIONS", "SshSession", "install_advice", "looks_like_regex",
+           "remote_command",
            "rsh_command"]
