@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
 from pdiffcopy.engine.endpoints import FileEndpoint, is_url
-from pdiffcopy.errors import PdiffcopyError, UsageError
+from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.filejob import Progress, SyncResult
+    from pdiffcopy.engine.onefile import KeptMetadata
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
 
@@ -118,7 +119,9 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
          compress: "str | int" = "auto", piece_size: "int | str | None" = None,
          partial: bool = False, delta: str = DEFAULT_DELTA, sparse: bool = False,
          rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None, direct: bool = False,
-         direct_port: Optional[int] = None) -> SyncResult:
+         direct_port: Optional[int] = None, perms: bool = False, times: bool = False, owner: bool = False,
+         links: bool = False, xattrs: bool = False, acls: bool = False, numeric_ids: bool = False,
+         mkpath: bool = False) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -173,9 +176,29 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param direct: For a ``HOST:PATH``: ssh only starts the server; the data goes over TLS straight
                    to HOST (at ``direct_port``, default a free one), verified against a one-time
                    certificate whose fingerprint came over ssh.
+    :param perms: Give the target the source's permissions, set-id bits too (the command line's
+                  ``-a``). Without it a new target gets the source's mode less the umask of the
+                  side that makes it, and an existing one keeps its own (rsync's rule).
+    :param times: Give the target the source's modification time (``-t``, part of ``-a``).
+    :param owner: Give the target the source's user and group (``-o``, part of ``-a``; as root,
+                  and on a server only with ``--trust-clients``).
+    :param links: Make a symlink source a symlink to the same place, moving no data (part of
+                  ``-a``); without it the link is followed.
+    :param xattrs: Keep the source's extended attributes (``-X``), as a tree sync keeps them.
+    :param acls: Keep the source's POSIX ACLs (``-A``).
+    :param numeric_ids: The users and groups of ACLs by number between hosts, not by name.
+    :param mkpath: Make the missing directories of the target's path first (rsync's ``--mkpath``);
+                   without it the directory the target goes in must exist.
     :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
-    :raises PdiffcopyError: On any failure; the target is then not reported as synced.
+    :raises PdiffcopyError: On any failure; the target is then not reported as synced (a
+                            :class:`~pdiffcopy.errors.PartialTransfer` when its data is, and
+                            its metadata could not be set).
     """
+    from pdiffcopy.engine.onefile import KeptMetadata
+    from pdiffcopy.engine.treeendpoints import MetadataOptions
+
+    keep = KeptMetadata(MetadataOptions(times=times, owner=owner, xattrs=xattrs, acls=acls,
+                                        numeric_ids=numeric_ids), permissions=perms, links=links)
     try:
         options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                                concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
@@ -197,11 +220,11 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
                 source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
                                   for location in (source, target))
                 return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
-                                  progress)
+                                  progress, keep, mkpath)
         finally:
             for endpoint in prehashed.values():  # (not taken: the sync failed to start)
                 endpoint.close()
-    return _sync_with(source, target, options, token, timeout, ca_file, progress)
+    return _sync_with(source, target, options, token, timeout, ca_file, progress, keep, mkpath)
 
 
 def _close_given(*locations: "str | FileEndpoint") -> None:
@@ -212,7 +235,7 @@ def _close_given(*locations: "str | FileEndpoint") -> None:
 
 def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", options: FileOptions,
                token: Optional[str], timeout: Optional[float], ca_file: Optional[str],
-               progress: Optional[Progress]) -> SyncResult:
+               progress: Optional[Progress], keep: "KeptMetadata", mkpath: bool = False) -> SyncResult:
     """:func:`sync` once its options are checked and a ``HOST:PATH`` is a URL: the endpoints, then the engine."""
     made = []
     try:
@@ -231,11 +254,129 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
         for endpoint in made:
             endpoint.close()
         raise
-    from pdiffcopy.engine.filejob import run_sync  # (not at import: a sync over ssh starts ssh first)
+    from pdiffcopy.engine.filejob import SOURCE_MISSING, run_sync  # (not at import: ssh starts first)
 
     source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
     target_endpoint = target if isinstance(target, FileEndpoint) else made.pop(0)
-    return run_sync(source_endpoint, target_endpoint, options, progress)
+    wire = dict(token=token, timeout=timeout, ca_file=ca_file)
+    directory = _parent_and_name(target_endpoint.location)[0]
+    if mkpath and not options.dry_run:
+        try:
+            make_directory(directory, parents=True, **wire)
+        except BaseException:
+            _close_given(source_endpoint, target_endpoint)
+            raise
+    try:
+        if not keep.wanted:
+            return run_sync(source_endpoint, target_endpoint, options, progress)
+        return _sync_as_tree_of_one(source_endpoint, target_endpoint, options, progress, keep, wire)
+    except FileMissing as error:
+        # Said with its remedy, when that is what went wrong (looked at only then: it costs a request).
+        if not options.dry_run and not str(error).startswith(SOURCE_MISSING) and not _is_directory(directory, wire):
+            raise FileMissing(f"The directory {directory} of the target does not exist "
+                              f"(--mkpath makes it)") from None
+        raise
+
+
+def make_directory(location: str, *, parents: bool = False, token: Optional[str] = None,
+                   timeout: Optional[float] = None, ca_file: Optional[str] = None) -> None:
+    """Make the directory at a path or URL, as rsync makes a target directory: one that is there is
+    fine; its parent must exist, unless ``parents`` (``--mkpath``) makes the missing ones too.
+
+    :raises StorageError: When it cannot be made (a missing parent says ``--mkpath``).
+    """
+    from pdiffcopy.core.treeplan import DIR, MKDIR, MKPATH, Entry, Operation
+    from pdiffcopy.engine.treeendpoints import MetadataOptions
+    from pdiffcopy.errors import StorageError
+
+    tree = tree_endpoint(location, token=token, timeout=timeout, ca_file=ca_file)
+    try:
+        failures = tree.apply([Operation(MKPATH if parents else MKDIR, Entry("", DIR, 0, 0, 0o40755))],
+                              MetadataOptions())
+    finally:
+        tree.close()
+    if failures:
+        raise StorageError(f"Cannot create the directory {location}: {failures[0][1]}")
+
+
+def _is_directory(location: str, wire: dict) -> bool:
+    """Whether a path or URL names a directory (a server's root is one); False when that cannot be told."""
+    if not is_url(location):
+        import os
+
+        return os.path.isdir(location)
+    from pdiffcopy.transport.urls import split_server_url
+
+    if not split_server_url(location)[1].strip("/"):
+        return True
+    try:
+        endpoint = file_endpoint(location, **wire)
+        try:
+            info = endpoint.stat()
+        finally:
+            endpoint.close()
+    except PdiffcopyError:
+        return False
+    return info is not None and info.kind == "directory"
+
+
+def _sync_as_tree_of_one(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
+                         progress: Optional[Progress], keep: "KeptMetadata", wire: dict) -> SyncResult:
+    """A file sync that keeps metadata (``-a``, ``-t``, ``-o``, ``-X``, ``-A``): the file is a tree of one
+    (:mod:`pdiffcopy.engine.onefile`) whose entry is read before the data sync and set after it."""
+    import time
+
+    from pdiffcopy.core.treeplan import SYMLINK
+    from pdiffcopy.engine import onefile
+    from pdiffcopy.engine.filejob import SyncResult, run_sync
+    from pdiffcopy.errors import Conflict
+
+    trees: list = []
+
+    def tree_at(location: str):
+        trees.append(tree_endpoint(location, **wire))
+        return trees[-1]
+
+    started = time.monotonic()
+    try:
+        try:
+            entry = onefile.source_entry(tree_at(source.location), keep)
+            if entry.kind == SYMLINK:
+                if not options.dry_run:
+                    parent, name = _parent_and_name(target.location)
+                    onefile.make_symlink(tree_at(parent), name, entry, keep, target.location)
+                return SyncResult(source.location, target.location, 0, options.block_size, options.hash_method,
+                                  0, 0, 0, 100.0, options.dry_run, False, "", time.monotonic() - started,
+                                  entry.mtime_ns, symlink=entry.target)
+        except BaseException:
+            _close_given(source, target)
+            raise
+        result = run_sync(source, target, options, progress)
+        if result.dry_run:
+            return result
+        if (result.size, result.source_mtime_ns) != (entry.size, entry.mtime_ns):
+            raise Conflict(f"Source changed during the sync: {source.location}; run again")
+        current = None if keep.permissions else tree_at(target.location).list().root
+        parent, name = _parent_and_name(target.location)
+        onefile.set_metadata(tree_at(parent), name, entry, keep, target.location, current)
+        return result
+    finally:
+        for tree in trees:
+            tree.close()
+
+
+def _parent_and_name(location: str) -> "tuple[str, str]":
+    """The directory holding a file's path or URL (as a path or URL), and the file's name in it."""
+    if is_url(location):
+        from pdiffcopy.transport.urls import quote_path, split_server_url
+
+        base, path = split_server_url(location)
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return f"{base}/{quote_path(parent)}", name
+    import os
+
+    parent, name = os.path.split(location)
+    return parent or ".", name
 
 
 #: Files smaller than this are not hashed while ssh logs in: their hash takes milliseconds.
@@ -394,7 +535,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "prehash_local_files",
+__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "make_directory",
+           "prehash_local_files",
            "prehashed_file",
            "reached_over_ssh", "sync", "sync_tree",
            "tree_endpoint"]

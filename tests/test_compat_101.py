@@ -437,7 +437,7 @@ def test_file_push_does_not_create_parent_directories(server, unique, tmp_path):
     completed = run_cli(str(source), server.url(f"{unique}.d/sub/file.bin"))
     assert completed.returncode == 3, completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
-    assert "No such file or directory" in completed.stderr
+    assert "does not exist (--mkpath makes it)" in completed.stderr
     assert not (server.root / f"{unique}.d").exists()
 
 
@@ -451,10 +451,14 @@ def test_file_pull_does_not_create_parent_directories(server, unique, tmp_path):
 
 
 def test_tree_push_creates_the_target_directories(server, unique, tmp_path):
-    """A directory push (-a SRC/ URL/) makes the target directory and its missing parents."""
+    """A directory push (-a SRC/ URL/) makes the target directory, and with --mkpath its missing
+    parents (as rsync: without it, one line and nothing made)."""
     (tmp_path / "tree" / "x").mkdir(parents=True)
     data = random_bytes(SIZE, seed=21)
     (tmp_path / "tree" / "x" / "file.bin").write_bytes(data)
     completed = run_cli("-a", f"{tmp_path}/tree/", server.url(f"{unique}.d/deep/"))
+    assert completed.returncode == 1 and "--mkpath" in completed.stderr, completed.stderr
+    assert not (server.root / f"{unique}.d").exists()
+    completed = run_cli("-a", "--mkpath", f"{tmp_path}/tree/", server.url(f"{unique}.d/deep/"))
     assert completed.returncode == 0, completed.stderr
     assert (server.root / f"{unique}.d" / "deep" / "x" / "file.bin").read_bytes() == data

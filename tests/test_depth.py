@@ -64,6 +64,7 @@ def locations(direction: str, server, tmp_path: Path, unique: str):
         return source, target, server.url(f"{unique}/source") + "/", str(target)
     if direction == "push":
         source, target = tmp_path / "source", server.root / unique / "target"
+        target.parent.mkdir()  # (a tree's target is made, its parent must exist: rsync's rule)
         return source, target, str(source) + "/", server.url(f"{unique}/target")
     source, target = tmp_path / "source", tmp_path / "target"
     return source, target, str(source) + "/", str(target)

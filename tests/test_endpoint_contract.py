@@ -457,6 +457,27 @@ def test_clone_keeps_the_permissions(files):
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
 
 
+@pytest.mark.parametrize("mode, new", [(0o640, False), (0o600, True), (0o775, True), (0o6755, True)])
+def test_a_temporary_without_clone_gets_the_mode_the_sync_gives(files, mode, new):
+    """An existing target's own mode as it is, a new one's (the source's) less the umask, without set-id bits."""
+    target = files.open("moded.img")
+    target.use_mode(mode, new)
+    temporary = target.create_temporary(clone=False)
+    temporary.flush()
+    temporary.replace(target)
+    umask = os.umask(0o022)
+    os.umask(umask)  # (the server's umask: it inherited this process's)
+    assert oct(stat.S_IMODE((files.directory / "moded.img").stat().st_mode)) == \
+        oct(mode & 0o777 & ~umask if new else mode)
+
+
+def test_stat_says_the_permissions(files):
+    path = files.directory / "permissions.img"
+    path.write_bytes(b"x")
+    path.chmod(0o4750)
+    assert files.open("permissions.img").stat().mode == 0o4750
+
+
 def test_remove_temporary_leaves_only_the_target(files):
     path = files.directory / "abandoned.img"
     path.write_bytes(b"keep me")
@@ -582,6 +603,25 @@ def test_listing_a_file_gives_its_entry_as_the_root(trees):
     listing = trees.open("plain").list()
     assert listing.root is not None and (listing.root.kind, listing.root.size) == (FILE, 1)
     assert listing.entries == [] and listing.failures == []
+
+
+def test_a_root_that_is_a_symlink_is_followed_unless_described_as_the_link(trees):
+    (trees.directory / "plain").write_bytes(b"xy")
+    os.symlink("plain", trees.directory / "link")
+    assert trees.open("link").list().root.kind == FILE
+    tree = trees.open("link")
+    tree.describe_root_link()
+    listing = tree.list()
+    assert (listing.root.kind, listing.root.target, listing.entries) == (SYMLINK_KIND, "plain", [])
+
+
+def test_a_file_root_lists_its_attributes_when_asked(trees):
+    path = trees.directory / "plain"
+    path.write_bytes(b"x")
+    os.setxattr(path, "user.colour", b"red")
+    tree = trees.open("plain")
+    tree.list_attributes(MetadataOptions(xattrs=True))
+    assert tree.list().root.xattrs == (("user.colour", b"red"),)
 
 
 # -- trees: reading -------------------------------------------------------------------------
@@ -1155,7 +1195,8 @@ def check_grouping(interface: type, capabilities: tuple, ungrouped: set) -> None
 
 def test_every_optional_file_operation_belongs_to_one_capability_and_has_a_case_here():
     """The interface stays small: its required operations, three checks, and capabilities' fallbacks."""
-    check_grouping(FileEndpoint, CAPABILITIES, {"exists", "close", "is_same_file", "check_readable", "pin"})
+    check_grouping(FileEndpoint, CAPABILITIES, {"exists", "close", "is_same_file", "check_readable", "pin",
+                                                "use_mode"})
     assert len(FileEndpoint.__abstractmethods__) <= 10
 
 
@@ -1277,4 +1318,4 @@ def test_each_tree_kind_declares_its_capabilities(kind):
 
 
 def test_every_optional_tree_operation_belongs_to_one_capability_and_has_a_case_here():
-    check_grouping(TreeEndpoint, TREE_CAPABILITIES, {"close", "stream"})
+    check_grouping(TreeEndpoint, TREE_CAPABILITIES, {"close", "stream", "describe_root_link"})

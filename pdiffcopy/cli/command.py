@@ -47,7 +47,11 @@ TARGET, SOURCE without it syncs the directory itself into TARGET/NAME. Files
 of the same size and modification time are skipped (--checksum compares
 their contents instead), changed big files go through the block delta,
 new and small ones are copied whole, by -c worker processes at once. When
-SOURCE is a file and TARGET an existing directory, the file goes into it.
+SOURCE is a file and TARGET an existing directory (or TARGET/, made if
+missing), the file goes into it. A single file keeps what -a, -t, -o, -X
+and -A keep of a tree's files; without -a a new copy gets SOURCE's mode
+less the umask, and an existing one keeps its own. TARGET's parent
+directory must exist unless --mkpath makes it, as in rsync.
 
 Without SOURCE and TARGET, the server starts: it serves the files below
 --root (default: the current directory) on --listen (default 127.0.0.1:8080);
@@ -159,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("-S", "--sparse", action="store_true",
                       help="also turn runs of zeros (whole file system blocks) in the data written into "
                            "holes, as rsync's -S; the source's own holes stay holes without it")
+    sync.add_argument("--mkpath", action="store_true",
+                      help="make the missing directories of TARGET's path, as rsync's --mkpath; without "
+                           "it only TARGET's own directory is made (a directory SOURCE, or TARGET/ for "
+                           "a file) and its parent must exist")
     sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
                       help="page cache use of whole-file copies between local files: drop "
                            "keeps big copies from flushing the cache, keep leaves it alone "
@@ -206,9 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "(data inserted or removed: archives, logs, dumps) with content-defined "
                            "chunks and writes a new copy of TARGET; auto chooses per file from a "
                            "small sample of both (-vv says which and why) (default auto)")
-    tree = parser.add_argument_group("tree options (SOURCE is a directory)")
+    tree = parser.add_argument_group("tree options (SOURCE is a directory; -a -t -o -X -A for a file too)")
     tree.add_argument("-a", "--archive", action="store_true",
-                      help="keep times and owner too (-t -o); symlinks are always kept as symlinks")
+                      help="keep times and owner too (-t -o); a tree keeps permissions and symlinks always, "
+                           "a single file with -a (a symlink SOURCE is then made a symlink)")
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
     tree.add_argument("-H", "--hard-links", action="store_true",
                       help="keep hard links: names sharing a file in SOURCE share one in TARGET "
@@ -750,7 +759,16 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
         if prepared:
             probes.endpoints.update(prepared)
             prepared.clear()
+        given_target = target
         source, target, is_tree = resolve(source, target, probes)
+        if not is_tree and target != given_target and given_target.endswith("/") \
+                and probes.kind(given_target) is None and not (args.dry_run or args.diff or args.benchmark):
+            from pdiffcopy.api import make_directory
+            from pdiffcopy.cli.treecli import parent_location
+
+            # TARGET/ names a directory, which rsync makes (its parents with --mkpath only).
+            make_directory(parent_location(target), parents=args.mkpath, token=token, timeout=args.timeout,
+                           ca_file=args.ca_file)
         if is_tree:
             from pdiffcopy.cli.treecli import run_tree
 
@@ -775,8 +793,11 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
         if args.diff:
             args.dry_run = True
         started, wire_before = time.monotonic(), counters.totals()
+        from pdiffcopy.cli.treecli import file_metadata
+
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
-                          show_progress=show_progress(args), keep_last=args.progress, **options)
+                          show_progress=show_progress(args), keep_last=args.progress, **options,
+                          **file_metadata(args), mkpath=args.mkpath)
     report(result, shown)
     if wants_stats(args) and not result.dry_run:
         print_stats(result.bytes_moved, None, time.monotonic() - started,
@@ -859,6 +880,12 @@ def report(result, shown=lambda location: location) -> None:
     from pdiffcopy.cli.humanize import format_size, format_timespan
 
     moved = format_size(result.bytes_moved, binary=True)
+    if result.symlink:
+        if result.dry_run:
+            print(f"Dry run: {shown(result.target)} would be a symlink to {result.symlink}; nothing was changed")
+        else:
+            logger.info("Made %s a symlink to %s", shown(result.target), result.symlink)
+        return
     if result.dry_run:
         print(f"Similarity index: {result.similarity:.2f}% "
               f"({result.changed_blocks} of {result.total_blocks} blocks differ, "

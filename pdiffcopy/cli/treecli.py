@@ -38,9 +38,16 @@ class Probes:
         self.token = token
         self.args = args
         self.endpoints: dict = {}
+        #: What :meth:`kind` found, by location.
+        self.kinds: dict = {}
 
     def kind(self, location: str) -> Optional[str]:
-        """"file", "directory", "other" or None (missing), following a symlink at the top."""
+        """"file", "directory", "other" or None (missing), following a symlink at the top; asked once."""
+        if location not in self.kinds:
+            self.kinds[location] = self._kind(location)
+        return self.kinds[location]
+
+    def _kind(self, location: str) -> Optional[str]:
         if is_url(location):
             from pdiffcopy.api import file_endpoint, wire_settings
             from pdiffcopy.engine.options import check_concurrency
@@ -66,7 +73,7 @@ class Probes:
             return info.kind if info is not None else None
         if os.path.isdir(location):
             return "directory"
-        if os.path.exists(location):
+        if os.path.lexists(location):  # a dangling symlink too: -a makes it a symlink
             return "file"
         return None
 
@@ -134,6 +141,13 @@ def last_name(location: str) -> str:
     return os.path.basename(location.rstrip("/"))
 
 
+def parent_location(location: str) -> str:
+    """The directory holding a path or URL (the inverse of :func:`join_location`)."""
+    if is_url(location):
+        return location.rstrip("/").rpartition("/")[0] + "/"
+    return os.path.dirname(location.rstrip("/")) or "."
+
+
 def join_location(directory: str, name: str) -> str:
     """``directory/name`` for a path or a URL (the name percent-encoded)."""
     if is_url(directory):
@@ -159,15 +173,28 @@ def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str],
     return endpoint(location, token=token, concurrency=concurrency, timeout=args.timeout, ca_file=args.ca_file)
 
 
+def keeps_owner(args: argparse.Namespace) -> bool:
+    """Whether -o (or -a) keeps user and group: as root only, with a warning otherwise."""
+    owner = args.owner or args.archive
+    if owner and os.geteuid() != 0:
+        logger.warning("Not running as root: user and group are not kept (-o)")
+        owner = False
+    return owner
+
+
+def file_metadata(args: argparse.Namespace) -> dict:
+    """The metadata a single file keeps (:func:`pdiffcopy.api.sync`'s arguments): a tree's, and with
+    -a the permissions and a symlink as a symlink, which a tree always keeps."""
+    return dict(perms=args.archive, links=args.archive, times=args.times or args.archive,
+                owner=keeps_owner(args), xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids)
+
+
 def tree_options(args: argparse.Namespace):
     """The command line's tree options; :class:`~pdiffcopy.engine.options.TreeOptions` checks them."""
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
     from pdiffcopy.engine.options import TreeOptions
 
-    owner = args.owner or args.archive
-    if owner and os.geteuid() != 0:
-        logger.warning("Not running as root: user and group are not kept (-o)")
-        owner = False
+    owner = keeps_owner(args)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
@@ -178,7 +205,7 @@ def tree_options(args: argparse.Namespace):
         concurrency=args.concurrency, includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),
         files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
-        compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse)
+        compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse, mkpath=args.mkpath)
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str],

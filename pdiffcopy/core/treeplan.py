@@ -727,6 +727,7 @@ __all__ = [
     "removal_order",
     "Failure",
     "MKDIR",
+    "MKPATH",
     "METADATA",
     "DELETE",
     "REMOVE",
@@ -741,6 +742,9 @@ Failure = Tuple[str, str]
 
 #: Operations of :meth:`~pdiffcopy.engine.treeendpoints.TreeEndpoint.apply`.
 MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is fine
+#: Make the tree's own directory (the root entry only) and its missing parents (--mkpath); a
+#: MKDIR of the root, as rsync's, needs its parent to exist.
+MKPATH = "mkpath"
 # SYMLINK (the entry kind above, the same word): make or replace a symlink pointing at entry.target
 METADATA = "metadata"  # set permissions, and times/owner as the options say
 DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
@@ -748,7 +752,7 @@ REMOVE = "remove"  # remove whatever is there, a whole directory tree included
 #: Make entry.path another name of the regular file at entry.target (a path in the same
 #: tree), replacing what has the name in one step (-H/--hard-links).
 LINK = "link"
-OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK)
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK, MKPATH)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ class FileInfo:
     size: int
     mtime_ns: int
     etag: str
+    #: The permission bits (``st_mode & 0o7777``); None where the file's side does not say (a 1.0.1 server).
+    mode: Optional[int] = None
 
 
 class FileEndpoint(ABC):
@@ -123,6 +125,15 @@ class FileEndpoint(ABC):
 
         Remote endpoints send ``If-Match``; by default only the sync's check at the end
         (the same size and time) sees a change.
+        """
+
+    def use_mode(self, mode: int, new: bool) -> None:
+        """The permissions of the files made for this one that are not clones of it (the temporary
+        of a new target, of a ``--whole-file`` one): ``mode`` as it is (this file's own: it exists),
+        or, ``new``, ``mode & 0o777`` less the umask of the side that makes them (the source's
+        mode: a new copy never gets more than its source has, rsync's rule without ``-p``).
+
+        By default ignored: the side's own default mode (``0o666`` less its umask).
         """
 
     # -- the fallbacks of the capabilities below, for a file that lacks them ---------------

@@ -61,6 +61,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: How the error of a missing source begins (a missing target directory is told apart by it).
+SOURCE_MISSING = "Source does not exist"
+
 class Progress:
     """Counters a progress display reads; the sync only adds to them."""
 
@@ -95,6 +98,11 @@ class SyncResult:
     verified: bool
     digest: str
     seconds: float
+    #: The source's modification time, as the sync found it at its start and checked at its end.
+    source_mtime_ns: Optional[int] = None
+    #: For a symlink source made a symlink (``links``, the command line's ``-a``): what it points
+    #: at; no data moved.
+    symlink: str = ""
 
 
 def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
@@ -152,6 +160,8 @@ class _SyncJob:
         self.partial_leased = False
         #: The source's bytes of data when it has holes (the work file then grows by a hole), else None.
         self.source_data: Optional[int] = None
+        #: What the source was at the start (:meth:`_check_source`).
+        self.source_info: Optional[FileInfo] = None
 
     def run(self) -> SyncResult:
         try:
@@ -185,6 +195,7 @@ class _SyncJob:
         plan = BlockPlan(source_info.size, options.block_size)
         segments = plan.segments()
         self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
+        self._choose_mode(source_info, target_info)
         # Refinement needs both ends known (a remote end may turn out to be a 1.0.1 server).
         self.steps = SegmentSteps(self.source, self.target, plan, options.hash_method, self.target.location,
                                   options.piece_size, self.progress.add_hashed, self.progress.add_moved,
@@ -275,6 +286,15 @@ class _SyncJob:
                                "run again to finish (or use --atomic)", self.target.location)
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
+
+    def _choose_mode(self, source_info: FileInfo, target_info: Optional[FileInfo]) -> None:
+        """Tell the target the mode of a copy it makes: an existing target keeps its own, a new
+        one gets the source's less the umask, never more (rsync's rule without ``-p``)."""
+        if target_info is not None:
+            if target_info.mode is not None:
+                self.target.use_mode(target_info.mode, new=False)
+        elif source_info.mode is not None:
+            self.target.use_mode(source_info.mode, new=True)
 
     def _choose_delta(self, source_info: FileInfo, target_info: Optional[FileInfo]) -> str:
         """The delta this file gets ("blocks" or "chunks"), said in one line with -v."""
@@ -455,11 +475,12 @@ class _SyncJob:
     def _check_source(self) -> FileInfo:
         info = self.source.stat()
         if info is None:
-            raise FileMissing(f"Source does not exist: {self.source.location}")
+            raise FileMissing(f"{SOURCE_MISSING}: {self.source.location}")
         if info.kind != "file":
             raise NotAFile(f"Source is not a regular file: {self.source.location}")
         self.source.check_readable()
         self.source.pin(info)
+        self.source_info = info
         return info
 
     def _check_target(self) -> Optional[FileInfo]:
@@ -677,5 +698,6 @@ class _SyncJob:
             total_blocks=plan.block_count, changed_blocks=similarity.changed_blocks,
             bytes_moved=self.steps.bytes_moved if not self.options.dry_run else similarity.changed_bytes,
             similarity=similarity.index, dry_run=self.options.dry_run, verified=verified,
-            digest=digest, seconds=time.monotonic() - self.started)
+            digest=digest, seconds=time.monotonic() - self.started,
+            source_mtime_ns=self.source_info.mtime_ns if self.source_info is not None else None)
 

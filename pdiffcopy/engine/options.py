@@ -123,6 +123,9 @@ class TreeOptions(FileOptions):
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order
     files_from: Optional[Tuple[str, ...]] = None  # --files-from's paths (None: every path)
+    #: Make the target directory's missing parents (rsync's --mkpath); without it, as rsync, only
+    #: the target directory itself is made, and its parent must exist.
+    mkpath: bool = False
 
     @property
     def metadata(self) -> MetadataOptions:

@@ -27,6 +27,7 @@ from pdiffcopy.core.treeplan import (  # noqa: F401
     LINK,
     METADATA,
     MKDIR,
+    MKPATH,
     OPERATIONS,
     REMOVE,
     SYMLINK,
@@ -101,6 +102,10 @@ class TreeEndpoint(ABC):
         """What :meth:`list` gives, handed on as it is found where the tree can (this fallback lists it whole)."""
         listing = self.list()
         return ListingStream(listing.root, iter([(listing.entries, listing.failures)]), False, lambda: None)
+
+    def describe_root_link(self) -> None:
+        """Have :meth:`list` describe a root that is a symlink as the link itself (a single file's
+        source under ``-a`` is a tree of one), not what it points at. By default it is followed."""
 
     @abstractmethod
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
@@ -253,6 +258,6 @@ class KeptAttributes(ABC):
 TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
 
 
-__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
+__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "MKPATH", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
            "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies",
            "TreeEndpoint", "WalkedHere"]

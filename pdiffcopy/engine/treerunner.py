@@ -29,6 +29,7 @@ from pdiffcopy.engine.treeendpoints import (
     DELETE,
     METADATA,
     MKDIR,
+    MKPATH,
     REMOVE,
     Failure,
     Operation,
@@ -124,7 +125,8 @@ class Runner:
         progress = self.progress
         progress.phase = "preparing"
         if target_missing:
-            failures = self.target.apply([Operation(MKDIR, Entry("", DIR, 0, 0, 0o40755))], self.meta)
+            making = MKPATH if self.options.mkpath else MKDIR
+            failures = self.target.apply([Operation(making, Entry("", DIR, 0, 0, 0o40755))], self.meta)
             if failures:
                 raise StorageError(f"Cannot create {self.target.location}: {failures[0][1]}")
         operations = [Operation(REMOVE, entry) for entry in plan.removals] + \

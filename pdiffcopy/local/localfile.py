@@ -155,6 +155,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.sparse_zeros = False
         #: Digests made before the sync asked (:meth:`start_prehash`), with the pool making them.
         self.prehash: "Optional[Prehash]" = None
+        #: The mode of the files made for this one that are not clones of it (:meth:`use_mode`).
+        self._copies_mode: Optional[int] = None
 
     @classmethod
     def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
@@ -233,7 +235,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             return None
         kind = "file" if stat_module.S_ISREG(info.st_mode) else (
             "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
-        return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info))
+        return FileInfo(kind, info.st_size, info.st_mtime_ns, etag(info), stat_module.S_IMODE(info.st_mode))
 
     def submit_hashes(self, ranges: Sequence[ByteRange], block_size: int, method: str
                       ) -> "Future[bytes]":
@@ -575,6 +577,9 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         if fd is not None:
             os.close(fd)
 
+    def use_mode(self, mode: int, new: bool) -> None:
+        self._copies_mode = mode & 0o777 & ~process_umask() if new else stat_module.S_IMODE(mode)
+
     def create_temporary(self, clone: bool, relative: Optional[str] = None) -> "LocalFile":
         """A new temporary sibling (named by :func:`~pdiffcopy.core.protocol.temporary_name`); a copy with ``clone``.
 
@@ -652,9 +657,14 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
                 # A reflink where the file system can (milliseconds, no new
                 # blocks), else the fastest copy the kernel offers.
                 temporary.clone_method = copy_into(source, fd, os.fstat(source).st_size, cache="keep")
-            # The final file gets the old file's mode, or the usual default.
-            mode = stat_module.S_IMODE(os.fstat(source).st_mode) if source is not None \
-                else 0o666 & ~process_umask()
+            # The final file gets the old file's mode, else the one the sync gave (use_mode),
+            # else the usual default.
+            if source is not None:
+                mode = stat_module.S_IMODE(os.fstat(source).st_mode)
+            elif self._copies_mode is not None:
+                mode = self._copies_mode
+            else:
+                mode = 0o666 & ~process_umask()
             os.fchmod(fd, mode)
         except OSError as error:
             temporary.remove_temporary()

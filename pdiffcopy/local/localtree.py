@@ -41,6 +41,7 @@ from pdiffcopy.engine.treeendpoints import (
     LINK,
     METADATA,
     MKDIR,
+    MKPATH,
     REMOVE,
     SYMLINK,
     Failure,
@@ -53,7 +54,7 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
     WalkedHere,
 )
-from pdiffcopy.core.treeplan import DIR, FILE, Entry, kind_of, known_mode, shared_mode
+from pdiffcopy.core.treeplan import DIR, FILE, OTHER, Entry, kind_of, known_mode, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
@@ -151,6 +152,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         self._attributes: Optional[MetadataOptions] = None
         #: What could not be kept, one line per kind (:meth:`take_notices`).
         self._notices: Set[str] = set()
+        #: A root that is a symlink is listed as the link (:meth:`describe_root_link`).
+        self._root_link = False
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -240,22 +243,29 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     # -- listing -----------------------------------------------------------
 
     def root_entry(self) -> Optional[Entry]:
-        """What the root itself is (following a symlink to it), or ``None`` when missing."""
+        """What the root itself is (following a symlink to it unless :meth:`describe_root_link`
+        was called), or ``None`` when missing."""
+        flags = os.O_PATH | (os.O_NOFOLLOW if self._root_link else 0)
         try:
-            fd = self.root.open(self._prefix, os.O_PATH) if self._prefix else \
-                os.open(self.directory, os.O_PATH | os.O_CLOEXEC)
+            fd = self.root.open(self._prefix, flags) if self._prefix else \
+                os.open(self.directory, flags | os.O_CLOEXEC)
             try:
                 info = os.fstat(fd)
-                # Through the descriptor's /proc name: the directory itself, whatever its path becomes.
+                link = os.readlink("", dir_fd=fd) if stat.S_ISLNK(info.st_mode) else ""
+                # Through the descriptor's /proc name: the root itself, whatever its path becomes
+                # (a single file is a tree of one: its attributes are listed as a directory's).
                 xattrs = read_attributes(f"/proc/self/fd/{fd}", self._attributes, follow=True) \
-                    if self._attributes is not None and stat.S_ISDIR(info.st_mode) else ()
+                    if self._attributes is not None and kind_of(info.st_mode) != OTHER else ()
             finally:
                 os.close(fd)
         except (FileNotFoundError, FileMissing):
             return None
         except (NotADirectoryError, NotAFile):  # a parent is a file: nothing here either
             return None
-        return entry_from_stat("", info, xattrs=xattrs)
+        return entry_from_stat("", info, link, xattrs)
+
+    def describe_root_link(self) -> None:
+        self._root_link = True
 
     def list(self) -> Listing:
         root, directories = self.walk()
@@ -734,9 +744,11 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         if operation.name == METADATA:
             self.set_metadata(entry, options)
             return
-        if not entry.path and operation.name in (MKDIR, DELETE):
+        if not entry.path and operation.name in (MKDIR, MKPATH, DELETE):
             self._root_itself(operation.name)
             return
+        if operation.name == MKPATH:
+            raise TreeFailure("mkpath makes the tree's own directory only")
         directory, name = self._parent(entry.path)
         if operation.name == MKDIR:
             made = True
@@ -813,35 +825,37 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             os.close(source)
 
     def _root_itself(self, name: str) -> None:
-        """Make the tree's directory (parents too), or remove it once it is empty."""
+        """Make the tree's directory (with MKPATH its missing parents too, with MKDIR only the
+        last one, as rsync does), or remove it once it is empty."""
         self._forget_directories()
-        if not self._prefix:
-            if name == MKDIR:
-                os.makedirs(self.directory, exist_ok=True)
-            else:
-                os.rmdir(self.directory)
-            return
-        parts = self._prefix.split("/")
-        parent = os.dup(self.root.fd)
         try:
-            for part in parts[:-1]:
-                if name == MKDIR:
-                    try:
-                        os.mkdir(part, 0o777, dir_fd=parent)
-                    except FileExistsError:
-                        pass
-                following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+            if not self._prefix:
+                if name == MKPATH:
+                    os.makedirs(self.directory, exist_ok=True)
+                elif name == MKDIR:
+                    _make_directory(self.directory)
+                else:
+                    os.rmdir(self.directory)
+                return
+            parts = self._prefix.split("/")
+            parent = os.dup(self.root.fd)
+            try:
+                for part in parts[:-1]:
+                    if name == MKPATH:
+                        _make_directory(part, parent)
+                    following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+                    os.close(parent)
+                    parent = following
+                if name == DELETE:
+                    os.rmdir(parts[-1], dir_fd=parent)
+                else:
+                    _make_directory(parts[-1], parent)
+            finally:
                 os.close(parent)
-                parent = following
+        except FileNotFoundError:
             if name == MKDIR:
-                try:
-                    os.mkdir(parts[-1], 0o777, dir_fd=parent)
-                except FileExistsError:
-                    pass
-            else:
-                os.rmdir(parts[-1], dir_fd=parent)
-        finally:
-            os.close(parent)
+                raise TreeFailure("its parent directory does not exist (--mkpath makes it)") from None
+            raise
 
     def sweep_while_listing(self) -> None:
         self.sweep = True
@@ -861,6 +875,15 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
 
         # Beneath the root, like every other access of the tree (docs/trees.rst).
         return LocalFile.below(self.root, self._full(path))
+
+
+def _make_directory(name: str, directory: Optional[int] = None) -> None:
+    """Make the directory ``name`` (in ``directory``); one that is there is fine."""
+    try:
+        os.mkdir(name, 0o777, dir_fd=directory)
+    except FileExistsError:
+        if not stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+            raise TreeFailure("exists and is not a directory") from None
 
 
 def _sweep(directory: int, name: str, path: str, swept: List[str]) -> None:

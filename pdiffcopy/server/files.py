@@ -32,7 +32,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import copy_available, data_extents, etag, punch_ranges, resize, \
+from pdiffcopy.local.descriptors import copy_available, data_extents, etag, process_umask, punch_ranges, resize, \
     start_writeback
 from pdiffcopy.local.filehash import cut_region, hash_region
 from pdiffcopy.local.leases import LEASE_SECONDS
@@ -323,17 +323,29 @@ def punch_file(path: str):
 
 @files.post(f"{API_PREFIX}/resize/<path:path>")
 def resize_file(path: str):
-    """Create the file if missing and make it exactly ``size`` bytes long."""
+    """Create the file if missing and make it exactly ``size`` bytes long.
+
+    A file it makes gets the permission bits ``mode`` (less this server's umask with ``umask=1``),
+    else the usual ``0o666`` less the umask; an existing file keeps its own.
+    """
     state = server_state()
     size = int_arg("size", 0, MAX_FILE_SIZE)
     # Grown by a hole (the source is sparse): only this much data will be written.
     data_bytes = int_arg("data", 0, MAX_FILE_SIZE) if "data" in request.args else None
+    mode = int_arg("mode", 0, 0o777) if "mode" in request.args else None
+    if mode is not None and request.args.get("umask") == "1":
+        mode &= ~process_umask()
     file = served(state.root, path)
     try:
         fd, created = file.held_writer()
         try:
             if not created:
                 refuse_hard_links(os.fstat(fd), path, state.config.write_hard_links)
+            elif mode is not None:
+                try:
+                    os.fchmod(fd, mode)
+                except OSError as error:
+                    raise storage_error(error, f"set the mode of {path}") from None
             with state.leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
                 try:
                     resize(fd, size, data_bytes)

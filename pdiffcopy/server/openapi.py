@@ -506,6 +506,13 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                                    "it is checked against the free space",
                            {"type": "integer", "minimum": 0, "maximum": 2 ** 50}, required=False,
                            example=12582912),
+                    _query("mode", "The permission bits of a file this request makes (an existing file "
+                                   "keeps its own): the mode a new copy gets; without it, 0666 less the "
+                                   "server's umask",
+                           {"type": "integer", "minimum": 0, "maximum": 0o777}, required=False, example=0o600),
+                    _flag("umask", "1: take the server's umask from mode (the source's mode of a new "
+                                   "target: never more than it); 0 (the default): mode as it is (the old "
+                                   "target's, for a copy that replaces it)"),
                     lease, no_follow])
     data_map = _operation(
         "dataMap", "Where a range of a file holds data (SEEK_DATA/SEEK_HOLE); the rest are holes, "
@@ -650,7 +657,10 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
                                "entries sorted by name, the directories depth first, a directory's "
                                "subdirectories by name); absent: in no particular order",
                 "schema": {"type": "string", "enum": [TREE_ORDER_WALK]}}}}},
-            errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [_ref("parameters", "Sweep")])
+            errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [
+                _ref("parameters", "Sweep"),
+                _flag("root_link", "1: a root that is a symlink is listed as the symlink (a single file "
+                                   "pulled with -a); 0 (the default): it is followed")])
         read = _operation(
             f"treeRead{name}", "Read the listed files of a tree, whole, as a batch stream",
             {"200": {"description": "The files in the order asked, as a batch stream (records "

@@ -422,6 +422,8 @@ def tree_list(path: str = ""):
     tree.list_attributes(metadata_options())
     if flag_arg("sweep"):  # a push's target: remove what writers that are gone left (docs/design.rst)
         tree.sweep_while_listing()
+    if flag_arg("root_link"):  # a single file pulled with -a: a symlink is listed as one
+        tree.describe_root_link()
     try:
         # The root now: a missing or unreadable tree is an error status.
         top, directories = tree.walk()

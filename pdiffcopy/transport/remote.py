@@ -158,6 +158,9 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         self._warned_zeros = False
         #: ``--sparse``: the server punches the runs of zeros in what we write (a PATCH parameter).
         self._sparse_writes = False
+        #: What the files made for this one that are not clones of it get (:meth:`use_mode`): the
+        #: resize request that makes them says it.
+        self._copies_mode: Dict[str, int] = {}
 
     # -- transport -------------------------------------------------------
 
@@ -215,8 +218,9 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             data = response.json()
             free = data.get("free")
             self._free = int(free) if free is not None else None
+            mode = data.get("mode")
             return FileInfo(str(data["type"]), int(data["size"]), int(data["mtime_ns"]),
-                            str(data["etag"]))
+                            str(data["etag"]), int(mode) & 0o7777 if mode is not None else None)
         except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
             raise self.client.malformed() from None
 
@@ -277,6 +281,10 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
 
     def prepare(self, size: int) -> None:
         self._call("POST", "resize", params={"size": size})
+
+    def use_mode(self, mode: int, new: bool) -> None:
+        # Permission bits only: a server never takes set-id bits from the resize that makes a file.
+        self._copies_mode = {"mode": mode & 0o777, "umask": int(new)}
 
     def prepare_sparse(self, size: int, data_bytes: int) -> None:
         self._call("POST", "resize", params={"size": size, "data": data_bytes})
@@ -547,9 +555,10 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
             self._call("POST", "clone", sibling.path, params={"from": self.path})
         else:
             # Made now, empty, as a local temporary is: a missing directory or a
-            # full disk fails here (one round trip) rather than at the first write.
+            # full disk fails here (one round trip) rather than at the first write. Its mode
+            # is the one the sync gave (a server that does not know the parameters ignores them).
             try:
-                sibling.prepare(0)
+                sibling._call("POST", "resize", params={"size": 0, **self._copies_mode})
             except (FileMissing, NotAFile) as error:  # named as the user named it, not by the sibling's name
                 reason = str(error).rpartition(": ")[2]
                 if isinstance(error, FileMissing):

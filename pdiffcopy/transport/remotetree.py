@@ -107,6 +107,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._sweep = False
         #: The server sent a packed listing, so it takes packed record headers too (before: JSON only).
         self._server_packs = False
+        #: The listing describes a root that is a symlink as the link (:meth:`describe_root_link`).
+        self._root_link = False
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -141,6 +143,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             target += _attribute_flags(self._attributes, "?")
         if self._sweep:  # an older server ignores it
             target += ("&" if "?" in target else "?") + "sweep=1"
+        if self._root_link:  # an older server ignores it: it follows the link
+            target += ("&" if "?" in target else "?") + "root_link=1"
         # The packed form when the server knows it; an older one answers JSON, as it always did.
         response = self.client.request("GET", target, headers={"Accept": _LISTING_FORMS})
         try:
@@ -385,6 +389,9 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                                            headers={"Content-Type": "application/json"})
             failures.extend(self._failures_of(response))
         return failures
+
+    def describe_root_link(self) -> None:
+        self._root_link = True
 
     def sweep_while_listing(self) -> None:
         """Have the server remove the temporaries of writers that are gone as it lists the tree."""
