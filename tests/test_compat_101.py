@@ -457,7 +457,7 @@ def test_tree_push_creates_the_target_directories(server, unique, tmp_path):
     data = random_bytes(SIZE, seed=21)
     (tmp_path / "tree" / "x" / "file.bin").write_bytes(data)
     completed = run_cli("-a", f"{tmp_path}/tree/", server.url(f"{unique}.d/deep/"))
-    assert completed.returncode == 1 and "--mkpath" in completed.stderr, completed.stderr
+    assert completed.returncode == 11 and "--mkpath" in completed.stderr, completed.stderr  # rsync's 11
     assert not (server.root / f"{unique}.d").exists()
     completed = run_cli("-a", "--mkpath", f"{tmp_path}/tree/", server.url(f"{unique}.d/deep/"))
     assert completed.returncode == 0, completed.stderr

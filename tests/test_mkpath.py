@@ -125,7 +125,7 @@ def test_a_dry_run_makes_no_directory(ends):
 
 def test_mkpath_is_refused_by_a_server_start():
     done = run_cli("--mkpath")
-    assert done.returncode == 2
+    assert done.returncode == 1  # usage, as rsync's
     assert "--mkpath" in one_line_error(done)
 
 
