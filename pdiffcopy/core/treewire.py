@@ -78,6 +78,13 @@ MAX_JSON_ITEM_CHARS = 64 * 1024
 TREE_ORDER_HEADER = "Pdiffcopy-Tree-Order"
 TREE_ORDER_WALK = "walk"
 
+#: The header of a tree listing that names, comma-separated, what the server will not set of what
+#: its clients send: :data:`NOT_KEPT_OWNER` (user and group), :data:`NOT_KEPT_XATTRS` (security.*
+#: and trusted.* attributes). A client's plan leaves such differences out (they are no changes).
+NOT_KEPT_HEADER = "Pdiffcopy-Not-Kept"
+NOT_KEPT_OWNER = "owner"
+NOT_KEPT_XATTRS = "xattrs"
+
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
 
@@ -566,7 +573,8 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 
 __all__ = [
     "DIGEST_SIZE", "END_MARKER", "ExactSource", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
-    "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "PACKED_RECORDS_PARAMETER",
+    "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "NOT_KEPT_HEADER",
+    "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "PACKED_RECORDS_PARAMETER",
     "Record", "TreeWireError", "check_encodable", "check_extras", "check_link", "check_relative_path",
     "decode_files", "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
 ]

@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
@@ -36,6 +36,7 @@ from pdiffcopy.local.descriptors import (
 )
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+from pdiffcopy.core.treewire import NOT_KEPT_OWNER
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     LINK,
@@ -73,6 +74,8 @@ DIRECTORY_CACHE_SIZE = 64
 WALK_BATCH_ENTRIES = 2048
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+#: What a tree here does not set (LocalTree.not_kept): only root gives files to other users.
+_NOT_KEPT: FrozenSet[str] = frozenset() if _IS_ROOT else frozenset({NOT_KEPT_OWNER})
 #: The owner of what this process creates (outside set-group-ID directories).
 _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 
@@ -703,6 +706,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         notices = sorted(self._notices)
         self._notices.clear()
         return notices
+
+    def not_kept(self) -> FrozenSet[str]:
+        return _NOT_KEPT
 
     def _check_links(self, info: os.stat_result) -> None:
         """Refuse a metadata change of a file with several hard links, unless allowed.

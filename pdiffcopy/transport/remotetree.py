@@ -19,7 +19,7 @@ import http.client
 import json
 import logging
 import time
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError
@@ -50,6 +50,7 @@ from pdiffcopy.core.treewire import (
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
     PACKED_RECORDS_PARAMETER,
+    NOT_KEPT_HEADER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
     Record,
@@ -107,6 +108,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._sweep = False
         #: The server sent a packed listing, so it takes packed record headers too (before: JSON only).
         self._server_packs = False
+        #: What the server's listing said it does not set of what clients send (:meth:`not_kept`).
+        self._not_kept: FrozenSet[str] = frozenset()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -147,6 +150,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
             packed = packedlisting.media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
             self._server_packs = self._server_packs or packed
+            self._not_kept = frozenset(filter(None, (name.strip().lower() for name in
+                                                     response.headers.get(NOT_KEPT_HEADER, "").split(","))))
             root: Optional[Entry] = None
             with self._reading_listing():
                 if packed:
@@ -396,6 +401,9 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
     def take_notices(self) -> List[str]:
         notices, self._notices = self._notices, []
         return notices
+
+    def not_kept(self) -> FrozenSet[str]:
+        return self._not_kept
 
     def may_change_root(self) -> bool:
         return self.path != ""  # the server keeps its root directory as it is
