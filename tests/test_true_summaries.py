@@ -102,7 +102,7 @@ def counts_of(line: str) -> Dict[str, int]:
     """The numbers of a stop line: copied, unchanged, failed, not synced."""
     found = {}
     for key, pattern in (("copied", r"(\d+) file\(s\) copied"), ("unchanged", r"(\d+) unchanged"),
-                         ("failed", r"(\d+) failed"), ("not synced", r"(\d+) not synced")):
+                         ("failed", r"(\d+) path\(s\) failed"), ("not synced", r"(\d+) not synced")):
         match = re.search(pattern, line)
         assert match, f"no {key!r} count in {line!r}"
         found[key] = int(match.group(1))
@@ -155,6 +155,59 @@ def small_target_ends(mode: str, tmp_path: Path, mounts: list, request, prepare=
     return Ends(source, target, source_arg, str(target) + "/")
 
 
+# -- 1. a full target ------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["local", "push", "pull"])
+def test_a_sync_stopped_by_a_full_target_counts_what_is_on_it(mode, tmp_path, mounts, request):
+    ends = small_target_ends(mode, tmp_path, mounts, request,
+                             prepare=lambda source, target: put_some_in_place(
+                                 source, target, request.node.contents))
+    contents = request.node.contents
+    done = cli("-a", ends.source_arg, ends.target_arg)
+    assert done.returncode == 23, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "everything else was synced" not in done.stderr
+    assert "Synchronised" not in done.stderr  # it did not: it stopped
+    assert_no_partial_files(ends.target, contents)
+    present = on_target(ends.source, ends.target, contents)
+    assert ALREADY_THERE < present < len(contents), "the test's sizes no longer fill the target midway"
+    last = error_lines(done.stderr)[-1]
+    assert "full" in last and "stopped" in last, done.stderr
+    counts = counts_of(last)
+    assert counts["unchanged"] == ALREADY_THERE, done.stderr
+    assert counts["copied"] + counts["unchanged"] == present, done.stderr
+    assert counts["failed"] + counts["not synced"] == len(contents) - present, done.stderr
+    assert counts["failed"] <= 4, done.stderr  # the file each worker was writing, not one per file
+
+
+# -- 2. a read-only target -------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("mode", ["local", "push", "pull"])
+def test_a_read_only_target_stops_the_sync_in_one_line(mode, tmp_path, mounts, request):
+    ends = small_target_ends(mode, tmp_path, mounts, request)
+    contents = request.node.contents
+    (ends.target / "old").write_bytes(b"an older file")
+    subprocess.run(["mount", "-o", "remount,ro", str(tmp_path / "tiny")], check=True)
+    done = cli("-a", ends.source_arg, ends.target_arg)
+    assert done.returncode == 23, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = error_lines(done.stderr)
+    assert len(errors) == 1, done.stderr
+    assert "Read-only file system" in errors[0] and "stopped" in errors[0], done.stderr
+    assert "everything else was synced" not in done.stderr and "Synchronised" not in done.stderr
+    # Nothing else but a note of what the server does not keep (owners, for -a).
+    assert all("not kept" in line for line in done.stderr.splitlines() if line not in errors), done.stderr
+    counts = counts_of(errors[0])
+    assert counts["copied"] == counts["unchanged"] == 0, done.stderr
+    # Every file, and every directory (none was made).
+    assert counts["failed"] + counts["not synced"] == len(contents) + DIRECTORIES, done.stderr
+    assert sorted(os.listdir(ends.target)) == ["old"]
+
+
 # -- 3. what the other side will not apply ----------------------------------
 
 
@@ -205,3 +258,46 @@ def test_owners_the_server_will_not_keep_are_neither_failures_nor_changes(side, 
         assert diff.returncode == 0, diff.stderr
         assert diff.stdout == "", diff.stdout
         assert len(notes(diff.stderr)) <= 1, diff.stderr
+
+
+@needs_root
+def test_a_stop_counts_the_pieces_never_started_and_the_links_never_made(tmp_path, mounts, monkeypatch):
+    """In the engine, with a plan of many pieces, forked workers and hard links (-H): what the
+    pieces after the stop held is counted not synced, as the rest of the piece that stopped."""
+    from pdiffcopy.core import treestream
+    from pdiffcopy.engine import treerunner
+    from pdiffcopy.engine.options import TreeOptions
+    from pdiffcopy.engine.treesync import sync_tree
+    from pdiffcopy.local.localtree import LocalTree
+
+    monkeypatch.setattr(treestream, "PIECE_ACTIONS", 240)
+    monkeypatch.setattr(treerunner, "INLINE_FILES", 0)  # every piece forks its workers
+    monkeypatch.setattr(treerunner, "INLINE_BYTES", 0)
+    monkeypatch.setattr(treerunner, "BATCH_FILES", 16)
+    source = tmp_path / "src"
+    contents = {}
+    for d in range(12):
+        (source / f"d{d:02}").mkdir(parents=True)
+        for f in range(60):
+            path = f"d{d:02}/f{f:02}"
+            contents[path] = random_bytes(20 * 1024, seed=d * 100 + f)
+            (source / path).write_bytes(contents[path])
+        os.link(source / f"d{d:02}" / "f00", source / f"d{d:02}" / "g00")  # a second name: a link to make
+    tiny = tmp_path / "tiny"
+    mount_tmpfs(tiny, "4m")
+    mounts.append(tiny)
+    result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(tiny / "ft")),
+                       TreeOptions(times=True, hard_links=True, concurrency=2))
+    assert result.stopped == "The target file system is full"
+    present = on_target(source, tiny / "ft", contents)
+    assert 0 < present < len(contents) / 2, "the test's sizes no longer fill the target in its first pieces"
+    assert_no_partial_files(tiny / "ft", {**contents, **{f"d{d:02}/g00": contents[f"d{d:02}/f00"]
+                                                         for d in range(12)}})
+    linked = sum(1 for d in range(12) if (tiny / "ft" / f"d{d:02}" / "g00").exists())
+    failed = [path for path, _ in result.failures if path]
+    assert len(failed) == len(result.failures) <= 4, result.failures
+    assert result.files_copied == present and result.unchanged == 0
+    assert result.linked == linked
+    # Each file and link not there, and each directory not made, failed or was not tried.
+    directories = sum(1 for d in range(12) if (tiny / "ft" / f"d{d:02}").exists())
+    assert len(failed) + result.not_synced == len(contents) - present + 12 - linked + 12 - directories

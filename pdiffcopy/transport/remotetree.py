@@ -49,8 +49,9 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
-    PACKED_RECORDS_PARAMETER,
+    NOT_ATTEMPTED,
     NOT_KEPT_HEADER,
+    PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
     Record,
@@ -60,6 +61,7 @@ from pdiffcopy.core.treewire import (
     decode_files,
     encode_files,
     parse_entry,
+    stop_cause,
 )
 
 logger = logging.getLogger(__name__)
@@ -338,7 +340,11 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             response = self.client.request(
                 "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
                 headers=headers, replayable=False)
-            failures.extend(self._failures_of(response))
+            answered = self._failures_of(response)
+            failures.extend(answered)
+            if any(stop_cause(message)[0] for _, message in answered):
+                # The rest would fail the same way.
+                failures.extend((entry.path, NOT_ATTEMPTED) for entry, _ in pending)
             if learning and sized:
                 self.compression.observed(len(body), time.perf_counter() - started,
                                           body[:compression.SAMPLE_BYTES])
@@ -384,11 +390,17 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                 failures.append((operation.entry.path, refusal))
             else:
                 allowed.append(operation)
-        for _batch, body in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
-                                     lambda operation: operation.to_wire(), "operations"):
+        stopped = False
+        for batch, body in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
+                                    lambda operation: operation.to_wire(), "operations"):
+            if stopped:  # the rest would fail the same way
+                failures.extend((operation.entry.path, NOT_ATTEMPTED) for operation in batch)
+                continue
             response = self.client.request("POST", self._target("tree-apply", options), body=body,
                                            headers={"Content-Type": "application/json"})
-            failures.extend(self._failures_of(response))
+            answered = self._failures_of(response)
+            failures.extend(answered)
+            stopped = any(stop_cause(message)[0] for _, message in answered)
         return failures
 
     def sweep_while_listing(self) -> None:
