@@ -57,8 +57,9 @@ require and send it."""
 EPILOG = """\
 exit status: 0 success, 1 failure, 2 bad usage, 3 verification failed,
   5 the server started over ssh did not hand over (or in another protocol
-  version), 23 some files of a tree failed (the rest was synced), 127 no
-  pdiffcopy on the ssh host, 130 interrupted, 255 ssh failed.
+  version), 23 some files of a tree failed (the rest was synced) or a full
+  or read-only target stopped it, 127 no pdiffcopy on the ssh host, 130
+  interrupted, 255 ssh failed.
 examples:
   pdiffcopy --root /srv/data --listen 0.0.0.0:8080   (with PDIFFCOPY_TOKEN set)
   pdiffcopy http://storage1:8080/db/big.ibd /srv/db/big.ibd
