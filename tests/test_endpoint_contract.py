@@ -1309,6 +1309,18 @@ def test_list_attributes_lists_what_was_asked_and_nothing_to_notice(trees):
     assert tree.take_notices() == []
 
 
+def test_not_kept_says_what_the_tree_will_not_set_once_listed(trees):
+    """A tree here sets owners when this process is root; the session's server does not trust its
+    clients with them, nor with security.* and trusted.* attributes."""
+    build_tree(trees.directory / "tree")
+    tree = trees.open("tree")
+    tree.stream().close()
+    if trees.name == "local":
+        assert tree.not_kept() == (frozenset() if os.geteuid() == 0 else {"owner"})
+    else:
+        assert tree.not_kept() == {"owner", "xattrs"}
+
+
 TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes}, RemoteTree: {ServedTree, KeptAttributes}}
 
 

@@ -77,7 +77,8 @@ exit status (rsync's, where rsync has one for the same failure):
    13  standard output closed (| head): the run stopped there, quietly
    20  interrupted by SIGINT, SIGTERM or SIGHUP
    23  partial transfer: some paths of a tree failed (the rest was synced),
-       a file failed its verification or changed during the sync
+       a full or read-only target stopped it, a file failed its
+       verification or changed during the sync
    30  timeout: the server did not answer within --timeout
   127  no pdiffcopy on the ssh host
   255  ssh failed

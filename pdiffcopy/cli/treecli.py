@@ -18,6 +18,7 @@ from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.core.treeplan import printable
+from pdiffcopy.core.treewire import stop_cause
 
 logger = logging.getLogger("pdiffcopy")
 
@@ -231,7 +232,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         if not args.diff:
             _summarise_dry_run(result)
         return _finish(result)
-    if logger.isEnabledFor(logging.INFO):
+    if logger.isEnabledFor(logging.INFO) and not result.stopped:  # a stop says what it did in its line
         from pdiffcopy.cli.humanize import format_size, format_timespan
 
         logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
@@ -245,7 +246,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     if wants_stats(args):
         print_stats(result.bytes_moved, result.files_copied, time.monotonic() - started,
                     remote=is_url(source) or is_url(target), wire_before=wire_before)
-    return _finish(result)
+    return _finish(result, f"{result.files_copied} file(s) copied, {result.unchanged} unchanged")
 
 
 def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
@@ -288,7 +289,7 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
             if not args.dry_run:
                 logger.info("Removed %d entries of %s", result.deleted, location)
         try:
-            _finish(result)
+            _finish(result, f"{result.deleted} deleted")
         except PdiffcopyError as error:
             logger.error("%s", error)
             status = max(status, error.exit_code)
@@ -308,13 +309,29 @@ def _summarise_dry_run(result) -> None:
            f"nothing was changed")
 
 
-def _finish(result) -> int:
-    if not result.failures:
+def _finish(result, done: str = "") -> int:
+    """Exit status 0, or list the failures and raise :class:`PartialTransfer` (one line) for the rest.
+
+    :param done: What the sync did, for the line of a sync that stopped (``"40 file(s) copied,
+                 10 unchanged"``).
+    """
+    if not result.failures and not result.stopped:
         return 0
-    for path, message in result.failures[:MAX_FAILURES_LISTED]:
+    listed = [(path, message) for path, message in result.failures
+              if not (result.stopped and stop_cause(message)[0])]  # those the last line counts
+    for path, message in listed[:MAX_FAILURES_LISTED]:
         logger.error("%s: %s", printable(path) if path else printable(result.target), message)
-    if len(result.failures) > MAX_FAILURES_LISTED:
-        logger.error("... and %d more", len(result.failures) - MAX_FAILURES_LISTED)
+    if len(listed) > MAX_FAILURES_LISTED:
+        logger.error("... and %d more", len(listed) - MAX_FAILURES_LISTED)
+    if result.stopped:
+        failed = sum(1 for path, _ in result.failures if path)
+        errors = sorted({stop_cause(message)[1] for _, message in result.failures} - {""})
+        advice = "run again once it is writable" if "read-only" in result.stopped else \
+            "free some space and run again"
+        why = f" ({', '.join(errors)})" if errors else ""
+        raise PartialTransfer(f"{printable(result.target)}: {result.stopped}: stopped; "
+                              f"{done + ', ' if done else ''}{failed} path(s) failed{why}, "
+                              f"{result.not_synced} not synced; {advice}")
     raise PartialTransfer(f"{len(result.failures)} path(s) failed; everything else was synced; "
                           f"run again once they are fixed")
 

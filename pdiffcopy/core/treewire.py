@@ -31,6 +31,7 @@ allocate without limit.
 from __future__ import annotations
 
 import binascii
+import errno
 import json
 import os
 import re
@@ -77,6 +78,31 @@ MAX_JSON_ITEM_CHARS = 64 * 1024
 #: (:func:`pdiffcopy.core.treeplan.walk_order`); without it, in no particular order.
 TREE_ORDER_HEADER = "Pdiffcopy-Tree-Order"
 TREE_ORDER_WALK = "walk"
+
+#: The header of a tree listing that names, comma-separated, what the server will not set of what
+#: its clients send: :data:`NOT_KEPT_OWNER` (user and group), :data:`NOT_KEPT_XATTRS` (security.*
+#: and trusted.* attributes). A client's plan leaves such differences out (they are no changes).
+NOT_KEPT_HEADER = "Pdiffcopy-Not-Kept"
+NOT_KEPT_OWNER = "owner"
+NOT_KEPT_XATTRS = "xattrs"
+
+#: The failure of a file a write did not try (a write's answer, a local tree's batch): an earlier
+#: file met a :func:`stop_cause`, which every later write would meet too.
+NOT_ATTEMPTED = "not written: writing stopped at an earlier file"
+
+#: How a failure shows that the target takes no more writes, and what a sync then says of it.
+_STOP_CAUSES = ((os.strerror(errno.ENOSPC), "The target file system is full"),
+                (os.strerror(errno.EDQUOT), "The target file system is full"),
+                (os.strerror(errno.EROFS), "The target file system is read-only"))
+
+
+def stop_cause(message: str) -> Tuple[str, str]:
+    """``(cause, strerror)`` when a failure's ``message`` says the target takes no more writes (full,
+    over its quota, read-only), else ``("", "")``."""
+    for error, cause in _STOP_CAUSES:
+        if error in message:
+            return cause, error
+    return "", ""
 
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
@@ -566,7 +592,8 @@ def _parse_header(text: bytes) -> Tuple[Entry, int, str]:
 
 __all__ = [
     "DIGEST_SIZE", "END_MARKER", "ExactSource", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
-    "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "PACKED_RECORDS_PARAMETER",
+    "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "NOT_KEPT_HEADER",
+    "NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "PACKED_RECORDS_PARAMETER",
     "Record", "TreeWireError", "check_encodable", "check_extras", "check_link", "check_relative_path",
-    "decode_files", "digest", "encode_files", "encode_header", "parse_entry", "parse_operation",
+    "decode_files", "digest", "encode_files", "encode_header", "parse_entry", "parse_operation", "stop_cause",
 ]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pdiffcopy.core.records import dataclass
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Unsupported
@@ -182,6 +182,10 @@ class TreeEndpoint(ABC):
         """:meth:`KeptAttributes.take_notices`; without it, none."""
         return []
 
+    def not_kept(self) -> FrozenSet[str]:
+        """:meth:`KeptAttributes.not_kept`; without it, nothing: the tree keeps what it is sent."""
+        return frozenset()
+
 
 # -- capabilities: a tree inherits those it has, and implements all of their methods
 
@@ -252,6 +256,14 @@ class KeptAttributes(ABC):
     @abstractmethod
     def take_notices(self) -> List[str]:
         """What this tree could not keep since the last call (one line per kind), to be said once."""
+
+    @abstractmethod
+    def not_kept(self) -> FrozenSet[str]:
+        """What this tree has said, once its listing has begun, that it will not set of what a sync
+        sends: ``"owner"`` (user and group), ``"xattrs"`` (security.* and trusted.* attributes).
+
+        A sync does not count such differences as changes: setting them would change nothing.
+        """
 
 
 #: Every capability interface of a tree, for the contract suite.

@@ -53,7 +53,8 @@ from pdiffcopy.core.treeplan import (
     TreePlan,
     is_under,
 )
-from pdiffcopy.engine.treeunits import FULL_STOP, BigFile, TreeProgress, TreeResult, Unit, UnitWorker, traffic
+from pdiffcopy.core.treewire import NOT_ATTEMPTED, stop_cause
+from pdiffcopy.engine.treeunits import BigFile, TreeProgress, TreeResult, Unit, UnitWorker, traffic
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,10 @@ class Runner:
         #: The plan's directory fixes are only those to apply (a streamed plan's: see core.treestream).
         self.fixes_filtered = False
         self._workers: List[Worker] = []  # started by start(), collected by finish()
+        #: Per big file: parts left to do, and whether one failed (shared with forked workers).
+        self._parts: Optional[tuple] = None
+        #: The first unit no worker took because the sync stopped (else the number of units).
+        self._first_skipped: Optional[SharedInts] = None
 
     # -- sequential steps --------------------------------------------------
 
@@ -132,10 +137,18 @@ class Runner:
         operations = [Operation(REMOVE, entry) for entry in plan.removals] + \
             [Operation(MKDIR, entry) for entry in plan.directories]
         failed_directories = self.failed_directories
-        made = self._apply(operations)
+        if self.result.stopped:  # by an earlier piece: nothing of this one is tried
+            self.result.not_synced += len(plan.directories)
+            made: set = set()
+        else:
+            made = self._apply(operations)
         failed_directories |= made
         self.result.directories_made += len(plan.directories) - len(made)
         log_phase(self.started, "made %d directories", self.result.directories_made)
+        if self.result.stopped:
+            self.result.not_synced += len(plan.files) + len(plan.symlinks) + len(plan.metadata) + \
+                len([e for e in plan.deletions if e.kind != DIR])
+            return
         self._build_units(failed_directories)
         log_phase(self.started, "queued %d units", len(self.units))
         progress.files_total += len(plan.files)
@@ -157,10 +170,16 @@ class Runner:
         except BaseException:
             self._give_up_big_files()
             raise
+        self._count_skipped()
         for big in self.big:
             big.work.close()  # forked workers ended the leases; our copies of them go too
         log_phase(self.started, "ran the queue")
         progress.phase = "finishing"
+        if self.result.stopped:
+            # Nothing more is tried; directories keep the permissions they were made with
+            # until a run that finishes sets theirs.
+            self.result.not_synced += len(plan.links) + len([e for e in plan.deletions if e.kind == DIR])
+            return
         self._link(plan.links, failed_directories)
         directories = self._deletable([e for e in plan.deletions if e.kind == DIR])
         self.result.deleted += len(directories) - len(self._apply(
@@ -233,12 +252,46 @@ class Runner:
         return [entry for entry in directories if entry.path not in holding]
 
     def _apply(self, operations: List[Operation]) -> set:
-        """Apply operations in batches, in order; return the paths that failed."""
+        """Apply operations in batches, in order, until the target stops taking them; return the
+        paths that failed or were not tried."""
         failed: List[Failure] = []
         for start in range(0, len(operations), BATCH_OPERATIONS * 8):
-            failed += self.target.apply(operations[start:start + BATCH_OPERATIONS * 8], self.meta)
-        self.result.failures += failed
+            batch = operations[start:start + BATCH_OPERATIONS * 8]
+            if self.result.stopped:
+                failed += [(operation.entry.path, NOT_ATTEMPTED) for operation in batch]
+                continue
+            answered = self.target.apply(batch, self.meta)
+            failed += answered
+            self._note_stop(answered)
+        tried = [failure for failure in failed if failure[1] != NOT_ATTEMPTED]
+        self.result.not_synced += len(failed) - len(tried)
+        self.result.failures += tried
         return {path for path, _ in failed}
+
+    def _note_stop(self, failures: List[Failure]) -> None:
+        """Keep the first failure that says the target takes no more writes as the reason the sync stops."""
+        if not self.result.stopped:
+            for _, message in failures:
+                cause = stop_cause(message)[0]
+                if cause:
+                    self.result.stopped = cause
+                    return
+
+    def _count_skipped(self) -> None:
+        """After the queue: what it never ran because the sync stopped is not synced; a big file left
+        with parts to do is given up (one of its parts failed, or none had a chance to)."""
+        first = self._first_skipped.value if self._first_skipped is not None else len(self.units)
+        for unit in self.units[first:]:
+            if unit.kind in ("files", "links", "metadata", "delete"):
+                self.result.not_synced += len(unit.items)
+        if self._parts is None:
+            return
+        parts_left, parts_failed = self._parts
+        for index, big in enumerate(self.big):
+            if parts_left[index] > 0:
+                big.give_up()
+                if not parts_failed[index]:
+                    self.result.not_synced += 1
 
     def _root_fix(self) -> List[Operation]:
         """The target root's own permissions (and time, owner), as rsync -a sets them.
@@ -413,11 +466,14 @@ class Runner:
         small_job = sum(u.weight for u in self.units) < INLINE_BYTES and \
             sum(len(u.items) for u in self.units if u.kind != "range" and u.kind != "delta") < INLINE_FILES
         workers = min(self.options.concurrency, len(self.units))
+        self._parts = self._part_counters()
+        self._first_skipped = SharedInts([len(self.units)])
         if workers <= 1 or small_job:
-            state = UnitWorker(self, 0, *self._part_counters())
+            state = UnitWorker(self, 0, *self._parts)
             with stop_requests():
                 for index in range(len(self.units)):
-                    if state.full:
+                    if state.stopped:
+                        self._first_skipped.value = index
                         break
                     state.run(self.units[index])
             self._collect(state.failures, state.counts)
@@ -430,7 +486,9 @@ class Runner:
 
     def _start_forked(self, workers: int) -> None:
         next_unit = SharedInts([0])
-        parts_left, parts_failed = self._part_counters()
+        assert self._parts is not None and self._first_skipped is not None, "set by _start_units"
+        parts_left, parts_failed = self._parts
+        first_skipped = self._first_skipped
 
         def work(slot: int) -> tuple:
             # The parent killed outright: stop at once (on_worker_start). What the worker was
@@ -449,8 +507,9 @@ class Runner:
                 if index >= len(self.units):
                     break
                 state.run(self.units[index])
-                if state.full:  # no worker takes another unit
+                if state.stopped:  # no worker takes another unit
                     with next_unit.get_lock():
+                        first_skipped.value = min(first_skipped.value, next_unit.value)
                         next_unit.value = len(self.units)
             state.counts["wire_sent"], state.counts["wire_received"] = traffic(self.source, self.target)
             return state.failures, state.counts, self.target.take_notices()
@@ -490,10 +549,9 @@ class Runner:
                 logger.warning("%s: %s", self.target.location, notice)
 
     def _collect(self, failures: List[Failure], counts: Dict[str, int]) -> None:
-        if counts.get("full") and not any(path == "" and message.startswith(FULL_STOP)
-                                          for path, message in self.result.failures):
-            self.result.failures.append(("", f"{FULL_STOP}; free some space and run again"))
+        self._note_stop(failures)
         self.result.failures += failures
+        self.result.not_synced += counts.get("not_synced", 0)
         self.result.files_copied += counts.get("files", 0)
         self.result.bytes_moved += counts.get("bytes", 0)
         self.result.deleted += counts.get("deleted", 0)

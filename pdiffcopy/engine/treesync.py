@@ -50,6 +50,8 @@ from pdiffcopy.core.treeplan import (
     transfer_listing,
 )
 from pdiffcopy.core.treestream import StreamPlanner
+from pdiffcopy.core.treewire import NOT_KEPT_OWNER, NOT_KEPT_XATTRS
+from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.engine.segments import hash_both
 from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
 from pdiffcopy.engine.treelisting import stream_both
@@ -138,12 +140,17 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
         raise NotAFile(f"Target exists and is not a directory: {target.location}")
     source_failures: List[Failure] = []
     target_failures: List[Failure] = []
+    # What the target said it will not set is no change: setting it would change nothing.
+    not_kept = target.not_kept()
+    privileged_kept = NOT_KEPT_XATTRS not in not_kept or not options.metadata.attributes
+    stripped: List[str] = []  # the first source entry whose privileged attributes were left out
     planner = StreamPlanner(PlanOptions(checksum=options.checksum, times=options.times,
-                                        owner=options.owner, delete=options.delete,
+                                        owner=options.owner and NOT_KEPT_OWNER not in not_kept,
+                                        delete=options.delete,
                                         attributes=options.metadata.attributes,
                                         hard_links=options.hard_links), path_filter)
-    pieces = planner.plan(_entries(source_stream, source_failures),
-                          None if target_missing else _entries(target_stream, target_failures))
+    pieces = planner.plan(_entries(source_stream, source_failures, privileged_kept, stripped),
+                          None if target_missing else _entries(target_stream, target_failures, privileged_kept))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run)
     whole = TreePlan() if options.dry_run else None  # a dry run lists every difference in path order
     failed_directories: Set[str] = set()
@@ -167,6 +174,9 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 result.failures += source_failures + target_failures
                 _check_deletions(piece, source, target, options, planner, source_failures)
                 _warn_about(result.skipped, hard_links, hard_link_count)
+                if stripped:
+                    logger.warning("%s: security.* and trusted.* attributes are not kept: it does not set "
+                                   "them for this client", target.location)
             if whole is not None:
                 _add_piece(whole, piece)
                 continue
@@ -217,14 +227,31 @@ def _finish(runner: Runner, target: TreeEndpoint) -> None:
         runner.announce(target.take_notices())
 
 
-def _entries(stream: ListingStream, failures: List[Failure]) -> Iterator[Entry]:
-    """A listing's entries one by one; what it could not list goes to ``failures`` as it comes."""
+def _entries(stream: ListingStream, failures: List[Failure], privileged: bool = True,
+             stripped: Optional[List[str]] = None) -> Iterator[Entry]:
+    """A listing's entries one by one; what it could not list goes to ``failures`` as it comes.
+
+    :param privileged: Whether the entries keep their security.* and trusted.* attributes; without,
+                       the path of the first entry that had some is added to ``stripped``.
+    """
     def batches() -> Iterator[List[Entry]]:
         for found, failed in stream.batches:
             failures.extend(failed)
             yield found
 
-    return itertools.chain.from_iterable(batches())
+    entries = itertools.chain.from_iterable(batches())
+    return entries if privileged else _without_privileged(entries, stripped)
+
+
+def _without_privileged(entries: Iterator[Entry], stripped: Optional[List[str]]) -> Iterator[Entry]:
+    for entry in entries:
+        if entry.xattrs:
+            kept = tuple(pair for pair in entry.xattrs if not pair[0].startswith(PRIVILEGED_PREFIXES))
+            if len(kept) != len(entry.xattrs):
+                if stripped is not None and not stripped:
+                    stripped.append(entry.path)
+                entry = entry._replace(xattrs=kept)
+        yield entry
 
 
 def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,

@@ -10,8 +10,6 @@ builds the queue and starts the workers.
 
 from __future__ import annotations
 
-import errno
-import os
 from pdiffcopy.core.records import dataclass, field
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -34,6 +32,7 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
 )
 from pdiffcopy.engine.shared import shared_ints
+from pdiffcopy.core.treewire import NOT_ATTEMPTED, stop_cause
 from pdiffcopy.engine.workers import Stop
 from pdiffcopy.core.treeplan import (
     Difference,
@@ -55,6 +54,11 @@ class TreeResult:
     unchanged: int = 0
     metadata_fixed: int = 0
     linked: int = 0  # names made (or made again) another name of their hard-link group's file (-H)
+    #: Entries whose change was never tried: the sync stopped first (see :attr:`stopped`).
+    not_synced: int = 0
+    #: Why the sync stopped before the end (the target full or read-only: a
+    #: :func:`~pdiffcopy.core.treewire.stop_cause`), or "": it ran to the end.
+    stopped: str = ""
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)
     skipped: List[Entry] = field(default_factory=list)
@@ -135,7 +139,7 @@ class UnitWorker:
         self.parts_failed = parts_failed
         self.failures: List[Failure] = []
         self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0,
-                                       "unchanged": 0, "full": 0}
+                                       "unchanged": 0, "not_synced": 0, "stopped": 0}
         #: What runs each kind of unit (Unit.kind).
         self._runs: Dict[str, Callable[[Unit], None]] = {
             "files": self._run_files, "range": self._run_range, "delta": self._run_delta,
@@ -150,15 +154,21 @@ class UnitWorker:
             self._runs[unit.kind](unit)
         except PdiffcopyError as error:
             self.failures.append(("", str(error)))
-        if any(full in message for _, message in self.failures[known:] for full in NO_SPACE):
-            self.counts["full"] = 1  # every further write would fail the same way
+        if stops(self.failures[known:]):
+            self.counts["stopped"] = 1  # every further write would fail the same way
 
     @property
-    def full(self) -> bool:
-        return bool(self.counts["full"])
+    def stopped(self) -> bool:
+        return bool(self.counts["stopped"])
 
     def _count(self, key: str, value: int = 1) -> None:
         self.counts[key] += value
+
+    def _tried(self, failures: List[Failure]) -> List[Failure]:
+        """``failures`` less the entries not tried (:data:`NOT_ATTEMPTED`), which are counted not synced."""
+        tried = [failure for failure in failures if failure[1] != NOT_ATTEMPTED]
+        self._count("not_synced", len(failures) - len(tried))
+        return tried
 
     # -- small files -------------------------------------------------------
 
@@ -177,55 +187,73 @@ class UnitWorker:
 
     def _copy_locally(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
         """Between local trees the kernel copies; files to compare are read on both sides first."""
+        stopped = False
         for check, new in ((False, True), (False, False), (True, False)):
             group = [e for e in entries if (e.path in compare) == check and (e.path in fresh) == new]
             if not group:
                 continue
+            if stopped:  # the group before met a full or read-only target
+                self._count("not_synced", len(group))
+                continue
             failures, moved, count = target.copy_files_from(source, group, self.runner.meta,
                                                             compare=check, fresh=new)
-            self.failures += failures
             self._count("files", count)
             self._count("bytes", moved)
             self._count("unchanged", len(group) - count - len(failures))
+            self.failures += self._tried(failures)
+            stopped = stops(failures)
 
     def _transfer(self, source, target, entries: List[Entry], fresh: set, compare: set) -> None:
         """Through a server: one request reads the batch, one (or two) write it."""
         meta = self.runner.meta
         to_write: List[Tuple[Entry, bytes]] = []
-        for entry, data, error in source.read_files(entries):
-            if data is None:
+        stopped = False
+        for entry, data, error in source.read_files(entries):  # read to its end: a stream
+            if stopped:
+                self._count("not_synced")
+            elif data is None:
                 self.failures.append((entry.path, error))
             elif entry.path in compare and target.same_content(entry, data):
                 # Pulled and already right: only its metadata (its time, say) differs.
-                self.failures += target.apply([Operation(METADATA, entry)], meta)
-                self._count("unchanged")
+                failures = target.apply([Operation(METADATA, entry)], meta)
+                if failures:
+                    self.failures += self._tried(failures)
+                    stopped = stops(failures)
+                else:
+                    self._count("unchanged")
             else:
                 to_write.append((entry, data))
-        failures: List[Failure] = []
+        failures = []
         for new in (True, False):
             batch = [(e, d) for e, d in to_write if (e.path in fresh) == new]
-            if batch:
-                failures += target.write_files(batch, meta, fresh=new)
+            if not batch:
+                continue
+            if stopped:
+                failures += [(e.path, NOT_ATTEMPTED) for e, _ in batch]
+                continue
+            written = target.write_files(batch, meta, fresh=new)
+            failures += written
+            stopped = stops(written)
         failed = {path for path, _ in failures}
-        self.failures += failures
+        self.failures += self._tried(failures)
         done = [(e, d) for e, d in to_write if e.path not in failed]
         self._count("files", len(done))
         self._count("bytes", sum(len(d) for _, d in done))
 
     def _run_links(self, unit: Unit) -> None:
-        self.failures += self.runner.target.apply([Operation(SYMLINK, e) for e in unit.items],
-                                                  self.runner.meta)
+        self.failures += self._tried(self.runner.target.apply([Operation(SYMLINK, e) for e in unit.items],
+                                                              self.runner.meta))
 
     def _run_metadata(self, unit: Unit) -> None:
         failures = self.runner.target.apply([Operation(METADATA, e) for e in unit.items],
                                             self.runner.meta)
-        self.failures += failures
+        self.failures += self._tried(failures)
         self._count("metadata", len(unit.items) - len(failures))
 
     def _run_delete(self, unit: Unit) -> None:
         failures = self.runner.target.apply([Operation(DELETE, e) for e in unit.items],
                                             self.runner.meta)
-        self.failures += failures
+        self.failures += self._tried(failures)
         self._count("deleted", len(unit.items) - len(failures))
         self.runner.progress.add(self.slot, len(unit.items), 0)
 
@@ -321,13 +349,13 @@ class UnitWorker:
             big.give_up()
 
 
-#: How a full target file system shows in a failure, and what the run then says.
-NO_SPACE = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
-FULL_STOP = "The target file system is full: stopped"
+def stops(failures: List[Failure]) -> bool:
+    """Whether one of ``failures`` says that the target takes no more writes (full, read-only)."""
+    return any(stop_cause(message)[0] for _, message in failures)
 
 
 class _AlreadyReported(Exception):
     pass
 
 
-__all__ = ["BigFile", "TreeProgress", "TreeResult", "Unit", "UnitWorker", "traffic"]
+__all__ = ["BigFile", "TreeProgress", "TreeResult", "Unit", "UnitWorker", "stops", "traffic"]

@@ -13,13 +13,12 @@ files in path order, so most files land in a directory opened just before.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import stat
 import threading
 from collections import OrderedDict
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
@@ -36,6 +35,7 @@ from pdiffcopy.local.descriptors import (
 )
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+from pdiffcopy.core.treewire import NOT_ATTEMPTED, NOT_KEPT_OWNER, stop_cause
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     LINK,
@@ -74,6 +74,8 @@ DIRECTORY_CACHE_SIZE = 64
 WALK_BATCH_ENTRIES = 2048
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+#: What a tree here does not set (LocalTree.not_kept): only root gives files to other users.
+_NOT_KEPT: FrozenSet[str] = frozenset() if _IS_ROOT else frozenset({NOT_KEPT_OWNER})
 #: The owner of what this process creates (outside set-group-ID directories).
 _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 
@@ -459,15 +461,18 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     fresh: bool = False) -> List[Failure]:
         failures: List[Failure] = []
         written: List[str] = []
+        stopped = False
         for entry, data in files:
+            if stopped:  # the rest would fail the same way: not tried, but said (a server reads them on)
+                failures.append((entry.path, NOT_ATTEMPTED))
+                continue
             try:
                 self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
                                  fresh)
                 written.append(entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
-                if is_full(error):
-                    break  # the rest would fail the same way
+                stopped = stops_writing(failures[-1][1])
         if options.fsync:
             failures += self._flush_directories(written)
         return failures
@@ -485,7 +490,11 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         failures: List[Failure] = []
         written = files = 0
         sizes: Dict[str, int] = {}
+        stopped = False
         for entry in entries:
+            if stopped:  # the rest would fail the same way
+                failures.append((entry.path, NOT_ATTEMPTED))
+                continue
             try:
                 source_fd = source.open_file(entry)
             except (OSError, PdiffcopyError) as error:
@@ -502,8 +511,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 sizes[entry.path] = entry.size
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
-                if is_full(error):
-                    break  # the rest would fail the same way
+                stopped = stops_writing(failures[-1][1])
             finally:
                 os.close(source_fd)
         if options.fsync:
@@ -714,6 +722,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         self._notices.clear()
         return notices
 
+    def not_kept(self) -> FrozenSet[str]:
+        return _NOT_KEPT
+
     def _check_links(self, info: os.stat_result) -> None:
         """Refuse a metadata change of a file with several hard links, unless allowed.
 
@@ -728,13 +739,18 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     def apply(self, operations: Sequence[Operation], options: MetadataOptions) -> List[Failure]:
         failures: List[Failure] = []
         named: List[str] = []  # entries made, replaced or removed: their directories change
+        stopped = False
         for operation in operations:
+            if stopped:  # the rest would fail the same way
+                failures.append((operation.entry.path, NOT_ATTEMPTED))
+                continue
             try:
                 self._apply(operation, options)
                 if operation.name != METADATA and operation.entry.path:
                     named.append(operation.entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((operation.entry.path, _message(error)))
+                stopped = stops_writing(failures[-1][1])
         if options.fsync and named:
             failures += self._flush_directories(named)
         return failures
@@ -902,13 +918,10 @@ def _unlink_quietly(name: str, directory: int) -> None:
         pass
 
 
-#: Errors that mean no further write can succeed: a tree sync stops on them.
-FULL_ERRORS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def is_full(error: BaseException) -> bool:
-    """Whether ``error`` says the file system (or the quota) is full."""
-    return isinstance(error, OSError) and error.errno in FULL_ERRORS
+def stops_writing(message: str) -> bool:
+    """Whether a failure's ``message`` means no further write can succeed (a full or read-only file
+    system): a batch stops there, and the files after it are :data:`NOT_ATTEMPTED`."""
+    return bool(stop_cause(message)[0])
 
 
 def _message(error: BaseException) -> str:

@@ -27,7 +27,15 @@ from pdiffcopy.server.metrics import METRICS_PATH
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.engine.treeendpoints import OPERATIONS
 from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE
-from pdiffcopy.core.treewire import MAX_BATCH_FILES, MAX_BATCH_OPERATIONS, TREE_ORDER_HEADER, TREE_ORDER_WALK
+from pdiffcopy.core.treewire import (
+    MAX_BATCH_FILES,
+    MAX_BATCH_OPERATIONS,
+    NOT_KEPT_HEADER,
+    NOT_KEPT_OWNER,
+    NOT_KEPT_XATTRS,
+    TREE_ORDER_HEADER,
+    TREE_ORDER_WALK,
+)
 
 #: The OpenAPI version written. 3.0 rather than 3.1: more tools read it
 #: (schemathesis, Swagger UI, code generators), and nothing here needs 3.1.
@@ -656,7 +664,13 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
                 "description": f"{TREE_ORDER_WALK!r}: the entries come in walk order (each directory's "
                                "entries sorted by name, the directories depth first, a directory's "
                                "subdirectories by name); absent: in no particular order",
-                "schema": {"type": "string", "enum": [TREE_ORDER_WALK]}}}}},
+                "schema": {"type": "string", "enum": [TREE_ORDER_WALK]}},
+                NOT_KEPT_HEADER: {
+                "description": f"What the server does not set of what clients send, comma-separated: "
+                               f"{NOT_KEPT_OWNER!r} (user and group), {NOT_KEPT_XATTRS!r} (security.* and "
+                               f"trusted.* attributes); absent: it sets them all (a trusted client of a "
+                               f"server running as root)",
+                "schema": {"type": "string"}}}}},
             errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [
                 _ref("parameters", "Sweep"),
                 _flag("root_link", "1: a root that is a symlink is listed as the symlink (a single file "

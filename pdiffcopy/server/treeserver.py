@@ -59,6 +59,9 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    NOT_KEPT_HEADER,
+    NOT_KEPT_OWNER,
+    NOT_KEPT_XATTRS,
     PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
@@ -100,27 +103,34 @@ def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: Toke
 
 
 class _Policy:
-    """What a server that does not trust its clients takes out of their requests (see SET_ID_BITS)."""
+    """What a server takes out of its clients' requests: what it does not trust them with (see
+    SET_ID_BITS), and, not running as root, the owners and attributes it could not set anyway."""
 
     def __init__(self, trust_clients: bool) -> None:
         self.trust_clients = trust_clients
+        #: Why owners and security.*/trusted.* attributes are not kept ("" when they are).
+        self.why_not = "" if trust_clients and os.geteuid() == 0 else ("-user" if trust_clients else "-untrusted")
+
+    def not_kept(self) -> Tuple[str, ...]:
+        """What the listing says is not kept (:data:`~pdiffcopy.core.treewire.NOT_KEPT_HEADER`)."""
+        return (NOT_KEPT_OWNER, NOT_KEPT_XATTRS) if self.why_not else ()
 
     def options(self, options: MetadataOptions) -> Tuple[MetadataOptions, Set[str]]:
         """The options to apply, and a set that collects what was ignored."""
         ignored: Set[str] = set()
-        if self.trust_clients:
+        if not self.why_not:
             return options, ignored
         if options.owner:
-            ignored.add("owner")
+            ignored.add("owner" + self.why_not)
         # security.* and trusted.* of the server's files are neither set nor removed.
         return dataclasses.replace(options, owner=False, privileged_xattrs=False), ignored
 
     def entry(self, entry: Entry, ignored: Set[str]) -> Entry:
         """The entry with the set-id bits and attributes the client may not set taken out."""
-        if not self.trust_clients and entry.xattrs:
+        if self.why_not and entry.xattrs:
             kept = tuple(pair for pair in entry.xattrs if not pair[0].startswith(PRIVILEGED_PREFIXES))
             if len(kept) != len(entry.xattrs):
-                ignored.add("xattrs")
+                ignored.add("xattrs" + self.why_not)
                 entry = entry._replace(xattrs=kept)
         if self.trust_clients or not entry.mode & SET_ID_BITS:
             return entry
@@ -133,11 +143,13 @@ class _Policy:
 
 #: The answer's words for what a server ignored, and why (the client shows them once).
 IGNORED_MESSAGES = {
-    "owner": "owners are not kept: the server does not trust clients with them (--trust-clients)",
+    "owner-untrusted": "owners are not kept: the server does not trust clients with them (--trust-clients)",
+    "owner-user": "owners are not kept: the server does not run as root",
     "setid": "setuid/setgid bits are not kept: the server does not trust clients with them "
              "(--trust-clients)",
-    "xattrs": "security.* and trusted.* attributes are not kept: the server does not trust clients "
-              "with them (--trust-clients)",
+    "xattrs-untrusted": "security.* and trusted.* attributes are not kept: the server does not trust "
+                        "clients with them (--trust-clients)",
+    "xattrs-user": "security.* and trusted.* attributes are not kept: the server does not run as root",
 }
 
 
@@ -439,6 +451,9 @@ def tree_list(path: str = ""):
     response = Response(_ClosingBody(listing_stream(tree, top, directories, packed), release),
                         mimetype=packedlisting.PACKED_LISTING_TYPE if packed else "application/json")
     response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
+    not_kept = _Policy(state.config.trust_clients).not_kept()
+    if not_kept:
+        response.headers[NOT_KEPT_HEADER] = ", ".join(not_kept)
     response.headers["Vary"] = "Accept"
     return response
 

@@ -19,7 +19,7 @@ import http.client
 import json
 import logging
 import time
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError, ServerFailed
@@ -49,6 +49,8 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    NOT_ATTEMPTED,
+    NOT_KEPT_HEADER,
     PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
     TREE_ORDER_WALK,
@@ -59,6 +61,7 @@ from pdiffcopy.core.treewire import (
     decode_files,
     encode_files,
     parse_entry,
+    stop_cause,
 )
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._server_packs = False
         #: The listing describes a root that is a symlink as the link (:meth:`describe_root_link`).
         self._root_link = False
+        #: What the server's listing said it does not set of what clients send (:meth:`not_kept`).
+        self._not_kept: FrozenSet[str] = frozenset()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -151,6 +156,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
             packed = packedlisting.media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
             self._server_packs = self._server_packs or packed
+            self._not_kept = frozenset(filter(None, (name.strip().lower() for name in
+                                                     response.headers.get(NOT_KEPT_HEADER, "").split(","))))
             root: Optional[Entry] = None
             with self._reading_listing():
                 if packed:
@@ -337,7 +344,11 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             response = self.client.request(
                 "POST", self._target("tree-write", options) + f"&fresh={int(fresh)}", body=body,
                 headers=headers, replayable=False)
-            failures.extend(self._failures_of(response))
+            answered = self._failures_of(response)
+            failures.extend(answered)
+            if any(stop_cause(message)[0] for _, message in answered):
+                # The rest would fail the same way.
+                failures.extend((entry.path, NOT_ATTEMPTED) for entry, _ in pending)
             if learning and sized:
                 self.compression.observed(len(body), time.perf_counter() - started,
                                           body[:compression.SAMPLE_BYTES])
@@ -383,11 +394,17 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                 failures.append((operation.entry.path, refusal))
             else:
                 allowed.append(operation)
-        for _batch, body in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
-                                     lambda operation: operation.to_wire(), "operations"):
+        stopped = False
+        for batch, body in _batches(allowed, MAX_BATCH_OPERATIONS, None, None,
+                                    lambda operation: operation.to_wire(), "operations"):
+            if stopped:  # the rest would fail the same way
+                failures.extend((operation.entry.path, NOT_ATTEMPTED) for operation in batch)
+                continue
             response = self.client.request("POST", self._target("tree-apply", options), body=body,
                                            headers={"Content-Type": "application/json"})
-            failures.extend(self._failures_of(response))
+            answered = self._failures_of(response)
+            failures.extend(answered)
+            stopped = any(stop_cause(message)[0] for _, message in answered)
         return failures
 
     def describe_root_link(self) -> None:
@@ -403,6 +420,9 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
     def take_notices(self) -> List[str]:
         notices, self._notices = self._notices, []
         return notices
+
+    def not_kept(self) -> FrozenSet[str]:
+        return self._not_kept
 
     def may_change_root(self) -> bool:
         return self.path != ""  # the server keeps its root directory as it is
