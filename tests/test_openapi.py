@@ -25,7 +25,8 @@ AUTOMATIC_METHODS = {"OPTIONS"}
 
 #: Errors only the client raises; the server never answers with their status.
 CLIENT_ONLY_ERRORS = {exceptions.RemoteError, exceptions.RemoteProtocolError, exceptions.VerificationFailed,
-                      exceptions.SshFailed, exceptions.RemoteProgramMissing, exceptions.SshStartFailed}
+                      exceptions.SshFailed, exceptions.RemoteProgramMissing, exceptions.SshStartFailed,
+                      exceptions.ServerFailed, exceptions.RemoteTimeout, exceptions.RemoteDataError}
 
 HTTP_METHODS = {"get", "head", "post", "put", "patch", "delete", "options", "trace"}
 
