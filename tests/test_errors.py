@@ -339,7 +339,7 @@ def test_push_into_missing_remote_directory(server, tmp_path, unique):
     (tmp_path / "source.img").write_bytes(random_bytes(2 * BLOCK))
     before = snapshot(tmp_path, server.root)
     completed = cli(str(tmp_path / "source.img"), server.url(f"no-such-dir-{unique}/file.img"))
-    assert_fails(completed, 3, "no such file or directory")
+    assert_fails(completed, 3, server.url(f"no-such-dir-{unique}"), "does not exist")
     assert snapshot(tmp_path, server.root) == before
 
 

@@ -213,8 +213,14 @@ import sys, time
 from pdiffcopy.local.localfile import LocalFile
 import startup_probe
 pool = LocalFile(sys.argv[2]).start_hash_pool(2, cuts_likely=sys.argv[1] == "1")
-time.sleep(0.5)  # (the loads are not waited for by design: let both processes finish theirs)
-loaded = {pool.submit(startup_probe.chunker_loaded).result() for _ in range(8)}
+# The loads are not waited for by design: give both processes time to finish theirs (up to
+# 10 s on a loaded machine when they should, 0.5 s to show that they do not).
+deadline = time.monotonic() + (10 if sys.argv[1] == "1" else 0.5)
+while True:
+    time.sleep(0.1)
+    loaded = {pool.submit(startup_probe.chunker_loaded).result() for _ in range(8)}
+    if time.monotonic() > deadline or loaded == {(True,)}:
+        break
 print(sorted(loaded), "pyfastcdc" in sys.modules)
 pool.shutdown()
 """

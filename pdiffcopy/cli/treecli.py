@@ -18,7 +18,7 @@ from pdiffcopy.engine.endpoints import is_url
 from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.core.treeplan import printable
-from pdiffcopy.core.treewire import stop_cause
+from pdiffcopy.core.treestops import stop_cause
 
 logger = logging.getLogger("pdiffcopy")
 

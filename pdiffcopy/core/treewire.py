@@ -31,7 +31,6 @@ allocate without limit.
 from __future__ import annotations
 
 import binascii
-import errno
 import json
 import os
 import re
@@ -42,6 +41,8 @@ import xxhash
 
 from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+# Of the vocabulary of listings' headers and writes' answers, kept apart for local syncs (treestops).
+from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, NOT_KEPT_XATTRS, stop_cause
 from pdiffcopy.core.treeplan import (DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode,
                                      shared_mode)
 
@@ -80,29 +81,8 @@ TREE_ORDER_HEADER = "Pdiffcopy-Tree-Order"
 TREE_ORDER_WALK = "walk"
 
 #: The header of a tree listing that names, comma-separated, what the server will not set of what
-#: its clients send: :data:`NOT_KEPT_OWNER` (user and group), :data:`NOT_KEPT_XATTRS` (security.*
-#: and trusted.* attributes). A client's plan leaves such differences out (they are no changes).
+#: its clients send (:mod:`pdiffcopy.core.treestops`): a client's plan leaves such differences out.
 NOT_KEPT_HEADER = "Pdiffcopy-Not-Kept"
-NOT_KEPT_OWNER = "owner"
-NOT_KEPT_XATTRS = "xattrs"
-
-#: The failure of a file a write did not try (a write's answer, a local tree's batch): an earlier
-#: file met a :func:`stop_cause`, which every later write would meet too.
-NOT_ATTEMPTED = "not written: writing stopped at an earlier file"
-
-#: How a failure shows that the target takes no more writes, and what a sync then says of it.
-_STOP_CAUSES = ((os.strerror(errno.ENOSPC), "The target file system is full"),
-                (os.strerror(errno.EDQUOT), "The target file system is full"),
-                (os.strerror(errno.EROFS), "The target file system is read-only"))
-
-
-def stop_cause(message: str) -> Tuple[str, str]:
-    """``(cause, strerror)`` when a failure's ``message`` says the target takes no more writes (full,
-    over its quota, read-only), else ``("", "")``."""
-    for error, cause in _STOP_CAUSES:
-        if error in message:
-            return cause, error
-    return "", ""
 
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")

@@ -53,7 +53,7 @@ from pdiffcopy.core.treeplan import (
     TreePlan,
     is_under,
 )
-from pdiffcopy.core.treewire import NOT_ATTEMPTED, stop_cause
+from pdiffcopy.core.treestops import NOT_ATTEMPTED, stop_cause
 from pdiffcopy.engine.treeunits import BigFile, TreeProgress, TreeResult, Unit, UnitWorker, traffic
 
 logger = logging.getLogger(__name__)

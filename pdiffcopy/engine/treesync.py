@@ -50,7 +50,7 @@ from pdiffcopy.core.treeplan import (
     transfer_listing,
 )
 from pdiffcopy.core.treestream import StreamPlanner
-from pdiffcopy.core.treewire import NOT_KEPT_OWNER, NOT_KEPT_XATTRS
+from pdiffcopy.core.treestops import NOT_KEPT_OWNER, NOT_KEPT_XATTRS
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.engine.segments import hash_both
 from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint

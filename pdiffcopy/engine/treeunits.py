@@ -32,7 +32,7 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
 )
 from pdiffcopy.engine.shared import shared_ints
-from pdiffcopy.core.treewire import NOT_ATTEMPTED, stop_cause
+from pdiffcopy.core.treestops import NOT_ATTEMPTED, stop_cause
 from pdiffcopy.engine.workers import Stop
 from pdiffcopy.core.treeplan import (
     Difference,
@@ -57,7 +57,7 @@ class TreeResult:
     #: Entries whose change was never tried: the sync stopped first (see :attr:`stopped`).
     not_synced: int = 0
     #: Why the sync stopped before the end (the target full or read-only: a
-    #: :func:`~pdiffcopy.core.treewire.stop_cause`), or "": it ran to the end.
+    #: :func:`~pdiffcopy.core.treestops.stop_cause`), or "": it ran to the end.
     stopped: str = ""
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)

@@ -35,7 +35,7 @@ from pdiffcopy.local.descriptors import (
 )
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treewire import NOT_ATTEMPTED, NOT_KEPT_OWNER, stop_cause
+from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, stop_cause
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     LINK,
