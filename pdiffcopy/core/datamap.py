@@ -9,7 +9,7 @@ that ``--sparse`` (``-S``) turns into holes as well.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
 
@@ -49,6 +49,29 @@ def split_by_data(ranges: Sequence[ByteRange], extents: Sequence[ByteRange]
                 holes.append((position, end - position))
                 position = end
     return data, holes
+
+
+def overlaps(first: Iterable[ByteRange], second: Iterable[ByteRange]) -> Iterator[ByteRange]:
+    """The ranges that both ``first`` and ``second`` cover (each sorted and disjoint), in order.
+
+    Lazy and linear: two data maps read a page at a time are intersected without being held.
+    """
+    others = iter(second)
+    other: "ByteRange | None" = None
+    started = False
+    for offset, length in first:
+        if not started:  # the second is asked only once the first has a range
+            other, started = next(others, None), True
+        end = offset + length
+        while other is not None and other[0] + other[1] <= offset:
+            other = next(others, None)
+        while other is not None and other[0] < end:
+            start, stop = max(offset, other[0]), min(end, other[0] + other[1])
+            if stop > start:
+                yield start, stop - start
+            if other[0] + other[1] > end:
+                break  # it reaches into the next range of ``first``
+            other = next(others, None)
 
 
 def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRange]:
