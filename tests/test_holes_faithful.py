@@ -110,7 +110,7 @@ def test_a_trees_equal_dense_files_get_the_sources_holes(direction, request, tmp
         os.utime(target_dir / name, ns=(10**18, 10**18))
     result = sync_tree(source_arg, target_arg, concurrency=2, times=True)
     assert not result.failures
-    for name, (size, extents) in layouts.items():
+    for name, (_, extents) in layouts.items():
         assert (target_dir / name).read_bytes() == (source_dir / name).read_bytes()
         assert_same_allocation(target_dir / name, source_dir / name, extents)
 

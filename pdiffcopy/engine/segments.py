@@ -709,5 +709,5 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
 __all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks",
            "check_size", "end_lease_quietly", "give_up", "hash_both", "holes_of", "iter_data_map",
            "keep_partial", "lease_partial", "move_data", "move_ranges", "open_partial", "prepare_work",
-           "punch_holes_of", "punch_stale_data", "readback_ranges", "refine_ranges", "source_data_bytes", "source_unchanged",
-           "sync_segment"]
+           "punch_holes_of", "punch_stale_data", "readback_ranges", "refine_ranges", "source_data_bytes",
+           "source_unchanged", "sync_segment"]

@@ -33,7 +33,9 @@ from pdiffcopy.local.descriptors import (
     remove_if_abandoned,
     replace_atomically,
     temporary_name,
+    write_all,
 )
+from pdiffcopy.core.datamap import zero_runs
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import (
@@ -451,8 +453,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         written: List[str] = []
         for entry, data in files:
             try:
-                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
-                                 fresh)
+                self._write_file(entry, options,
+                                 lambda fd, e=entry, d=data: _write_data(fd, e, d, options.sparse), fresh)
                 written.append(entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
@@ -486,7 +488,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     self.set_metadata(entry, options)
                     continue
                 self._write_file(entry, options,
-                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e), fresh)
+                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e, options.sparse), fresh)
                 written += entry.size
                 files += 1
                 sizes[entry.path] = entry.size
@@ -924,38 +926,46 @@ def _read_all(fd: int, limit: int) -> bytes:
     return b"".join(pieces)
 
 
-#: Granularity of holes kept in sparse files written from memory.
+#: Granularity of holes kept in files written from memory (sparse ones, and all with -S): the
+#: block of most file systems; a smaller run of zeros would only be written as zeros anyway.
 _HOLE_BLOCK = 4096
 
 
-def _write_data(fd: int, entry: Entry, data: bytes) -> None:
+def _write_data(fd: int, entry: Entry, data: bytes, zeros_to_holes: bool = False) -> None:
+    """Write a new file's ``data``; a sparse entry's (or with ``zeros_to_holes``, any) zero blocks stay holes."""
     if len(data) != entry.size:
         raise TreeFailure(f"got {len(data)} bytes, expected {entry.size}")
-    if entry.sparse:
-        _write_sparse(fd, data)
+    if entry.sparse or zeros_to_holes:
+        _write_sparse(fd, data, 0)
+        os.ftruncate(fd, len(data))
         return
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _write_sparse(fd: int, data: bytes) -> None:
-    """Write only the blocks that are not all zeros; the rest stays a hole."""
-    zeros = bytes(_HOLE_BLOCK)
-    view = memoryview(data)
-    for offset in range(0, len(data), _HOLE_BLOCK):
-        block = view[offset:offset + _HOLE_BLOCK]
-        if block != zeros[:len(block)]:
-            os.pwrite(fd, block, offset)
-    os.ftruncate(fd, len(data))
+def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> None:
+    """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes."""
+    view = memoryview(data).cast("B")
+    position = offset
+    for start, length in zero_runs(view, offset, _HOLE_BLOCK) + [(offset + len(view), 0)]:
+        if start > position:
+            write_all(fd, view[position - offset:start - offset], position)
+        position = start + length
 
 
-def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
+def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> None:
     """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one.
 
     One byte more than the size is asked for: getting it means the file grew.
+
+    :param zeros_to_holes: -S: the runs of zero blocks in the data become holes too (read and
+                           written here, not copied by the kernel, which would write them).
     """
-    if entry.sparse:
+    if zeros_to_holes:
+        _copy_zeros_as_holes(source_fd, target_fd, entry)
+        copied = entry.size + len(os.pread(source_fd, 1, entry.size))
+    elif entry.sparse:
         _copy_sparse(source_fd, target_fd, entry.size)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     else:
@@ -963,6 +973,20 @@ def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
     if copied != entry.size:
         raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
                           f"than {entry.size} bytes)")
+
+
+def _copy_zeros_as_holes(source_fd: int, target_fd: int, entry: Entry) -> None:
+    """Copy a file's data (a sparse one's extents) into a new file, leaving its zero blocks holes."""
+    extents = data_extents(source_fd, 0, entry.size) if entry.sparse else [(0, entry.size)]
+    for start, length in extents:
+        position, end = start, start + length
+        while position < end:
+            chunk = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not chunk:
+                raise TreeFailure(f"changed while copying (shorter than {entry.size} bytes)")
+            _write_sparse(target_fd, chunk, position)
+            position += len(chunk)
+    os.ftruncate(target_fd, entry.size)
 
 
 def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:

@@ -337,6 +337,8 @@ def _components() -> Dict[str, Any]:
         "NumericIds": _flag("numeric_ids", "1 (--numeric-ids): ACL entries name users and groups by number only "
                                            "(listed without names, applied by ID); 0 (the default): by name, the "
                                            "number kept for names the host does not know"),
+        "Sparse": _flag("sparse", "1 (-S): runs of zeros (whole 4 KiB blocks) in the files written become "
+                                  "holes; 0 (the default): only the holes of entries marked sparse do"),
         "Fresh": _flag("fresh", "1: the files are new; each is created under its name exclusively "
                                 "(no temporary and rename) and removed if writing it fails; a name "
                                 "that exists gets the temporary and rename after all. 0 (the "
@@ -665,7 +667,8 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
             {"200": _json_answer("The files that could not be written", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Fresh")],
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Sparse"),
+                                                                         _ref("parameters", "Fresh")],
             body={"required": True, "description": "The files, as a batch stream (at most "
                                                    "10,000 files and 256 MiB; headers JSON or, from a "
                                                    "client that got a packed listing, packed)",
