@@ -94,8 +94,7 @@ def renew(info: os.stat_result, path: str) -> None:
     """A leased read or flush: the lease must still be the client's; it is renewed."""
     lease = lease_of_request()
     if lease:
-        with server_state().leases.writing(info, lease, path):
-            pass
+        server_state().leases.renew(info, lease, path)
 
 
 @files.get(f"{API_PREFIX}/stat/<path:path>")
