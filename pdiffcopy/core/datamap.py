@@ -84,6 +84,8 @@ def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRa
     only zeroes it.
     """
     view = memoryview(data).cast("B")
+    # bytes.startswith compares in C; a memoryview compares element by element, 100 times slower.
+    haystack = data if isinstance(data, (bytes, bytearray)) else view.tobytes()
     runs: List[ByteRange] = []
     end = offset + len(view)
 
@@ -94,15 +96,14 @@ def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRa
             runs.append((start, length))
 
     first = min(-(-offset // unit) * unit, end)
-    if first > offset and not any(view[: first - offset]):
+    if first > offset and haystack.count(0, 0, first - offset) == first - offset:
         add(offset, first - offset)
     zeros = bytes(unit)
     position = first
     while position + unit <= end:
-        start = position - offset
-        if view[start:start + unit] == zeros:
+        if haystack.startswith(zeros, position - offset):
             add(position, unit)
         position += unit
-    if end > position and not any(view[position - offset:]):
+    if end > position and haystack.count(0, position - offset) == end - position:
         add(position, end - position)
     return runs
