@@ -198,3 +198,17 @@ def test_overlaps_are_what_both_range_lists_cover():
         both = list(overlaps(first, second))
         assert covered(both) == covered(first) & covered(second)
         assert all(a[0] + a[1] <= b[0] for a, b in zip(both, both[1:]))  # sorted, disjoint
+
+
+def test_a_local_trees_files_copied_whole_count_the_data_written_not_the_holes(tmp_path):
+    source_dir, target_dir = tmp_path / "src", tmp_path / "dst"
+    source_dir.mkdir()
+    # Big and sparse: copied whole between local trees, extent by extent; small and dense under -S.
+    make_sparse(source_dir / "disk.img", 80 * MIB, [(MIB, MIB), (70 * MIB, 2 * MIB)])
+    (source_dir / "zeros.img").write_bytes(bytes(8 * MIB))
+    (source_dir / "mixed.img").write_bytes(zero_runs_file())
+    result = sync_tree(f"{source_dir}/", str(target_dir), concurrency=2, sparse=True)
+    assert not result.failures and result.files_copied == 3
+    assert result.bytes_moved == 3 * MIB + (MIB + UNIT + 5)  # the data; 80 MiB + 16 MiB before
+    for name in ("disk.img", "zeros.img", "mixed.img"):
+        assert (target_dir / name).read_bytes() == (source_dir / name).read_bytes()

@@ -487,11 +487,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 if compare and self._same_content(entry, source_fd):
                     self.set_metadata(entry, options)
                     continue
-                self._write_file(entry, options,
-                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e, options.sparse), fresh)
-                written += entry.size
+                # Counted as written: the data, not a sparse file's holes nor the zeros -S leaves out.
+                copied = self._write_file(entry, options,
+                                          lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e, options.sparse),
+                                          fresh)
+                written += copied
                 files += 1
-                sizes[entry.path] = entry.size
+                sizes[entry.path] = copied
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
                 if is_full(error):
@@ -547,8 +549,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         os.lseek(source_fd, 0, os.SEEK_SET)
         return self.same_content(entry, wanted)
 
-    def _write_file(self, entry: Entry, options: MetadataOptions, fill, fresh: bool = False) -> None:
-        """Write a file as a temporary sibling, set its metadata, rename it into place.
+    def _write_file(self, entry: Entry, options: MetadataOptions, fill, fresh: bool = False):
+        """Write a file as a temporary sibling, set its metadata, rename it into place; return what ``fill`` did.
 
         A ``fresh`` file (nothing had its name) is written under its name
         directly, created exclusively, and removed again if anything fails:
@@ -566,13 +568,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                              entry.permissions & 0o777, dir_fd=directory)
                 created = True
                 try:
-                    fill(fd)
+                    filled = fill(fd)
                     self._set_metadata_fd(fd, entry, options, created=directory)
                     if options.fsync:
                         os.fsync(fd)
                 finally:
                     os.close(fd)
-                return
+                return filled
             except FileExistsError:
                 if created:
                     raise
@@ -587,7 +589,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             # returns, and the clean-up below must cover the file just made.
             fd = create_held(temporary, entry.permissions & 0o777, dir_fd=directory)
             try:
-                fill(fd)
+                filled = fill(fd)
                 self._set_metadata_fd(fd, entry, options, created=directory)
                 if options.fsync:  # before the rename: the name never points at unflushed data
                     os.fsync(fd)
@@ -598,6 +600,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         except BaseException:
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
+        return filled
 
     def _set_metadata_fd(self, fd: int, entry: Entry, options: MetadataOptions, created: Optional[int] = None,
                          current: Optional[os.stat_result] = None) -> None:
@@ -944,18 +947,21 @@ def _write_data(fd: int, entry: Entry, data: bytes, zeros_to_holes: bool = False
         view = view[os.write(fd, view):]
 
 
-def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> None:
-    """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes."""
+def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> int:
+    """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes;
+    return the bytes written."""
     view = memoryview(data).cast("B")
-    position = offset
-    for start, length in zero_runs(view, offset, _HOLE_BLOCK) + [(offset + len(view), 0)]:
-        if start > position:
-            write_all(fd, view[position - offset:start - offset], position)
-        position = start + length
+    position = written = 0
+    for start, length in zero_runs(data, offset, _HOLE_BLOCK) + [(offset + len(view), 0)]:
+        if start - offset > position:
+            write_all(fd, view[position:start - offset], offset + position)
+            written += start - offset - position
+        position = start - offset + length
+    return written
 
 
-def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> None:
-    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one.
+def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> int:
+    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one; return the bytes written.
 
     One byte more than the size is asked for: getting it means the file grew.
 
@@ -963,37 +969,45 @@ def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: boo
                            written here, not copied by the kernel, which would write them).
     """
     if zeros_to_holes:
-        _copy_zeros_as_holes(source_fd, target_fd, entry)
+        written = _copy_zeros_as_holes(source_fd, target_fd, entry)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     elif entry.sparse:
-        _copy_sparse(source_fd, target_fd, entry.size)
+        written = _copy_sparse(source_fd, target_fd, entry.size)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     else:
-        copied = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
+        copied = written = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
     if copied != entry.size:
         raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
                           f"than {entry.size} bytes)")
+    return written
 
 
-def _copy_zeros_as_holes(source_fd: int, target_fd: int, entry: Entry) -> None:
-    """Copy a file's data (a sparse one's extents) into a new file, leaving its zero blocks holes."""
+def _copy_zeros_as_holes(source_fd: int, target_fd: int, entry: Entry) -> int:
+    """Copy a file's data (a sparse one's extents) into a new file, leaving its zero blocks holes;
+    return the bytes written."""
     extents = data_extents(source_fd, 0, entry.size) if entry.sparse else [(0, entry.size)]
+    written = 0
     for start, length in extents:
         position, end = start, start + length
         while position < end:
             chunk = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
             if not chunk:
                 raise TreeFailure(f"changed while copying (shorter than {entry.size} bytes)")
-            _write_sparse(target_fd, chunk, position)
+            written += _write_sparse(target_fd, chunk, position)
             position += len(chunk)
     os.ftruncate(target_fd, entry.size)
+    return written
 
 
-def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
+def _copy_sparse(source_fd: int, target_fd: int, size: int) -> int:
+    """Copy a sparse file's data extents into a new file; return the bytes copied."""
+    written = 0
     for start, length in data_extents(source_fd, 0, size):
         if copy_available(source_fd, target_fd, start, length) < length:
             raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
+        written += length
     os.ftruncate(target_fd, size)
+    return written
 
 
 def remove_all(directory: int, name: str) -> None:
