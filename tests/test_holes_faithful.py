@@ -212,3 +212,26 @@ def test_a_local_trees_files_copied_whole_count_the_data_written_not_the_holes(t
     assert result.bytes_moved == 3 * MIB + (MIB + UNIT + 5)  # the data; 80 MiB + 16 MiB before
     for name in ("disk.img", "zeros.img", "mixed.img"):
         assert (target_dir / name).read_bytes() == (source_dir / name).read_bytes()
+
+
+@pytest.mark.parametrize("where", ["local", "push"])
+def test_a_target_that_cannot_punch_is_not_rewritten_with_zeros(ramfs, tmp_path, caplog, where):
+    import logging
+
+    from conftest import start_server
+
+    source = tmp_path / "source.img"
+    expected = make_sparse(source, SIZE, EXTENTS)
+    (ramfs / "target.img").write_bytes(expected)  # ramfs: dense, and it cannot punch
+    server = start_server(ramfs, tmp_path / "server.log") if where == "push" else None
+    try:
+        target_arg = server.url("target.img") if server else str(ramfs / "target.img")
+        with caplog.at_level(logging.WARNING):
+            result = sync(str(source), target_arg, block_size=BLOCK, concurrency=2)
+    finally:
+        if server:
+            server.stop()
+    assert result.verified and result.bytes_moved == 0
+    assert (ramfs / "target.img").read_bytes() == expected
+    # Its zeros are zeros already: none written again, so nothing to warn about.
+    assert not [r for r in caplog.records if "cannot punch holes" in r.getMessage()]

@@ -313,8 +313,9 @@ def punch_stale_data(source: FileEndpoint, work: FileEndpoint, offset: int, leng
 
     The bytes there are zeros on both sides already when the delta left them alone (a dense
     copy of a sparse image): the target keeps its size and bytes, and ends with the source's
-    holes. Only where ``work`` is allocated: its own holes are not punched again. Returns the
-    bytes punched.
+    holes. Only where ``work`` is allocated: its own holes are not punched again; and never by
+    writing zeros where its file system cannot punch (they are zeros already): it stops there.
+    Returns the bytes punched.
     """
     punched = 0
     page: List[ByteRange] = []
@@ -328,10 +329,13 @@ def punch_stale_data(source: FileEndpoint, work: FileEndpoint, offset: int, leng
             continue
         page.append((start, stop - start))
         if len(page) >= MAX_DATA_MAP_EXTENTS:
-            punched += work.punch_ranges(page)
+            done = work.punch_ranges(page, write_zeros=False)
+            punched += done
+            if done < sum(length for _, length in page):
+                return punched  # its file system cannot punch: the rest would not either
             page = []
     if page:
-        punched += work.punch_ranges(page)
+        punched += work.punch_ranges(page, write_zeros=False)
     return punched
 
 

@@ -533,7 +533,10 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                  "links, unless --write-hard-links)",
         {"200": _json_answer("The bytes punched, and whether they all became holes", "Punched")},
         errors=_PATH_ERRORS + (412, 413, 416, 423),
-        parameters=[path, if_match, lease, no_follow],
+        parameters=[path, if_match, lease, no_follow,
+                    _query("zeros", "0: the ranges hold zeros already; where the file system cannot punch, "
+                                    "leave them as they are (the answer says holes false). 1 (the default): "
+                                    "write zeros there", {"type": "integer", "enum": [0, 1]}, required=False)],
         body={"required": True,
               "description": "The ranges, 16 bytes each: offset and length (uint64, little-endian), "
                              "ascending, none empty, overlapping or past the end; at most 65,536",
