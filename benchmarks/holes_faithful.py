@@ -14,6 +14,8 @@ the rest is holes. Cases, each timed as the wall time of one ``pdiffcopy`` proce
   half random data, half zeros in runs of 1 MiB, new target: ours makes the zeros holes,
   the baseline writes them.
 
+The tree cases also run ``rsync -a -S`` (where rsync exists), for reference.
+
 Targets are made again before every run (outside the timing), and everything is flushed
 (``sync``) before the clock starts. Every result is checked by its bytes; the report gives
 the target's allocation beside the time.
@@ -107,6 +109,8 @@ def main() -> int:
             return 1
         before = benchlib.baseline_installation(args.baseline, work)
         tools = {"ours": ours, "baseline": before}
+        if shutil.which("rsync"):
+            tools["rsync"] = benchlib.OursInstallation(["rsync", "-a"], dict(os.environ), "rsync -a")
         print(f"ours: {ours.description}\nbaseline: {before.description}")
         print(f"image: {args.size // MIB} MiB holding {args.data // MIB} MiB in {args.extents} extents; "
               f"{args.small_files} small files of 8 MiB (half zeros); {args.rounds} rounds; "
@@ -120,12 +124,17 @@ def main() -> int:
         if "tree-S-small" in cases:
             make_small_files(small_dir, args.small_files)
         target = work / "target"
-        times = {(case, tool): [] for case in cases for tool in tools}
+        def runs_case(tool: str, case: str) -> bool:
+            return tool != "rsync" or case.startswith("tree")
+
+        times = {(case, tool): [] for case in cases for tool in tools if runs_case(tool, case)}
         blocks = {}
         for round_number in range(args.rounds):
             for case in cases:
                 order = list(tools) if round_number % 2 == 0 else list(tools)[::-1]
                 for tool in order:
+                    if not runs_case(tool, case):
+                        continue
                     source_arg, target_arg, extra, compare = prepare(case, source, image_dir, small_dir, target)
                     os.sync()
                     started = time.monotonic()
@@ -141,6 +150,8 @@ def main() -> int:
             source_blocks = allocated(image_dir if case.startswith("tree-S-image") else
                                       small_dir if case == "tree-S-small" else source)
             for tool in tools:
+                if not runs_case(tool, case):
+                    continue
                 runs = times[(case, tool)]
                 print(f"{case:<14} {tool:<9} {statistics.median(runs):>10.2f} "
                       f"{' '.join(f'{r:.2f}' for r in runs):<22} "
