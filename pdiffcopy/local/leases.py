@@ -12,15 +12,15 @@ The server runs several worker processes, so a lease lives in a small file
 of a directory made before they fork, named after the file's device and
 inode (the file, not its name), and is read and changed under ``flock``.
 A lease also records the connections its holder asked on (the latest few)
-and how many of its writes are running: once none of those connections is
-open (the kernel closes a killed client's at once) and none of its writes
-is left, the lease has lapsed, and the next run takes it at once. Where the
-server cannot tell (no connection known, behind a proxy), a lease that no
-request renewed for :data:`LEASE_SECONDS` lapses, so a killed client blocks
-nobody for long, and a refusal says how long is left. A lapsed lease is not
-simply taken back: when anybody else wrote in between, the holder's next request (its
-end included) fails with 412, so a sync never reports success over
-somebody else's writes.
+and how many of its writes are running: once the client has closed all of
+those connections (the kernel closes a killed client's at once) and none of
+its writes is left, the lease has lapsed, and the next run takes it at once.
+Where the server cannot tell (no connection known, behind a proxy), a lease
+that no request renewed for :data:`LEASE_SECONDS` lapses, so a killed client
+blocks nobody for long, and a refusal says how long is left. A lapsed lease
+is not simply taken back: when anybody else wrote in between, the holder's
+next request (its end included) fails with 412, so a sync never reports
+success over somebody else's writes.
 """
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
 import shutil
 import tempfile
-import math
 import time
 from typing import Callable, Iterator, List, Optional, Set
 
@@ -250,7 +250,8 @@ class Leases:
             try:
                 yield
             finally:
-                with self._locked(info, fcntl.LOCK_EX) as fd:
+                # Not counted down (the lock kept for too long): the lease then lapses by its time only.
+                with contextlib.suppress(Locked), self._locked(info, fcntl.LOCK_EX) as fd:
                     record = self._read(fd)
                     if record.get("id") == lease:  # else taken over: not ours to count
                         self._write(fd, {**record, "writes": max(0, int(record.get("writes", 0)) - 1)})
