@@ -214,8 +214,17 @@ def test_a_local_trees_files_copied_whole_count_the_data_written_not_the_holes(t
         assert (target_dir / name).read_bytes() == (source_dir / name).read_bytes()
 
 
+@pytest.fixture
+def own_zero_warnings(monkeypatch):
+    """This test's own set of devices warned about (a later ramfs mount may get the same number)."""
+    from pdiffcopy.local import descriptors
+
+    monkeypatch.setattr(descriptors, "_ZEROS_WARNED", set())
+
+
 @pytest.mark.parametrize("where", ["local", "push"])
-def test_a_target_that_cannot_punch_is_not_rewritten_with_zeros(ramfs, tmp_path, caplog, where):
+def test_a_target_that_cannot_punch_is_not_rewritten_with_zeros(ramfs, tmp_path, caplog, where,
+                                                                 own_zero_warnings):
     import logging
 
     from conftest import start_server
@@ -235,3 +244,14 @@ def test_a_target_that_cannot_punch_is_not_rewritten_with_zeros(ramfs, tmp_path,
     assert (ramfs / "target.img").read_bytes() == expected
     # Its zeros are zeros already: none written again, so nothing to warn about.
     assert not [r for r in caplog.records if "cannot punch holes" in r.getMessage()]
+
+
+def test_a_whole_file_copy_in_place_onto_a_target_that_cannot_punch_still_zeroes_the_holes(ramfs, tmp_path,
+                                                                                            own_zero_warnings):
+    # The old bytes at the source's holes are not zeros here: where punching fails, zeros are written.
+    source = tmp_path / "source.img"
+    expected = make_sparse(source, SIZE, EXTENTS)
+    (ramfs / "target.img").write_bytes(random_bytes(SIZE, seed=9))
+    result = sync(str(source), str(ramfs / "target.img"), block_size=BLOCK, concurrency=2, whole_file=True)
+    assert result.verified
+    assert (ramfs / "target.img").read_bytes() == expected

@@ -568,8 +568,8 @@ class _SyncJob:
         """
         pending: List[Future] = []
         if work is self.target:
-            # In place over old data: the source's holes become holes here too.
-            self._punch_stale_data(work, size)
+            # In place over old data: the source's holes become holes (or zeros) here too.
+            self._punch_stale_data(work, size, zeros_already=False)
         page: List[ByteRange] = []
         data = 0
         for extent in iter_data_map(self.source, 0, size):
@@ -582,10 +582,11 @@ class _SyncJob:
         self.progress.add_moved(size - data)  # the holes: nothing to move, done
         return pending
 
-    def _punch_stale_data(self, work: FileEndpoint, size: int) -> None:
-        """Punch the source's holes where ``work`` still holds (old) data, equal zeros included."""
+    def _punch_stale_data(self, work: FileEndpoint, size: int, zeros_already: bool = True) -> None:
+        """Punch the source's holes where ``work`` still holds (old) data, equal zeros included
+        (:func:`~pdiffcopy.engine.segments.punch_stale_data`)."""
         if self.source_data is not None:
-            punched = punch_stale_data(self.source, work, 0, size)
+            punched = punch_stale_data(self.source, work, 0, size, zeros_already)
             self._log_phase("punched %d bytes of old data at the source's holes", punched)
 
     def _submit_data(self, pieces: List[ByteRange]) -> List[Future]:

@@ -308,34 +308,39 @@ def punch_holes_of(source: FileEndpoint, work: FileEndpoint, offset: int, length
     return punched
 
 
-def punch_stale_data(source: FileEndpoint, work: FileEndpoint, offset: int, length: int) -> int:
+def punch_stale_data(source: FileEndpoint, work: FileEndpoint, offset: int, length: int,
+                     zeros_already: bool = True) -> int:
     """Punch ``work`` where it holds data and the source has a hole, in ``[offset, offset + length)``.
 
-    The bytes there are zeros on both sides already when the delta left them alone (a dense
-    copy of a sparse image): the target keeps its size and bytes, and ends with the source's
-    holes. Only where ``work`` is allocated: its own holes are not punched again; and never by
-    writing zeros where its file system cannot punch (they are zeros already): it stops there.
-    Returns the bytes punched.
+    After the delta the bytes there are zeros on both sides already (a dense copy of a sparse
+    image): the target keeps its size and bytes, and ends with the source's holes. Only where
+    ``work`` is allocated: its own holes are not punched again; and never by writing zeros where
+    its file system cannot punch: it stops there. Returns the bytes punched.
+
+    :param zeros_already: False before a whole-file copy in place, where the old bytes there
+                          are anything: where the file system cannot punch, zeros are written.
     """
     punched = 0
     page: List[ByteRange] = []
     end = offset + length
     for start, size in overlaps(holes_of(source, offset, length), iter_data_map(work, offset, length)):
-        # Whole blocks only (but at the end, which the file system rounds itself): punching part
-        # of a block writes zeros over zeros, and every later sync would do it again.
-        stop = start + size if start + size == end else (start + size) // PUNCH_ALIGNMENT * PUNCH_ALIGNMENT
-        start = -(-start // PUNCH_ALIGNMENT) * PUNCH_ALIGNMENT
-        if stop <= start:
-            continue
+        stop = start + size
+        if zeros_already:
+            # Whole blocks only (but at the end, which the file system rounds itself): punching part
+            # of a block writes zeros over zeros, and every later sync would do it again.
+            stop = stop if stop == end else stop // PUNCH_ALIGNMENT * PUNCH_ALIGNMENT
+            start = -(-start // PUNCH_ALIGNMENT) * PUNCH_ALIGNMENT
+            if stop <= start:
+                continue
         page.append((start, stop - start))
         if len(page) >= MAX_DATA_MAP_EXTENTS:
-            done = work.punch_ranges(page, write_zeros=False)
+            done = work.punch_ranges(page, write_zeros=not zeros_already)
             punched += done
             if done < sum(length for _, length in page):
                 return punched  # its file system cannot punch: the rest would not either
             page = []
     if page:
-        punched += work.punch_ranges(page, write_zeros=False)
+        punched += work.punch_ranges(page, write_zeros=not zeros_already)
     return punched
 
 
