@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import os
 import random
 import signal
@@ -174,6 +177,24 @@ def run_cli(*args: str, env_extra=None, timeout: float = 120) -> subprocess.Comp
     env.update(env_extra or {})
     return subprocess.run(pdiffcopy_command(*args), capture_output=True, text=True, env=env,
                           timeout=timeout)
+
+
+@contextlib.contextmanager
+def held_lease(server, path: str):
+    """Hold the server's write lease on ``path`` (yield its id) while its connection stays open.
+
+    A lease ends with its holder's connections (a killed client's close at once): a holder
+    that is to keep others out stays connected, as this one does until the block ends.
+    """
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", f"/.pdiffcopy/lease/{path}", body=b"")
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200, body
+        yield json.loads(body)["lease"]
+    finally:
+        connection.close()
 
 
 def http_get(url: str, headers=None):

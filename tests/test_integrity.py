@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from conftest import random_bytes, run_cli
+from conftest import held_lease, random_bytes, run_cli
 
 from pdiffcopy.engine.filejob import Progress
 from pdiffcopy.pipeline import sync
@@ -122,18 +122,16 @@ def test_push_over_a_held_lease_is_refused(server, unique, tmp_path):
     (server.root / unique).write_bytes(old)
     source = tmp_path / "source.img"
     source.write_bytes(new)
-    request = urllib.request.Request(f"{server.base}/.pdiffcopy/lease/{unique}", method="POST", data=b"")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        lease = json.loads(response.read())["lease"]
-    for atomic in ((), ("--atomic",)):
-        completed = run_cli(str(source), server.url(unique), "-b", str(BLOCK), *atomic, timeout=60)
-        assert completed.returncode != 0
-        assert "being written by another client" in completed.stderr, completed.stderr
-        assert (server.root / unique).read_bytes() == old
-    end = urllib.request.Request(f"{server.base}/.pdiffcopy/lease/{unique}", method="DELETE",
-                                 headers={"X-Pdiffcopy-Lease": lease})
-    with urllib.request.urlopen(end, timeout=30) as response:
-        assert response.status == 200
+    with held_lease(server, unique) as lease:
+        for atomic in ((), ("--atomic",)):
+            completed = run_cli(str(source), server.url(unique), "-b", str(BLOCK), *atomic, timeout=60)
+            assert completed.returncode != 0
+            assert "being written by another client" in completed.stderr, completed.stderr
+            assert (server.root / unique).read_bytes() == old
+        end = urllib.request.Request(f"{server.base}/.pdiffcopy/lease/{unique}", method="DELETE",
+                                     headers={"X-Pdiffcopy-Lease": lease})
+        with urllib.request.urlopen(end, timeout=30) as response:
+            assert response.status == 200
     completed = run_cli(str(source), server.url(unique), "-b", str(BLOCK), timeout=60)
     assert completed.returncode == 0, completed.stderr
     assert (server.root / unique).read_bytes() == new
@@ -206,11 +204,8 @@ def test_tree_push_of_a_big_file_under_lease_fails_that_file(server, tmp_path):
     remote, source = server.root / name, tmp_path / "src"
     old, _ = big_file_trees(remote, source, 61)
     (source / "small.txt").write_bytes(b"small")
-    request = urllib.request.Request(f"{server.base}/.pdiffcopy/lease/{name}/big.img", method="POST",
-                                     data=b"")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        assert response.status == 200
-    completed = run_cli(f"{source}/", f"{server.base}/{name}/", "-b", str(BLOCK), timeout=60)
+    with held_lease(server, f"{name}/big.img"):
+        completed = run_cli(f"{source}/", f"{server.base}/{name}/", "-b", str(BLOCK), timeout=60)
     assert completed.returncode == 23, completed.stderr
     assert "big.img" in completed.stderr and "being written by another client" in completed.stderr
     assert "Traceback" not in completed.stderr

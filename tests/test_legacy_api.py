@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from conftest import mutate, random_bytes, run_cli, start_server
+from conftest import held_lease, mutate, random_bytes, run_cli, start_server
 from test_metrics import scrape
 
 REPO = Path(__file__).resolve().parent.parent
@@ -292,16 +292,11 @@ def test_legacy_requests_are_counted_in_the_metrics(legacy_server):
 def test_legacy_writes_respect_the_write_lease(legacy_server):
     path = legacy_server.root / "leased.bin"
     path.write_bytes(b"a" * 100)
-    connection = http.client.HTTPConnection("127.0.0.1", legacy_server.port, timeout=30)
-    connection.request("POST", "/.pdiffcopy/lease/leased.bin", body=b"")
-    response = connection.getresponse()
-    assert response.status == 200, response.read()
-    response.read()
-    connection.close()
-    got, _, _, _ = old_request(legacy_server, "POST", "blocks", body=b"b" * 10, filename=str(path), offset=0)
-    assert got == 423
-    got, _, _, _ = old_request(legacy_server, "POST", "resize", filename=str(path), size=5)
-    assert got == 423
+    with held_lease(legacy_server, "leased.bin"):
+        got, _, _, _ = old_request(legacy_server, "POST", "blocks", body=b"b" * 10, filename=str(path), offset=0)
+        assert got == 423
+        got, _, _, _ = old_request(legacy_server, "POST", "resize", filename=str(path), size=5)
+        assert got == 423
     assert path.read_bytes() == b"a" * 100
 
 

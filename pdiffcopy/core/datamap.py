@@ -9,7 +9,7 @@ that ``--sparse`` (``-S``) turns into holes as well.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
 
@@ -51,6 +51,29 @@ def split_by_data(ranges: Sequence[ByteRange], extents: Sequence[ByteRange]
     return data, holes
 
 
+def overlaps(first: Iterable[ByteRange], second: Iterable[ByteRange]) -> Iterator[ByteRange]:
+    """The ranges that both ``first`` and ``second`` cover (each sorted and disjoint), in order.
+
+    Lazy and linear: two data maps read a page at a time are intersected without being held.
+    """
+    others = iter(second)
+    other: "ByteRange | None" = None
+    started = False
+    for offset, length in first:
+        if not started:  # the second is asked only once the first has a range
+            other, started = next(others, None), True
+        end = offset + length
+        while other is not None and other[0] + other[1] <= offset:
+            other = next(others, None)
+        while other is not None and other[0] < end:
+            start, stop = max(offset, other[0]), min(end, other[0] + other[1])
+            if stop > start:
+                yield start, stop - start
+            if other[0] + other[1] > end:
+                break  # it reaches into the next range of ``first``
+            other = next(others, None)
+
+
 def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRange]:
     """The runs of zeros in ``data`` (which sits at ``offset``) to punch rather than write, merged.
 
@@ -61,6 +84,8 @@ def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRa
     only zeroes it.
     """
     view = memoryview(data).cast("B")
+    # bytes.startswith compares in C; a memoryview compares element by element, 100 times slower.
+    haystack = data if isinstance(data, (bytes, bytearray)) else view.tobytes()
     runs: List[ByteRange] = []
     end = offset + len(view)
 
@@ -71,15 +96,14 @@ def zero_runs(data: "bytes | memoryview", offset: int, unit: int) -> List[ByteRa
             runs.append((start, length))
 
     first = min(-(-offset // unit) * unit, end)
-    if first > offset and not any(view[: first - offset]):
+    if first > offset and haystack.count(0, 0, first - offset) == first - offset:
         add(offset, first - offset)
     zeros = bytes(unit)
     position = first
     while position + unit <= end:
-        start = position - offset
-        if view[start:start + unit] == zeros:
+        if haystack.startswith(zeros, position - offset):
             add(position, unit)
         position += unit
-    if end > position and not any(view[position - offset:]):
+    if end > position and haystack.count(0, position - offset) == end - position:
         add(position, end - position)
     return runs

@@ -193,10 +193,11 @@ class FileEndpoint(ABC):
         """:meth:`Holes.prepare_sparse`; without it, :meth:`prepare` (dense, as ever)."""
         self.prepare(size)
 
-    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
-        """:meth:`Holes.punch_ranges`; without it, zeros are written: the same bytes, dense."""
+    def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
+        """:meth:`Holes.punch_ranges`; without it, zeros are written: the same bytes, dense (or,
+        without ``write_zeros``, nothing)."""
         ranges = list(ranges)
-        return self.write_ranges(ranges, _zeros(ranges))
+        return self.write_ranges(ranges, _zeros(ranges)) if write_zeros else 0
 
     def write_sparse(self, enabled: bool) -> None:
         """:meth:`Holes.write_sparse`; without it, ignored: the zeros are written."""
@@ -348,10 +349,14 @@ class Holes(ABC):
         """
 
     @abstractmethod
-    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+    def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
         """Make ``ranges`` holes (zeros that take no space); return the bytes covered.
 
         Where the file system cannot punch, zeros are written (and a warning given once).
+
+        :param write_zeros: False when ``ranges`` hold zeros already and only their space is to
+                            be freed: where the file system cannot punch, they are left as they
+                            are (no warning), and only the bytes that became holes are counted.
         """
 
     @abstractmethod

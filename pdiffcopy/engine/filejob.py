@@ -49,7 +49,7 @@ from pdiffcopy.engine.segments import (
     lease_partial,
     open_partial,
     prepare_work,
-    punch_holes_of,
+    punch_stale_data,
     readback_ranges,
     source_data_bytes,
     source_unchanged,
@@ -248,6 +248,7 @@ class _SyncJob:
                 # left: hash both, move what differs.
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
+                self._punch_stale_data(work, plan.size)
             self._log_phase("transferred %d bytes", self.steps.bytes_moved)
             if self.partial and not self.partial_leased:
                 # Before the read-back: from here on nobody else writes it unseen. A run
@@ -587,9 +588,9 @@ class _SyncJob:
         temporary just sized) is holes already.
         """
         pending: List[Future] = []
-        if work is self.target and self.source_data is not None:
-            # In place over old data: the source's holes become holes here too.
-            punch_holes_of(self.source, work, 0, size)
+        if work is self.target:
+            # In place over old data: the source's holes become holes (or zeros) here too.
+            self._punch_stale_data(work, size, zeros_already=False)
         page: List[ByteRange] = []
         data = 0
         for extent in iter_data_map(self.source, 0, size):
@@ -601,6 +602,13 @@ class _SyncJob:
         pending += self._submit_data(page)
         self.progress.add_moved(size - data)  # the holes: nothing to move, done
         return pending
+
+    def _punch_stale_data(self, work: FileEndpoint, size: int, zeros_already: bool = True) -> None:
+        """Punch the source's holes where ``work`` still holds (old) data, equal zeros included
+        (:func:`~pdiffcopy.engine.segments.punch_stale_data`)."""
+        if self.source_data is not None:
+            punched = punch_stale_data(self.source, work, 0, size, zeros_already)
+            self._log_phase("punched %d bytes of old data at the source's holes", punched)
 
     def _submit_data(self, pieces: List[ByteRange]) -> List[Future]:
         assert self.transfers is not None, "transfers start after the pool does"

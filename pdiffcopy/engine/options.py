@@ -130,7 +130,7 @@ class TreeOptions(FileOptions):
     @property
     def metadata(self) -> MetadataOptions:
         return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
-                               acls=self.acls, numeric_ids=self.numeric_ids)
+                               acls=self.acls, numeric_ids=self.numeric_ids, sparse=self.sparse)
 
 
 def file_options(*, concurrency: Optional[int] = None, **values) -> FileOptions:

@@ -46,7 +46,7 @@ from pdiffcopy.core.blocks import (
     tree_digest_input,
 )
 from pdiffcopy.core import records
-from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, split_by_data
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, overlaps, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
@@ -75,6 +75,10 @@ PARTIAL_LEASE_POLL_SECONDS = 1.0
 #: that finds a dense rewrite out; after it, a step that stops paying wastes at most
 #: 16 MiB of piece hashing (a few ms) and 64 KiB of digests (docs/benchmarks.rst).
 REFINE_BATCH_BYTES = TRANSFER_REQUEST_BYTES
+
+#: The source's holes are punched into a target's old data in whole units of this many bytes: the
+#: block of most file systems (and the page), on which both sides' data maps fall.
+PUNCH_ALIGNMENT = 4096
 
 # -- partial files (--partial) ----------------------------------------------
 
@@ -301,6 +305,42 @@ def punch_holes_of(source: FileEndpoint, work: FileEndpoint, offset: int, length
             page = []
     if page:
         punched += work.punch_ranges(page)
+    return punched
+
+
+def punch_stale_data(source: FileEndpoint, work: FileEndpoint, offset: int, length: int,
+                     zeros_already: bool = True) -> int:
+    """Punch ``work`` where it holds data and the source has a hole, in ``[offset, offset + length)``.
+
+    After the delta the bytes there are zeros on both sides already (a dense copy of a sparse
+    image): the target keeps its size and bytes, and ends with the source's holes. Only where
+    ``work`` is allocated: its own holes are not punched again; and never by writing zeros where
+    its file system cannot punch: it stops there. Returns the bytes punched.
+
+    :param zeros_already: False before a whole-file copy in place, where the old bytes there
+                          are anything: where the file system cannot punch, zeros are written.
+    """
+    punched = 0
+    page: List[ByteRange] = []
+    end = offset + length
+    for start, size in overlaps(holes_of(source, offset, length), iter_data_map(work, offset, length)):
+        stop = start + size
+        if zeros_already:
+            # Whole blocks only (but at the end, which the file system rounds itself): punching part
+            # of a block writes zeros over zeros, and every later sync would do it again.
+            stop = stop if stop == end else stop // PUNCH_ALIGNMENT * PUNCH_ALIGNMENT
+            start = -(-start // PUNCH_ALIGNMENT) * PUNCH_ALIGNMENT
+            if stop <= start:
+                continue
+        page.append((start, stop - start))
+        if len(page) >= MAX_DATA_MAP_EXTENTS:
+            done = work.punch_ranges(page, write_zeros=not zeros_already)
+            punched += done
+            if done < sum(length for _, length in page):
+                return punched  # its file system cannot punch: the rest would not either
+            page = []
+    if page:
+        punched += work.punch_ranges(page, write_zeros=not zeros_already)
     return punched
 
 
@@ -614,7 +654,7 @@ class SegmentSteps:
 
     # -- one segment, start to end (a tree's worker) ------------------------
 
-    def run_segment(self, segment: Segment, compare: bool = True) -> int:
+    def run_segment(self, segment: Segment, compare: bool = True, punch_stale: bool = False) -> int:
         """Bring one segment of the work file to the source's bytes, verified; return the bytes moved.
 
         A local side hashes in this thread while a remote side's server hashes the same
@@ -623,6 +663,8 @@ class SegmentSteps:
 
         :param compare: False when the work file has no data there yet (a new file):
                         every block moves and nothing of it is hashed first.
+        :param punch_stale: The source may have holes: punch them where the work file still
+                            has old data, equal zeros included (:func:`punch_stale_data`).
         :raises VerificationFailed: When a block of the target differs afterwards.
         """
         assert self.work is not None, "a segment is synced into the work file"
@@ -642,6 +684,8 @@ class SegmentSteps:
             ours = []
             ranges = pieces = split_ranges(whole, TRANSFER_REQUEST_BYTES)
         moved = self.move(pieces, fresh=not compare)
+        if compare and punch_stale:
+            punch_stale_data(self.source, self.work, segment.offset, segment.length)
         if self.strong != self.method:
             theirs = None  # hashed with a weak method: the whole segment is read back
         read_back = readback_ranges(segment, ranges, theirs is not None)
@@ -663,14 +707,16 @@ def _count_hashed(on_hashed: Callable[[int], None], length: int) -> "Callable[[F
 
 
 def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segment: Segment,
-                 method: str, location: str, compare: bool = True, piece_size: int = 0) -> int:
+                 method: str, location: str, compare: bool = True, piece_size: int = 0,
+                 punch_stale: bool = False) -> int:
     """Bring one segment of ``work`` to the source's bytes, verified; return the bytes moved
     (:meth:`SegmentSteps.run_segment`)."""
-    return SegmentSteps(source, work, plan, method, location, piece_size).run_segment(segment, compare)
+    return SegmentSteps(source, work, plan, method, location, piece_size).run_segment(segment, compare,
+                                                                                     punch_stale)
 
 
 __all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks",
            "check_size", "end_lease_quietly", "give_up", "hash_both", "holes_of", "iter_data_map",
            "keep_partial", "lease_partial", "move_data", "move_ranges", "open_partial", "prepare_work",
-           "punch_holes_of", "readback_ranges", "refine_ranges", "source_data_bytes", "source_unchanged",
-           "sync_segment"]
+           "punch_holes_of", "punch_stale_data", "readback_ranges", "refine_ranges", "source_data_bytes",
+           "source_unchanged", "sync_segment"]

@@ -53,6 +53,8 @@ class MetadataOptions:
     numeric_ids: bool = False
     #: Whether -X covers security.* and trusted.* (a server takes them from trusted clients only).
     privileged_xattrs: bool = True
+    #: -S: runs of zeros (whole blocks) in the files written whole become holes, as rsync's -S.
+    sparse: bool = False
 
     @property
     def attributes(self) -> bool:

@@ -176,8 +176,9 @@ class UnitWorker:
         """A batch of small files: new ones, rewritten ones, and ones to compare first."""
         actions: Sequence[FileAction] = unit.items
         fresh = {a.path for a in actions if a.target is None}
+        # A dense old version of a sparse file is written again, holes and all, whatever its bytes.
         compare = {a.path for a in actions if a.target is not None
-                   and a.target.size == a.source.size}
+                   and a.target.size == a.source.size and not (a.source.sparse and not a.target.sparse)}
         source, target = self.runner.source, self.runner.target
         if target.can_copy_files_from(source):
             self._copy_locally(source, target, [a.source for a in actions], fresh, compare)
@@ -293,7 +294,7 @@ class UnitWorker:
             if not segments:
                 return 0
             return sync_segment(big.source, big.work, big.plan, segments[segment_index], options.hash_method,
-                                big.action.path, compare, options.piece_size)
+                                big.action.path, compare, options.piece_size, punch_stale=big.action.source.sparse)
 
         self._run_part(unit, index, move)
 

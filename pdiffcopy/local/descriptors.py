@@ -452,17 +452,22 @@ def write_zeros(fd: int, offset: int, length: int) -> None:
 _ZEROS_WARNED: set = set()
 
 
-def punch_ranges(fd: int, ranges: Iterable[ByteRange], where: str) -> bool:
+def punch_ranges(fd: int, ranges: Iterable[ByteRange], where: str, zeros: bool = True) -> bool:
     """Punch holes into ``ranges`` of an open file, or write zeros where its file system cannot.
 
     The first file system that cannot punch gets one warning per process.
 
-    :returns: Whether every range became a hole (False: zeros were written somewhere).
+    :param zeros: False: the ranges hold zeros already; where the file system cannot punch,
+                  stop there (no zeros written, no warning).
+    :returns: Whether every range became a hole (False: zeros were written somewhere, or,
+              without ``zeros``, a range was left as it was).
     :raises OSError: When punching or writing fails otherwise.
     """
     punched = True
     for offset, length in ranges:
         if not punch_hole(fd, offset, length):
+            if not zeros:
+                return False
             write_zeros(fd, offset, length)
             punched = False
     if not punched:

@@ -11,11 +11,16 @@ writes from anybody else are refused with 423 Locked.
 The server runs several worker processes, so a lease lives in a small file
 of a directory made before they fork, named after the file's device and
 inode (the file, not its name), and is read and changed under ``flock``.
-A lease that no request renewed for :data:`LEASE_SECONDS` lapses, so a
-killed client blocks nobody for long. A lapsed lease is not simply taken
-back: when anybody else wrote in between, the holder's next request (its
-end included) fails with 412, so a sync never reports success over
-somebody else's writes.
+A lease also records the connections its holder asked on (the latest few)
+and how many of its writes are running: once the client has closed all of
+those connections (the kernel closes a killed client's at once) and none of
+its writes is left, the lease has lapsed, and the next run takes it at once.
+Where the server cannot tell (no connection known, behind a proxy), a lease
+that no request renewed for :data:`LEASE_SECONDS` lapses, so a killed client
+blocks nobody for long, and a refusal says how long is left. A lapsed lease
+is not simply taken back: when anybody else wrote in between, the holder's
+next request (its end included) fails with 412, so a sync never reports
+success over somebody else's writes.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import secrets
 import shutil
 import tempfile
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, List, Optional, Set
 
 from pdiffcopy.errors import Conflict, Locked
 
@@ -59,7 +65,16 @@ LOCK_POLL_SECONDS = 0.01
 #: spaces; all spaces: no lease), rewritten in place. Never truncated: on
 #: ext4 a file truncated to zero is written out when closed (auto_da_alloc),
 #: which made every leased request 5 to 10 ms slower here.
-RECORD_BYTES = 128
+RECORD_BYTES = 1024
+
+#: Connections of its holder a lease remembers, the latest ones (a client asks on one
+#: per worker thread, and reuses them): the lease lapses when none of them is open.
+HOLDER_CONNECTIONS = 16
+
+#: Seconds a client taking a lease waits for the writes of a holder whose connections are
+#: gone to end (each notices its closed connection at its next read): a rerun right
+#: after a kill is not refused for a write still failing.
+DEAD_HOLDER_WAIT_SECONDS = 2.0
 
 
 class Leases:
@@ -78,6 +93,11 @@ class Leases:
 
             atexit.register(remove)
         self.directory = directory
+        #: The connection the current request came on, as text, or None when unknown (the server's).
+        self.request_connection: Callable[[], Optional[str]] = lambda: None
+        #: This host's open connections as text (None: cannot tell): a holder none of whose
+        #: connections is open is gone. None: only the lease's time says.
+        self.open_connections: Optional[Callable[[], Optional[Set[str]]]] = None
 
     @contextlib.contextmanager
     def _locked(self, info: os.stat_result, mode: int) -> Iterator[int]:
@@ -138,26 +158,66 @@ class Leases:
     @staticmethod
     def _write(fd: int, record: dict) -> None:
         data = json.dumps(record).encode() if record else b""
+        while len(data) > RECORD_BYTES and record.get("connections"):
+            record = {**record, "connections": record["connections"][1:]}  # the oldest go first
+            data = json.dumps(record).encode()
         os.pwrite(fd, data.ljust(RECORD_BYTES), 0)
 
+    def _live(self, record: dict) -> bool:
+        """Whether ``record`` is a lease still held: renewed lately, and its holder not known to be gone."""
+        return self._renewed(record) and not self._holder_gone(record)
+
     @staticmethod
-    def _live(record: dict) -> bool:
+    def _renewed(record: dict) -> bool:
         return bool(record.get("id")) and float(record.get("expires", 0)) > time.monotonic()
+
+    def _holder_gone(self, record: dict, still_writing: bool = False) -> bool:
+        """Whether none of the connections the holder asked on is open, and (unless ``still_writing``
+        is asked about) none of its writes runs. False where that cannot be told."""
+        connections = record.get("connections")
+        if not connections or self.open_connections is None or (record.get("writes", 0) and not still_writing):
+            return False
+        open_now = self.open_connections()
+        return open_now is not None and not set(connections) & open_now
+
+    def _refusal(self, record: dict, path: str) -> Locked:
+        left = math.ceil(max(0.0, float(record.get("expires", 0)) - time.monotonic()))
+        how = "when that client's connections close, or " if record.get("connections") else ""
+        return Locked(f"{path} is being written by another client; its write lease ends {how}within "
+                      f"{left} s unless renewed: try again then")
+
+    def _holding(self, record: dict, lease: str, writes: int = 0) -> dict:
+        """The holder's record renewed, with the current request's connection (the latest last)."""
+        connections: List[str] = [c for c in record.get("connections", []) if isinstance(c, str)] \
+            if record.get("id") == lease else []
+        here = self.request_connection()
+        if here is not None:
+            connections = [c for c in connections if c != here][-(HOLDER_CONNECTIONS - 1):] + [here]
+        written = {"id": lease, "expires": time.monotonic() + LEASE_SECONDS, "connections": connections}
+        running = int(record.get("writes", 0)) + writes if record.get("id") == lease else max(0, writes)
+        if running > 0:
+            written["writes"] = running
+        return written
 
     def acquire(self, info: os.stat_result, path: str) -> str:
         """Take the lease on the file ``info`` describes; return its id.
 
-        :raises Locked: When somebody else holds a live lease on it.
+        A holder whose connections are all closed is gone: its lease is taken over once
+        its last write ends (waited for up to :data:`DEAD_HOLDER_WAIT_SECONDS`).
+
+        :raises Locked: When somebody else holds a live lease on it (saying how long it may last).
         """
-        with self._locked(info, fcntl.LOCK_EX) as fd:
-            record = self._read(fd)
-            if self._live(record):
-                left = float(record["expires"]) - time.monotonic()
-                raise Locked(f"{path} is being written by another client (its lease ends within "
-                             f"{left:.0f} s unless renewed); try again later")
-            lease = secrets.token_hex(16)
-            self._write(fd, {"id": lease, "expires": time.monotonic() + LEASE_SECONDS})
-            return lease
+        deadline = time.monotonic() + DEAD_HOLDER_WAIT_SECONDS
+        while True:
+            with self._locked(info, fcntl.LOCK_EX) as fd:
+                record = self._read(fd)
+                if not self._live(record):
+                    lease = secrets.token_hex(16)
+                    self._write(fd, self._holding({}, lease))
+                    return lease
+                if not self._holder_gone(record, still_writing=True) or time.monotonic() >= deadline:
+                    raise self._refusal(record, path)
+            time.sleep(LOCK_POLL_SECONDS * 5)  # a write of a gone holder is failing: it ends soon
 
     def release(self, info: os.stat_result, lease: str, path: str) -> None:
         """End a lease; fail when it is no longer the holder's (somebody else wrote meanwhile)."""
@@ -165,20 +225,36 @@ class Leases:
             self._check_holder(self._read(fd), lease, path)
             self._write(fd, {})
 
+    def renew(self, info: os.stat_result, lease: str, path: str) -> None:
+        """A leased read: the lease must still be the holder's; it is renewed (and its connection noted)."""
+        with self._locked(info, fcntl.LOCK_EX) as fd:
+            record = self._read(fd)
+            self._check_holder(record, lease, path)
+            self._write(fd, self._holding(record, lease))
+
     @contextlib.contextmanager
     def writing(self, info: os.stat_result, lease: Optional[str], path: str) -> Iterator[None]:
         """Run a write (or a leased read) to the file ``info`` describes, if the lease allows it.
 
-        With ``lease``: it must still be the live holder's; it is renewed.
-        Without: refused while somebody holds a live lease; a lapsed one is
-        dropped (its holder must learn that somebody else wrote), and the
-        lock is held shared until the write is done.
+        With ``lease``: it must still be the live holder's; it is renewed, and
+        counted as running until it ends (a holder with a write running is not
+        gone, whatever its connections). Without: refused while somebody holds
+        a live lease; a lapsed one is dropped (its holder must learn that
+        somebody else wrote), and the lock is held shared until the write is done.
         """
         if lease:
             with self._locked(info, fcntl.LOCK_EX) as fd:
-                self._check_holder(self._read(fd), lease, path)
-                self._write(fd, {"id": lease, "expires": time.monotonic() + LEASE_SECONDS})
-            yield
+                record = self._read(fd)
+                self._check_holder(record, lease, path)
+                self._write(fd, self._holding(record, lease, writes=1))
+            try:
+                yield
+            finally:
+                # Not counted down (the lock kept for too long): the lease then lapses by its time only.
+                with contextlib.suppress(Locked), self._locked(info, fcntl.LOCK_EX) as fd:
+                    record = self._read(fd)
+                    if record.get("id") == lease:  # else taken over: not ours to count
+                        self._write(fd, {**record, "writes": max(0, int(record.get("writes", 0)) - 1)})
             return
         # Shared first: writes without a lease run side by side, however slow
         # their bodies (a push's connections on a slow link each take seconds);
@@ -186,7 +262,7 @@ class Leases:
         with self._locked(info, fcntl.LOCK_SH) as fd:
             record = self._read(fd)
             if self._live(record):
-                raise Locked(f"{path} is being written by another client; try again later")
+                raise self._refusal(record, path)
             if not record:
                 yield
                 return
@@ -194,7 +270,7 @@ class Leases:
         with self._locked(info, fcntl.LOCK_EX) as fd:
             record = self._read(fd)
             if self._live(record):
-                raise Locked(f"{path} is being written by another client; try again later")
+                raise self._refusal(record, path)
             if record:
                 self._write(fd, {})
             # Shared from here on: other writes without a lease may run at
@@ -202,8 +278,9 @@ class Leases:
             # flock converts by unlocking first, so a lease may have been
             # taken in that instant: look again, now that nobody can.
             fcntl.flock(fd, fcntl.LOCK_SH)
-            if self._live(self._read(fd)):
-                raise Locked(f"{path} is being written by another client; try again later")
+            record = self._read(fd)
+            if self._live(record):
+                raise self._refusal(record, path)
             yield
 
     @staticmethod
@@ -244,4 +321,4 @@ def _memory_directory() -> Optional[str]:
     return None
 
 
-__all__ = ["LEASE_SECONDS", "Leases"]
+__all__ = ["DEAD_HOLDER_WAIT_SECONDS", "HOLDER_CONNECTIONS", "LEASE_SECONDS", "Leases"]

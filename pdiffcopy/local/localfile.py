@@ -428,13 +428,13 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
 
-    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+    def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
         fd = self._writer()
         try:
-            punch_ranges(fd, ranges, self.path)
+            holes = punch_ranges(fd, ranges, self.path, zeros=write_zeros)
         except OSError as error:
             raise storage_error(error, f"write {self.path}") from None
-        return sum(length for _, length in ranges)
+        return sum(length for _, length in ranges) if holes or write_zeros else 0
 
     def write_sparse(self, enabled: bool) -> None:
         self.sparse_zeros = enabled

@@ -32,7 +32,9 @@ from pdiffcopy.local.descriptors import (
     remove_if_abandoned,
     replace_atomically,
     temporary_name,
+    write_all,
 )
+from pdiffcopy.core.datamap import zero_runs
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, stop_cause
@@ -467,8 +469,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 failures.append((entry.path, NOT_ATTEMPTED))
                 continue
             try:
-                self._write_file(entry, options, lambda fd, e=entry, d=data: _write_data(fd, e, d),
-                                 fresh)
+                self._write_file(entry, options,
+                                 lambda fd, e=entry, d=data: _write_data(fd, e, d, options.sparse), fresh)
                 written.append(entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
@@ -504,11 +506,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 if compare and self._same_content(entry, source_fd):
                     self.set_metadata(entry, options)
                     continue
-                self._write_file(entry, options,
-                                 lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e), fresh)
-                written += entry.size
+                # Counted as written: the data, not a sparse file's holes nor the zeros -S leaves out.
+                copied = self._write_file(entry, options,
+                                          lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e, options.sparse),
+                                          fresh)
+                written += copied
                 files += 1
-                sizes[entry.path] = entry.size
+                sizes[entry.path] = copied
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
                 stopped = stops_writing(failures[-1][1])
@@ -563,8 +567,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         os.lseek(source_fd, 0, os.SEEK_SET)
         return self.same_content(entry, wanted)
 
-    def _write_file(self, entry: Entry, options: MetadataOptions, fill, fresh: bool = False) -> None:
-        """Write a file as a temporary sibling, set its metadata, rename it into place.
+    def _write_file(self, entry: Entry, options: MetadataOptions, fill, fresh: bool = False):
+        """Write a file as a temporary sibling, set its metadata, rename it into place; return what ``fill`` did.
 
         A ``fresh`` file (nothing had its name) is written under its name
         directly, created exclusively, and removed again if anything fails:
@@ -582,13 +586,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                              entry.permissions & 0o777, dir_fd=directory)
                 created = True
                 try:
-                    fill(fd)
+                    filled = fill(fd)
                     self._set_metadata_fd(fd, entry, options, created=directory)
                     if options.fsync:
                         os.fsync(fd)
                 finally:
                     os.close(fd)
-                return
+                return filled
             except FileExistsError:
                 if created:
                     raise
@@ -603,7 +607,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             # returns, and the clean-up below must cover the file just made.
             fd = create_held(temporary, entry.permissions & 0o777, dir_fd=directory)
             try:
-                fill(fd)
+                filled = fill(fd)
                 self._set_metadata_fd(fd, entry, options, created=directory)
                 if options.fsync:  # before the rename: the name never points at unflushed data
                     os.fsync(fd)
@@ -614,6 +618,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         except BaseException:
             _unlink_quietly(temporary, directory)  # not created, or already renamed: fine
             raise
+        return filled
 
     def _set_metadata_fd(self, fd: int, entry: Entry, options: MetadataOptions, created: Optional[int] = None,
                          current: Optional[os.stat_result] = None) -> None:
@@ -960,52 +965,85 @@ def _read_all(fd: int, limit: int) -> bytes:
     return b"".join(pieces)
 
 
-#: Granularity of holes kept in sparse files written from memory.
+#: Granularity of holes kept in files written from memory (sparse ones, and all with -S): the
+#: block of most file systems; a smaller run of zeros would only be written as zeros anyway.
 _HOLE_BLOCK = 4096
 
 
-def _write_data(fd: int, entry: Entry, data: bytes) -> None:
+def _write_data(fd: int, entry: Entry, data: bytes, zeros_to_holes: bool = False) -> None:
+    """Write a new file's ``data``; a sparse entry's (or with ``zeros_to_holes``, any) zero blocks stay holes."""
     if len(data) != entry.size:
         raise TreeFailure(f"got {len(data)} bytes, expected {entry.size}")
-    if entry.sparse:
-        _write_sparse(fd, data)
+    if entry.sparse or zeros_to_holes:
+        _write_sparse(fd, data, 0)
+        os.ftruncate(fd, len(data))
         return
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _write_sparse(fd: int, data: bytes) -> None:
-    """Write only the blocks that are not all zeros; the rest stays a hole."""
-    zeros = bytes(_HOLE_BLOCK)
-    view = memoryview(data)
-    for offset in range(0, len(data), _HOLE_BLOCK):
-        block = view[offset:offset + _HOLE_BLOCK]
-        if block != zeros[:len(block)]:
-            os.pwrite(fd, block, offset)
-    os.ftruncate(fd, len(data))
+def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> int:
+    """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes;
+    return the bytes written."""
+    view = memoryview(data).cast("B")
+    position = written = 0
+    for start, length in zero_runs(data, offset, _HOLE_BLOCK) + [(offset + len(view), 0)]:
+        if start - offset > position:
+            write_all(fd, view[position:start - offset], offset + position)
+            written += start - offset - position
+        position = start - offset + length
+    return written
 
 
-def _copy_data(source_fd: int, target_fd: int, entry: Entry) -> None:
-    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one.
+def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> int:
+    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one; return the bytes written.
 
     One byte more than the size is asked for: getting it means the file grew.
+
+    :param zeros_to_holes: -S: the runs of zero blocks in the data become holes too (read and
+                           written here, not copied by the kernel, which would write them).
     """
-    if entry.sparse:
-        _copy_sparse(source_fd, target_fd, entry.size)
+    if zeros_to_holes:
+        written = _copy_zeros_as_holes(source_fd, target_fd, entry)
+        copied = entry.size + len(os.pread(source_fd, 1, entry.size))
+    elif entry.sparse:
+        written = _copy_sparse(source_fd, target_fd, entry.size)
         copied = entry.size + len(os.pread(source_fd, 1, entry.size))
     else:
-        copied = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
+        copied = written = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
     if copied != entry.size:
         raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
                           f"than {entry.size} bytes)")
+    return written
 
 
-def _copy_sparse(source_fd: int, target_fd: int, size: int) -> None:
+def _copy_zeros_as_holes(source_fd: int, target_fd: int, entry: Entry) -> int:
+    """Copy a file's data (a sparse one's extents) into a new file, leaving its zero blocks holes;
+    return the bytes written."""
+    extents = data_extents(source_fd, 0, entry.size) if entry.sparse else [(0, entry.size)]
+    written = 0
+    for start, length in extents:
+        position, end = start, start + length
+        while position < end:
+            chunk = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
+            if not chunk:
+                raise TreeFailure(f"changed while copying (shorter than {entry.size} bytes)")
+            written += _write_sparse(target_fd, chunk, position)
+            position += len(chunk)
+    os.ftruncate(target_fd, entry.size)
+    return written
+
+
+def _copy_sparse(source_fd: int, target_fd: int, size: int) -> int:
+    """Copy a sparse file's data extents into a new file; return the bytes copied."""
+    written = 0
     for start, length in data_extents(source_fd, 0, size):
         if copy_available(source_fd, target_fd, start, length) < length:
             raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
+        written += length
     os.ftruncate(target_fd, size)
+    return written
 
 
 def remove_all(directory: int, name: str) -> None:

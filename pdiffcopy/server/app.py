@@ -84,6 +84,7 @@ def create_app(config: ServerConfig) -> Flask:
     state = ServerState.start(config)
     state.install(app)
     holds.install(app)
+    holds.watch_leases(state.leases)
     expected = config.token.encode() if config.token else None
     document = render_document()
     owner_only = expected is None and not config.serve_anyone

@@ -94,8 +94,7 @@ def renew(info: os.stat_result, path: str) -> None:
     """A leased read or flush: the lease must still be the client's; it is renewed."""
     lease = lease_of_request()
     if lease:
-        with server_state().leases.writing(info, lease, path):
-            pass
+        server_state().leases.renew(info, lease, path)
 
 
 @files.get(f"{API_PREFIX}/stat/<path:path>")
@@ -300,9 +299,12 @@ def data_map(path: str):
 def punch_file(path: str):
     """Make the ranges in the body holes (zeros where the file system cannot), in place.
 
-    A write: refused like a PATCH while another client holds the lease, or when If-Match fails.
+    With ``zeros=0`` the ranges hold zeros already: where the file system cannot punch they are
+    left as they are, and the answer says ``"holes": false``. A write: refused like a PATCH
+    while another client holds the lease, or when If-Match fails.
     """
     state = server_state()
+    zeros = int_arg("zeros", 0, 1) == 1 if "zeros" in request.args else True
     ranges = [(offset, length) for offset, length
               in EXTENT_ENTRY.iter_unpack(binary_body(EXTENT_ENTRY.size, MAX_PUNCH_RANGES))]
     fd = served(state.root, path).open_descriptor(os.O_WRONLY)
@@ -313,7 +315,7 @@ def punch_file(path: str):
         check_disjoint(ranges, info.st_size, ordered=True)
         with state.leases.writing(info, lease_of_request(), path):
             try:
-                holes = punch_ranges(fd, ranges, path)
+                holes = punch_ranges(fd, ranges, path, zeros=zeros)
             except OSError as error:
                 raise storage_error(error, f"write {path}") from None
     finally:

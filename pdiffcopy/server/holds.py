@@ -8,6 +8,10 @@ connection on which it asked is closed (the kernel closes a killed client's at
 once), or it sent nothing for the lease's :data:`~pdiffcopy.local.leases.LEASE_SECONDS`,
 or the temporary has no name any more. A sweep (a push's, a tree push's listing,
 the next server's start) then finds the lock free and removes the temporary.
+
+The write leases (:mod:`pdiffcopy.local.leases`) follow the same connections: a lease
+whose holder closed every connection it asked on, and has no write running, has lapsed
+(:func:`watch_leases`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from flask import Flask, Response, request
 from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.errors import PdiffcopyError
 from pdiffcopy.local import writerlocks
-from pdiffcopy.local.leases import LEASE_SECONDS
+from pdiffcopy.local.leases import LEASE_SECONDS, Leases
 from pdiffcopy.server.context import server_state
 from pdiffcopy.server.requests import served
 
@@ -31,6 +35,11 @@ HOLD_TICK_SECONDS = 0.05
 
 #: ``/proc/net/tcp`` state of an established connection (include/net/tcp_states.h).
 _ESTABLISHED = "01"
+
+#: States of a connection this side closed first (FIN_WAIT1, FIN_WAIT2, TIME_WAIT, CLOSING): the
+#: server ended an idle keep-alive connection, not the client. A client that was killed closed
+#: its connections itself (CLOSE_WAIT, LAST_ACK, then nothing).
+_CLOSED_HERE = frozenset({"04", "05", "06", "0B"})
 
 Endpoint = Tuple[object, int]
 Connection = Tuple[Endpoint, Endpoint]
@@ -56,6 +65,32 @@ def install(app: Flask) -> None:
     @app.teardown_request
     def forget_connection(_error: Optional[BaseException]) -> None:
         writerlocks.set_request_connection(None)
+
+
+def watch_leases(leases: Leases) -> None:
+    """Let ``leases`` see its holders' connections: a lease ends once the client closed them all.
+
+    A connection the server closed (an idle keep-alive one) still counts: its client may
+    be alive, hashing its own side, and would ask again on a new one.
+    """
+    leases.request_connection = lambda: connection_text(writerlocks.request_connection())
+
+    def open_now() -> Optional[Set[str]]:
+        try:
+            found = connections_in({_ESTABLISHED} | _CLOSED_HERE)
+        except OSError:
+            return None
+        return {text for text in map(connection_text, found) if text is not None}
+
+    leases.open_connections = open_now
+
+
+def connection_text(connection: Optional[Connection]) -> Optional[str]:
+    """A connection as a lease records it: ``server address, port > client address, port``."""
+    if connection is None:
+        return None
+    (here, here_port), (there, there_port) = connection
+    return f"{here},{here_port}>{there},{there_port}"
 
 
 def hold(path: str, keeper: writerlocks.HoldKeeper) -> None:
@@ -94,6 +129,11 @@ def open_connections() -> Optional[Set[Connection]]:
 
 def established_connections() -> Set[Connection]:
     """This host's established TCP connections, from ``/proc/net/tcp`` and ``tcp6``."""
+    return connections_in({_ESTABLISHED})
+
+
+def connections_in(states: "Set[str] | frozenset") -> Set[Connection]:
+    """This host's TCP connections in ``states`` (``/proc/net/tcp``'s hex codes), from ``tcp`` and ``tcp6``."""
     found: Set[Connection] = set()
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -101,7 +141,7 @@ def established_connections() -> Set[Connection]:
                 next(table, None)
                 for line in table:
                     fields = line.split()
-                    if len(fields) > 3 and fields[3] == _ESTABLISHED:
+                    if len(fields) > 3 and fields[3] in states:
                         found.add((_endpoint(fields[1]), _endpoint(fields[2])))
         except FileNotFoundError:
             continue  # no IPv6
@@ -116,4 +156,5 @@ def _endpoint(text: str) -> Endpoint:
     return ipaddress.ip_address(packed), int(port, 16)
 
 
-__all__ = ["HOLD_TICK_SECONDS", "open_connections", "connection_of", "established_connections", "install"]
+__all__ = ["HOLD_TICK_SECONDS", "connection_of", "connection_text", "connections_in", "established_connections",
+           "install", "open_connections", "watch_leases"]

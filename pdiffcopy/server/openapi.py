@@ -345,6 +345,8 @@ def _components() -> Dict[str, Any]:
         "NumericIds": _flag("numeric_ids", "1 (--numeric-ids): ACL entries name users and groups by number only "
                                            "(listed without names, applied by ID); 0 (the default): by name, the "
                                            "number kept for names the host does not know"),
+        "Sparse": _flag("sparse", "1 (-S): runs of zeros (whole 4 KiB blocks) in the files written become "
+                                  "holes; 0 (the default): only the holes of entries marked sparse do"),
         "Fresh": _flag("fresh", "1: the files are new; each is created under its name exclusively "
                                 "(no temporary and rename) and removed if writing it fails; a name "
                                 "that exists gets the temporary and rename after all. 0 (the "
@@ -546,7 +548,10 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                  "links, unless --write-hard-links)",
         {"200": _json_answer("The bytes punched, and whether they all became holes", "Punched")},
         errors=_PATH_ERRORS + (412, 413, 416, 423),
-        parameters=[path, if_match, lease, no_follow],
+        parameters=[path, if_match, lease, no_follow,
+                    _query("zeros", "0: the ranges hold zeros already; where the file system cannot punch, "
+                                    "leave them as they are (the answer says holes false). 1 (the default): "
+                                    "write zeros there", {"type": "integer", "enum": [0, 1]}, required=False)],
         body={"required": True,
               "description": "The ranges, 16 bytes each: offset and length (uint64, little-endian), "
                              "ascending, none empty, overlapping or past the end; at most 65,536",
@@ -689,7 +694,8 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
         write = _operation(
             f"treeWrite{name}", "Write whole files into a tree, each complete or not at all",
             {"200": _json_answer("The files that could not be written", "Failures")},
-            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Fresh")],
+            errors=_PATH_ERRORS, parameters=list(parameters) + flags + [_ref("parameters", "Sparse"),
+                                                                         _ref("parameters", "Fresh")],
             body={"required": True, "description": "The files, as a batch stream (at most "
                                                    "10,000 files and 256 MiB; headers JSON or, from a "
                                                    "client that got a packed listing, packed)",

@@ -218,11 +218,11 @@ def check_server_root_kept(operations: List[Operation]) -> None:
 
 
 def metadata_options() -> MetadataOptions:
-    """The ``times``, ``owner``, ``fsync``, ``xattrs``, ``acls`` and ``numeric_ids`` query flags
-    (0 or 1, 0 when missing)."""
+    """The ``times``, ``owner``, ``fsync``, ``xattrs``, ``acls``, ``numeric_ids`` and ``sparse`` query
+    flags (0 or 1, 0 when missing)."""
     return MetadataOptions(times=flag_arg("times"), owner=flag_arg("owner"), fsync=flag_arg("fsync"),
                            xattrs=flag_arg("xattrs"), acls=flag_arg("acls"),
-                           numeric_ids=flag_arg("numeric_ids"))
+                           numeric_ids=flag_arg("numeric_ids"), sparse=flag_arg("sparse"))
 
 
 def flag_arg(name: str) -> bool:

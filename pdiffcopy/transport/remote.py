@@ -307,20 +307,27 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
     def write_sparse(self, enabled: bool) -> None:
         self._sparse_writes = enabled
 
-    def punch_ranges(self, ranges: Sequence[ByteRange]) -> int:
+    def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
         """The server punches the holes (or writes zeros where its file system cannot), in pages."""
         ranges = list(ranges)
+        punched = 0
         for start in range(0, len(ranges), MAX_PUNCH_RANGES):
             asked = ranges[start:start + MAX_PUNCH_RANGES]
             body = b"".join(_CHUNK_RANGE.pack(offset, length) for offset, length in asked)
-            response = self.request("POST", self._target("punch"), body=body, headers={
-                "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
+            response = self.request("POST", self._target("punch", params=None if write_zeros else {"zeros": 0}),
+                                    body=body, headers={
+                                        "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
             answer = self.client.json(response)
-            if isinstance(answer, dict) and answer.get("holes") is False and not self._warned_zeros:
+            holes = not (isinstance(answer, dict) and answer.get("holes") is False)
+            if not write_zeros:
+                if not holes:
+                    return punched  # its file system cannot: the zeros stay as they are
+            elif not holes and not self._warned_zeros:
                 self._warned_zeros = True
                 logger.warning("The file system of %s cannot punch holes; the source's holes are written "
                                "there as zeros", self.location)
-        return sum(length for _, length in ranges)
+            punched += sum(length for _, length in asked)
+        return punched
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         ranges = list(ranges)

@@ -120,6 +120,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         if options is not None:
             target += f"?times={int(options.times)}&owner={int(options.owner)}&fsync={int(options.fsync)}"
             target += _attribute_flags(options, "&")
+            if options.sparse:  # only when asked: an older server ignores it, and writes the zeros
+                target += "&sparse=1"
         return target
 
     # -- TreeEndpoint ----------------------------------------------------
