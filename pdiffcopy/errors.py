@@ -122,6 +122,12 @@ class PartialTransfer(PdiffcopyError):
     exit_code = 23
 
 
+class VanishedFiles(PartialTransfer):
+    """Source files listed at the start were gone when read; all else was synced (rsync's 24)."""
+
+    exit_code = 24
+
+
 class StorageError(PdiffcopyError):
     """Reading or writing a file failed (I/O error, no space left, ...): rsync's 11, file I/O."""
 

@@ -79,6 +79,7 @@ exit status (rsync's, where rsync has one for the same failure):
    23  partial transfer: some paths of a tree failed (the rest was synced),
        a full or read-only target stopped it, a file failed its
        verification or changed during the sync
+   24  source files vanished during a tree sync (and nothing else failed)
    30  timeout: the server did not answer within --timeout
   127  no pdiffcopy on the ssh host
   255  ssh failed

@@ -15,10 +15,10 @@ from typing import Callable, Optional, Tuple
 
 from pdiffcopy.transport import counters
 from pdiffcopy.engine.endpoints import is_url
-from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError
+from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.core.treeplan import printable
-from pdiffcopy.core.treestops import stop_cause
+from pdiffcopy.core.treestops import VANISHED, stop_cause
 
 logger = logging.getLogger("pdiffcopy")
 
@@ -332,6 +332,9 @@ def _finish(result, done: str = "") -> int:
         raise PartialTransfer(f"{printable(result.target)}: {result.stopped}: stopped; "
                               f"{done + ', ' if done else ''}{failed} path(s) failed{why}, "
                               f"{result.not_synced} not synced; {advice}")
+    if all(message == VANISHED for _, message in result.failures):
+        raise VanishedFiles(f"{len(result.failures)} file(s) vanished from the source during the sync; "
+                            f"everything else was synced")
     raise PartialTransfer(f"{len(result.failures)} path(s) failed; everything else was synced; "
                           f"run again once they are fixed")
 

@@ -20,6 +20,10 @@ NOT_KEPT_XATTRS = "xattrs"
 #: file met a :func:`stop_cause`, which every later write would meet too.
 NOT_ATTEMPTED = "not written: writing stopped at an earlier file"
 
+#: The failure of a listed source file that was gone when the sync came to read it (rsync's
+#: "file has vanished"): a sync whose only failures are these exits 24, as rsync's.
+VANISHED = "vanished from the source before it was copied"
+
 #: How a failure shows that the target takes no more writes, and what a sync then says of it.
 _STOP_CAUSES = ((os.strerror(errno.ENOSPC), "The target file system is full"),
                 (os.strerror(errno.EDQUOT), "The target file system is full"),
@@ -35,4 +39,4 @@ def stop_cause(message: str) -> Tuple[str, str]:
     return "", ""
 
 
-__all__ = ["NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "stop_cause"]
+__all__ = ["VANISHED", "NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "stop_cause"]

@@ -37,7 +37,7 @@ from pdiffcopy.local.descriptors import (
 from pdiffcopy.core.datamap import zero_runs
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, stop_cause
+from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, VANISHED, stop_cause
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     LINK,
@@ -432,12 +432,15 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         here, on a 4 us open): only a swap since the listing can put a
         device there.
         """
-        directory, name = self._parent(entry.path)
-        if self.entries_from_client:
-            mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
-            if not stat.S_ISREG(mode):
-                raise NotAFile(f"Not a regular file: {entry.path} is {describe_kind(mode)}")
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        try:
+            directory, name = self._parent(entry.path)
+            if self.entries_from_client:
+                mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+                if not stat.S_ISREG(mode):
+                    raise NotAFile(f"Not a regular file: {entry.path} is {describe_kind(mode)}")
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        except FileNotFoundError:
+            raise TreeFailure(VANISHED) from None
         check_regular(fd, entry.path)
         return fd
 
