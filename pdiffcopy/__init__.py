@@ -10,7 +10,7 @@ Everything heavier than this module is imported lazily, so that ``import
 pdiffcopy`` (and the command line's start-up) stays cheap.
 """
 
-__version__ = "2.0.0"
+from pdiffcopy._version import __version__
 
 __all__ = ["__version__", "sync", "sync_tree", "SyncResult", "Progress", "PdiffcopyError", "copyfile",
            "patch_copyfile", "unpatch_copyfile"]

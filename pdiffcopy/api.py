@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
-from pdiffcopy.engine.endpoints import FileEndpoint, is_url
+from pdiffcopy.core.locations import is_url
+from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options

@@ -20,6 +20,9 @@ import pytest
 
 from conftest import random_bytes, run_cli, start_server
 
+#: These measure this machine (``-m "not measures"`` leaves them out).
+pytestmark = pytest.mark.measures
+
 #: Short limits, so that each test takes seconds (pdiffcopy/server/guard.py reads them).
 LIMITS = {
     "PDIFFCOPY_HEADER_TIMEOUT": "1",

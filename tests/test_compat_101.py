@@ -360,7 +360,7 @@ def test_location_parsing():
     1.0.1 took the URL's path as an absolute file name; ours is a path below the
     server's --root (the leading slash only separates it from the host).
     """
-    from pdiffcopy.engine.endpoints import is_url
+    from pdiffcopy.core.locations import is_url
     from pdiffcopy.errors import UsageError
     from pdiffcopy.transport.urls import parse_url
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from conftest import held_lease, random_bytes, run_cli
 
 from pdiffcopy.engine.filejob import Progress
-from pdiffcopy.pipeline import sync
+from pdiffcopy.api import sync
 
 #: Big enough for several 1 MiB blocks, small enough to sync in a blink.
 SIZE = 4 * 1024 * 1024

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+#: These measure this machine (``-m "not measures"`` leaves them out).
+pytestmark = pytest.mark.measures
+
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "load.py"
 
 CLIENTS = 16

@@ -21,7 +21,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, VerificationFailed
 from pdiffcopy.core.hashing import digest_bytes
 from pdiffcopy.local.localtree import LocalTree
-from pdiffcopy.pipeline import sync
+from pdiffcopy.api import sync
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.engine.treesync import TreeOptions, sync_tree
 

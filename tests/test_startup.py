@@ -57,6 +57,7 @@ def make_tree(root, files: int) -> None:
         (directory / f"file{index}").write_bytes(b"contents %d\n" % index)
 
 
+@pytest.mark.measures
 def test_a_quiet_local_tree_sync_imports_only_what_it_needs(tmp_path):
     make_tree(tmp_path / "src", 3)
     quiet = ("-a", "-q", "--no-progress", f"{tmp_path / 'src'}/", str(tmp_path / "dst"))
@@ -88,6 +89,7 @@ def test_times_are_written_as_humanfriendly_writes_them(seconds):
     assert humanize.format_timespan(seconds) == format_timespan(seconds)
 
 
+@pytest.mark.measures
 def test_a_small_local_tree_sync_forks_nothing_and_a_big_one_lists_in_two_processes(tmp_path):
     make_tree(tmp_path / "src", 20)
     quiet = ("-a", "-q", "--no-progress", f"{tmp_path / 'src'}/", str(tmp_path / "dst"))
@@ -107,6 +109,7 @@ def test_a_small_local_tree_sync_forks_nothing_and_a_big_one_lists_in_two_proces
         sorted(p.name for p in (tmp_path / "src").rglob("*"))
 
 
+@pytest.mark.measures
 def test_a_file_pull_and_push_import_only_what_they_need(server, unique, tmp_path):
     """Not the server's modules, not OpenSSL's hashes (xxh3 is the default), not the standard
     dataclasses nor humanfriendly (its summary line is printed: not quiet)."""
@@ -226,6 +229,7 @@ pool.shutdown()
 """
 
 
+@pytest.mark.measures
 @pytest.mark.parametrize("cuts_likely,expected", [("1", "[(True,)] False"), ("0", "[(False,)] False")])
 def test_the_hash_processes_load_the_chunker_early_only_when_a_cut_is_likely(tmp_path, cuts_likely, expected):
     (tmp_path / "startup_probe.py").write_text(

@@ -11,8 +11,13 @@ import time
 import tracemalloc
 from typing import Iterator, Tuple
 
+import pytest
+
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, PathFilter, PlanOptions, plan_tree
 from pdiffcopy.core.treestream import StreamPlanner
+
+#: These measure this machine (``-m "not measures"`` leaves them out).
+pytestmark = pytest.mark.measures
 
 
 def test_planning_a_copy_holds_under_80_bytes_per_new_file_beyond_its_entry():

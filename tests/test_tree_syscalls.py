@@ -20,6 +20,9 @@ from test_one_local_file import needs_strace
 
 from conftest import pdiffcopy_command, random_bytes
 
+#: These measure this machine (``-m "not measures"`` leaves them out).
+pytestmark = pytest.mark.measures
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="owners are kept only by root")
 
 #: A chown-family call's last two numbers (uid, gid), before fchownat's flags.

@@ -21,6 +21,9 @@ import pytest
 
 from conftest import random_bytes, start_server
 
+#: These measure this machine (``-m "not measures"`` leaves them out).
+pytestmark = pytest.mark.measures
+
 #: Larger than the socket buffers of both ends, so that a GET nobody reads keeps its thread busy.
 BIG_FILE = 24 * 1024 * 1024
 

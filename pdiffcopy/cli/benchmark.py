@@ -23,7 +23,7 @@ from typing import List, Optional
 from property_manager import PropertyManager, lazy_property, required_property
 
 from pdiffcopy.core.blocks import parse_block_size
-from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.core.locations import is_url
 from pdiffcopy.errors import StorageError, UsageError
 from pdiffcopy.api import sync
 

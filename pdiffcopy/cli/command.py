@@ -16,9 +16,9 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
-from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.core.locations import is_url
 from pdiffcopy.transport import counters
 from pdiffcopy.cli.logs import DEBUG_VERBOSITY, setup_logging
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
@@ -825,7 +825,7 @@ def refuse_rsync_remote(location: str) -> None:
 
     :raises UsageError: For ``host:path``, ``user@host:path`` or ``host::module``.
     """
-    from pdiffcopy.core.sshform import looks_remote
+    from pdiffcopy.core.locations import looks_remote
 
     if looks_remote(location):
         raise UsageError(f"{location}: --remove takes local paths and URLs, not HOST:PATH (for a local "

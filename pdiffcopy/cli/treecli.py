@@ -14,7 +14,7 @@ import time
 from typing import Callable, Optional, Tuple
 
 from pdiffcopy.transport import counters
-from pdiffcopy.engine.endpoints import is_url
+from pdiffcopy.core.locations import is_url
 from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
 from pdiffcopy.core.treeplan import printable

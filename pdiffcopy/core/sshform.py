@@ -8,8 +8,10 @@ host writes on its standard output (docs/protocol.rst, "Serving over ssh").
 from __future__ import annotations
 
 import re
-from pdiffcopy.core.records import dataclass
 from typing import Optional
+
+from pdiffcopy.core.locations import looks_remote
+from pdiffcopy.core.records import dataclass
 
 from pdiffcopy.errors import UsageError
 
@@ -35,7 +37,6 @@ PINNED_CERTIFICATE_PREFIX = "pin-sha256:"
 #: rsync's remote forms: a colon with no slash before it (rsync's own rule:
 #: ``./a:b`` and ``/x/a:b`` are local paths).
 _REMOTE_FORM = re.compile(r"^(?:(?P<user>[^/:@]+)@)?(?P<host>\[[^/\]]+\]|[^/:\[\]]+):(?P<path>.*)$", re.DOTALL)
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,6 @@ class SshLocation:
             return path
         home = home.rstrip("/")
         return f"{home}/{path}" if path else f"{home}/"
-
-
-def looks_remote(location: str) -> bool:
-    """Whether ``location`` is in rsync's remote form (``host:path``, ``host::module``), not a URL."""
-    return not _SCHEME.match(location) and re.match(r"^[^/:]+:", location) is not None
 
 
 def parse_ssh_location(location: str) -> Optional[SshLocation]:

@@ -8,7 +8,6 @@ is written once and one test suite exercises both.
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from pdiffcopy.core.records import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -468,13 +467,3 @@ def _zeros(ranges: Sequence[ByteRange], chunk: int = 1024 * 1024) -> Iterator[Ch
             yield start, zeros[: min(chunk, offset + length - start)]
 
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def is_url(location: str) -> bool:
-    """Whether a SOURCE or TARGET argument is a URL (``scheme://...``), not a local path.
-
-    Any scheme counts, so that ``ftp://host/file`` is refused as an
-    unsupported URL instead of being taken for a local path.
-    """
-    return bool(_SCHEME.match(location))

@@ -24,7 +24,7 @@ from typing import Optional
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.compression import FRAMES_TYPE
 from pdiffcopy.core.protocol import TOKEN_VARIABLE
 from pdiffcopy.errors import (

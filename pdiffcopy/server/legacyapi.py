@@ -34,7 +34,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 from flask import Blueprint, Response, g, jsonify, request
 from werkzeug.wsgi import ClosingIterator
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.core.hashing import digest_size, validate_method
 from pdiffcopy.errors import AccessDenied, BadRequest, ServerBusy, StorageError, storage_error

@@ -20,7 +20,7 @@ import copy
 import json
 from typing import Any, Dict, List, Optional
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH

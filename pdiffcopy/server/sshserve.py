@@ -25,7 +25,7 @@ import tempfile
 import threading
 from typing import Optional
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.sshform import handshake_line
 
 #: Seconds the workers get to finish their requests once the session ended: the client

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from pdiffcopy import __version__
+from pdiffcopy._version import __version__
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.sshform import (
     DIRECT_OPTION,
