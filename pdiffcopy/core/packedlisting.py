@@ -39,7 +39,7 @@ import sys
 from array import array
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from pdiffcopy.core.treeplan import DIR, FILE, OTHER, SYMLINK, Entry, shared_mode
+from pdiffcopy.core.entries import DIR, FILE, OTHER, SYMLINK, Entry, shared_mode
 from pdiffcopy.core.treewire import (
     MAX_JSON_ITEM_CHARS,
     TreeWireError,

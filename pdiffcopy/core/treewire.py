@@ -43,8 +43,8 @@ from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 # Of the vocabulary of listings' headers and writes' answers, kept apart for local syncs (treestops).
 from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, NOT_KEPT_XATTRS, stop_cause
-from pdiffcopy.core.treeplan import (DIR, FILE, LINK, OPERATIONS, OTHER, SYMLINK, Entry, Operation, known_mode,
-                                     shared_mode)
+from pdiffcopy.core.entries import DIR, FILE, OTHER, SYMLINK, Entry, known_mode, shared_mode
+from pdiffcopy.core.treeplan import LINK, OPERATIONS, Operation
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.

@@ -56,7 +56,7 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
     WalkedHere,
 )
-from pdiffcopy.core.treeplan import DIR, FILE, OTHER, Entry, kind_of, known_mode, shared_mode
+from pdiffcopy.core.entries import DIR, FILE, OTHER, Entry, kind_of, known_mode, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes

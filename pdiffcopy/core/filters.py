@@ -1,0 +1,219 @@
+"""Which paths a tree sync takes: rsync's filter rules, globs, and --files-from lists.
+
+Pure: the rules are compiled once and asked per path; nothing here touches a
+file system. :func:`~pdiffcopy.core.treeplan.plan_tree` asks a :class:`PathFilter`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, List, Optional, Set, Tuple
+
+from pdiffcopy.core.entries import DIR, Entry
+
+#: The characters that make a pattern a glob; a regex option given one that
+#: does not compile (``--exclude-regex '*.tmp'``) is most likely a glob meant for --exclude.
+_GLOB_CHARS = frozenset("*?[")
+
+#: rsync's rule prefixes in an --exclude-from file: "+ PATTERN" and "- PATTERN".
+INCLUDE, EXCLUDE = "+", "-"
+
+
+def glob_to_regex(pattern: str) -> Tuple["re.Pattern[str]", bool]:
+    """rsync's glob as a regex over a relative path, and whether it matches directories only.
+
+    A leading ``/`` anchors the pattern to the tree's root; otherwise it
+    matches the end of the path at a name boundary (so a pattern without
+    ``/`` matches the last name at any depth, and ``sub/*.o`` matches
+    ``sub/a.o`` and ``x/sub/a.o``, as in rsync). A trailing ``/`` matches
+    directories only, ``*`` and ``?`` never cross ``/``, ``**`` does,
+    ``[...]`` is a character class (``[!...]`` negated) and a trailing
+    ``/***`` matches a directory and everything in it.
+    """
+    dir_only = pattern.endswith("/") and pattern != "/"
+    body = pattern.rstrip("/") if dir_only else pattern
+    anchored = body.startswith("/")
+    body = body.lstrip("/")
+    subtree = body.endswith("/***")
+    if subtree:
+        body = body[:-4]
+    out = []
+    i = 0
+    while i < len(body):
+        char = body[i]
+        if body.startswith("**", i):
+            out.append(".*")
+            i += 2
+            while i < len(body) and body[i] == "*":
+                i += 1
+            continue
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "\\" and i + 1 < len(body):
+            i += 1
+            out.append(re.escape(body[i]))
+        elif char == "[" and _class_end(body, i) > 0:
+            end = _class_end(body, i)
+            inner = body[i + 1:end]
+            if inner[:1] == "!":
+                inner = "^" + inner[1:]
+            out.append("[" + inner.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    regex = ("^" if anchored else "(?:^|/)") + "".join(out) + ("(?:/.*)?$" if subtree else "$")
+    return re.compile(regex, re.DOTALL), dir_only and not subtree
+
+
+def _class_end(body: str, start: int) -> int:
+    """Where the ``[...]`` opened at ``start`` closes (a ``]`` first in it is literal), or -1."""
+    first = start + 1
+    if body[first:first + 1] in ("!", "^"):
+        first += 1
+    return body.find("]", first + 1)
+
+
+class PathFilter:
+    """rsync's ``--include``/``--exclude`` globs, ``--files-from``, and ``-i``/``--exclude-regex`` regexes.
+
+    The glob rules are tried first, in the order given, and the first one that
+    matches decides (rsync's rule); a path no glob matches falls to the
+    regexes. The regexes are searched (not anchored: ``^`` and ``$`` anchor)
+    in the path as it is, and in a directory's path also with a trailing
+    slash, so ``--exclude-regex '^build/'`` excludes the directory build and everything in
+    it. An excluded directory is not entered. With regex includes, a file or
+    symlink is taken only when one of them (or a glob include) matches;
+    directories are entered regardless and made only when they match or hold
+    something taken. With ``files_from`` only the listed paths, everything
+    below a listed directory and the directories on their way are taken.
+    """
+
+    def __init__(self, includes: Iterable[str] = (), excludes: Iterable[str] = (),
+                 rules: Iterable[Tuple[str, str]] = (), files_from: Optional[Iterable[str]] = None) -> None:
+        self.includes = [self._compile(text, "include") for text in includes]
+        self.excludes = [self._compile(text, "exclude") for text in excludes]
+        self.rules = [(action, *glob_to_regex(pattern)) for action, pattern in rules]
+        self.files_from: Optional[Set[str]] = None
+        self.files_from_parents: Set[str] = set()
+        if files_from is not None:
+            self.files_from = {p for p in (normalise_listed(text) for text in files_from) if p}
+            for path in self.files_from:
+                self.files_from_parents.update(ancestors(path))
+
+    @staticmethod
+    def _compile(text: str, what: str) -> "re.Pattern[str]":
+        try:
+            return re.compile(text)
+        except re.error as error:
+            if _GLOB_CHARS & set(text):  # the regex error ("nothing to repeat") would mislead
+                raise ValueError(f"The {what} regex {text!r} looks like a glob: use --{what} {text!r} "
+                                 f"(-i/-e and --{what}-regex take regular expressions)") from None
+            raise ValueError(f"Invalid {what} regex {text!r}: {error}") from None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.includes or self.excludes or self.rules) or self.files_from is not None
+
+    @staticmethod
+    def _matches(patterns: List["re.Pattern[str]"], path: str, is_dir: bool) -> bool:
+        return any(p.search(path) or (is_dir and p.search(path + "/")) for p in patterns)
+
+    def _rule(self, path: str, is_dir: bool) -> Optional[str]:
+        """The action of the first glob rule that matches, or None."""
+        for action, regex, dir_only in self.rules:
+            if (is_dir or not dir_only) and regex.search(path):
+                return action
+        return None
+
+    def excluded(self, path: str, is_dir: bool) -> bool:
+        action = self._rule(path, is_dir)
+        if action is not None:
+            return action == EXCLUDE
+        return self._matches(self.excludes, path, is_dir)
+
+    def included(self, path: str, is_dir: bool) -> bool:
+        if not self.includes:
+            return True
+        action = self._rule(path, is_dir)
+        if action is not None:
+            return action == INCLUDE
+        return self._matches(self.includes, path, is_dir)
+
+    def listed(self, path: str) -> bool:
+        """Whether ``files_from`` takes ``path``: listed, below a listed path, or on the way to one."""
+        if self.files_from is None:
+            return True
+        return path in self.files_from_parents or is_under(path, self.files_from)
+
+    def apply(self, entries: Iterable[Entry]) -> List[Entry]:
+        """The entries the filters let through (see the class description)."""
+        if not self.active:
+            return list(entries)
+        pruned: Set[str] = set()
+        taken: List[Entry] = []
+        for entry in sorted(entries, key=lambda e: e.path):
+            parent = entry.parent
+            if parent and is_under(parent, pruned):
+                if entry.kind == DIR:
+                    pruned.add(entry.path)
+                continue
+            is_dir = entry.kind == DIR
+            if self.excluded(entry.path, is_dir) or not self.listed(entry.path):
+                if is_dir:
+                    pruned.add(entry.path)
+                continue
+            taken.append(entry)
+        if not self.includes:
+            return taken
+        # With includes: keep what matches, and the directories on its way.
+        wanted = [e for e in taken if e.kind != DIR and self.included(e.path, False)]
+        needed: Set[str] = set()
+        for entry in taken:
+            if entry.kind == DIR and self.included(entry.path, True):
+                needed.add(entry.path)
+        for entry in wanted:
+            needed.update(ancestors(entry.path))
+        for path in list(needed):
+            needed.update(ancestors(path))
+        chosen = {e.path for e in wanted}  # a set: "in" a list made this quadratic in the files
+        return [e for e in taken if (e.kind == DIR and e.path in needed)
+                or (e.kind != DIR and e.path in chosen)]
+
+    def protects(self, path: str, is_dir: bool, parents_pruned: Set[str]) -> bool:
+        """Whether a target entry is outside what the filters select (and so never deleted)."""
+        if path.rpartition("/")[0] and is_under(path.rpartition("/")[0], parents_pruned):
+            return True
+        if self.excluded(path, is_dir) or not self.listed(path):
+            return True
+        return bool(self.includes) and not self.included(path, is_dir)
+
+
+def normalise_listed(text: str) -> str:
+    """A --files-from line as a relative path: no leading ``./`` or ``/``, no trailing ``/``."""
+    path = text.strip("/")
+    while path.startswith("./"):
+        path = path[2:].lstrip("/")
+    return "" if path == "." else path
+
+
+def ancestors(path: str) -> List[str]:
+    """The directories above ``path``, top first (``a/b/c``: ``a``, ``a/b``)."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def is_under(directory: str, prefixes: Set[str]) -> bool:
+    """Whether ``directory`` is one of ``prefixes`` or below one."""
+    if not prefixes:  # the usual case; walking up costs the depth, per entry of a deep tree
+        return False
+    while directory:
+        if directory in prefixes:
+            return True
+        directory = directory.rpartition("/")[0]
+    return False
+
+
+__all__ = ["EXCLUDE", "INCLUDE", "PathFilter", "glob_to_regex", "is_under", "normalise_listed"]
