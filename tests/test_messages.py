@@ -2,7 +2,7 @@
 a server's log has one format.
 
 (The ssh side of these, HOST:PATH named as typed, the remote's output and the install hints, is
-in tests/test_ssh.py; the missing extras' hints in tests/test_cli_habits.py.)
+in tests/test_ssh.py; the missing extras' hints in tests/test_cli_mistakes.py.)
 """
 
 from __future__ import annotations

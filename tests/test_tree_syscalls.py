@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import pytest
-from test_one_local_file import needs_strace
+from test_kill_switch_and_confinement import needs_strace
 
 from conftest import pdiffcopy_command, random_bytes
 

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import random_bytes, run_cli, start_server
-from test_one_local_file import needs_strace
+from test_kill_switch_and_confinement import needs_strace
 
 #: These measure this machine (``-m "not measures"`` leaves them out).
 pytestmark = pytest.mark.measures
