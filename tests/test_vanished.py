@@ -7,6 +7,8 @@ gone: locally, pushed (the client reads it) and pulled (the server reads it).
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,31 @@ def test_a_vanished_file_among_other_failures_is_a_partial_transfer(tmp_path, mo
     errors = caplog.text
     assert status == 23, errors
     assert VANISHED in errors
+
+
+def dying_worker_progress(parent: int):
+    """A progress record whose first forked worker kills itself (SIGKILL) once it has done a unit."""
+
+    class DyingWorkerProgress(TreeProgress):
+        def add(self, slot: int, files: int, size: int, moved=None) -> None:
+            super().add(slot, files, size, moved)
+            if os.getpid() != parent and slot == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return DyingWorkerProgress
+
+
+def test_a_worker_that_died_is_no_finished_sync(tmp_path, monkeypatch, caplog):
+    """What a dead worker did is not known: no "Synchronised", no "everything else was synced"."""
+    source = tmp_path / "source"
+    for directory in range(8):
+        (source / f"d{directory}").mkdir(parents=True)
+        for index in range(40):
+            (source / f"d{directory}" / f"f{index}").write_bytes(b"x" * 200_000)
+    monkeypatch.setattr(treesync, "TreeProgress", dying_worker_progress(os.getpid()))
+    caplog.set_level("INFO")
+    status = main(["-a", "--no-progress", "-c", "2", f"{source}/", str(tmp_path / "target")])
+    assert status == 23, caplog.text
+    assert "Synchronised" not in caplog.text
+    last = caplog.text.strip().splitlines()[-1]
+    assert "everything else was synced" not in last and "did not finish" in last, last

@@ -232,7 +232,8 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
         if not args.diff:
             _summarise_dry_run(result)
         return _finish(result)
-    if logger.isEnabledFor(logging.INFO) and not result.stopped:  # a stop says what it did in its line
+    # A stop, or work lost as a whole, says what it did in its last line.
+    if logger.isEnabledFor(logging.INFO) and not result.stopped and not result.unfinished:
         from pdiffcopy.cli.humanize import format_size, format_timespan
 
         logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
@@ -332,6 +333,10 @@ def _finish(result, done: str = "") -> int:
         raise PartialTransfer(f"{printable(result.target)}: {result.stopped}: stopped; "
                               f"{done + ', ' if done else ''}{failed} path(s) failed{why}, "
                               f"{result.not_synced} not synced; {advice}")
+    if result.unfinished:
+        raise PartialTransfer(f"{printable(result.target)}: the sync did not finish ({result.unfinished} "
+                              f"batch(es) of work failed as a whole); {done + ', ' if done else ''}"
+                              f"{len(result.failures)} failure(s); run again to finish")
     if all(message == VANISHED for _, message in result.failures):
         raise VanishedFiles(f"{len(result.failures)} file(s) vanished from the source during the sync; "
                             f"everything else was synced")

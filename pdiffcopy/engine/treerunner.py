@@ -532,6 +532,7 @@ class Runner:
                     failures, counts, notices = waiting[0].answer()
                 except WorkerFailed:
                     self.result.failures.append(("", "a worker process died; run again to finish"))
+                    self.result.unfinished += 1
                     continue
                 finally:
                     waiting.pop(0)  # answered or dead: reaped
@@ -552,6 +553,7 @@ class Runner:
         self._note_stop(failures)
         self.result.failures += failures
         self.result.not_synced += counts.get("not_synced", 0)
+        self.result.unfinished += counts.get("unfinished", 0)
         self.result.files_copied += counts.get("files", 0)
         self.result.bytes_moved += counts.get("bytes", 0)
         self.result.deleted += counts.get("deleted", 0)

@@ -59,6 +59,9 @@ class TreeResult:
     #: Why the sync stopped before the end (the target full or read-only: a
     #: :func:`~pdiffcopy.core.treestops.stop_cause`), or "": it ran to the end.
     stopped: str = ""
+    #: Units of work that failed as a whole (a lost connection, a worker that died): what
+    #: they did is not known, so the sync did not finish, whatever the counts say.
+    unfinished: int = 0
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)
     skipped: List[Entry] = field(default_factory=list)
@@ -139,7 +142,7 @@ class UnitWorker:
         self.parts_failed = parts_failed
         self.failures: List[Failure] = []
         self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0,
-                                       "unchanged": 0, "not_synced": 0, "stopped": 0}
+                                       "unchanged": 0, "not_synced": 0, "stopped": 0, "unfinished": 0}
         #: What runs each kind of unit (Unit.kind).
         self._runs: Dict[str, Callable[[Unit], None]] = {
             "files": self._run_files, "range": self._run_range, "delta": self._run_delta,
@@ -154,6 +157,7 @@ class UnitWorker:
             self._runs[unit.kind](unit)
         except PdiffcopyError as error:
             self.failures.append(("", str(error)))
+            self._count("unfinished")
         if stops(self.failures[known:]):
             self.counts["stopped"] = 1  # every further write would fail the same way
 
