@@ -33,10 +33,10 @@ from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     SegmentSteps,
     move_ranges,
-    prepare_work,
     punch_holes_of,
     source_data_bytes,
 )
+from pdiffcopy.engine.workfile import prepare_work
 from pdiffcopy.errors import StorageError, Unsupported
 
 #: Most bytes one copy request copies on the target's side: the server copies them inside

@@ -41,14 +41,11 @@ from pdiffcopy.errors import (
     UsageError,
     VerificationFailed,
 )
+from pdiffcopy.engine.workfile import open_work, prepare_work
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     SegmentSteps,
-    give_up,
     iter_data_map,
-    lease_partial,
-    open_partial,
-    prepare_work,
     punch_stale_data,
     readback_ranges,
     source_data_bytes,
@@ -152,12 +149,8 @@ class _SyncJob:
         #: Whether the whole target is a reflink clone of the source.
         self.cloned = False
         self.prepared = False
-        #: What the sync writes into: the target, or its temporary sibling.
+        #: What the sync writes into: the target, or its temporary sibling (:mod:`pdiffcopy.engine.workfile`).
         self.work: Optional[FileEndpoint] = None
-        #: Whether ``work`` is a ``--partial`` file: kept (not removed) when the sync fails.
-        self.partial = False
-        #: Whether this run holds the partial file's lease (taken before any digest of it is trusted).
-        self.partial_leased = False
         #: The source's bytes of data when it has holes (the work file then grows by a hole), else None.
         self.source_data: Optional[int] = None
         #: What the source was at the start (:meth:`_check_source`).
@@ -216,24 +209,17 @@ class _SyncJob:
         # half-written ever appears under the target's name.
         atomic = options.atomic or target_info is None
         self._sweep_temporaries()
-        if not atomic:
-            # Before the target is hashed: from here to the end nobody else
-            # writes it, so the digests of the blocks we leave alone stay true
-            # and the read-back of the ones we write completes the check.
-            self.target.take_lease()
         clone = target_info is not None and not options.whole_file
-        resumed = False
-        if not atomic:
-            work = self.target
-        elif options.partial:
-            # A new one written whole (not a clone to update) on a server, which stops
-            # unleased writers, is leased only before it is read back (below): a lease
-            # outlives a killed client by a minute, and the next run would wait for it.
-            late = not clone and self.target.leases_stop_other_writers()
-            work, resumed, self.partial = open_partial(self.target, clone, lease=not late)
-            self.partial_leased = resumed or not late
-        else:
-            work = self.target.create_temporary(clone=clone)
+        # In place, the lease is taken before the target is hashed: from here to the end
+        # nobody else writes it, so the digests of the blocks we leave alone stay true and
+        # the read-back of the ones we write completes the check. A new partial file written
+        # whole (not a clone to update) on a server, which stops unleased writers, is leased
+        # only before it is read back (below): a lease outlives a killed client by a minute,
+        # and the next run would wait for it.
+        late = atomic and options.partial and not clone and self.target.leases_stop_other_writers()
+        workfile = open_work(self.target, in_place=not atomic, partial=options.partial, clone=clone,
+                             lease_partial_now=not late)
+        work, resumed = workfile.endpoint, workfile.resumed
         self.work = self.steps.work = work
         if options.sparse:
             work.write_sparse(True)
@@ -250,11 +236,9 @@ class _SyncJob:
                     plan, segments, work, transfer_to=work)
                 self._punch_stale_data(work, plan.size)
             self._log_phase("transferred %d bytes", self.steps.bytes_moved)
-            if self.partial and not self.partial_leased:
-                # Before the read-back: from here on nobody else writes it unseen. A run
-                # that resumed it meanwhile holds the lease and this one fails (Locked).
-                lease_partial(work, False, self.target.location)
-                self.partial_leased = True
+            # Before the read-back: from here on nobody else writes it unseen. A run
+            # that resumed it meanwhile holds the lease and this one fails (Locked).
+            workfile.take_late_lease()
             self.progress.phase = "verifying"
             # Read back while the data is flushed: hashing and the disk overlap.
             readback = self._start_readback(segments, work, target_digests)
@@ -268,20 +252,14 @@ class _SyncJob:
                 raise
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
-            if work is not self.target:
-                if self.partial:
-                    # Fails if the lease lapsed and somebody else wrote the partial file meanwhile.
-                    work.end_lease()
-                work.replace(self.target)
-            else:
-                self.target.end_lease()  # fails if the lease lapsed and somebody else wrote
+            workfile.finish()
         except BaseException:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
             self._stop_transfers()
             # A partial file is kept for the next run, whatever stopped this one (Ctrl-C,
             # a lost connection, a full disk): it resumes from what is there.
-            give_up(work, self.target.location, self.partial, temporary=work is not self.target)
+            workfile.give_up()
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish (or use --atomic)", self.target.location)
@@ -408,14 +386,12 @@ class _SyncJob:
     def _new_chunked_work(self, plan: BlockPlan) -> FileEndpoint:
         """The new, empty temporary the chunked delta builds, sized to the source."""
         self._sweep_temporaries()
-        work = self.target.create_temporary(clone=False)
-        self.work = work
+        workfile = open_work(self.target, in_place=False)
+        work = self.work = workfile.endpoint
         try:
-            if self.options.sparse:
-                work.write_sparse(True)
-            prepare_work(work, plan.size, self.source_data, self.options.sparse)
+            workfile.prepare(plan.size, self.source_data, self.options.sparse)
         except BaseException:
-            work.remove_temporary()
+            workfile.give_up()
             self.work = None
             raise
         self.prepared = True

@@ -30,7 +30,6 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -49,7 +48,7 @@ from pdiffcopy.core import records
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, overlaps, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
-from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported, VerificationFailed
+from pdiffcopy.errors import VerificationFailed
 from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method, zero_digests
 
 logger = logging.getLogger(__name__)
@@ -59,15 +58,6 @@ logger = logging.getLogger(__name__)
 #: so every connection stays busy until the end, while per-request overhead
 #: stays under 1 %.
 TRANSFER_REQUEST_BYTES = 16 * 1024 * 1024
-
-#: Seconds a --partial sync waits for the lease on the partial file it resumes: a server's
-#: lease outlives a killed client by a minute (pdiffcopy.local.leases.LEASE_SECONDS), and
-#: the run that resumes right after the kill must not fail for it. A local file's lock
-#: ends with its process, so locally only a run still going is waited for.
-PARTIAL_LEASE_WAIT_SECONDS = 65
-
-#: How often that wait tries again.
-PARTIAL_LEASE_POLL_SECONDS = 1.0
 
 #: Changed bytes whose pieces one refinement step hashes (one hash request to each
 #: side, in parallel): one transfer batch, so a batch is refined in one round trip.
@@ -79,77 +69,6 @@ REFINE_BATCH_BYTES = TRANSFER_REQUEST_BYTES
 #: The source's holes are punched into a target's old data in whole units of this many bytes: the
 #: block of most file systems (and the page), on which both sides' data maps fall.
 PUNCH_ALIGNMENT = 4096
-
-# -- partial files (--partial) ----------------------------------------------
-
-
-def open_partial(target: FileEndpoint, clone: bool, lease: bool = True) -> "Tuple[FileEndpoint, bool, bool]":
-    """The file a ``--partial`` sync writes ``target`` into; whether a killed run left it; whether it is one.
-
-    The partial file (:meth:`FileEndpoint.open_partial`) comes leased when it
-    was left (it is hashed next: another run resuming it would make those
-    digests a lie) or when ``lease``. Where the target cannot keep one (a 1.0
-    server), a temporary as without ``--partial``: then the third value is False.
-    """
-    try:
-        partial, resumed = target.open_partial(clone)
-    except Unsupported:
-        logger.info("%s cannot keep a partial file; writing a temporary one", target.location)
-        return target.create_temporary(clone=clone), False, False
-    try:
-        if resumed or lease:
-            lease_partial(partial, resumed, target.location)
-    except BaseException:
-        partial.close()  # kept: it is the other run's, or the next one's
-        raise
-    if resumed:
-        logger.info("Resuming from the partial file an interrupted run left for %s", target.location)
-    return partial, resumed, True
-
-
-def lease_partial(partial: FileEndpoint, resumed: bool, location: str) -> None:
-    """Take a partial file's lease; for one a killed run left, wait for that run's lease to lapse."""
-    deadline = time.monotonic() + PARTIAL_LEASE_WAIT_SECONDS
-    waiting = False
-    while True:
-        try:
-            partial.take_lease()
-            return
-        except Locked:
-            if not resumed or time.monotonic() >= deadline:
-                raise
-        if not waiting:
-            logger.warning("The partial file of %s is leased by another run, or one that was killed; "
-                           "waiting up to %d s for its lease to lapse", location, PARTIAL_LEASE_WAIT_SECONDS)
-            waiting = True
-        time.sleep(PARTIAL_LEASE_POLL_SECONDS)
-
-
-def keep_partial(partial: FileEndpoint, location: str, announce: bool = True) -> None:
-    """After a failure: leave a partial file for the next run (its lease ended), and say so (``announce``)."""
-    end_lease_quietly(partial)
-    if announce:
-        logger.warning("Kept the partial file of %s; run again with --partial (-P) to resume", location)
-
-
-def end_lease_quietly(endpoint: FileEndpoint) -> None:
-    """End a lease while already failing: an unended one lapses by itself."""
-    try:
-        endpoint.end_lease()
-    except PdiffcopyError:
-        pass
-
-
-def give_up(work: FileEndpoint, location: str, partial: bool, temporary: bool, announce: bool = True) -> None:
-    """After a failure, what a sync wrote into: a partial file is kept for the next run, a
-    temporary removed, and a target updated in place has its lease ended."""
-    if partial:
-        keep_partial(work, location, announce)
-    elif temporary:
-        work.remove_temporary()
-    else:
-        end_lease_quietly(work)
-
 
 # -- hash ------------------------------------------------------------------
 
@@ -262,21 +181,6 @@ def source_data_bytes(source: FileEndpoint, size: int) -> Optional[int]:
             return None
         data += length
     return data if size else None
-
-
-def prepare_work(work: FileEndpoint, size: int, data_bytes: Optional[int], zeros_to_holes: bool = False) -> None:
-    """Size the work file; by a hole when the source is sparse (``data_bytes`` of data will be written).
-
-    :param zeros_to_holes: ``--sparse``: the zeros written become holes, so a dense source's
-                           growth is not reserved either (a reserved block that a write only
-                           partly covers would stay allocated); all of it is checked.
-    """
-    if data_bytes is None and zeros_to_holes:
-        data_bytes = size
-    if data_bytes is None:
-        work.prepare(size)
-    else:
-        work.prepare_sparse(size, data_bytes)
 
 
 def holes_of(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteRange]:
@@ -715,8 +619,6 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
                                                                                      punch_stale)
 
 
-__all__ = ["PARTIAL_LEASE_WAIT_SECONDS", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks",
-           "check_size", "end_lease_quietly", "give_up", "hash_both", "holes_of", "iter_data_map",
-           "keep_partial", "lease_partial", "move_data", "move_ranges", "open_partial", "prepare_work",
-           "punch_holes_of", "punch_stale_data", "readback_ranges", "refine_ranges", "source_data_bytes",
-           "source_unchanged", "sync_segment"]
+__all__ = ["SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks", "check_size", "hash_both", "holes_of",
+           "iter_data_map", "move_data", "move_ranges", "punch_holes_of", "punch_stale_data", "readback_ranges",
+           "refine_ranges", "source_data_bytes", "source_unchanged", "sync_segment"]

@@ -19,12 +19,8 @@ from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.engine.options import TreeOptions
 from pdiffcopy.engine.shared import SharedInts
 from pdiffcopy.errors import PdiffcopyError, StorageError
-from pdiffcopy.engine.segments import (
-    TRANSFER_REQUEST_BYTES,
-    open_partial,
-    prepare_work,
-    source_data_bytes,
-)
+from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, source_data_bytes
+from pdiffcopy.engine.workfile import open_work
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     METADATA,
@@ -377,26 +373,18 @@ class Runner:
             # change names outside its group too (and a server refuses that).
             temporary = not delta or self.options.atomic or \
                 (self.options.hard_links and action.target is not None and action.target.nlink > 1)
-            partial = False
-            if not temporary:
-                # Updated in place: nobody else may write it until its last part is
-                # checked, or the blocks it leaves alone could change unseen.
-                target.take_lease()
-            if temporary and self.options.partial:
-                # Leased from the start (its segments are read back by several
-                # workers as they finish): a killed push's next run may wait for it.
-                work, resumed, partial = open_partial(target, clone=delta)
-                delta = delta or resumed  # what a killed run left is compared, not copied again
-            else:
-                work = target.create_temporary(clone=delta) if temporary else target
-            if self.options.sparse:
-                work.write_sparse(True)
-            big = BigFile(action, BlockPlan(0, self.options.block_size), source, work, target, temporary, 1,
-                           partial)
+            # In place, nobody else may write it until its last part is checked, or the blocks
+            # it leaves alone could change unseen. A partial file is leased from the start (its
+            # segments are read back by several workers as they finish): a killed push's next
+            # run may wait for it.
+            workfile = open_work(target, in_place=not temporary, partial=temporary and self.options.partial,
+                                 clone=delta)
+            delta = delta or workfile.resumed  # what a killed run left is compared, not copied again
+            big = BigFile(action, BlockPlan(0, self.options.block_size), source, workfile, 1)
             try:
-                prepare_work(work, action.source.size,
-                             source_data_bytes(source, action.source.size) if action.source.sparse else None,
-                             self.options.sparse)
+                workfile.prepare(action.source.size,
+                                 source_data_bytes(source, action.source.size) if action.source.sparse else None,
+                                 self.options.sparse)
             except BaseException:
                 big.give_up()
                 raise
@@ -409,7 +397,7 @@ class Runner:
         plan = BlockPlan(action.source.size, self.options.block_size,
                          *(() if delta else (max(RANGE_SIZE, self.options.block_size),)))
         segments = plan.segments()
-        self.big.append(BigFile(action, plan, source, work, target, temporary, len(segments) or 1, partial))
+        self.big.append(BigFile(action, plan, source, workfile, len(segments) or 1))
         for segment in segments or [Segment(0, 0, 0, 0, 0)]:
             self.units.append(Unit(segment.length, "delta" if delta else "range", (index, segment.index)))
 
@@ -450,13 +438,13 @@ class Runner:
         try:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
-            work = target.create_temporary(clone=False)
+            workfile = open_work(target, in_place=False)
         except PdiffcopyError as error:
             self.result.failures.append((action.path, str(error)))
             return
         index = len(self.big)
-        self.big.append(BigFile(action, BlockPlan(action.source.size, self.options.block_size), source, work,
-                                 target, True, 1))
+        self.big.append(BigFile(action, BlockPlan(action.source.size, self.options.block_size), source,
+                                workfile, 1))
         self.units.append(Unit(action.source.size, "chunks", (index, 0)))
 
     def _start_units(self) -> None:

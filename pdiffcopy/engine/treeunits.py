@@ -17,12 +17,8 @@ from pdiffcopy.core.blocks import BlockPlan
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Conflict, PdiffcopyError
 from pdiffcopy.core.hashing import verify_method
-from pdiffcopy.engine.segments import (
-    check_size,
-    give_up,
-    source_unchanged,
-    sync_segment,
-)
+from pdiffcopy.engine.segments import check_size, source_unchanged, sync_segment
+from pdiffcopy.engine.workfile import WorkFile
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     METADATA,
@@ -114,16 +110,25 @@ class BigFile:
     action: FileAction
     plan: BlockPlan
     source: FileEndpoint
-    work: FileEndpoint  # the target itself, or a temporary sibling
-    target: FileEndpoint
-    temporary: bool
+    #: What its segments are written into (:mod:`pdiffcopy.engine.workfile`).
+    workfile: WorkFile
     parts: int
-    #: Whether ``work`` is a --partial file (a temporary kept when the sync fails).
-    partial: bool = False
+
+    @property
+    def work(self) -> FileEndpoint:
+        return self.workfile.endpoint
+
+    @property
+    def target(self) -> FileEndpoint:
+        return self.workfile.target
+
+    @property
+    def partial(self) -> bool:
+        return self.workfile.partial
 
     def give_up(self, announce: bool = True) -> None:
         """After a failure: keep a partial file, remove a temporary, or end the in-place lease."""
-        give_up(self.work, self.action.path, self.partial, self.temporary, announce)
+        self.workfile.give_up(self.action.path, announce)
 
 
 def traffic(*trees: TreeEndpoint) -> Tuple[int, int]:
@@ -337,12 +342,7 @@ class UnitWorker:
             check_size(big.work, entry.size, entry.path)
             if not source_unchanged(big.source, entry.size, entry.mtime_ns):
                 raise Conflict("changed while copying")
-            if big.temporary:
-                if big.partial:
-                    big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
-                big.work.replace(big.target)
-            else:
-                big.work.end_lease()  # fails if it lapsed and somebody else wrote meanwhile
+            big.workfile.finish()
             self.failures += self.runner.target.apply([Operation(METADATA, entry)],
                                                       self.runner.meta)
             self._count("files")
