@@ -237,6 +237,9 @@ class _SyncJob:
                 # left: hash both, move what differs.
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
+                # What was sent after refinement, as the chunked delta counts it: one meaning.
+                similarity = Similarity(similarity.total_blocks, similarity.changed_blocks, similarity.total_bytes,
+                                        min(similarity.changed_bytes, self.steps.bytes_moved))
             self._log_phase("transferred %d bytes", self.steps.bytes_moved)
             if self.partial and not self.partial_leased:
                 # Before the read-back: from here on nobody else writes it unseen. A run
