@@ -304,6 +304,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         type=lambda text: benchlib.parse_name_list(text, DIRECTIONS))
     parser.add_argument("--caches", default=",".join(CACHES), type=lambda text: benchlib.parse_name_list(text, CACHES))
     parser.add_argument("--rounds", default=2, type=int, help="timed runs of each tool per cell (default 2)")
+    parser.add_argument("--bound-only", action="store_true",
+                        help="only the delta each workload is held against (blocks in place, chunks shifted), "
+                        "beside the default, rsync and the baseline: for big sizes")
     parser.add_argument("--baseline", metavar="REV", help="also the default of our pdiffcopy at git revision REV")
     parser.add_argument("--seed", default=benchlib.DEFAULT_SEED, type=int)
     parser.add_argument("--workdir", default=Path("/tmp"), type=Path)
@@ -367,7 +370,9 @@ def main(argv=None) -> int:
                     for cache in args.caches:
                         for direction in args.directions:
                             # Alternate: each round starts with the next tool.
-                            order = tools[round_index % len(tools):] + tools[:round_index % len(tools)]
+                            chosen = [tool for tool in tools if not args.bound_only
+                                      or tool.name != ("chunks" if workload.kind == "in place" else "blocks")]
+                            order = chosen[round_index % len(chosen):] + chosen[:round_index % len(chosen)]
                             for tool in order:
                                 sample = measure(tool, workload, direction, cache, dirs.run, dirs.logs)
                                 log("%s %s %s %s %s: %.2f s, sent %s %s" % (

@@ -17,9 +17,10 @@ import subprocess
 
 import pytest
 
-from conftest import mutate, random_bytes, run_cli
+from conftest import mutate, pdiffcopy_command, random_bytes, run_cli
 from pdiffcopy import sync, sync_tree
 from test_chunked import arrange, inserted, leftovers
+from test_one_local_file import needs_strace
 
 MIB = 1024 * 1024
 SIZE = 12 * MIB
@@ -319,3 +320,23 @@ def test_the_similarity_means_the_same_whatever_delta_ran(tmp_path, name, change
     unchanged = 100 * sum(source_data[offset:offset + 4096] == old[offset:offset + 4096]
                           for offset in range(0, IN_PLACE_SIZE, 4096)) * 4096 / IN_PLACE_SIZE
     assert all(abs(similarity - unchanged) < 2.5 for similarity in similarities.values()), similarities
+
+
+@needs_strace
+def test_the_sample_asks_for_each_window_in_one_read(tmp_path):
+    """From a cold cache, a window read by its page faults waits on the disk a few pages at a time."""
+    old = in_place_old()
+    source, target, trace = tmp_path / "source.img", tmp_path / "target.img", tmp_path / "trace"
+    source.write_bytes(IN_PLACE[1][1](old))
+    target.write_bytes(old)
+    done = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=fadvise64",
+                           *pdiffcopy_command("-v", str(source), str(target))], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ": blocks delta (" in chosen(done), chosen(done)
+    from pdiffcopy.engine import autodelta
+
+    asked = re.findall(r"fadvise64\(\d+, (\d+), (\d+), POSIX_FADV_WILLNEED\)", trace.read_text())
+    windows = {(str(offset), str(autodelta.SAMPLE_WINDOW_BYTES)) for offset in autodelta.sample_offsets(IN_PLACE_SIZE)}
+    # Each window, once in the source and once in the target.
+    assert sum(call in windows for call in asked) == 2 * len(windows), asked[:10]
