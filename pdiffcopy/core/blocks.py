@@ -239,7 +239,11 @@ def split_ranges(ranges: Iterable[ByteRange], max_length: int) -> List[ByteRange
 
 @dataclass(frozen=True)
 class Similarity:
-    """How much of a target already matches its source."""
+    """How much of a target already matches its source.
+
+    ``changed_bytes`` are the bytes the delta that ran sent (with a dry run: would send), so
+    the index means the same whichever delta ran.
+    """
 
     total_blocks: int
     changed_blocks: int
@@ -248,7 +252,7 @@ class Similarity:
 
     @property
     def index(self) -> float:
-        """The similarity index: the share of the source's bytes the target already has, 0..100."""
+        """The similarity index: the share of the source's bytes that did not have to be sent, 0..100."""
         if self.total_bytes == 0:
             return 100.0
         return 100.0 * (self.total_bytes - self.changed_bytes) / self.total_bytes

@@ -235,6 +235,9 @@ class _SyncJob:
                 similarity, source_digests, target_digests = self._compare(
                     plan, segments, work, transfer_to=work)
                 self._punch_stale_data(work, plan.size)
+                # What was sent after refinement, as the chunked delta counts it: one meaning.
+                similarity = Similarity(similarity.total_blocks, similarity.changed_blocks, similarity.total_bytes,
+                                        min(similarity.changed_bytes, self.steps.bytes_moved))
             self._log_phase("transferred %d bytes", self.steps.bytes_moved)
             # Before the read-back: from here on nobody else writes it unseen. A run
             # that resumed it meanwhile holds the lease and this one fails (Locked).

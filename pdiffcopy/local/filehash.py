@@ -17,6 +17,13 @@ from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled, read_c
 from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
 
 
+#: A region up to this size is asked for whole (``POSIX_FADV_WILLNEED``) before it is mapped:
+#: from a cold cache its page faults would otherwise read it a few pages at a time, each a wait
+#: on the disk (the delta's sample of small windows, the refinement of a lone changed block).
+#: Longer regions are read in order, where the kernel's readahead grows on its own.
+PREFETCH_MAX_BYTES = 2 * 1024 * 1024
+
+
 def hash_region(fd: int, offset: int, length: int, block_size: int, method: str) -> bytes:
     """Hash consecutive blocks of an open file.
 
@@ -33,6 +40,7 @@ def hash_region(fd: int, offset: int, length: int, block_size: int, method: str)
     :raises OSError: When reading fails.
     """
     available = max(0, min(offset + length, os.fstat(fd).st_size) - offset)
+    _prefetch(fd, offset, available)
     try:
         data = _map(fd, offset, available)
     except (OSError, ValueError):
@@ -79,6 +87,15 @@ def hole_blocks(fd: int, offset: int, available: int, block_size: int) -> List[T
             runs.append((first, end))
         position = start + length
     return runs
+
+
+def _prefetch(fd: int, offset: int, length: int) -> None:
+    """Ask for a short region in one read ahead of its use (:data:`PREFETCH_MAX_BYTES`)."""
+    if 0 < length <= PREFETCH_MAX_BYTES and fast_paths_enabled():
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # advisory only
 
 
 def _map(fd: int, offset: int, length: int):
@@ -147,6 +164,7 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
         if os.fstat(fd).st_size < position + span:
             raise EOFError(f"file ended before {position + span} bytes")
         last = position + span == end
+        _prefetch(fd, position, span)
         try:
             view, mapping = _map(fd, position, span)
         except (OSError, ValueError):  # not mappable (a pipe, some FUSE file systems): read instead
