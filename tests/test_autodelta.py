@@ -20,7 +20,7 @@ import pytest
 from conftest import mutate, pdiffcopy_command, random_bytes, run_cli
 from pdiffcopy import sync, sync_tree
 from test_chunked import arrange, inserted, leftovers
-from test_one_local_file import needs_strace
+from test_kill_switch_and_confinement import needs_strace
 
 MIB = 1024 * 1024
 SIZE = 12 * MIB
@@ -269,7 +269,7 @@ def test_writes_in_place_choose_blocks(server, tmp_path, unique, direction, name
     old = in_place_old()
     source_data = change(old)
     source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
-    done = run_cli("-v", "--stats", source, target)
+    done = run_cli("-vv", "--stats", source, target)
     assert done.returncode == 0, done.stderr
     assert path.read_bytes() == source_data
     assert ": blocks delta (" in chosen(done), chosen(done)
@@ -286,7 +286,7 @@ def test_moved_data_still_chooses_chunks_and_says_how_much_moved(server, tmp_pat
     old = in_place_old()
     source_data = change(old)
     source, target, path = arrange(direction, server, tmp_path, unique, source_data, old)
-    done = run_cli("-v", "--stats", source, target)
+    done = run_cli("-vv", "--stats", source, target)
     assert done.returncode == 0, done.stderr
     assert path.read_bytes() == source_data
     line = chosen(done)
@@ -309,7 +309,7 @@ def test_the_similarity_means_the_same_whatever_delta_ran(tmp_path, name, change
         source, target = tmp_path / f"source-{delta}.img", tmp_path / f"target-{delta}.img"
         source.write_bytes(source_data)
         target.write_bytes(old)
-        done = run_cli("-v", "--stats", "--delta", delta, str(source), str(target))
+        done = run_cli("-vv", "--stats", "--delta", delta, str(source), str(target))
         assert done.returncode == 0, done.stderr
         similarities[delta] = similarity_of(done)
         # The share of the source's bytes that did not have to be sent.
@@ -330,7 +330,7 @@ def test_the_sample_asks_for_each_window_in_one_read(tmp_path):
     source.write_bytes(IN_PLACE[1][1](old))
     target.write_bytes(old)
     done = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=fadvise64",
-                           *pdiffcopy_command("-v", str(source), str(target))], capture_output=True, text=True,
+                           *pdiffcopy_command("-vv", str(source), str(target))], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert ": blocks delta (" in chosen(done), chosen(done)
