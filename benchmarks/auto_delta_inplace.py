@@ -37,6 +37,7 @@ import re
 import shutil
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -72,6 +73,11 @@ SHIFT_EVERY = 16 * MIB
 TAR_GROWTH = 10 * 1024
 HEAD_EVERY = 10 * MIB
 HEAD_BYTES = 4096
+
+#: Seconds a cold run waits after the page cache was dropped: freed memory goes back to the host
+#: after about 2 s, and without the wait the run after a tool that filled more of the cache (rsync)
+#: would pay for faulting it back in while the others did not.
+COLD_SETTLE_SECONDS = 3.0
 
 #: What the ratios are held against: the default at most this many times the better delta.
 ALLOWED_RATIO = 1.2
@@ -201,6 +207,7 @@ def measure(tool: Tool, workload: Workload, direction: str, cache: str, run: Pat
         benchlib.read_through(workload.source)
     else:
         drop_caches()
+        time.sleep(COLD_SETTLE_SECONDS)
     result = benchlib.run_tool(tool.command(workload, direction, target), log_path, tool.env)
     sent, chosen = sent_bytes(tool.name, log_path)
     benchlib.verify_copy(target, workload.sha256, workload.size, "%s %s on %s" % (tool.name, direction, workload.name))
