@@ -13,7 +13,7 @@ import queue
 import stat
 import threading
 import time
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 from pdiffcopy.local import libc, writerlocks
 from pdiffcopy.core.blocks import ByteRange
@@ -479,15 +479,23 @@ def punch_ranges(fd: int, ranges: Iterable[ByteRange], where: str, zeros: bool =
     return punched
 
 
-def write_sparse(fd: int, data: "bytes | memoryview", offset: int, unit: int, where: str) -> None:
-    """Write ``data`` at ``offset``, but punch its runs of whole ``unit``-aligned zero units (``--sparse``)."""
+def write_around_zeros(fd: int, data: "bytes | memoryview", offset: int, unit: int) -> Tuple[List[ByteRange], int]:
+    """Write ``data`` at ``offset`` but its runs of whole ``unit``-aligned zero units (left as they
+    are: holes in a new file); return those runs and the bytes written."""
     view = memoryview(data).cast("B")
     runs = zero_runs(view, offset, unit)
-    position = offset
+    position, written = offset, 0
     for start, length in runs + [(offset + len(view), 0)]:
         if start > position:
             write_all(fd, view[position - offset : start - offset], position)
+            written += start - position
         position = start + length
+    return runs, written
+
+
+def write_sparse(fd: int, data: "bytes | memoryview", offset: int, unit: int, where: str) -> None:
+    """Write ``data`` at ``offset``, but punch its runs of whole ``unit``-aligned zero units (``--sparse``)."""
+    runs, _ = write_around_zeros(fd, data, offset, unit)
     punch_ranges(fd, runs, where)
 
 

@@ -32,9 +32,8 @@ from pdiffcopy.local.descriptors import (
     remove_if_abandoned,
     replace_atomically,
     temporary_name,
-    write_all,
+    write_around_zeros,
 )
-from pdiffcopy.core.datamap import zero_runs
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, VANISHED, stop_cause
@@ -989,14 +988,7 @@ def _write_data(fd: int, entry: Entry, data: bytes, zeros_to_holes: bool = False
 def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> int:
     """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes;
     return the bytes written."""
-    view = memoryview(data).cast("B")
-    position = written = 0
-    for start, length in zero_runs(data, offset, _HOLE_BLOCK) + [(offset + len(view), 0)]:
-        if start - offset > position:
-            write_all(fd, view[position:start - offset], offset + position)
-            written += start - offset - position
-        position = start - offset + length
-    return written
+    return write_around_zeros(fd, data, offset, _HOLE_BLOCK)[1]
 
 
 def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> int:
