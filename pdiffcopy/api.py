@@ -84,11 +84,11 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
         return remote_file(location, token=token, concurrency=concurrency,
                            timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
                            rate_limit=rate_limit, compress=compress)
-    from pdiffcopy.local.localfile import LocalFile
+    from pdiffcopy.local.localdevice import endpoint_for
 
     if not location or location.endswith("/"):
         raise UsageError(f"Not a file name: {location!r}")
-    return LocalFile(location)
+    return endpoint_for(location)
 
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +16,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import pytest
 
@@ -286,3 +287,47 @@ def ends(request, tmp_path, unique) -> TreeEnds:
     if request.param == "pull":
         return TreeEnds("pull", server.root / name, tmp_path / "dst", source_url=server.url(name))
     return TreeEnds("push", tmp_path / "src", server.root / name, target_url=server.url(name))
+
+
+class LoopDevices:
+    """Makes loop devices (``losetup``) over files in a test's directory; detaches every one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.made: List[str] = []
+
+    def over(self, backing: Path) -> str:
+        """A loop device over the file ``backing`` (its path, ``/dev/loopN``)."""
+        done = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot make a loop device: {done.stderr.strip()}")
+        device = done.stdout.strip()
+        self.made.append(device)
+        return device
+
+    def new(self, name: str, size: int, data: bytes = b"", offset: int = 0) -> "Tuple[str, Path]":
+        """A loop device over a new sparse file of ``size`` bytes holding ``data`` at ``offset``."""
+        backing = self.directory / name
+        with open(backing, "wb") as handle:
+            handle.truncate(size)
+            if data:
+                handle.seek(offset)
+                handle.write(data)
+        return self.over(backing), backing
+
+    def detach_all(self) -> None:
+        for device in reversed(self.made):
+            subprocess.run(["losetup", "--detach", device], capture_output=True)
+        self.made.clear()
+
+
+@pytest.fixture
+def loop_devices(tmp_path):
+    """A :class:`LoopDevices` for this test; skipped where loop devices cannot be made (not root, a container)."""
+    if os.geteuid() != 0 or not shutil.which("losetup"):
+        pytest.skip("loop devices need root and losetup")
+    devices = LoopDevices(tmp_path)
+    try:
+        yield devices
+    finally:
+        devices.detach_all()

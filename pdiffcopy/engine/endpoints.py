@@ -28,7 +28,7 @@ Chunk = Tuple[int, "bytes | memoryview"]
 class FileInfo:
     """What a sync needs to know about a file."""
 
-    kind: str  # "file", "directory" or "other"
+    kind: str  # "file", "device" (a block device: a file of fixed size), "directory" or "other"
     size: int
     mtime_ns: int
     etag: str

@@ -265,7 +265,8 @@ class _SyncJob:
             workfile.give_up()
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
-                               "run again to finish (or use --atomic)", self.target.location)
+                               "run again to finish%s", self.target.location,
+                               "" if target_info is not None and target_info.kind == "device" else " (or use --atomic)")
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
 
@@ -283,6 +284,8 @@ class _SyncJob:
         options = self.options
         if target_info is None or not target_info.size:
             choice = autodelta.Choice("blocks", "no old target to find data in")
+        elif target_info.kind == "device":
+            choice = autodelta.Choice("blocks", "a block device is updated in place")
         elif options.whole_file:
             choice = autodelta.Choice("blocks", "--whole-file copies everything")
         elif options.delta != "auto":
@@ -456,8 +459,8 @@ class _SyncJob:
         info = self.source.stat()
         if info is None:
             raise FileMissing(f"{SOURCE_MISSING}: {self.source.location}")
-        if info.kind != "file":
-            raise NotAFile(f"Source is not a regular file: {self.source.location}")
+        if info.kind not in ("file", "device"):
+            raise NotAFile(f"Source is not a regular file or a block device: {self.source.location}")
         self.source.check_readable()
         self.source.pin(info)
         self.source_info = info
@@ -465,11 +468,30 @@ class _SyncJob:
 
     def _check_target(self) -> Optional[FileInfo]:
         info = self.target.stat()
-        if info is not None and info.kind != "file":
-            raise NotAFile(f"Target is not a regular file: {self.target.location}")
+        if info is not None and info.kind not in ("file", "device"):
+            raise NotAFile(f"Target is not a regular file or a block device: {self.target.location}")
         if info is not None and self.target.is_same_file(self.source):
                 raise UsageError(f"Source and target are the same file: {self.source.location}")
+        if info is not None and info.kind == "device":
+            self._check_device_target(info)
         return info
+
+    def _check_device_target(self, info: FileInfo) -> None:
+        """A device is written in place and keeps its size: refuse what would need otherwise,
+        before anything is written (docs/design.rst, "Block devices")."""
+        assert self.source_info is not None, "the source is checked first"
+        where = self.target.location
+        for wanted, option in ((self.options.atomic, "--atomic"), (self.options.partial, "--partial")):
+            if wanted:
+                raise UsageError(f"{option} cannot be used with {where}: a block device is updated in place, "
+                                 f"never replaced")
+        size = self.source_info.size
+        if info.size < size:
+            raise UsageError(f"{where} is smaller than the source ({info.size} bytes, the source has {size}); "
+                             f"nothing was written")
+        if info.size > size:
+            logger.warning("%s is larger than the source (%d bytes, the source has %d): its last %d bytes "
+                           "are left as they were", where, info.size, size, info.size - size)
 
     def _compare(self, plan: BlockPlan, segments: List[Segment], target: Optional[FileEndpoint],
                  transfer_to: Optional[FileEndpoint]):
@@ -674,7 +696,9 @@ class _SyncJob:
         return steps.verify(source_digests, final)
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
-        if not source_unchanged(self.source, before.size, before.mtime_ns):
+        # A device's mtime never changes: its identity carries its write counters.
+        etag = before.etag if before.kind == "device" else None
+        if not source_unchanged(self.source, before.size, before.mtime_ns, etag):
             raise Conflict(f"Source changed during the sync: {self.source.location}; run again")
 
     def _result(self, plan: BlockPlan, similarity: Similarity, verified: bool, digest: str

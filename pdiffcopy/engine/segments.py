@@ -325,18 +325,21 @@ def check_blocks(source_digests: Sequence[bytes], target_digests: Sequence[bytes
 
 
 def check_size(work: FileEndpoint, size: int, location: str) -> None:
-    """The target has exactly the source's size (the block digests cannot see a longer tail)."""
+    """The target has exactly the source's size (the block digests cannot see a longer tail);
+    a block device at least that size (it keeps its own: its tail is not the sync's)."""
     info = work.stat()
-    if info is None or info.size != size:
+    if info is None or not (info.size == size or (info.kind == "device" and info.size > size)):
         raise VerificationFailed(
             f"Verification failed: {location} has "
             f"{'no file' if info is None else f'{info.size} bytes'}, expected {size}")
 
 
-def source_unchanged(source: FileEndpoint, size: int, mtime_ns: int) -> bool:
-    """Whether the source still has the size and time it had when the sync began (or was listed)."""
+def source_unchanged(source: FileEndpoint, size: int, mtime_ns: int, etag: Optional[str] = None) -> bool:
+    """Whether the source still has the size and time it had when the sync began (or was listed),
+    and the entity tag ``etag`` if given (a block device's, which its writes change)."""
     after = source.stat()
-    return after is not None and (after.size, after.mtime_ns) == (size, mtime_ns)
+    return (after is not None and (after.size, after.mtime_ns) == (size, mtime_ns)
+            and (etag is None or after.etag == etag))
 
 
 # -- the steps of one file, run by a file job or a tree's worker ----------

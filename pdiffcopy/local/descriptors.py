@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, List, Optional, Tuple
 from pdiffcopy.local import libc, writerlocks
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.datamap import zero_runs
+from pdiffcopy.local.devices import descriptor_size
 # The temporary-name scheme and the transfer chunk are the protocol's (the client names
 # the server's temporaries); they are imported here for this module's many users.
 from pdiffcopy.core.protocol import (  # noqa: F401
@@ -258,7 +259,7 @@ def resize(fd: int, size: int, data_bytes: Optional[int] = None) -> None:
                        much of it as this is checked against the free space.
     :raises OSError: ENOSPC when the growth does not fit, and other failures.
     """
-    current = os.fstat(fd).st_size
+    current = descriptor_size(fd)
     if size > current and data_bytes is not None:
         needed = min(size - current, data_bytes)
         if needed > free_space(fd):
@@ -267,7 +268,7 @@ def resize(fd: int, size: int, data_bytes: Optional[int] = None) -> None:
         if size - current > free_space(fd):
             raise OSError(errno.ENOSPC, f"No space left on device ({size - current} more bytes needed)")
         reserve(fd, current, size - current)
-    if os.fstat(fd).st_size != size:
+    if descriptor_size(fd) != size:
         os.ftruncate(fd, size)
 
 
@@ -327,7 +328,7 @@ def copy_available(source_fd: int, target_fd: int, offset: int, length: int,
                 break
             if copied < end - position:  # short: the end of the file (small files: one call)
                 position += copied
-                if (probe_last_byte and position >= end - 1) or os.fstat(source_fd).st_size <= position:
+                if (probe_last_byte and position >= end - 1) or descriptor_size(source_fd) <= position:
                     break
                 continue
         else:
@@ -392,7 +393,7 @@ def data_extents(fd: int, offset: int, length: int, limit: Optional[int] = None)
 
     :param limit: Stop after this many extents (a server's answer is bounded).
     """
-    end = min(offset + length, os.fstat(fd).st_size)
+    end = min(offset + length, descriptor_size(fd))
     if end <= offset:
         return []
     if not (fast_paths_enabled() and hasattr(os, "SEEK_DATA")):

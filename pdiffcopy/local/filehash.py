@@ -15,6 +15,7 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import storage_error
 from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled, read_chunks
 from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
+from pdiffcopy.local.devices import descriptor_size
 
 
 #: A region up to this size is asked for whole (``POSIX_FADV_WILLNEED``) before it is mapped:
@@ -39,7 +40,7 @@ def hash_region(fd: int, offset: int, length: int, block_size: int, method: str)
     :returns: The concatenated digests, one per block.
     :raises OSError: When reading fails.
     """
-    available = max(0, min(offset + length, os.fstat(fd).st_size) - offset)
+    available = max(0, min(offset + length, descriptor_size(fd)) - offset)
     _prefetch(fd, offset, available)
     try:
         data = _map(fd, offset, available)
@@ -161,7 +162,7 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
     window = min(CUT_WINDOW_BYTES, CUT_WINDOW_CHUNKS * average)
     while position < end:
         span = min(window, end - position)
-        if os.fstat(fd).st_size < position + span:
+        if descriptor_size(fd) < position + span:
             raise EOFError(f"file ended before {position + span} bytes")
         last = position + span == end
         _prefetch(fd, position, span)
@@ -183,20 +184,24 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
 
 
 def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,
-                     drop_cache: bool = False) -> bytes:
+                     drop_cache: bool = False, device: bool = False) -> bytes:
     """Hash the blocks of some block-aligned ranges of the file at ``path``.
 
     This is the unit of work of a hashing process: it opens the file itself,
     so only the path, not a file descriptor, crosses the process boundary.
     With ``drop_cache`` the pages read are dropped from the page cache
-    afterwards, for copies that must not flush the cache.
+    afterwards, for copies that must not flush the cache. With ``device``, ``path``
+    names a block device (anything else is refused).
 
     :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
     """
-    from pdiffcopy.local.confinement import open_regular_path  # (a FIFO is refused, never waited on)
+    if device:  # (a block device: :mod:`pdiffcopy.local.devices`)
+        from pdiffcopy.local.devices import open_device as opener
+    else:
+        from pdiffcopy.local.confinement import open_regular_path as opener  # (a FIFO is refused, never waited on)
 
-    fd = open_regular_path(path, os.O_RDONLY)
+    fd = opener(path, os.O_RDONLY)
     try:
         digests = []
         for offset, length in ranges:

@@ -133,6 +133,9 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     writing (FIFOs and devices are refused, never waited on).
     """
 
+    #: A block device (:class:`~pdiffcopy.local.localdevice.LocalDevice`): no kernel file copies.
+    is_device = False
+
     def __init__(self, path: str, pool: "Optional[Executor]" = None,
                  temporary: bool = False) -> None:
         self.location = path
@@ -317,7 +320,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         self.drop_cache = True
 
     def can_copy_from(self, other: FileEndpoint) -> bool:
-        return isinstance(other, LocalFile)
+        return isinstance(other, LocalFile) and not other.is_device
 
     def is_same_file(self, other: FileEndpoint) -> bool:
         if not isinstance(other, LocalFile):

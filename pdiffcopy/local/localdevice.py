@@ -1,0 +1,199 @@
+"""A local block device as a sync's source or target: a file of fixed size, written in place.
+
+It is a :class:`~pdiffcopy.local.localfile.LocalFile` in all that reads and writes by
+positions, and differs where a file's name or size would change: it is never
+resized, truncated, renamed over or unlinked (no temporary, no ``--partial`` file:
+the engine writes it in place, under an exclusive claim that the kernel also refuses
+while the device is mounted), its size is the device's, it has no mtime that tells a
+change (its write counters do: :func:`~pdiffcopy.local.devices.identity`), and its zeros
+are written, or with ``-S`` discarded, by the device's own operations. What it reads
+it keeps out of the page cache: that cache belongs to the host's running VMs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_module
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.datamap import zero_runs
+from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
+from pdiffcopy.errors import FileMissing, NotAFile, StorageError, Unsupported, storage_error
+from pdiffcopy.local import devices
+from pdiffcopy.local.descriptors import fast_paths_enabled, write_all, write_zeros
+from pdiffcopy.local.filehash import hash_file_ranges
+from pdiffcopy.local.localfile import LocalFile
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
+    from pdiffcopy.core import chunks as cdc
+
+
+class LocalDevice(LocalFile):
+    """The block device at ``path`` (``/dev/vg/vm1``, ``/dev/loop0``; symlinks followed)."""
+
+    is_device = True
+
+    def __init__(self, path: str, pool: "Optional[Executor]" = None) -> None:
+        super().__init__(path, pool)
+        self.drop_cache = True
+
+    # -- opening -------------------------------------------------------------
+
+    def _open(self, flags: int, mode: int = 0o666) -> int:
+        return devices.open_device(self.path, flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL))
+
+    def open_writer(self) -> "tuple[int, bool]":
+        return self._open(os.O_WRONLY), False
+
+    def stat(self) -> Optional[FileInfo]:
+        try:
+            info = self.status()
+        except FileMissing:
+            return None
+        if not stat_module.S_ISBLK(info.st_mode):
+            return super().stat()  # replaced by something else since it was chosen: the engine refuses it
+        fd = self._reader()
+        try:
+            size, tag = devices.device_size(fd), devices.identity(fd)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        return FileInfo("device", size, info.st_mtime_ns, tag, stat_module.S_IMODE(info.st_mode))
+
+    def free_space(self) -> Optional[int]:
+        return None  # nothing beside it is ever made
+
+    def check_readable(self) -> None:
+        self._reader()
+
+    def is_same_file(self, other: FileEndpoint) -> bool:
+        if not isinstance(other, LocalFile):
+            return False
+        try:
+            mine, theirs = os.stat(self.path), os.stat(other.path)
+        except OSError:
+            return False
+        return stat_module.S_ISBLK(theirs.st_mode) and mine.st_rdev == theirs.st_rdev
+
+    # -- hashing -------------------------------------------------------------
+
+    def _submit_hashes(self, pool: "Executor", ranges: List[ByteRange], block_size: int, method: str
+                       ) -> "Future[bytes]":
+        return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache, True)
+
+    def _submit_cut(self, pool: "Executor", ranges: List[ByteRange], average: int) -> "Future[List[cdc.Chunk]]":
+        return pool.submit(_cut_device, self.path, ranges, average)
+
+    def cache_mode(self, cache: str, size: int) -> str:
+        return "keep" if cache == "keep" else "drop"
+
+    def can_copy_from(self, other: FileEndpoint) -> bool:
+        return False  # the kernel's copies between files: the transfer threads' reads and writes here
+
+    def can_copy_within(self, origin: FileEndpoint) -> bool:
+        return False  # a new version is never built beside a device: it is updated in place
+
+    # -- writing in place ------------------------------------------------------
+
+    def _resize(self, size: int, data_bytes: Optional[int]) -> None:
+        """A device keeps its size: the engine checked that the source fits (a longer tail stays as it was)."""
+        capacity = devices.device_size(self._writer())
+        if size > capacity:
+            raise StorageError(f"Cannot write {size} bytes to {self.path}: the device holds only {capacity}")
+
+    def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
+        """Make ``ranges`` zeros: with ``-S`` discarded (a thin volume keeps its blocks free), else
+        written where they are not zeros already (``write_zeros``). Returns the bytes made zeros."""
+        fd = self._writer()
+        done = 0
+        try:
+            for offset, length in ranges:
+                if self.sparse_zeros and fast_paths_enabled() and devices.discard_zeros(fd, offset, length):
+                    done += length
+                elif write_zeros:
+                    _zero(fd, offset, length)
+                    done += length
+                else:
+                    return done  # zeros already, and the device cannot unmap: leave them
+        except OSError as error:
+            raise storage_error(error, f"write {self.path}") from None
+        return done
+
+    def _write_chunk(self, fd: int, data: "bytes | memoryview", offset: int) -> None:
+        if not self.sparse_zeros:
+            write_all(fd, data, offset)
+            return
+        view = memoryview(data).cast("B")
+        position = offset
+        for start, length in zero_runs(view, offset, 4096) + [(offset + len(view), 0)]:
+            if start > position:
+                write_all(fd, view[position - offset : start - offset], position)
+            if length and not (fast_paths_enabled() and devices.discard_zeros(fd, start, length)):
+                _zero(fd, start, length)  # the old bytes there are anything
+            position = start + length
+
+    def flush(self) -> None:
+        fd = self._writer()
+        try:
+            os.fsync(fd)
+            if self.drop_cache:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # written through: not the VMs' cache
+        except OSError as error:
+            raise storage_error(error, f"flush {self.path}") from None
+
+    def take_lease(self) -> None:
+        # The kernel's exclusive claim: refused while the device is mounted or another writer holds it.
+        self._lease_fd = devices.claim(self.path)
+
+    def use_mode(self, mode: int, new: bool) -> None:
+        pass  # a device node's mode is its own, never the source's
+
+    # -- what a device never does ----------------------------------------------
+
+    def create_temporary(self, clone: bool, relative: Optional[str] = None) -> "LocalFile":
+        raise Unsupported(f"{self.path} is a block device: it is updated in place, never replaced")
+
+    def open_partial(self, clone: bool) -> "tuple[LocalFile, bool]":
+        raise Unsupported(f"{self.path} is a block device: it is updated in place, never replaced")
+
+    def sweep_temporaries(self) -> int:
+        return 0
+
+    def replace(self, other: FileEndpoint) -> None:
+        raise NotAFile(f"Cannot replace {getattr(other, 'location', other)} by a block device")
+
+    def remove_temporary(self) -> None:
+        self.close()
+
+    def unlink(self) -> None:
+        raise NotAFile(f"Cannot remove {self.path}: it is a block device")
+
+
+def _zero(fd: int, offset: int, length: int) -> None:
+    """Zeros over a range of a device: by its own operation, else written."""
+    if not (fast_paths_enabled() and devices.zero_range(fd, offset, length)):
+        write_zeros(fd, offset, length)
+
+
+def _cut_device(path: str, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+    """The content-defined chunks of ranges of a device (run in a hashing process)."""
+    from pdiffcopy.local.localfile import cut_ranges
+
+    fd = devices.open_device(path, os.O_RDONLY)
+    try:
+        return cut_ranges(fd, ranges, average)
+    except OSError as error:
+        raise storage_error(error, f"read {path}") from None
+    finally:
+        os.close(fd)
+
+
+def endpoint_for(path: str) -> LocalFile:
+    """The local endpoint of ``path``: a :class:`LocalDevice` where it names a block device."""
+    return LocalDevice(path) if devices.is_block_device(path) else LocalFile(path)
+
+
+__all__ = ["LocalDevice", "endpoint_for"]
