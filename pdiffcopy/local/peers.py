@@ -105,25 +105,18 @@ def peer_uid_from_netlink(local: tuple, peer: tuple, family: int) -> Optional[in
     return uid if inode else None
 
 
-def _proc_address(family: int, address: tuple) -> str:
-    """An address as /proc/net/tcp* prints it: each 32-bit word in host order, in hex, then the port."""
-    packed = _packed(family, address[0])
-    words = struct.unpack(f"={len(packed) // 4}I", packed)
-    return "".join(f"{word:08X}" for word in words) + f":{address[1]:04X}"
-
-
 def peer_uid_from_proc(local: tuple, peer: tuple, family: int) -> Optional[int]:
     """The same question as :func:`peer_uid_from_netlink`, by scanning /proc/net/tcp or tcp6."""
-    wanted_local, wanted_remote = _proc_address(family, peer), _proc_address(family, local)
-    name = "/proc/net/tcp6" if family == socket.AF_INET6 else "/proc/net/tcp"
+    from pdiffcopy.local import tcptable
+
+    # The peer's socket is the row whose local end is our peer address.
+    wanted = tuple((ipaddress.ip_address(host.partition("%")[0]), port) for host, port, *_ in (peer, local))
+    table = tcptable.TABLES[1] if family == socket.AF_INET6 else tcptable.TABLES[0]
     try:
-        with open(name, encoding="ascii") as table:
-            next(table, None)
-            for line in table:
-                fields = line.split()
-                if len(fields) > 9 and fields[1] == wanted_local and fields[2] == wanted_remote:
-                    uid, inode = int(fields[7]), int(fields[9])
-                    return uid if inode else None
+        for row in tcptable.rows([table]):
+            if (row.local, row.remote) == wanted:
+                return row.uid if row.inode else None
     except (OSError, ValueError):
         return None
+    return None
     return None

@@ -24,7 +24,7 @@ from flask import Flask, Response, request
 
 from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.errors import PdiffcopyError
-from pdiffcopy.local import writerlocks
+from pdiffcopy.local import tcptable, writerlocks
 from pdiffcopy.local.leases import LEASE_SECONDS, Leases
 from pdiffcopy.server.context import server_state
 from pdiffcopy.server.requests import served
@@ -41,8 +41,7 @@ _ESTABLISHED = "01"
 #: its connections itself (CLOSE_WAIT, LAST_ACK, then nothing).
 _CLOSED_HERE = frozenset({"04", "05", "06", "0B"})
 
-Endpoint = Tuple[object, int]
-Connection = Tuple[Endpoint, Endpoint]
+Connection = Tuple[tcptable.Endpoint, tcptable.Endpoint]
 
 
 def install(app: Flask) -> None:
@@ -134,26 +133,7 @@ def established_connections() -> Set[Connection]:
 
 def connections_in(states: "Set[str] | frozenset") -> Set[Connection]:
     """This host's TCP connections in ``states`` (``/proc/net/tcp``'s hex codes), from ``tcp`` and ``tcp6``."""
-    found: Set[Connection] = set()
-    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(name) as table:
-                next(table, None)
-                for line in table:
-                    fields = line.split()
-                    if len(fields) > 3 and fields[3] in states:
-                        found.add((_endpoint(fields[1]), _endpoint(fields[2])))
-        except FileNotFoundError:
-            continue  # no IPv6
-    return found
-
-
-def _endpoint(text: str) -> Endpoint:
-    """An address and port as ``/proc/net/tcp`` writes them: the address in 32-bit host-order words."""
-    address, _, port = text.partition(":")
-    raw = bytes.fromhex(address)
-    packed = b"".join(raw[index:index + 4][::-1] for index in range(0, len(raw), 4))
-    return ipaddress.ip_address(packed), int(port, 16)
+    return {(row.local, row.remote) for row in tcptable.rows() if row.state in states}
 
 
 __all__ = ["HOLD_TICK_SECONDS", "connection_of", "connection_text", "connections_in", "established_connections",
