@@ -18,7 +18,8 @@ import contextlib
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
-from pdiffcopy.core.ratelimit import TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import bandwidth_limit
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.core.locations import is_url
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
@@ -41,7 +42,7 @@ def check_locations(source: str, target: str) -> None:
         raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
 
 
-def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[TokenBucket]:
+def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[Throttle]:
     """The one token bucket every connection of a sync takes its bytes from (``--bwlimit``); None: no limit.
 
     :param bwlimit: Bytes per second, or rsync's syntax (``"50M"``).
@@ -49,7 +50,7 @@ def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optiona
     :raises UsageError: For a limit :func:`~pdiffcopy.core.ratelimit.bandwidth_limit` refuses.
     """
     rate = bandwidth_limit(bwlimit)
-    return TokenBucket(rate, shared=shared) if rate else None
+    return Throttle(rate, shared=shared) if rate else None
 
 
 def wire_settings(*, token: Optional[str], concurrency: int, timeout: Optional[float], ca_file: Optional[str],
@@ -61,7 +62,7 @@ def wire_settings(*, token: Optional[str], concurrency: int, timeout: Optional[f
 
 def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
                   timeout: Optional[float] = None, ca_file: Optional[str] = None,
-                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> FileEndpoint:
+                  rate_limit: Optional[Throttle] = None, compress: "str | int" = "auto") -> FileEndpoint:
     """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
 
     For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
@@ -93,7 +94,7 @@ def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: in
 
 def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
                   timeout: Optional[float] = None, ca_file: Optional[str] = None,
-                  rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
+                  rate_limit: Optional[Throttle] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
     """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local.
 
     ``rate_limit`` (shared: :func:`bwlimit_bucket` with ``shared=True``) and ``compress`` as for

@@ -15,7 +15,8 @@ import pytest
 from conftest import random_bytes, run_cli, start_server
 from test_compat_101 import original_server  # noqa: F401 (a fixture)
 from pdiffcopy.errors import UsageError
-from pdiffcopy.core.ratelimit import MIN_CLIENT_RATE, TokenBucket, bandwidth_limit
+from pdiffcopy.core.ratelimit import MIN_CLIENT_RATE, bandwidth_limit
+from pdiffcopy.engine.forkshared import Throttle
 
 #: The file moved by the timed tests, and the limit they move it at.
 SIZE = 6 * 1024 * 1024
@@ -169,7 +170,7 @@ def test_push_to_a_capped_server_takes_its_time(capped_server, unique, tmp_path,
 def test_a_shared_bucket_is_one_bucket_for_forked_processes():
     # The child overdraws the bucket by 4 MB; the parent, taking after it, must owe that debt.
     # Sleeps are not taken: the waits are the bucket's arithmetic, not the machine's timing.
-    bucket = TokenBucket(1_000_000, burst=1_000_000, sleep=lambda seconds: None, shared=True)
+    bucket = Throttle(1_000_000, burst=1_000_000, sleep=lambda seconds: None, shared=True)
     pid = os.fork()
     if pid == 0:
         bucket.take(5_000_000)

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from pdiffcopy.core import compression
-from pdiffcopy.core.compression import AdaptivePolicy, CompressionError
+from pdiffcopy.core.compression import CompressionError
+from pdiffcopy.transport.compressionpolicy import AdaptivePolicy
 
 pytest.importorskip("zstandard")
 

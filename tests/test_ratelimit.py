@@ -5,6 +5,7 @@ import threading
 import pytest
 
 from pdiffcopy.core.ratelimit import TokenBucket, parse_rate
+from pdiffcopy.engine.forkshared import Throttle
 
 
 class FakeClock:
@@ -46,7 +47,7 @@ def test_bad_rates_are_refused_with_the_syntax(text):
 def test_average_rate_holds_for_any_chunk_size(chunk):
     clock = FakeClock()
     rate = 50 * 2**20
-    bucket = TokenBucket(rate, clock=clock.time, sleep=clock.sleep)
+    bucket = Throttle(rate, clock=clock.time, sleep=clock.sleep)
     started = clock.now
     total = 0
     for _ in range(200):
@@ -60,7 +61,7 @@ def test_average_rate_holds_for_any_chunk_size(chunk):
 
 def test_idle_time_does_not_bank_more_than_the_burst():
     clock = FakeClock()
-    bucket = TokenBucket(10_000_000, burst=1_000_000, clock=clock.time, sleep=clock.sleep)
+    bucket = Throttle(10_000_000, burst=1_000_000, clock=clock.time, sleep=clock.sleep)
     clock.now += 3600  # an hour idle
     assert bucket.take(1_000_000) == 0
     assert bucket.take(1_000_000) == pytest.approx(0.1)
@@ -69,8 +70,16 @@ def test_idle_time_does_not_bank_more_than_the_burst():
 def test_concurrent_callers_queue_behind_each_others_debt():
     # Two transfers take at the same instant: the second waits for the first's bytes too.
     waits = []
-    bucket = TokenBucket(1_000_000, burst=100_000, clock=lambda: 0.0, sleep=waits.append)
+    bucket = Throttle(1_000_000, burst=100_000, clock=lambda: 0.0, sleep=waits.append)
     bucket.take(100_000)
     bucket.take(500_000)
     bucket.take(500_000)
     assert waits == [pytest.approx(0.5), pytest.approx(1.0)]
+
+
+def test_the_bucket_itself_only_says_how_long_to_wait():
+    """core/ does no I/O: the bucket returns the wait for the times it is given, and never sleeps."""
+    bucket = TokenBucket(1_000_000, now=100.0, burst=100_000)
+    assert bucket.take(100_000, now=100.0) == 0
+    assert bucket.take(300_000, now=100.0) == pytest.approx(0.3)
+    assert bucket.take(100_000, now=100.4) == pytest.approx(0.0)  # the debt paid off meanwhile

@@ -19,7 +19,7 @@ from humanfriendly import format_size, format_timespan, parse_size
 from pdiffcopy.cli import humanize
 from pdiffcopy.core import records
 from pdiffcopy.core.blocks import parse_block_size
-from pdiffcopy.engine.shared import SharedInts
+from pdiffcopy.engine.forkshared import SharedInts
 
 #: Run pdiffcopy's command in this interpreter as ``python -m pdiffcopy`` does; when it exits (its own
 #: way: atexit's functions run), print how many processes it forked and the modules it imported.

@@ -516,7 +516,7 @@ class Clock:
 def _slow_link_policy(data: "bytes | None"):
     """A policy that saw a 1 MB/s link (and a sample of ``data``, if given): it picks level 6
     of levels 1 and 6, the denser one."""
-    from pdiffcopy.core.compression import AdaptivePolicy
+    from pdiffcopy.transport.compressionpolicy import AdaptivePolicy
 
     policy = AdaptivePolicy(cores=2, clock=Clock(), levels=(1, 6))
     policy.link_observed(1_000_000, 1.0)

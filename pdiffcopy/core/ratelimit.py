@@ -1,16 +1,14 @@
 """A bandwidth limit: rsync's ``--bwlimit`` syntax and a token bucket shared by threads.
 
-Pure arithmetic with an injectable clock, so the limit is tested without timing the machine;
-the transport and the server call :meth:`TokenBucket.take` before each chunk they send or
-after each chunk they receive.
+Pure arithmetic on the times it is given, so the limit is tested without timing the machine;
+the transport and the server take from a :class:`pdiffcopy.engine.forkshared.Throttle` (this
+bucket, a clock, a lock and a sleep) before each chunk they send or after each they receive.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-import time
-from typing import Any, Callable, Optional
+from typing import MutableSequence, Optional
 
 #: rsync's multipliers: a bare number is KiB; K/M/G (and KiB/MiB/GiB) are powers of 1024,
 #: KB/MB/GB powers of 1000; B means bytes.
@@ -73,45 +71,33 @@ def bandwidth_limit(value: "int | str | None", what: str = "--bwlimit") -> Optio
 
 
 class TokenBucket:
-    """At most `rate` bytes per second on average, shared by every thread that takes from it.
+    """At most ``rate`` bytes per second on average: how long each taker must wait (it does not wait here).
 
-    A caller that takes more than the bucket holds goes into debt and sleeps it off, so a
-    large chunk is never split and never waits forever; the average still holds.
+    A caller that takes more than the bucket holds goes into debt and waits it off, so a
+    large chunk is never split and never waits forever; the average still holds. Pure
+    arithmetic on the times it is given (h11's way): the waiting, the clock, the lock and
+    the memory that processes share are :class:`pdiffcopy.engine.forkshared.Throttle`'s.
 
-    With ``shared=True`` the bucket's state and lock live in shared memory, so processes
-    forked after it was made (gunicorn's workers, a tree sync's workers) all take from the
-    one bucket: ``time.monotonic`` is the same clock in every process of the machine.
+    :param state: Where its two numbers live (tokens, time of the last take): a list by
+                  default, or memory that forked processes share.
     """
 
-    def __init__(self, rate: int, burst: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep, shared: bool = False) -> None:
+    def __init__(self, rate: int, now: float, burst: Optional[int] = None,
+                 state: "Optional[MutableSequence[float]]" = None) -> None:
         if rate <= 0:
             raise ValueError("rate must be positive")
         self.rate = rate
         self.burst = burst if burst is not None else max(MIN_BURST, int(rate * BURST_SECONDS))
-        self._clock = clock
-        self._sleep = sleep
-        #: [tokens, time of the last update]
-        self._state: Any
-        if shared:
-            import multiprocessing  # only for a shared bucket: it takes a while to import
-
-            self._lock: Any = multiprocessing.Lock()
-            self._state = multiprocessing.RawArray("d", 2)
-        else:
-            self._lock = threading.Lock()
-            self._state = [0.0, 0.0]
+        self._state: MutableSequence[float] = state if state is not None else [0.0, 0.0]
         self._state[0] = float(self.burst)
-        self._state[1] = clock()
+        self._state[1] = now
 
-    def take(self, count: int) -> float:
-        """Account for `count` bytes; sleep until the average allows them. Returns the wait."""
+    def take(self, count: int, now: float) -> float:
+        """Account for ``count`` bytes at time ``now``; return the seconds to wait before moving them.
+
+        Not thread-safe: callers that share a bucket take under one lock.
+        """
         state = self._state
-        with self._lock:
-            now = self._clock()
-            tokens = min(self.burst, state[0] + (now - state[1]) * self.rate) - count
-            state[0], state[1] = tokens, now
-            wait = -tokens / self.rate if tokens < 0 else 0.0
-        if wait > 0:
-            self._sleep(wait)
-        return wait
+        tokens = min(self.burst, state[0] + (now - state[1]) * self.rate) - count
+        state[0], state[1] = tokens, now
+        return -tokens / self.rate if tokens < 0 else 0.0

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_SEGMENT_SIZE, BlockPlan, Segment
 from pdiffcopy.engine.options import TreeOptions
-from pdiffcopy.engine.shared import SharedInts
+from pdiffcopy.engine.forkshared import SharedInts
 from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, source_data_bytes
 from pdiffcopy.engine.workfile import open_work

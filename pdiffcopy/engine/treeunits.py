@@ -27,7 +27,7 @@ from pdiffcopy.engine.treeendpoints import (
     Operation,
     TreeEndpoint,
 )
-from pdiffcopy.engine.shared import shared_ints
+from pdiffcopy.engine.forkshared import shared_ints
 from pdiffcopy.core.treestops import NOT_ATTEMPTED, stop_cause
 from pdiffcopy.engine.workers import Stop
 from pdiffcopy.core.treeplan import (

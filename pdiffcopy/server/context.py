@@ -15,7 +15,7 @@ from flask import Flask, current_app
 
 from pdiffcopy.core.hashing import accepted_methods
 from pdiffcopy.core.protocol import RESERVED_NAME
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.local.confinement import Root
 from pdiffcopy.local.leases import Leases
 from pdiffcopy.server.metrics import ServerMetrics
@@ -110,7 +110,7 @@ class ServerState:
     leases: Leases
     metrics: ServerMetrics
     #: ``--max-rate``, in shared memory: one cap for every worker process.
-    rate_limit: Optional[TokenBucket]
+    rate_limit: Optional[Throttle]
 
     @classmethod
     def start(cls, config: ServerConfig) -> "ServerState":
@@ -121,7 +121,7 @@ class ServerState:
             leases=Leases(config.lease_directory),
             metrics=ServerMetrics(config.metrics_directory),
             # A bucket per worker would let N workers move N times the rate.
-            rate_limit=TokenBucket(config.max_rate, shared=True) if config.max_rate else None,
+            rate_limit=Throttle(config.max_rate, shared=True) if config.max_rate else None,
         )
 
     def install(self, app: Flask) -> None:

@@ -39,7 +39,7 @@ from pdiffcopy.core.compression import (
     read_frames,
     stream_compressor,
 )
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.errors import BadRequest, RangeNotSatisfiable, StorageError
 from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE, etag
 from pdiffcopy.local.localfile import LocalFile
@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 
 def ranged_response(file: LocalFile, info: os.stat_result, metrics: Optional[ServerMetrics] = None,
-                    rate_limit: Optional[TokenBucket] = None) -> Response:
+                    rate_limit: Optional[Throttle] = None) -> Response:
     """Answer a GET or HEAD for an open file, honouring ``Range``. Closes ``file`` when done.
 
     The file bytes sent are counted in ``metrics`` and taken from ``rate_limit`` (``--max-rate``).
@@ -124,7 +124,7 @@ def ranged_response(file: LocalFile, info: os.stat_result, metrics: Optional[Ser
 
 def _file_body(file: LocalFile, ranges: List[ByteRange], multipart_size: Optional[int],
                boundary: str = "", metrics: Optional[ServerMetrics] = None,
-               rate_limit: Optional[TokenBucket] = None) -> Iterator[bytes]:
+               rate_limit: Optional[Throttle] = None) -> Iterator[bytes]:
     """The body of a GET: the ranges' bytes, as multipart parts (delimited by ``boundary``)
     when ``multipart_size`` is set.
 
@@ -150,7 +150,7 @@ def _file_body(file: LocalFile, ranges: List[ByteRange], multipart_size: Optiona
 
 
 def _frames_body(file: LocalFile, ranges: List[ByteRange], metrics: Optional[ServerMetrics],
-                 rate_limit: Optional[TokenBucket], level: int) -> Iterator[bytes]:
+                 rate_limit: Optional[Throttle], level: int) -> Iterator[bytes]:
     """The body of a GET for compressed ranges: a header and a zstd frame per piece, compressed
     at ``level``. Closes ``file``."""
     try:
@@ -171,7 +171,7 @@ def _frames_body(file: LocalFile, ranges: List[ByteRange], metrics: Optional[Ser
 
 
 def _coded_body(file: LocalFile, size: int, metrics: Optional[ServerMetrics],
-                rate_limit: Optional[TokenBucket]) -> Iterator[bytes]:
+                rate_limit: Optional[Throttle]) -> Iterator[bytes]:
     """The whole file as one zstd stream (``Content-Encoding: zstd``). Closes ``file``."""
     try:
         compressor = stream_compressor()
@@ -205,7 +205,7 @@ def receive_buffer(length: int = TRANSFER_CHUNK_SIZE) -> memoryview:
 
 def body_chunks(body: BodyReader, offset: int, length: int, ended: str,
                 metrics: Optional[ServerMetrics] = None,
-                rate_limit: Optional[TokenBucket] = None,
+                rate_limit: Optional[Throttle] = None,
                 buffer: Optional[memoryview] = None) -> Iterator[tuple]:
     """The next ``length`` bytes of a request body as (offset, chunk) pairs from ``offset`` on,
     for :meth:`LocalFile.write_ranges` (the chunks are views of one reused buffer).
@@ -230,7 +230,7 @@ def body_chunks(body: BodyReader, offset: int, length: int, ended: str,
 
 
 def receive_ranges(file: LocalFile, size: int, metrics: Optional[ServerMetrics] = None,
-                   rate_limit: Optional[TokenBucket] = None, sparse: bool = False) -> int:
+                   rate_limit: Optional[Throttle] = None, sparse: bool = False) -> int:
     """Write the ranges of a PATCH body into ``file`` (open for writing in place); return the bytes written.
 
     Every range must lie inside the file as it is: writes never grow a file
@@ -264,7 +264,7 @@ def receive_ranges(file: LocalFile, size: int, metrics: Optional[ServerMetrics] 
 
 
 def _receive_frames(file: LocalFile, size: int, metrics: Optional[ServerMetrics],
-                    rate_limit: Optional[TokenBucket]) -> int:
+                    rate_limit: Optional[Throttle]) -> int:
     """Write the pieces of a compressed PATCH body; each is decompressed and checked before it is written."""
     body = open_body(request.environ, request.content_length)
     written = 0
@@ -292,7 +292,7 @@ def _read_some(body: BodyReader, count: int) -> bytes:
 
 
 def _receive_range(body: BodyReader, file: LocalFile, offset: int, length: int, size: int, buffer: memoryview,
-                   metrics: Optional[ServerMetrics] = None, rate_limit: Optional[TokenBucket] = None) -> int:
+                   metrics: Optional[ServerMetrics] = None, rate_limit: Optional[Throttle] = None) -> int:
     check_inside(offset, length, size)
     # write_ranges starts writing the range to disk at its end: the client's
     # fsync request then finds little left to write.

@@ -48,7 +48,7 @@ from pdiffcopy.local.localtree import Directories, LocalTree
 from pdiffcopy.server.context import server_state
 from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
@@ -94,7 +94,7 @@ logger = logging.getLogger(__name__)
 SET_ID_BITS = stat.S_ISUID | stat.S_ISGID
 
 
-def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: TokenBucket
+def _limited(records: Iterator[Tuple[Entry, Optional[bytes], str]], bucket: Throttle
              ) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
     """``records`` as they are, each file's bytes taken from ``bucket`` before it goes out."""
     for record in records:

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.compression import FRAMES_TYPE
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
 from pdiffcopy.errors import (
     AccessDenied,
@@ -99,7 +99,7 @@ class Response:
     """An answer: status, headers, and the body as a stream or as bytes."""
 
     def __init__(self, raw: http.client.HTTPResponse, connection: "Connection",
-                 rate_limit: Optional[TokenBucket] = None) -> None:
+                 rate_limit: Optional[Throttle] = None) -> None:
         #: The body, read through the bandwidth limit when there is one: every reader of an
         #: answer (ranges, multipart parts, tree batches, listings) reads it here.
         self.raw: Any = raw if rate_limit is None else _LimitedStream(raw, rate_limit)
@@ -204,13 +204,13 @@ class Connection:
 
 
 class _LimitedStream:
-    """An answer's body whose reads take their bytes from a :class:`TokenBucket` (``--bwlimit``).
+    """An answer's body whose reads take their bytes from a :class:`Throttle` (``--bwlimit``).
 
     Taken after each read, so a read that overdraws the bucket waits before the next one: the
     kernel's receive buffer then fills and TCP slows the sender down to the limit.
     """
 
-    def __init__(self, raw: http.client.HTTPResponse, bucket: TokenBucket) -> None:
+    def __init__(self, raw: http.client.HTTPResponse, bucket: Throttle) -> None:
         self._raw = raw
         self._bucket = bucket
 
@@ -238,7 +238,7 @@ class _LimitedStream:
         return getattr(self._raw, name)
 
 
-def _limited_body(body, bucket: TokenBucket):
+def _limited_body(body, bucket: Throttle):
     """A request body whose chunks take their bytes from ``bucket`` before they are sent."""
     if isinstance(body, (bytes, bytearray, memoryview)):
         bucket.take(len(body))
@@ -248,7 +248,7 @@ def _limited_body(body, bucket: TokenBucket):
     return _limited_chunks(body, bucket)
 
 
-def _limited_chunks(chunks, bucket: TokenBucket):
+def _limited_chunks(chunks, bucket: Throttle):
     for chunk in chunks:
         bucket.take(len(chunk))
         yield chunk
@@ -288,7 +288,7 @@ class HttpClient:
     """
 
     def __init__(self, base: str, token: Optional[str] = None, timeout: float = DEFAULT_TIMEOUT,
-                 ca_file: Optional[str] = None, rate_limit: Optional[TokenBucket] = None) -> None:
+                 ca_file: Optional[str] = None, rate_limit: Optional[Throttle] = None) -> None:
         self.base = base
         self.token = token
         self.timeout = timeout

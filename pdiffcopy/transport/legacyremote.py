@@ -28,7 +28,7 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import RemoteProtocolError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
 from pdiffcopy.transport.remote import RemoteFile
 
@@ -53,7 +53,7 @@ _warned: Set[str] = set()
 
 def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
                 timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                rate_limit: Optional[TokenBucket] = None, compress: "str | int" = "auto") -> RemoteFile:
+                rate_limit: Optional[Throttle] = None, compress: "str | int" = "auto") -> RemoteFile:
     """The endpoint of a file URL: a :class:`RemoteFile`, or a :class:`LegacyRemoteFile` on a 1.0.1 server.
 
     Decided here by the file's first request (:meth:`RemoteFile.on_legacy_server`), whose answer
@@ -85,7 +85,7 @@ class LegacyRemoteFile(RemoteFile):
     """A file on a pdiffcopy 1.0.1 server (made by :func:`remote_file` when it finds one)."""
 
     def __init__(self, url: str, concurrency: int = 4, timeout: float = DEFAULT_TIMEOUT,
-                 ca_file: Optional[str] = None, rate_limit: Optional[TokenBucket] = None) -> None:
+                 ca_file: Optional[str] = None, rate_limit: Optional[Throttle] = None) -> None:
         super().__init__(url, token=None, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
                          rate_limit=rate_limit)
         #: By (block size, method): how many writes preceded the fetch, and the digests by offset.

@@ -64,7 +64,7 @@ from pdiffcopy.core.protocol import (
     partial_name,
     temporary_name,
 )
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.transport.compressionpolicy import PROBE_BYTES, Compression, compressing_cores
 from pdiffcopy.transport.httpclient import (
     DEFAULT_TIMEOUT,
@@ -132,7 +132,7 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 _base_path: Optional[tuple] = None, rate_limit: Optional[TokenBucket] = None,
+                 _base_path: Optional[tuple] = None, rate_limit: Optional[Throttle] = None,
                  follow: bool = True, compress: "str | Compression" = "auto") -> None:
         self.location = url
         self.follow = follow

@@ -25,7 +25,7 @@ from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError, ServerFailed
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core import compression, packedlisting
-from pdiffcopy.core.ratelimit import TokenBucket
+from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
 from pdiffcopy.transport.remote import RemoteFile
@@ -89,7 +89,7 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
-                 compress: "str | Compression" = "auto", rate_limit: Optional[TokenBucket] = None) -> None:
+                 compress: "str | Compression" = "auto", rate_limit: Optional[Throttle] = None) -> None:
         self.location = url
         self.base, path = split_server_url(url)
         #: The tree's path below the server's root ("" for the root itself).

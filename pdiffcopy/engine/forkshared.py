@@ -1,7 +1,8 @@
-"""Integers that forked workers and their parent share, with a lock: without :mod:`multiprocessing`.
+"""Numbers that forked workers and their parent share, with a lock: without :mod:`multiprocessing`.
 
 A tree run's queue needs a few shared counters (the next unit, each big file's
-parts left and failed, the progress figures). :mod:`multiprocessing`'s
+parts left and failed, the progress figures); a ``--bwlimit`` or a server's
+``--max-rate`` one token bucket for every process (:class:`Throttle`). :mod:`multiprocessing`'s
 ``Value`` and ``Array`` cost a run about 13 ms before its first unit: its
 import (with socket and pickle), a heap file in /dev/shm (statfs, mkstemp,
 unlink) and its semaphores. Anonymous shared memory and a pipe do the same
@@ -12,12 +13,21 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Iterable
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from pdiffcopy.core.ratelimit import TokenBucket
 
 
 def shared_ints(count: int) -> memoryview:
     """``count`` 64-bit integers, zero, that processes forked from now on share with this one."""
     return memoryview(mmap.mmap(-1, 8 * max(1, count))).cast("q")
+
+
+def shared_floats(count: int) -> memoryview:
+    """``count`` doubles, zero, that processes forked from now on share with this one."""
+    return memoryview(mmap.mmap(-1, 8 * max(1, count))).cast("d")
 
 
 class PipeLock:
@@ -83,4 +93,27 @@ class SharedInts:
         self._ints[0] = value
 
 
-__all__ = ["PipeLock", "SharedInts", "shared_ints"]
+class Throttle:
+    """A :class:`~pdiffcopy.core.ratelimit.TokenBucket` that threads, or with ``shared`` processes
+    forked after it was made (gunicorn's workers, a tree sync's), take from: each waits off its debt.
+
+    ``time.monotonic`` is the same clock in every process of the machine.
+    """
+
+    def __init__(self, rate: int, burst: Optional[int] = None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, shared: bool = False) -> None:
+        self._clock, self._sleep = clock, sleep
+        self._lock = PipeLock() if shared else threading.Lock()
+        self.bucket = TokenBucket(rate, clock(), burst, shared_floats(2) if shared else None)
+        self.rate, self.burst = self.bucket.rate, self.bucket.burst
+
+    def take(self, count: int) -> float:
+        """Account for ``count`` bytes; sleep until the average allows them. Returns the wait."""
+        with self._lock:
+            wait = self.bucket.take(count, self._clock())
+        if wait > 0:
+            self._sleep(wait)
+        return wait
+
+
+__all__ = ["PipeLock", "SharedInts", "Throttle", "shared_floats", "shared_ints"]
