@@ -11,6 +11,7 @@ from pdiffcopy.errors import StorageError
 from pdiffcopy.core.treeplan import Entry
 from pdiffcopy.core.treestream import in_walk_order
 from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
+from pdiffcopy.engine import workers
 from pdiffcopy.engine.workers import WorkerStart
 
 
@@ -80,24 +81,7 @@ def ordered(stream: ListingStream) -> ListingStream:
 
 def _stream_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart]) -> ListingStream:
     """Walk ``tree`` in a forked process that sends its batches through a pipe as it finds them."""
-    import pickle  # (before the fork: imported once; a small run, which walks here, never needs it)
-
-    reader, writer = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            os.close(reader)
-            if on_worker_start is not None:
-                on_worker_start(parent)
-            with os.fdopen(writer, "wb") as pipe:
-                _send_walk(tree, pipe)
-        except BaseException:  # never run the parent's code in a child
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(writer)
+    pid, reader = workers.fork_child(lambda pipe: _send_walk(tree, pipe), on_worker_start)
     pipe = os.fdopen(reader, "rb")
     done = [False]
 
@@ -113,8 +97,8 @@ def _stream_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart])
 
     def receive():
         try:
-            return pickle.load(pipe)
-        except (EOFError, pickle.UnpicklingError, OSError):
+            return workers.receive(pipe)
+        except (EOFError, OSError):
             raise StorageError(f"Listing {tree.location} failed: the listing process died") from None
 
     try:
@@ -152,21 +136,18 @@ def _stream_in_child(tree: TreeEndpoint, on_worker_start: Optional[WorkerStart])
 
 
 def _send_walk(tree: TreeEndpoint, pipe) -> None:
-    import pickle  # (the parent's, already loaded)
-
-    dump = pickle.dump
+    send = workers.send
     try:
         stream = tree.stream()
-        dump(("root", stream.root and tuple(stream.root)), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        send(pipe, ("root", stream.root and tuple(stream.root)))
         for entries, failures in stream.batches:
             # Plain tuples pickle without naming the class.
-            dump(("batch", ([tuple(entry) for entry in entries], list(failures))), pipe,
-                 protocol=pickle.HIGHEST_PROTOCOL)
-        dump(("end", tree.traffic()), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+            send(pipe, ("batch", ([tuple(entry) for entry in entries], list(failures))))
+        send(pipe, ("end", tree.traffic()))
     except BrokenPipeError:
         raise
     except BaseException as error:  # handed to the parent, which raises it
-        dump(("error", error), pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        send(pipe, ("error", error))
 
 
 __all__ = ["ordered", "stream_both"]

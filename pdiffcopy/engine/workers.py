@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Iterator, List, Optional
+from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
 #: What a forked worker does first, given its parent's process id (read before the fork).
 WorkerStart = Callable[[int], None]
@@ -68,34 +68,65 @@ def stop_requests() -> Iterator[None]:
         Stop.requested = False
 
 
+def fork_child(run: Callable[[BinaryIO], None], on_start: Optional[WorkerStart] = None) -> "Tuple[int, int]":
+    """Fork a process that runs ``run`` with the writing end of a pipe, then exits; (its pid, the reading end).
+
+    The one fork of the engine's processes: the child never returns into the parent's code,
+    whatever ``run`` does (it exits 1 if ``run`` raised). Its messages are :func:`send`'s.
+    """
+    import pickle  # noqa: F401  (here, before the fork: once; a run that forks nothing never loads it)
+
+    reader, writer = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(reader)
+            if on_start is not None:
+                on_start(parent)
+            with os.fdopen(writer, "wb") as stream:
+                run(stream)
+        except BaseException:  # never run the parent's code in a child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(writer)
+    return pid, reader
+
+
+def send(stream: BinaryIO, message: object) -> None:
+    """Send one message to the parent (pickled: a child's answers are Python objects)."""
+    import pickle
+
+    pickle.dump(message, stream, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def receive(stream: BinaryIO) -> object:
+    """The next message a child sent; EOFError when it sent no more (it ended, or died).
+
+    :raises EOFError: Also for a message cut short by the child's death.
+    """
+    import pickle
+
+    try:
+        return pickle.load(stream)
+    except pickle.UnpicklingError:
+        raise EOFError("a message cut short") from None
+
+
 class Worker:
     """A forked process running one task; :meth:`answer` collects what it returned."""
 
     def __init__(self, task: Callable[[], object], on_start: Optional[WorkerStart] = None) -> None:
-        import pickle  # (here, before the fork: once; a run that forks no worker never loads it)
-
-        reader, writer = os.pipe()
-        parent = os.getpid()
-        pid = os.fork()
-        if pid == 0:
-            code = 0
+        def run(stream: BinaryIO) -> None:
             try:
-                os.close(reader)
-                if on_start is not None:
-                    on_start(parent)
-                try:
-                    answer: tuple = ("ok", task())
-                except BaseException as error:  # handed to the parent, which raises it
-                    answer = ("error", error)
-                with os.fdopen(writer, "wb") as stream:
-                    pickle.dump(answer, stream, protocol=pickle.HIGHEST_PROTOCOL)
-            except BaseException:  # never run the parent's code in a child
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(writer)
-        self.pid = pid
-        self._reader = reader
+                answer: tuple = ("ok", task())
+            except BaseException as error:  # handed to the parent, which raises it
+                answer = ("error", error)
+            send(stream, answer)
+
+        self.pid, self._reader = fork_child(run, on_start)
 
     def answer(self) -> object:
         """Wait for the worker; return what its task returned.
@@ -104,14 +135,14 @@ class Worker:
         """
         try:
             with os.fdopen(self._reader, "rb") as stream:
-                data = stream.read()
+                try:
+                    kind, value = receive(stream)  # type: ignore[misc]
+                except EOFError:
+                    kind, value = "died", None
         finally:
             os.waitpid(self.pid, 0)
-        if not data:
+        if kind == "died":
             raise WorkerFailed(self.pid, None)
-        import pickle
-
-        kind, value = pickle.loads(data)
         if kind == "error":
             raise WorkerFailed(self.pid, value)
         return value
@@ -141,5 +172,6 @@ def stop_workers(pids: List[int]) -> None:
             time.sleep(0.01)
 
 
-__all__ = ["STOP_SIGNALS", "Stop", "Worker", "WorkerFailed", "WorkerStart", "request_stop", "stop_requests",
+__all__ = ["STOP_SIGNALS", "Stop", "Worker", "WorkerFailed", "WorkerStart", "fork_child", "receive", "request_stop",
+           "send", "stop_requests",
            "stop_workers"]
