@@ -135,7 +135,7 @@ def test_a_connected_holders_lease_holds_and_the_refusal_says_how_long(lease_ser
 
 
 class FakeHost:
-    """The connections a Leases table is told about: the request's, and those open now."""
+    """The connections a LeaseTable is told about: the request's, and those open now."""
 
     def __init__(self):
         self.current = None
@@ -148,9 +148,9 @@ class FakeHost:
 
 def test_a_lease_ends_with_its_holders_connections_but_not_before_its_writes(tmp_path):
     from pdiffcopy.errors import Locked
-    from pdiffcopy.local.leases import Leases
+    from pdiffcopy.server.leasetable import LeaseTable
 
-    leases, host = Leases(str(tmp_path)), FakeHost()
+    leases, host = LeaseTable(str(tmp_path)), FakeHost()
     host.attach(leases)
     (tmp_path / "file").write_bytes(b"x")
     info = os.stat(tmp_path / "file")
@@ -175,9 +175,9 @@ def test_a_lease_ends_with_its_holders_connections_but_not_before_its_writes(tmp
 
 def test_a_lease_whose_connections_are_unknown_lasts_its_time_and_says_how_long(tmp_path):
     from pdiffcopy.errors import Locked
-    from pdiffcopy.local.leases import LEASE_SECONDS, Leases
+    from pdiffcopy.server.leasetable import LEASE_SECONDS, LeaseTable
 
-    leases = Leases(str(tmp_path))
+    leases = LeaseTable(str(tmp_path))
     leases.open_connections = lambda: None  # cannot tell
     (tmp_path / "file").write_bytes(b"x")
     info = os.stat(tmp_path / "file")
@@ -193,10 +193,10 @@ def test_a_connection_the_server_closed_keeps_its_holder_alive_one_the_client_cl
     import ipaddress
     import socket
 
-    from pdiffcopy.local.leases import Leases
+    from pdiffcopy.server.leasetable import LeaseTable
     from pdiffcopy.server import holds
 
-    leases = Leases(str(tmp_path))
+    leases = LeaseTable(str(tmp_path))
     holds.watch_leases(leases)
     listener = socket.create_server(("127.0.0.1", 0))
     try:

@@ -345,7 +345,7 @@ def test_lease_files_do_not_pile_up(tmp_path):
 def test_a_killed_servers_lease_directory_is_swept_at_start(tmp_path, monkeypatch):
     import subprocess
 
-    from pdiffcopy.local.leases import Leases
+    from pdiffcopy.server.leasetable import LeaseTable
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -355,7 +355,7 @@ def test_a_killed_servers_lease_directory_is_swept_at_start(tmp_path, monkeypatc
     alive = tmp_path / f"pdiffcopy-leases-{os.getpid()}-efgh5678"
     alive.mkdir()
     monkeypatch.setenv("RUNTIME_DIRECTORY", str(tmp_path))
-    leases = Leases()
+    leases = LeaseTable()
     assert not stale.exists()
     assert alive.exists()
     assert Path(leases.directory).parent == tmp_path

@@ -45,13 +45,13 @@ FORBIDDEN = {
         "pdiffcopy.transport.remote",
     },
     "pdiffcopy.transport.remote": {
-        "pdiffcopy.local.leases",
+        "pdiffcopy.server.leasetable",
         "pdiffcopy.server.app",
         "pdiffcopy.server.service",
         "pdiffcopy.cli.command",
     },
     "pdiffcopy.transport.httpclient": {
-        "pdiffcopy.local.leases",
+        "pdiffcopy.server.leasetable",
         "pdiffcopy.server.app",
         "pdiffcopy.server.service",
         "pdiffcopy.cli.command",

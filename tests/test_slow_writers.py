@@ -13,7 +13,7 @@ import threading
 import time
 
 from conftest import random_bytes
-from pdiffcopy.local.leases import LOCK_WAIT_SECONDS
+from pdiffcopy.server.leasetable import LOCK_WAIT_SECONDS
 
 SLOW_BODY = 1024 * 1024
 SLOW_STEP = 64 * 1024

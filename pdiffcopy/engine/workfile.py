@@ -32,7 +32,7 @@ from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported
 logger = logging.getLogger(__name__)
 
 #: Seconds a --partial sync waits for the lease on the partial file it resumes: a server's
-#: lease outlives a killed client by a minute (pdiffcopy.local.leases.LEASE_SECONDS), and
+#: lease outlives a killed client by a minute (pdiffcopy.server.leasetable.LEASE_SECONDS), and
 #: the run that resumes right after the kill must not fail for it. A local file's lock
 #: ends with its process, so locally only a run still going is waited for.
 PARTIAL_LEASE_WAIT_SECONDS = 65

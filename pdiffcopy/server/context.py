@@ -17,7 +17,7 @@ from pdiffcopy.core.hashing import accepted_methods
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.local.confinement import Root
-from pdiffcopy.local.leases import Leases
+from pdiffcopy.server.leasetable import LeaseTable
 from pdiffcopy.server.metrics import ServerMetrics
 from pdiffcopy.server.slots import FairSlots
 
@@ -107,7 +107,7 @@ class ServerState:
     #: Per worker process: every child gets its own copy, with all its slots free.
     hash_slots: FairSlots
     #: Shared by every worker process.
-    leases: Leases
+    leases: LeaseTable
     metrics: ServerMetrics
     #: ``--max-rate``, in shared memory: one cap for every worker process.
     rate_limit: Optional[Throttle]
@@ -118,7 +118,7 @@ class ServerState:
             config=config,
             root=Root(config.root),
             hash_slots=FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS),
-            leases=Leases(config.lease_directory),
+            leases=LeaseTable(config.lease_directory),
             metrics=ServerMetrics(config.metrics_directory),
             # A bucket per worker would let N workers move N times the rate.
             rate_limit=Throttle(config.max_rate, shared=True) if config.max_rate else None,

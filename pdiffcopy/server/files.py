@@ -35,7 +35,7 @@ from pdiffcopy.local.confinement import refuse_hard_links
 from pdiffcopy.local.descriptors import copy_available, data_extents, etag, process_umask, punch_ranges, resize, \
     start_writeback
 from pdiffcopy.local.filehash import cut_region, hash_region
-from pdiffcopy.local.leases import LEASE_SECONDS
+from pdiffcopy.server.leasetable import LEASE_SECONDS
 from pdiffcopy.server.context import (
     API_PREFIX,
     HASH_RETRY_AFTER_SECONDS,

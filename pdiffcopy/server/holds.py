@@ -5,11 +5,11 @@ worker processes share out, and none of them is the writer for long. So every
 worker that serves a request on a temporary keeps a writer lock on it afterwards
 (:class:`~pdiffcopy.local.writerlocks.HoldKeeper`) until the client is gone: every
 connection on which it asked is closed (the kernel closes a killed client's at
-once), or it sent nothing for the lease's :data:`~pdiffcopy.local.leases.LEASE_SECONDS`,
+once), or it sent nothing for the lease's :data:`~pdiffcopy.server.leasetable.LEASE_SECONDS`,
 or the temporary has no name any more. A sweep (a push's, a tree push's listing,
 the next server's start) then finds the lock free and removes the temporary.
 
-The write leases (:mod:`pdiffcopy.local.leases`) follow the same connections: a lease
+The write leases (:mod:`pdiffcopy.server.leasetable`) follow the same connections: a lease
 whose holder closed every connection it asked on, and has no write running, has lapsed
 (:func:`watch_leases`).
 """
@@ -25,7 +25,7 @@ from flask import Flask, Response, request
 from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.errors import PdiffcopyError
 from pdiffcopy.local import tcptable, writerlocks
-from pdiffcopy.local.leases import LEASE_SECONDS, Leases
+from pdiffcopy.server.leasetable import LEASE_SECONDS, LeaseTable
 from pdiffcopy.server.context import server_state
 from pdiffcopy.server.requests import served
 
@@ -66,7 +66,7 @@ def install(app: Flask) -> None:
         writerlocks.set_request_connection(None)
 
 
-def watch_leases(leases: Leases) -> None:
+def watch_leases(leases: LeaseTable) -> None:
     """Let ``leases`` see its holders' connections: a lease ends once the client closed them all.
 
     A connection the server closed (an idle keep-alive one) still counts: its client may

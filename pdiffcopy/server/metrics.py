@@ -24,7 +24,7 @@ import shutil
 import tempfile
 from typing import Iterable, Iterator, Optional, Tuple, TypeVar
 
-from pdiffcopy.local.leases import _memory_directory, _sweep
+from pdiffcopy.server.leasetable import _memory_directory, _sweep
 
 #: The directory's name starts with this and the server's pid, so that the
 #: next server can remove the directory of one that was killed.

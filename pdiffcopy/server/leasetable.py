@@ -77,7 +77,7 @@ HOLDER_CONNECTIONS = 16
 DEAD_HOLDER_WAIT_SECONDS = 2.0
 
 
-class Leases:
+class LeaseTable:
     """The lease table of one server: a directory of small lock files."""
 
     def __init__(self, directory: Optional[str] = None) -> None:
@@ -321,4 +321,4 @@ def _memory_directory() -> Optional[str]:
     return None
 
 
-__all__ = ["DEAD_HOLDER_WAIT_SECONDS", "HOLDER_CONNECTIONS", "LEASE_SECONDS", "Leases"]
+__all__ = ["DEAD_HOLDER_WAIT_SECONDS", "HOLDER_CONNECTIONS", "LEASE_SECONDS", "LeaseTable"]
