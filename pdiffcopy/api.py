@@ -517,7 +517,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                              progress=progress, report_line=report_line, transfer_line=transfer_line,
                              **fields)
     from pdiffcopy.core import records
-    from pdiffcopy.engine.treesync import sync_tree as run_tree
+    from pdiffcopy.engine.treesync import run_tree_sync as run_tree
     from pdiffcopy.local.processes import die_with_parent
 
     options = records.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)

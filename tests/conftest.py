@@ -250,7 +250,7 @@ class TreeEnds:
 
         trees = self.trees()
         try:
-            return treesync.sync_tree(*trees, options)
+            return treesync.run_tree_sync(*trees, options)
         finally:
             for tree in trees:
                 tree.close()

@@ -181,15 +181,15 @@ def test_a_shared_bucket_is_one_bucket_for_forked_processes():
 
 def test_sync_tree_takes_rsync_syntax_and_refuses_garbage(tmp_path):
     from pdiffcopy.local.localtree import LocalTree
-    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+    from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a").write_bytes(b"x")
     with pytest.raises(UsageError, match="Invalid rate"):
-        sync_tree(LocalTree(str(tmp_path / "src")), LocalTree(str(tmp_path / "dst")),
+        run_tree_sync(LocalTree(str(tmp_path / "src")), LocalTree(str(tmp_path / "dst")),
                   TreeOptions(bwlimit="fast"))
     # Between local trees a valid limit is ignored (a network limit, as rsync's).
-    sync_tree(LocalTree(str(tmp_path / "src")), LocalTree(str(tmp_path / "dst")), TreeOptions(bwlimit="50M"))
+    run_tree_sync(LocalTree(str(tmp_path / "src")), LocalTree(str(tmp_path / "dst")), TreeOptions(bwlimit="50M"))
     assert (tmp_path / "dst" / "a").read_bytes() == b"x"
 
 

@@ -176,7 +176,7 @@ class TreeHook:
 def test_tree_push_of_a_big_changed_file_refuses_a_plain_write(server, tmp_path):
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.transport.remotetree import RemoteTree
-    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+    from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 
     name = f"tree-{os.getpid()}"
     remote, source = server.root / name, tmp_path / "src"
@@ -188,7 +188,7 @@ def test_tree_push_of_a_big_changed_file_refuses_a_plain_write(server, tmp_path)
                                       b"\xee" * 4096))
     source_tree, target_tree = LocalTree(str(source)), RemoteTree(f"{server.base}/{name}/")
     try:
-        result = sync_tree(source_tree, target_tree, TreeOptions(concurrency=1, block_size=BLOCK),
+        result = run_tree_sync(source_tree, target_tree, TreeOptions(concurrency=1, block_size=BLOCK),
                            hook.progress)
     finally:
         source_tree.close()

@@ -228,7 +228,7 @@ def test_a_bad_piece_size_is_one_line_and_the_usage_status(tmp_path, value):
 
 
 def test_a_trees_big_file_moves_only_the_changed_pieces(ends: TreeEnds):
-    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+    from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 
     ends.source.mkdir(parents=True)
     old = random_bytes(16 * MiB, seed=18)
@@ -238,7 +238,7 @@ def test_a_trees_big_file_moves_only_the_changed_pieces(ends: TreeEnds):
     def run(**options):
         trees = ends.trees()
         try:
-            return sync_tree(*trees, TreeOptions(concurrency=2, times=True, **options))
+            return run_tree_sync(*trees, TreeOptions(concurrency=2, times=True, **options))
         finally:
             for tree in trees:
                 tree.close()

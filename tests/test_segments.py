@@ -23,7 +23,7 @@ from pdiffcopy.core.hashing import digest_bytes
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.api import sync
 from pdiffcopy.engine.treeendpoints import TreeEndpoint
-from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 
 #: The smallest block size: many blocks in a small file.
 BLOCK = 1024
@@ -64,7 +64,7 @@ def test_a_tree_verifies_like_a_file_sync_when_the_block_hash_is_weak(tmp_path):
                 sync(str(source / "big.img"), str(target / "big.img"), block_size=BLOCK,
                      hash_method="xxh32", concurrency=1)
             continue
-        result = sync_tree(LocalTree(str(source)), LocalTree(str(target)),
+        result = run_tree_sync(LocalTree(str(source)), LocalTree(str(target)),
                            TreeOptions(concurrency=1, block_size=BLOCK, hash_method="xxh32"))
         if (target / "big.img").read_bytes() != wanted:
             assert [path for path, _ in result.failures] == ["big.img"], \
@@ -159,7 +159,7 @@ def test_the_engine_needs_no_optional_capability(tmp_path):
     os.utime(source / "big.img", ns=(1, 1))
     for index in range(5):
         (source / "sub" / f"small-{index}").write_bytes(random_bytes(1000 + index, seed=index))
-    result = sync_tree(PlainTree(LocalTree(str(source))), PlainTree(LocalTree(str(target))),
+    result = run_tree_sync(PlainTree(LocalTree(str(source))), PlainTree(LocalTree(str(target))),
                        TreeOptions(concurrency=1, block_size=64 * 1024))
     assert not result.failures
     assert (target / "big.img").read_bytes() == bytes(new)
@@ -170,7 +170,7 @@ def test_the_engine_needs_no_optional_capability(tmp_path):
 
 def test_a_missing_source_tree_is_file_missing(tmp_path):
     with pytest.raises(FileMissing, match="Source does not exist"):
-        sync_tree(LocalTree(str(tmp_path / "nothing")), LocalTree(str(tmp_path / "target")),
+        run_tree_sync(LocalTree(str(tmp_path / "nothing")), LocalTree(str(tmp_path / "target")),
                   TreeOptions(concurrency=1))
 
 

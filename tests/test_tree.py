@@ -251,7 +251,7 @@ def test_file_growing_while_copied_is_reported_and_not_left_half_written(tmp_pat
 
             return dataclasses.replace(listing, batches=batches())
 
-    result = treesync.sync_tree(GrowingAfterListing(f"{source}/"), LocalTree(str(tmp_path / "dst")),
+    result = treesync.run_tree_sync(GrowingAfterListing(f"{source}/"), LocalTree(str(tmp_path / "dst")),
                                 treesync.TreeOptions(concurrency=2))
     failed = {path for path, _ in result.failures}
     assert failed == {"grows-small", "grows-big"}, result.failures
@@ -302,7 +302,7 @@ def test_progress_counts_every_file_and_byte_across_worker_processes(tmp_path, m
         (source / name).parent.mkdir(parents=True, exist_ok=True)
         (source / name).write_bytes(random_bytes(size, seed=size))
     progress = treesync.TreeProgress(3)
-    result = treesync.sync_tree(LocalTree(f"{source}/"), LocalTree(str(tmp_path / "dst")),
+    result = treesync.run_tree_sync(LocalTree(f"{source}/"), LocalTree(str(tmp_path / "dst")),
                                 treesync.TreeOptions(concurrency=3), progress)
     total = sum(size for _, size in sizes)
     assert result.files_copied == 300 and result.bytes_moved == total

@@ -19,7 +19,7 @@ import pytest
 from conftest import random_bytes
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.transport.remotetree import RemoteTree
-from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 
 MIB = 1024 * 1024
 
@@ -56,7 +56,7 @@ def big_pair(source: Path, target: Path) -> bytes:
 
 def run(source, target, **options) -> list:
     try:
-        result = sync_tree(source, target, TreeOptions(concurrency=1, **options))
+        result = run_tree_sync(source, target, TreeOptions(concurrency=1, **options))
     finally:
         source.close()
         target.close()

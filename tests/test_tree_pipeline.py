@@ -20,7 +20,7 @@ import pytest
 from pdiffcopy.core import treestream
 from pdiffcopy.core.treeplan import DIR, FILE, Entry, PlanOptions
 from pdiffcopy.engine import treelisting, treerunner
-from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 from pdiffcopy.local.localtree import LocalTree
 
 PAST = 1_500_000_000_000_000_000
@@ -94,7 +94,7 @@ def test_each_next_piece_is_planned_while_the_workers_copy_and_the_tree_ends_as_
     make_tree(source)
     subprocess.run(["rsync", "-aH", f"{source}/", str(reference)], check=True)
     with caplog_steps() as steps:
-        result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
+        result = run_tree_sync(LocalTree(f"{source}/"), LocalTree(str(target)),
                            TreeOptions(times=True, hard_links=True, concurrency=2))
     assert not result.failures
     assert result.files_copied == 12 * 61
@@ -150,7 +150,7 @@ def test_an_interrupt_while_the_next_piece_is_listed_stops_the_workers_and_leave
 
     before = children()
     with caplog_steps() as steps, pytest.raises(KeyboardInterrupt):
-        sync_tree(InterruptedListing(f"{source}/"), LocalTree(str(target)),
+        run_tree_sync(InterruptedListing(f"{source}/"), LocalTree(str(target)),
                   TreeOptions(times=True, concurrency=2))
     assert reached
     assert children() <= before, "a worker was left running or unreaped"

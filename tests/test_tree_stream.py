@@ -18,7 +18,7 @@ import pytest
 
 from conftest import random_bytes
 from pdiffcopy.core import treestream
-from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
 from pdiffcopy.local.localtree import LocalTree
 
 PAST = 1_500_000_000_000_000_000
@@ -75,7 +75,7 @@ def test_a_sync_in_pieces_of_two_actions_ends_as_rsync_does(tmp_path, monkeypatc
     make_target(target)
     make_target(reference)
     subprocess.run(["rsync", "-aH", "--delete", "--exclude", "skip/", f"{source}/", str(reference)], check=True)
-    result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
+    result = run_tree_sync(LocalTree(f"{source}/"), LocalTree(str(target)),
                        TreeOptions(times=True, delete=True, hard_links=True, rules=(("-", "skip/"),),
                                    concurrency=2))
     assert not result.failures
@@ -97,7 +97,7 @@ def test_a_dry_run_in_pieces_lists_what_one_piece_would_in_path_order(tmp_path, 
     for piece_actions in (1_000_000, 2):
         monkeypatch.setattr(treestream, "PIECE_ACTIONS", piece_actions)
         lines: list = []
-        sync_tree(LocalTree(f"{source}/"), LocalTree(str(target)),
+        run_tree_sync(LocalTree(f"{source}/"), LocalTree(str(target)),
                   TreeOptions(times=True, delete=True, hard_links=True, dry_run=True, concurrency=2),
                   report_line=lines.append)
         listings.append(lines)
@@ -131,7 +131,7 @@ def test_deletions_wait_for_the_source_walk_and_none_follow_a_failed_listing(tmp
     source, target = tmp_path / "src", tmp_path / "dst"
     make_source(source)
     make_target(target)
-    result = sync_tree(FailingToList(f"{source}/"), LocalTree(str(target)),
+    result = run_tree_sync(FailingToList(f"{source}/"), LocalTree(str(target)),
                        TreeOptions(times=True, delete=True, concurrency=2))
     assert [path for path, _ in result.failures] == ["a"]
     assert (target / "a" / "old").read_bytes() == b"old a/old"
@@ -166,7 +166,7 @@ def test_a_pull_or_push_in_pieces_reads_the_servers_listing_as_it_goes(server, u
     trees = {"pull": (RemoteTree(server.url(unique)), LocalTree(str(local))),
              "push": (LocalTree(f"{local}/"), RemoteTree(server.url(unique)))}[direction]
     try:
-        result = sync_tree(*trees, TreeOptions(times=True, delete=True, concurrency=2))
+        result = run_tree_sync(*trees, TreeOptions(times=True, delete=True, concurrency=2))
     finally:
         for tree in trees:
             tree.close()

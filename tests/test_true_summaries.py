@@ -273,7 +273,7 @@ def test_a_stop_counts_the_pieces_never_started_and_the_links_never_made(tmp_pat
     from pdiffcopy.core import treestream
     from pdiffcopy.engine import treerunner
     from pdiffcopy.engine.options import TreeOptions
-    from pdiffcopy.engine.treesync import sync_tree
+    from pdiffcopy.engine.treesync import run_tree_sync
     from pdiffcopy.local.localtree import LocalTree
 
     monkeypatch.setattr(treestream, "PIECE_ACTIONS", 240)
@@ -292,7 +292,7 @@ def test_a_stop_counts_the_pieces_never_started_and_the_links_never_made(tmp_pat
     tiny = tmp_path / "tiny"
     mount_tmpfs(tiny, "4m")
     mounts.append(tiny)
-    result = sync_tree(LocalTree(f"{source}/"), LocalTree(str(tiny / "ft")),
+    result = run_tree_sync(LocalTree(f"{source}/"), LocalTree(str(tiny / "ft")),
                        TreeOptions(times=True, hard_links=True, concurrency=2))
     assert result.stopped == "The target file system is full"
     present = on_target(source, tiny / "ft", contents)

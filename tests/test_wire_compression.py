@@ -445,7 +445,7 @@ def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction)
     # The first batch goes plain and teaches the policy (a genuinely slow link); the batches after
     # it go compressed.
     from pdiffcopy.api import bwlimit_bucket
-    from pdiffcopy.engine.treesync import TreeOptions, sync_tree
+    from pdiffcopy.engine.treesync import TreeOptions, run_tree_sync
     from pdiffcopy.local.localtree import LocalTree
     from pdiffcopy.transport.remotetree import RemoteTree
 
@@ -463,7 +463,7 @@ def test_tree_batches_switch_on_a_slow_link(tmp_path, server, unique, direction)
     else:
         trees, written = (LocalTree(str(source)), remote), server.root / unique
     try:
-        got = _traffic(lambda: sync_tree(*trees, TreeOptions(concurrency=1)))
+        got = _traffic(lambda: run_tree_sync(*trees, TreeOptions(concurrency=1)))
     finally:
         for tree in trees:
             tree.close()

@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 # -- the entry points ------------------------------------------------------
 
 
-def sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
+def run_tree_sync(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
               progress: Optional[TreeProgress] = None,
               report_line: Optional[Callable[[str], None]] = None,
               on_worker_start: Optional[WorkerStart] = None,
@@ -356,4 +356,4 @@ def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan
     return differs
 
 
-__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "remove_tree", "sync_tree"]
+__all__ = ["TreeOptions", "TreeProgress", "TreeResult", "remove_tree", "run_tree_sync"]
