@@ -22,7 +22,7 @@ Attack kinds (each connection, after connecting):
 
 Runs against 127.0.0.1 only. Example::
 
-    PYTHONPATH=. python3 benchmarks/abuse.py --output benchmarks/results-abuse.txt
+    PYTHONPATH=. python3 benchmarks/abuse.py --output benchmarks/results/abuse/hostile-clients.txt
 """
 
 import argparse

@@ -24,7 +24,7 @@ The report gives medians and bests, the ratios the issue asks about (the default
 rsync everywhere), the delta the default chose, the bytes each sent, and the load.
 
     python3 benchmarks/auto_delta_inplace.py --sizes 1G --rounds 2 --workdir /work/bench \\
-        --baseline a5d9ac4 --output benchmarks/results-autodelta-inplace-s14.txt
+        --baseline a5d9ac4 --output benchmarks/results/autodelta/inplace-1g-warm-cold.txt
 
 Files live under ``--workdir`` (one workload's at a time: the old target, the source, a
 target; about 4 times the size), and are removed at the end.

@@ -87,7 +87,7 @@ TOOLS_DIR = benchlib.BENCH_DIR / ".tree-tools"
 PSYNC = TOOLS_DIR / "bin" / "psync"
 PARSYNC = TOOLS_DIR / "bin" / "parsync"
 SETUP_TREE_TOOLS = benchlib.BENCH_DIR / "setup_tree_tools.sh"
-DEFAULT_OUTPUT = benchlib.BENCH_DIR / "results-tree.txt"
+DEFAULT_OUTPUT = benchlib.BENCH_DIR / "results" / "trees" / "all-tools.txt"
 DEFAULT_WORKDIR = Path("/work/bench-tree")
 
 WORKLOADS = ("parsync", "psync")

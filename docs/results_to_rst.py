@@ -1,6 +1,6 @@
 """Fill docs/benchmarks.rst's results from a report of benchmarks/remote_delta.py.
 
-Usage: python3 docs/results_to_rst.py benchmarks/results-remote-delta.txt
+Usage: python3 docs/results_to_rst.py benchmarks/results/remote-delta/tools-1g.txt
 """
 
 import re
