@@ -19,7 +19,7 @@ from conftest import random_bytes, run_cli
 from pdiffcopy import api
 from pdiffcopy.errors import Conflict, UsageError
 from pdiffcopy.local import devices
-from pdiffcopy.local.thindelta import MetadataFilePool, parse_thin_delta, run_thin_delta
+from pdiffcopy.local.thindelta import MetadataFilePool, run_thin_delta
 
 MiB = 1024 * 1024
 KiB = 1024
@@ -84,17 +84,12 @@ def test_thin_delta_on_restored_metadata_gives_exactly_the_differing_ranges(meta
     assert run_thin_delta(metadata, 1, 2) == DIFFERING
     assert run_thin_delta(metadata, 2, 1) == DIFFERING  # left and right swapped
     assert run_thin_delta(metadata, 1, 1) == []
-    verbose = subprocess.run(["thin_delta", "--verbose", "--snap1", "1", "--snap2", "2", metadata],
-                             capture_output=True, check=True)
-    import io
-
-    assert parse_thin_delta(io.BytesIO(verbose.stdout)) == DIFFERING
 
 
 def test_thin_delta_errors_are_one_line(metadata):
     from pdiffcopy.errors import StorageError
 
-    with pytest.raises(StorageError, match="thin_delta failed: .*snap2"):
+    with pytest.raises(StorageError, match="thin_delta .*failed: .*snap2"):
         run_thin_delta(metadata, 1, 9)
 
 
