@@ -159,3 +159,40 @@ def test_options_a_record_cannot_go_with_are_refused(tmp_path, options, said):
     done = run_cli(*options, str(source), str(target))
     assert said in one_line_error(done)
     assert not target.exists()
+
+
+def test_a_dry_run_with_a_record_reads_no_target_and_keeps_the_record(synced):
+    source, target, _, record = synced
+    write_device(source, 4 * MiB, random_bytes(MiB, seed=46))
+    kept = open(record, "rb").read()
+    before = sectors_read(target)
+    done = run_cli("-n", "--digest-file", record, source, target)
+    assert done.returncode == 0, done.stderr
+    assert "1 of 16 blocks differ" in done.stdout, done.stdout
+    assert sectors_read(target) == before
+    assert open(record, "rb").read() == kept
+
+
+def test_a_pull_into_a_device_uses_the_record(server, loop_devices, tmp_path, unique):
+    data = random_bytes(SIZE, seed=47)
+    (server.root / unique).write_bytes(data)
+    target, _ = loop_devices.new("target.img", SIZE)
+    record = str(tmp_path / "digests")
+    assert run_cli("--digest-file", record, server.url(unique), target).returncode == 0
+    changed = bytearray(data)
+    changed[9 * MiB : 9 * MiB + 10] = b"0123456789"
+    (server.root / unique).write_bytes(bytes(changed))
+    before = sectors_read(target)
+    done = run_cli("--stats", "--digest-file", record, server.url(unique), target)
+    assert done.returncode == 0, done.stderr
+    assert "1 of 16 blocks differed" in done.stderr, done.stderr
+    assert (sectors_read(target) - before) * 512 <= MiB
+    assert device_bytes(target) == bytes(changed)
+
+
+def test_a_remote_target_is_refused():
+    from pdiffcopy import api
+    from pdiffcopy.errors import UsageError
+
+    with pytest.raises(UsageError, match="--digest-file needs a local TARGET"):
+        api.sync("/etc/hostname", "http://127.0.0.1:9/file", digest_file="/nonexistent/digests")

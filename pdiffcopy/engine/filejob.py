@@ -277,6 +277,8 @@ class _SyncJob:
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish%s", self.target.location,
+                               " with --verify-whole (its digest record no longer says what it holds)"
+                               if self.record is not None else
                                "" if target_info is not None and target_info.kind == "device" else " (or use --atomic)")
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
@@ -515,7 +517,8 @@ class _SyncJob:
         size = digest_size(method)
         self.progress.hash_total = plan.size * (2 if target is not None else 1)
         steps = self.steps
-        if self.record_use == recorded.TRUST and target is not None:
+        trusting = self.record_use == recorded.TRUST and target is not None
+        if trusting:
             source_futures, target_futures = self._recorded_futures(plan, segments)
         else:
             source_futures = steps.hash_segments(self.source, segments, method)
@@ -531,7 +534,8 @@ class _SyncJob:
             theirs = split_digests(target_futures[segment.index].result(), size) \
                 if target is not None else None
             source_digests.extend(ours)
-            target_digests.extend(theirs or [])
+            if not trusting:  # (a trusted record's digests stay in it: read again by segment to verify)
+                target_digests.extend(theirs or [])
             if checking and theirs is not None:
                 self.record_differences += recorded.count_differences(self.record, segment, theirs)
             if segment.index == len(segments) - 1:
@@ -554,6 +558,9 @@ class _SyncJob:
         self._wait(pending)
         steps.log_refinement(self.source.location)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
+        if trusting:
+            assert self.record is not None, "trusted"
+            return similarity, source_digests, recorded.RecordedDigests(self.record, plan.block_count, size)
         return similarity, source_digests, (target_digests if target is not None else None)
 
     def _use_record(self, plan: BlockPlan) -> None:
@@ -570,25 +577,11 @@ class _SyncJob:
                      "trusted" if self.record_use == recorded.TRUST else "rebuilt from the whole target")
 
     def _recorded_futures(self, plan: BlockPlan, segments: List[Segment]):
-        """The digests of both sides from a trusted record: the target's all recorded, the source's
-        hashed, or, with changed ranges (``--changed-since``), hashed only where they say."""
+        """Both sides' digests by segment from a trusted record (:func:`~pdiffcopy.engine.recorded.trusted_futures`)."""
         assert self.record is not None, "only a trusted record serves digests"
-        method = self.options.hash_method
-        target_futures = recorded.recorded_futures(self.record, segments)
-        changed = self.record.changed_ranges()
-        if changed is None:
-            self.progress.hash_total = plan.size
-            return self.steps.hash_segments(self.source, segments, method), target_futures
-        source_futures = {}
-        hashed = 0
-        for segment in segments:
-            blocks = recorded.changed_blocks_of(segment, plan.block_size, changed)
-            hashed += sum(min(plan.block_size, plan.size - block * plan.block_size) for block in blocks)
-            source_futures[segment.index] = recorded.partly_hashed(
-                segment, blocks, plan.block_size, plan.size, method, target_futures[segment.index].result(),
-                lambda ranges: self.steps.hash(self.source, ranges, method))
-        self.progress.hash_total = hashed
-        self._log_phase("%d bytes of the source changed since the recorded snapshot", hashed)
+        source_futures, target_futures, self.progress.hash_total = recorded.trusted_futures(
+            self.record, self.steps, plan, segments, self.options.hash_method)
+        self._log_phase("%d bytes of the source to hash", self.progress.hash_total)
         return source_futures, target_futures
 
     def _save_record(self, plan: BlockPlan, digests: List[bytes]) -> None:

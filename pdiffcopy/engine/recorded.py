@@ -19,11 +19,14 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence
 
-from pdiffcopy.core.blocks import ByteRange, Segment, split_digests
+from pdiffcopy.core.blocks import BlockPlan, ByteRange, Segment, split_digests
 from pdiffcopy.core.hashing import digest_size
 from pdiffcopy.errors import Conflict, UsageError
+
+if TYPE_CHECKING:
+    from pdiffcopy.engine.segments import SegmentSteps
 
 #: How a sync uses a record (:func:`choose_use`).
 TRUST = "trust"  # the recorded digests stand for the target: it is not read
@@ -97,6 +100,28 @@ def recorded_futures(record: DigestRecord, segments: Sequence[Segment]) -> "Dict
     return futures
 
 
+def trusted_futures(record: DigestRecord, steps: "SegmentSteps", plan: BlockPlan, segments: Sequence[Segment],
+                    method: str) -> "tuple[Dict[int, Future[bytes]], Dict[int, Future[bytes]], int]":
+    """The digests of both sides by segment from a trusted record: the target's all recorded (nothing
+    read), the source's hashed, or with changed ranges (``--changed-since``) hashed only where they say.
+
+    :returns: The source's futures, the target's, and the bytes of the source hashed.
+    """
+    target_futures = recorded_futures(record, segments)
+    changed = record.changed_ranges()
+    if changed is None:
+        return steps.hash_segments(steps.source, segments, method), target_futures, plan.size
+    source_futures: "Dict[int, Future[bytes]]" = {}
+    hashed = 0
+    for segment in segments:
+        blocks = changed_blocks_of(segment, plan.block_size, changed)
+        hashed += sum(min(plan.block_size, plan.size - block * plan.block_size) for block in blocks)
+        source_futures[segment.index] = partly_hashed(
+            segment, blocks, plan.block_size, plan.size, method, target_futures[segment.index].result(),
+            lambda ranges: steps.hash(steps.source, ranges, method))
+    return source_futures, target_futures, hashed
+
+
 def changed_blocks_of(segment: Segment, block_size: int, changed: Sequence[ByteRange]) -> List[int]:
     """The blocks of ``segment`` that ``changed`` (sorted, disjoint ranges) touches."""
     starts = [offset for offset, _ in changed]
@@ -149,6 +174,27 @@ def partly_hashed(segment: Segment, blocks: List[int], block_size: int, size: in
     return result
 
 
+class RecordedDigests(Sequence[bytes]):
+    """The target's digests as a list the verification slices, read from the record by the slice:
+    a record of millions of blocks is not held twice (the source's digests are held already)."""
+
+    def __init__(self, record: DigestRecord, count: int, width: int) -> None:
+        self.record, self.count, self.width = record, count, width
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.count)
+            if step != 1:
+                raise ValueError("recorded digests are read in runs")
+            return split_digests(self.record.digests(start, max(0, stop - start)), self.width) if stop > start else []
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        return self.record.digests(index % self.count, 1)
+
+
 def count_differences(record: DigestRecord, segment: Segment, read: Sequence[bytes]) -> int:
     """How many blocks of ``segment`` hashed from the target differ from the record's digests."""
     width = len(read[0]) if read else 1
@@ -156,5 +202,5 @@ def count_differences(record: DigestRecord, segment: Segment, read: Sequence[byt
     return sum(1 for ours, theirs in zip(read, recorded) if ours != theirs)
 
 
-__all__ = ["REBUILD", "TRUST", "DigestRecord", "changed_blocks_of", "choose_use", "count_differences",
-           "partly_hashed", "recorded_futures"]
+__all__ = ["REBUILD", "TRUST", "DigestRecord", "RecordedDigests", "changed_blocks_of", "choose_use",
+           "count_differences", "partly_hashed", "recorded_futures", "trusted_futures"]

@@ -205,6 +205,8 @@ class DigestFile(DigestRecord):
             return (f"The digest record {self.location} holds {header.get('block_size')}-byte blocks hashed with "
                     f"{header.get('hash_method')}, and this sync uses {block_size}-byte blocks and {method} "
                     f"(give -b and -m as then)")
+        if header.get("blocks") != -(-size // block_size):
+            return f"{self.location} is not a pdiffcopy digest record, or is damaged (its count of blocks)"
         if header.get("size") != size:
             return (f"The digest record {self.location} was made from a source of {header.get('size')} bytes, and "
                     f"this one has {size}")
