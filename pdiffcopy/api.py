@@ -220,6 +220,9 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
                                bwlimit=bwlimit, compress=compress, piece_size=piece_size,
                                partial=partial, delta=delta, sparse=sparse, verify_whole=verify_whole)
         options = check_record_options(options, digest_file, changed_since, delta)
+        if digest_file is not None and keep.wanted:
+            raise UsageError("-a, -t, -o, -X and -A cannot be used with --digest-file: what they set after the "
+                             "sync would change the target the record describes")
     except BaseException:
         _close_given(source, target)
         raise
@@ -228,7 +231,9 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         prehashed: dict = {}
 
         def prehash_local_side(session) -> None:  # while ssh logs in
-            prehashed.update(prehash_local_files(source, target, options, session.ssh_descriptors()))
+            # (a target with a digest record is not read)
+            prehashed.update(prehash_local_files(source, None if digest_file else target, options,
+                                                 session.ssh_descriptors()))
 
         try:
             with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,

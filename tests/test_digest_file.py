@@ -9,10 +9,15 @@ import os
 import pytest
 
 from conftest import random_bytes, run_cli
+import test_ssh
+from test_ssh import over_ssh
 from pdiffcopy.local import devices
 
 MiB = 1024 * 1024
 SIZE = 16 * MiB
+
+#: The ssh tests' sshd, for a pull over ssh.
+sshd = test_ssh.sshd
 
 
 def sectors_read(device: str) -> int:
@@ -152,6 +157,7 @@ def test_a_regular_file_target_modified_since_is_refused(tmp_path):
     (["--digest-file", "D", "--atomic"], "--atomic cannot be used with --digest-file"),
     (["--digest-file", "D", "-m", "xxh3_64"], "strong enough"),
     (["--digest-file", "D", "--delta", "chunks"], "--delta chunks cannot"),
+    (["--digest-file", "D", "-t"], "-a, -t, -o, -X and -A cannot be used with --digest-file"),
 ])
 def test_options_a_record_cannot_go_with_are_refused(tmp_path, options, said):
     source, target = tmp_path / "source.img", tmp_path / "target.img"
@@ -196,3 +202,18 @@ def test_a_remote_target_is_refused():
 
     with pytest.raises(UsageError, match="--digest-file needs a local TARGET"):
         api.sync("/etc/hostname", "http://127.0.0.1:9/file", digest_file="/nonexistent/digests")
+
+
+def test_a_pull_over_ssh_into_a_device_reads_only_the_source(sshd, loop_devices, tmp_path):
+    data = random_bytes(SIZE, seed=48)
+    (tmp_path / "remote.img").write_bytes(data)
+    target, _ = loop_devices.new("target.img", SIZE)
+    record = str(tmp_path / "digests")
+    done = over_ssh(sshd, "--digest-file", record, f"127.0.0.1:{tmp_path}/remote.img", target)
+    assert done.returncode == 0, done.stderr
+    before = sectors_read(target)
+    done = over_ssh(sshd, "--stats", "--digest-file", record, f"127.0.0.1:{tmp_path}/remote.img", target)
+    assert done.returncode == 0, done.stderr
+    assert "0 of 16 blocks differed" in done.stderr, done.stderr
+    assert sectors_read(target) == before
+    assert device_bytes(target) == data

@@ -318,8 +318,8 @@ def _prehash_local_file(args: argparse.Namespace, source: str, target: str, preh
 
     :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
     """
-    if args.benchmark:
-        return
+    if args.benchmark or args.digest_file:
+        return  # (with a digest record the local side is the target, which is not read)
     from pdiffcopy.api import prehash_local_files
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
     from pdiffcopy.engine.options import file_options
