@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pdiffcopy.engine.onefile import KeptMetadata
     from pdiffcopy.engine.treeendpoints import TreeEndpoint
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
+    from pdiffcopy.local.thindelta import ThinPools
 
 
 def check_locations(source: str, target: str) -> None:
@@ -123,7 +124,8 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
          rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None, direct: bool = False,
          direct_port: Optional[int] = None, perms: bool = False, times: bool = False, owner: bool = False,
          links: bool = False, xattrs: bool = False, acls: bool = False, numeric_ids: bool = False,
-         mkpath: bool = False) -> SyncResult:
+         mkpath: bool = False, digest_file: Optional[str] = None, changed_since: Optional[str] = None,
+         verify_whole: bool = False, thin_pools: "Optional[ThinPools]" = None) -> SyncResult:
     """Bring ``target`` to exactly the bytes and size of ``source``.
 
     One of ``source`` and ``target`` may be a URL (``http://HOST:PORT/path``) of
@@ -191,6 +193,18 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param numeric_ids: The users and groups of ACLs by number between hosts, not by name.
     :param mkpath: Make the missing directories of the target's path first (rsync's ``--mkpath``);
                    without it the directory the target goes in must exist.
+    :param digest_file: A file that keeps the target's block digests as this sync leaves them
+                        (``--digest-file``, docs/devices.rst): where it still stands for the target
+                        (the same target, not written since), the next sync reads the target only
+                        where it writes. Made by the first sync; a record that no longer stands is
+                        refused. The target must be local.
+    :param changed_since: The older thin snapshot (a path) of the source's origin that the last
+                          sync with ``digest_file`` copied from: only the ranges the pool says
+                          differ between the two are read from the source (``--changed-since``).
+    :param verify_whole: With ``digest_file``: read the whole target anyway, report the blocks that
+                         differ from the record (and sync them), and make the record again.
+    :param thin_pools: Where thin volumes are found (:class:`~pdiffcopy.local.thindelta.ThinPools`);
+                       default: the live device-mapper pools (LVM's).
     :returns: A :class:`~pdiffcopy.engine.filejob.SyncResult`.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced (a
                             :class:`~pdiffcopy.errors.PartialTransfer` when its data is, and
@@ -205,15 +219,22 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         options = file_options(block_size=block_size, hash_method=hash_method, whole_file=whole_file,
                                concurrency=concurrency, dry_run=dry_run, atomic=atomic, cache=cache,
                                bwlimit=bwlimit, compress=compress, piece_size=piece_size,
-                               partial=partial, delta=delta, sparse=sparse)
+                               partial=partial, delta=delta, sparse=sparse, verify_whole=verify_whole)
+        options = check_record_options(options, digest_file, changed_since, delta)
+        if digest_file is not None and keep.wanted:
+            raise UsageError("-a, -t, -o, -X and -A cannot be used with --digest-file: what they set after the "
+                             "sync would change the target the record describes")
     except BaseException:
         _close_given(source, target)
         raise
+    recording = dict(digest_file=digest_file, changed_since=changed_since, thin_pools=thin_pools)
     if any(_over_ssh(location) for location in (source, target)):
         prehashed: dict = {}
 
         def prehash_local_side(session) -> None:  # while ssh logs in
-            prehashed.update(prehash_local_files(source, target, options, session.ssh_descriptors()))
+            # (a target with a digest record is not read)
+            prehashed.update(prehash_local_files(source, None if digest_file else target, options,
+                                                 session.ssh_descriptors()))
 
         try:
             with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
@@ -222,11 +243,73 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
                 source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
                                   for location in (source, target))
                 return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
-                                  progress, keep, mkpath)
+                                  progress, keep, mkpath, **recording)
         finally:
             for endpoint in prehashed.values():  # (not taken: the sync failed to start)
                 endpoint.close()
-    return _sync_with(source, target, options, token, timeout, ca_file, progress, keep, mkpath)
+    return _sync_with(source, target, options, token, timeout, ca_file, progress, keep, mkpath, **recording)
+
+
+def check_record_options(options: FileOptions, digest_file: Optional[str], changed_since: Optional[str],
+                         delta: str) -> FileOptions:
+    """The options of a sync with a digest record, checked: what a record cannot go with is refused.
+
+    A record describes the target a sync updates in place, block by block: no new version beside it
+    (``--atomic``, ``--partial``, the chunked delta, which writes one), and digests strong enough to
+    verify with (the target's blocks left alone are verified by their recorded digests).
+
+    :raises UsageError: Naming the option.
+    """
+    from pdiffcopy.core import records
+    from pdiffcopy.core.hashing import verify_method
+
+    if digest_file is None:
+        for given, name in ((changed_since is not None, "--changed-since"), (options.verify_whole, "--verify-whole")):
+            if given:
+                raise UsageError(f"{name} needs --digest-file: it works on the record of the last sync")
+        return options
+    for given, name in ((options.atomic, "--atomic"), (options.partial, "--partial"),
+                        (delta == "chunks", "--delta chunks")):
+        if given:
+            raise UsageError(f"{name} cannot be used with --digest-file: the record describes a target "
+                             f"updated in place")
+    if verify_method(options.hash_method) != options.hash_method:
+        raise UsageError(f"--digest-file needs a hash method strong enough to verify with, and "
+                         f"{options.hash_method} is not (the default {DEFAULT_HASH_METHOD} is)")
+    return records.replace(options, delta="blocks")
+
+
+def digest_record(digest_file: str, source: str, target: str, changed_since: Optional[str],
+                  thin_pools: "Optional[ThinPools]"):
+    """The :class:`~pdiffcopy.local.digestfile.DigestFile` of a sync into the local ``target``:
+    with ``changed_since``, the ranges its thin pool says changed; else what the source is (a thin
+    volume's origin, kept for the next ``--changed-since``).
+
+    :raises UsageError: For a remote target, or a ``changed_since`` with a source that is no local thin volume.
+    """
+    import logging
+
+    from pdiffcopy.local.digestfile import DigestFile
+    from pdiffcopy.local.thindelta import LvmThinPools
+
+    if is_url(target):
+        raise UsageError("--digest-file needs a local TARGET: the record is checked against the target's own "
+                         "write counters, on this machine")
+    pools = thin_pools if thin_pools is not None else LvmThinPools()
+    if changed_since is not None:
+        if is_url(source):
+            raise UsageError("--changed-since needs a local SOURCE: a thin volume of a pool on this machine")
+        changes = pools.changed_since(changed_since, source)
+        return DigestFile(digest_file, target, changes, changes.new_origin)
+    origin = None
+    if not is_url(source):
+        try:
+            volume = pools.volume(source)
+            origin = volume.origin() if volume is not None else None
+        except PdiffcopyError as error:  # the sync still works: only a later --changed-since cannot
+            logging.getLogger(__name__).warning("Cannot tell which thin volume %s is (%s): the digest record "
+                                                "cannot serve a later --changed-since", source, error)
+    return DigestFile(digest_file, target, None, origin)
 
 
 def _close_given(*locations: "str | FileEndpoint") -> None:
@@ -237,11 +320,16 @@ def _close_given(*locations: "str | FileEndpoint") -> None:
 
 def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", options: FileOptions,
                token: Optional[str], timeout: Optional[float], ca_file: Optional[str],
-               progress: Optional[Progress], keep: "KeptMetadata", mkpath: bool = False) -> SyncResult:
+               progress: Optional[Progress], keep: "KeptMetadata", mkpath: bool = False,
+               digest_file: Optional[str] = None, changed_since: Optional[str] = None,
+               thin_pools: "Optional[ThinPools]" = None) -> SyncResult:
     """:func:`sync` once its options are checked and a ``HOST:PATH`` is a URL: the endpoints, then the engine."""
     made = []
+    record = None
     try:
         check_locations(_location(source), _location(target))
+        if digest_file is not None:
+            record = digest_record(digest_file, _location(source), _location(target), changed_since, thin_pools)
         # Endpoints before the engine: a bad path or URL fails before any process starts. The
         # wire's limit and compression are the remote endpoint's (the engine never sees them):
         # one bucket for every connection and thread of the sync. An endpoint given (the command
@@ -256,6 +344,18 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
         for endpoint in made:
             endpoint.close()
         raise
+    try:
+        return _sync_endpoints(source, target, made, options, token, timeout, ca_file, progress, keep, mkpath,
+                               record)
+    finally:
+        if record is not None:
+            record.close()
+
+
+def _sync_endpoints(source, target, made, options: FileOptions, token: Optional[str], timeout: Optional[float],
+                    ca_file: Optional[str], progress: Optional[Progress], keep: "KeptMetadata", mkpath: bool,
+                    record) -> SyncResult:
+    """The rest of :func:`_sync_with`, once the endpoints are made: the engine, its errors said with their remedy."""
     from pdiffcopy.engine.filejob import SOURCE_MISSING, run_sync  # (not at import: ssh starts first)
 
     source_endpoint = source if isinstance(source, FileEndpoint) else made.pop(0)
@@ -270,8 +370,8 @@ def _sync_with(source: "str | FileEndpoint", target: "str | FileEndpoint", optio
             raise
     try:
         if not keep.wanted:
-            return run_sync(source_endpoint, target_endpoint, options, progress)
-        return _sync_as_tree_of_one(source_endpoint, target_endpoint, options, progress, keep, wire)
+            return run_sync(source_endpoint, target_endpoint, options, progress, record)
+        return _sync_as_tree_of_one(source_endpoint, target_endpoint, options, progress, keep, wire, record)
     except FileMissing as error:
         # Said with its remedy, when that is what went wrong (looked at only then: it costs a request).
         if not options.dry_run and not str(error).startswith(SOURCE_MISSING) and not _is_directory(directory, wire):
@@ -323,7 +423,7 @@ def _is_directory(location: str, wire: dict) -> bool:
 
 
 def _sync_as_tree_of_one(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
-                         progress: Optional[Progress], keep: "KeptMetadata", wire: dict) -> SyncResult:
+                         progress: Optional[Progress], keep: "KeptMetadata", wire: dict, record=None) -> SyncResult:
     """A file sync that keeps metadata (``-a``, ``-t``, ``-o``, ``-X``, ``-A``): the file is a tree of one
     (:mod:`pdiffcopy.engine.onefile`) whose entry is read before the data sync and set after it."""
     import time
@@ -353,7 +453,7 @@ def _sync_as_tree_of_one(source: FileEndpoint, target: FileEndpoint, options: Fi
         except BaseException:
             _close_given(source, target)
             raise
-        result = run_sync(source, target, options, progress)
+        result = run_sync(source, target, options, progress, record)
         if result.dry_run:
             return result
         if (result.size, result.source_mtime_ns) != (entry.size, entry.mtime_ns):

@@ -318,8 +318,8 @@ def _prehash_local_file(args: argparse.Namespace, source: str, target: str, preh
 
     :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
     """
-    if args.benchmark:
-        return
+    if args.benchmark or args.digest_file:
+        return  # (with a digest record the local side is the target, which is not read)
     from pdiffcopy.api import prehash_local_files
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
     from pdiffcopy.engine.options import file_options
@@ -376,6 +376,11 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
         if is_tree:
             from pdiffcopy.cli.treecli import run_tree
 
+            for given, name in ((args.digest_file, "--digest-file"), (args.changed_since, "--changed-since"),
+                                (args.verify_whole, "--verify-whole")):
+                if given:
+                    raise UsageError(f"{name} is for a single file or device, and {source} is a directory")
+
             probes.close()
             return run_tree(source, target, args, token, shown)
         from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
@@ -385,6 +390,8 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
                        token=token, timeout=args.timeout, ca_file=args.ca_file, cache=args.cache,
                        bwlimit=args.bwlimit, compress=args.compress, piece_size=args.piece_size,
                        partial=args.partial, delta=args.delta, sparse=args.sparse)
+        recording = dict(digest_file=args.digest_file, changed_since=args.changed_since,
+                         verify_whole=args.verify_whole)
         if args.benchmark:
             from pdiffcopy.cli.benchmark import run_benchmark
 
@@ -401,7 +408,7 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
 
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
                           show_progress=show_progress(args), keep_last=args.progress, **options,
-                          **file_metadata(args), mkpath=args.mkpath)
+                          **file_metadata(args), mkpath=args.mkpath, **recording)
     report(result, shown)
     if wants_stats(args) and not result.dry_run:
         print_stats(result.bytes_moved, None, time.monotonic() - started,

@@ -205,6 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
                            "(data inserted or removed: archives, logs, dumps) with content-defined "
                            "chunks and writes a new copy of TARGET; auto chooses per file from a "
                            "small sample of both (-vv says which and why) (default auto)")
+    sync.add_argument("--digest-file", metavar="PATH", default=None,
+                      help="keep TARGET's block digests in PATH as this sync leaves them, with what TARGET "
+                           "was then (a device's write counters, a file's inode and times); the next sync "
+                           "with it reads TARGET only where it writes, and refuses a record TARGET no longer "
+                           "matches (local TARGET, a single file or device; blocksync-fast's idea)")
+    sync.add_argument("--changed-since", metavar="SNAPSHOT", default=None,
+                      help="SOURCE is a thin volume and SNAPSHOT the older thin snapshot of its origin the "
+                           "last sync with --digest-file copied from: read and move only the ranges the pool "
+                           "says differ between the two (needs --digest-file)")
+    sync.add_argument("--verify-whole", action="store_true",
+                      help="with --digest-file: read the whole TARGET anyway, say which blocks differ from "
+                           "the record (they are synced) and make the record again")
     tree = parser.add_argument_group("tree options (SOURCE is a directory; -a -t -o -X -A for a file too)")
     tree.add_argument("-a", "--archive", action="store_true",
                       help="keep times and owner too (-t -o); a tree keeps permissions and symlinks always, "

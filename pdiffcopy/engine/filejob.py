@@ -29,7 +29,7 @@ from pdiffcopy.core.blocks import (
     split_ranges,
 )
 from pdiffcopy.core import chunks as cdc
-from pdiffcopy.engine import autodelta, chunkdelta
+from pdiffcopy.engine import autodelta, chunkdelta, recorded
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.engine.options import FileOptions
 from pdiffcopy.errors import (
@@ -103,23 +103,31 @@ class SyncResult:
 
 
 def run_sync(source: FileEndpoint, target: FileEndpoint, options: FileOptions,
-             progress: Optional[Progress] = None) -> SyncResult:
+             progress: Optional[Progress] = None, record: Optional[recorded.DigestRecord] = None) -> SyncResult:
     """Bring the endpoint ``target`` to exactly the bytes of the endpoint ``source``.
 
     The engine gets its endpoints ready made (:mod:`pdiffcopy.api` turns paths
     and URLs into them); it never builds one, reads a token or starts a server.
 
+    :param record: The target's digests as the last sync left them (``--digest-file``,
+                   :mod:`pdiffcopy.engine.recorded`): where it still stands for the target,
+                   the target is not read but where this sync writes; it is written anew after.
     :raises PdiffcopyError: On any failure; the target is then not reported as synced.
     """
-    return _SyncJob(source, target, options, progress or Progress()).run()
+    return _SyncJob(source, target, options, progress or Progress(), record).run()
 
 
 class _SyncJob:
     """One run of :func:`run_sync`: owns the pools and the counters, and closes the endpoints."""
 
     def __init__(self, source: FileEndpoint, target: FileEndpoint, options: FileOptions,
-                 progress: Progress) -> None:
+                 progress: Progress, record: Optional[recorded.DigestRecord] = None) -> None:
         self.options = options
+        #: The digest record, how this sync uses it, and the blocks found to differ from it.
+        self.record = record
+        self.record_use: Optional[str] = None
+        self.record_mismatch: Optional[str] = None
+        self.record_differences = 0
         self.progress = progress
         self.started = time.monotonic()
         self.source = source
@@ -202,6 +210,7 @@ class _SyncJob:
             if result is not None:
                 return result
         if options.dry_run:
+            self._use_record(plan)
             similarity, _, _ = self._compare(plan, segments, self.target if target_info else None,
                                              transfer_to=None)
             return self._result(plan, similarity, verified=False, digest="")
@@ -224,6 +233,7 @@ class _SyncJob:
         if options.sparse:
             work.write_sparse(True)
         try:
+            self._use_record(plan)  # (after the lease: nobody else claims the target from here on)
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or (target_info is None and not resumed):
                 source_digests = self._copy_everything(plan, segments, work)
@@ -256,6 +266,7 @@ class _SyncJob:
             self._log_phase("verified")
             self._check_source_unchanged(source_info)
             workfile.finish()
+            self._save_record(plan, source_digests)
         except BaseException:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
@@ -266,6 +277,8 @@ class _SyncJob:
             if work is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish%s", self.target.location,
+                               " with --verify-whole (its digest record no longer says what it holds)"
+                               if self.record is not None else
                                "" if target_info is not None and target_info.kind == "device" else " (or use --atomic)")
             raise
         return self._result(plan, similarity, verified=True, digest=digest)
@@ -504,8 +517,14 @@ class _SyncJob:
         size = digest_size(method)
         self.progress.hash_total = plan.size * (2 if target is not None else 1)
         steps = self.steps
-        source_futures = steps.hash_segments(self.source, segments, method)
-        target_futures = steps.hash_segments(target, segments, method) if target is not None else {}
+        trusting = self.record_use == recorded.TRUST and target is not None
+        if trusting:
+            source_futures, target_futures = self._recorded_futures(plan, segments)
+        else:
+            source_futures = steps.hash_segments(self.source, segments, method)
+            target_futures = steps.hash_segments(target, segments, method) if target is not None else {}
+        checking = self.record is not None and self.record_use == recorded.REBUILD and target is not None \
+            and self.record.exists() and self.record_mismatch is None
         source_digests: List[bytes] = []
         target_digests: List[bytes] = []
         changed_count = changed_bytes = 0
@@ -515,7 +534,10 @@ class _SyncJob:
             theirs = split_digests(target_futures[segment.index].result(), size) \
                 if target is not None else None
             source_digests.extend(ours)
-            target_digests.extend(theirs or [])
+            if not trusting:  # (a trusted record's digests stay in it: read again by segment to verify)
+                target_digests.extend(theirs or [])
+            if checking and theirs is not None:
+                self.record_differences += recorded.count_differences(self.record, segment, theirs)
             if segment.index == len(segments) - 1:
                 self._log_phase("hashed both sides")
             ranges = steps.changed(segment, ours, theirs)
@@ -536,7 +558,43 @@ class _SyncJob:
         self._wait(pending)
         steps.log_refinement(self.source.location)
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
+        if trusting:
+            assert self.record is not None, "trusted"
+            return similarity, source_digests, recorded.RecordedDigests(self.record, plan.block_count, size)
         return similarity, source_digests, (target_digests if target is not None else None)
+
+    def _use_record(self, plan: BlockPlan) -> None:
+        """Decide how the digest record serves this sync (:func:`~pdiffcopy.engine.recorded.choose_use`):
+        trusted, its target is read only where written, and refinement (which reads it) is off."""
+        if self.record is None:
+            return
+        self.record_use, self.record_mismatch = recorded.choose_use(
+            self.record, plan.size, plan.block_size, self.options.hash_method, self.options.verify_whole,
+            self.options.dry_run)
+        if self.record_use == recorded.TRUST:
+            self.steps.piece_size = 0
+        logger.debug("%s: digest record %s %s", self.target.location, self.record.location,
+                     "trusted" if self.record_use == recorded.TRUST else "rebuilt from the whole target")
+
+    def _recorded_futures(self, plan: BlockPlan, segments: List[Segment]):
+        """Both sides' digests by segment from a trusted record (:func:`~pdiffcopy.engine.recorded.trusted_futures`)."""
+        assert self.record is not None, "only a trusted record serves digests"
+        source_futures, target_futures, self.progress.hash_total = recorded.trusted_futures(
+            self.record, self.steps, plan, segments, self.options.hash_method)
+        self._log_phase("%d bytes of the source to hash", self.progress.hash_total)
+        return source_futures, target_futures
+
+    def _save_record(self, plan: BlockPlan, digests: List[bytes]) -> None:
+        """Write the digest record anew, for the target as the sync left it; say what a check found."""
+        if self.record is None:
+            return
+        self.record.save(plan.size, plan.block_size, self.options.hash_method, digests)
+        if self.record_differences:
+            logger.warning("%d block(s) of %s differed from the digest record %s although nothing showed "
+                           "that the target was written (a write below the device, or damage); they were "
+                           "synced again", self.record_differences, self.target.location, self.record.location)
+        elif self.record_mismatch is not None:
+            logger.info("%s; made it again from the whole target", self.record_mismatch)
 
     def _prepare_once(self, work: FileEndpoint, size: int) -> None:
         """Resize the target just before its first change, not earlier.

@@ -82,6 +82,9 @@ class FileOptions:
     #: Also turn runs of zeros (whole file system blocks) in the data written into holes
     #: (rsync's ``-S``); the source's own holes stay holes either way.
     sparse: bool = False
+    #: With a digest record (``--digest-file``): read the whole target anyway, compare it with the
+    #: record (blocks that differ are reported and synced) and make the record again.
+    verify_whole: bool = False
 
     def __post_init__(self) -> None:
         # The one check. It is idempotent: dataclasses.replace() checks a checked value again.
@@ -97,6 +100,7 @@ class FileOptions:
             delta=check_delta(self.delta),
             partial=bool(self.partial),
             sparse=bool(self.sparse),
+            verify_whole=bool(self.verify_whole),
         )
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # (frozen)
