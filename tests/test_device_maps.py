@@ -338,3 +338,69 @@ def test_hashing_with_a_known_map_gives_the_digests_of_the_bytes(tmp_path, block
                 hash_region(fd, offset, length, block_size, "sha256")
     finally:
         os.close(fd)
+
+
+# -- a map read once (the thin provider's) in a real sync --------------------------------
+
+#: Thin device 1's mappings in a 16 MiB device of 64 KiB blocks.
+SMALL_POOL_XML = """\
+<superblock uuid="" time="0" transaction="1" flags="0" version="2" data_block_size="128" nr_data_blocks="256">
+  <device dev_id="1" mapped_blocks="8" transaction="0" creation_time="0" snap_time="0">
+    <single_mapping origin_block="0" data_block="3" time="0"/>
+    <range_mapping origin_begin="5" data_begin="10" length="5" time="0"/>
+    <range_mapping origin_begin="100" data_begin="20" length="2" time="0"/>
+  </device>
+</superblock>
+"""
+SMALL_MAPPED = [(0, BLOCK), (5 * BLOCK, 5 * BLOCK), (100 * BLOCK, 2 * BLOCK)]
+
+
+@pytest.fixture
+def thin_mapped_devices(monkeypatch, tmp_path):
+    """Make the thin provider answer, from real restored metadata, for the loop devices in the set it yields."""
+    metadata = restore(tmp_path, SMALL_POOL_XML)
+    mapped = set()
+
+    def thin_for_these(fd, info):
+        if info.st_rdev not in mapped:
+            return None
+        return devicemaps.thin_metadata_map(metadata, 1, devices.device_size(fd))
+
+    monkeypatch.setattr(devicemaps, "PROVIDERS", [thin_for_these] + devicemaps.PROVIDERS)
+    return mapped
+
+
+@needs_thin_tools
+def test_a_device_with_a_thin_map_syncs_reading_only_its_mappings(loop_devices, tmp_path, thin_mapped_devices):
+    from pdiffcopy import api
+
+    # A dense image (no holes for the loop provider to see): its data where the pool maps, zeros elsewhere.
+    image = bytearray(16 * MiB)
+    for index, (start, length) in enumerate(SMALL_MAPPED):
+        image[start : start + length] = random_bytes(length, seed=70 + index)
+    source, _ = loop_devices.new("thin.img", 16 * MiB, bytes(image))
+    thin_mapped_devices.add(os.stat(source).st_rdev)
+    copy = tmp_path / "copy.img"
+    before = bytes_read(source)
+    api.sync(source, str(copy), block_size="64 KiB")
+    mapped = sum(length for _, length in SMALL_MAPPED)
+    assert bytes_read(source) - before <= 2 * mapped + MiB
+    assert copy.read_bytes() == bytes(image)
+    assert allocated(copy) <= mapped + MiB
+
+
+@needs_thin_tools
+def test_a_map_read_once_is_not_trusted_after_the_device_is_written(loop_devices, tmp_path, thin_mapped_devices):
+    """A thin target is written outside its old mappings: its read-back must read them."""
+    from pdiffcopy import api
+
+    data = bytearray(16 * MiB)
+    data[50 * BLOCK : 52 * BLOCK] = random_bytes(2 * BLOCK, seed=80)  # unmapped in the target's pool
+    data[5 * BLOCK : 6 * BLOCK] = random_bytes(BLOCK, seed=81)
+    source = tmp_path / "source.img"
+    source.write_bytes(bytes(data))
+    target, _ = loop_devices.new("target.img", 16 * MiB)
+    thin_mapped_devices.add(os.stat(target).st_rdev)
+    api.sync(str(source), target, block_size="64 KiB")
+    with open(target, "rb") as handle:
+        assert handle.read() == bytes(data)
