@@ -265,6 +265,15 @@ def test_a_sparse_loop_device_syncs_reading_only_its_data(loop_devices, tmp_path
     mapped = sum(length for _, length in file_map(backing))
     assert mapped < 12 * MiB
     source = loop_devices.over(backing)
+    from pdiffcopy.engine.segments import source_data_bytes
+    from pdiffcopy.local.localdevice import LocalDevice
+
+    endpoint = LocalDevice(source)
+    try:
+        assert endpoint.data_map(0, GiB) == file_map(backing)
+        assert source_data_bytes(endpoint, GiB) == mapped  # (what a new file target is checked to hold)
+    finally:
+        endpoint.close()
     # Each extent is read twice at most: hashed, then moved (what hashing read is dropped from
     # the page cache meanwhile: the cache is the host's VMs'); its holes never.
     read_at_most = 2 * mapped + MiB

@@ -59,19 +59,26 @@ class DeviceMap:
         """Let go of what the map holds open."""
 
 
+#: ``(fd, os.fstat(fd)) -> Optional[DeviceMap]``; a provider whose maps are read once says so
+#: with an attribute ``live = False`` (then it is not asked for a device being written).
 Provider = Callable[[int, os.stat_result], Optional[DeviceMap]]
 
 
-def device_map(fd: int) -> Optional[DeviceMap]:
+def device_map(fd: int, live_only: bool = False) -> Optional[DeviceMap]:
     """The data map of the block device open as ``fd``, from the first provider that knows it; else None.
 
     None also with the fast paths off (:func:`~pdiffcopy.local.descriptors.fast_paths_enabled`):
     then a device is all data, as it is without a provider.
+
+    :param live_only: Only maps asked afresh each time (a device being written): the providers
+                      whose maps are read once (their ``live`` attribute False) are not asked.
     """
     info = os.fstat(fd)
     if not stat.S_ISBLK(info.st_mode) or not fast_paths_enabled():
         return None
     for provider in PROVIDERS:
+        if live_only and not getattr(provider, "live", True):
+            continue
         found = provider(fd, info)
         if found is not None:
             logger.debug("%s map of device %d:%d", found.kind, os.major(info.st_rdev), os.minor(info.st_rdev))
@@ -249,6 +256,8 @@ def thin_map(fd: int, info: os.stat_result) -> Optional[DeviceMap]:
         logger.warning("Reading the whole device: its thin pool's map is not readable (%s)", error)
         return None
 
+
+thin_map.live = False  # type: ignore[attr-defined]
 
 #: The providers :func:`device_map` asks, in order: each answers for its own kind of device only.
 PROVIDERS: List[Provider] = [loop_map, thin_map]

@@ -98,7 +98,7 @@ class LocalDevice(LocalFile):
         """The device's data map, asked of its providers once (None: it has none, all is data)."""
         if self._device_map is None:
             try:
-                found = device_map(self._reader())
+                found = device_map(self._reader(), live_only=self._written)
             except OSError as error:
                 raise storage_error(error, f"read {self.path}") from None
             if found is not None and self._written and not found.live:
