@@ -22,7 +22,7 @@ import os
 import stat
 import struct
 from array import array
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Iterable, List, Optional, Sequence
 
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import PdiffcopyError
@@ -31,6 +31,7 @@ from pdiffcopy.local.descriptors import (
     SYNC_FILE_RANGE_WAIT_AFTER,
     SYNC_FILE_RANGE_WAIT_BEFORE,
     SYNC_FILE_RANGE_WRITE,
+    REFUSALS,
     data_extents,
     fast_paths_enabled,
 )
@@ -93,10 +94,15 @@ def write_back(fd: int) -> None:
     counters count as a write: :func:`~pdiffcopy.local.devices.identity` would see a change).
     """
     function = libc.sync_file_range()
-    if function is None:
-        os.fsync(fd)
-        return
-    libc.call(function, fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+    if function is not None:
+        try:
+            libc.call(function, fd, 0, 0,
+                      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+            return
+        except OSError as error:
+            if error.errno not in REFUSALS:
+                raise
+    os.fsync(fd)
 
 
 def _clip(extents: Sequence[ByteRange], offset: int, end: int) -> List[ByteRange]:
@@ -203,10 +209,14 @@ class ExtentList(DeviceMap):
 
     live = False
 
-    def __init__(self, kind: str, extents: Sequence[ByteRange], size: int) -> None:
+    def __init__(self, kind: str, extents: Iterable[ByteRange], size: int) -> None:
         self.kind = kind
-        self._starts = array("q", (start for start, _ in extents))
-        self._ends = array("q", (start + length for start, length in extents))
+        self._starts, self._ends = array("q"), array("q")
+        for start, length in extents:  # (a stream: never a list of millions of tuples)
+            stop = min(start + length, size)
+            if stop > start:
+                self._starts.append(start)
+                self._ends.append(stop)
         self._size = size
 
     def extents(self, offset: int, length: int, limit: Optional[int] = None) -> List[ByteRange]:
@@ -224,12 +234,14 @@ class ExtentList(DeviceMap):
 
 def thin_metadata_map(metadata: str, device_id: int, size: int, snapshot: bool = False) -> ExtentList:
     """The map of thin device ``device_id`` of size ``size`` from the pool metadata ``metadata``
-    (a device, or a file as ``thin_restore`` makes), read once with ``thin_dump``.
+    (a device, or a file as ``thin_restore`` makes), read once with ``thin_dump``, as a stream.
 
     :raises PdiffcopyError: When the tool fails or the pool has no such device.
     """
-    _, extents = thinpool.mapped_extents(metadata, device_id, snapshot)
-    return ExtentList("thin", _clip(extents, 0, size), size)
+    with thinpool.dump_mappings(metadata, device_id, snapshot) as (superblock, mappings):
+        block = superblock.block_bytes
+        return ExtentList("thin", ((first * block, count * block)
+                                   for first, count in thinpool.mapped_block_runs(mappings)), size)
 
 
 def thin_map(fd: int, info: os.stat_result) -> Optional[DeviceMap]:
