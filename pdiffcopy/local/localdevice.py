@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_module
+import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence
 
@@ -47,15 +48,17 @@ class LocalDevice(LocalFile):
         self._device_map: "Optional[DeviceMap | bool]" = None
         #: Whether it was opened for writing: then only a map asked afresh each time is used.
         self._written = False
+        self._map_lock = threading.Lock()  # the transfer threads ask at once: one reading of a pool's map
 
     # -- opening -------------------------------------------------------------
 
     def _open(self, flags: int, mode: int = 0o666) -> int:
         if flags & (os.O_WRONLY | os.O_RDWR):
-            self._written = True
-            if isinstance(self._device_map, DeviceMap) and not self._device_map.live:
-                self._device_map.close()  # a map read once is not the device's once it is written
-                self._device_map = False
+            with self._map_lock:
+                self._written = True
+                if isinstance(self._device_map, DeviceMap) and not self._device_map.live:
+                    self._device_map.close()  # a map read once is not the device's once it is written
+                    self._device_map = False
         return devices.open_device(self.path, flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL))
 
     def open_writer(self) -> "tuple[int, bool]":
@@ -96,22 +99,26 @@ class LocalDevice(LocalFile):
 
     def device_map(self) -> Optional[DeviceMap]:
         """The device's data map, asked of its providers once (None: it has none, all is data)."""
-        if self._device_map is None:
+        with self._map_lock:
+            if self._device_map is None:
+                self._device_map = self._find_map() or False
+            return self._device_map or None
+
+    def _find_map(self) -> Optional[DeviceMap]:
+        try:
+            found = device_map(self._reader(), live_only=self._written)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        if found is not None and self._written and not found.live:
+            found.close()
+            return None
+        if found is not None and fast_paths_enabled():
             try:
-                found = device_map(self._reader(), live_only=self._written)
-            except OSError as error:
-                raise storage_error(error, f"read {self.path}") from None
-            if found is not None and self._written and not found.live:
-                found.close()
-                found = None
-            if found is not None and fast_paths_enabled():
-                try:
-                    # No readahead: it would read the holes after each extent (the reads ask ahead themselves).
-                    os.posix_fadvise(self._reader(), 0, 0, os.POSIX_FADV_RANDOM)
-                except OSError:
-                    pass  # advisory only
-            self._device_map = found or False
-        return self._device_map or None
+                # No readahead: it would read the holes after each extent (the reads ask ahead themselves).
+                os.posix_fadvise(self._reader(), 0, 0, os.POSIX_FADV_RANDOM)
+            except OSError:
+                pass  # advisory only
+        return found
 
     def data_map(self, offset: int, length: int) -> List[ByteRange]:
         known = self.device_map()
