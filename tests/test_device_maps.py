@@ -7,14 +7,17 @@ devices are synced end to end over sparse files (the ``loop_devices`` fixture)."
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tracemalloc
 
 import pytest
 
+from conftest import random_bytes, run_cli
 from pdiffcopy.errors import StorageError
-from pdiffcopy.local import thinpool
+from pdiffcopy.local import devicemaps, devices, thinpool
+from pdiffcopy.local.descriptors import data_extents
 
 MiB = 1024 * 1024
 
@@ -134,3 +137,279 @@ def test_dm_tables_of_thin_volumes_and_pools():
     assert thinpool.parse_pool_table("0 20971520 thin-pool 253:0 253:1 128 32768 1 skip_block_zeroing") == \
         thinpool.PoolTarget("253:0", "253:1", 128)
     assert thinpool.parse_pool_table("0 2097152 thin 253:2 1") is None
+
+
+# -- loop devices, end to end -------------------------------------------------------
+
+#: Where the sparse images below hold data: (offset, length).
+PIECES = [(0, 64 * 1024), (3 * MiB, MiB), (17 * MiB + 4096, 5000), (40 * MiB, 2 * MiB), (63 * MiB, MiB)]
+
+
+def sparse_image(path, size: int, pieces=PIECES, seed: int = 40):
+    with open(path, "wb") as handle:
+        handle.truncate(size)
+        for index, (offset, length) in enumerate(pieces):
+            handle.seek(offset)
+            handle.write(random_bytes(length, seed=seed + index))
+    return path
+
+
+def file_map(path, offset: int = 0, length: int = None):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return data_extents(fd, offset, os.fstat(fd).st_size - offset if length is None else length)
+    finally:
+        os.close(fd)
+
+
+def device_map_of(device: str, offset: int = 0, length: int = 1 << 62):
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        found = devicemaps.device_map(fd)
+        if found is None:
+            return None
+        try:
+            return found.extents(offset, length)
+        finally:
+            found.close()
+    finally:
+        os.close(fd)
+
+
+def loop_with(loop_devices, backing, *options: str) -> str:
+    done = subprocess.run(["losetup", "--find", "--show", *options, str(backing)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot make a loop device: {done.stderr.strip()}")
+    loop_devices.made.append(done.stdout.strip())
+    return done.stdout.strip()
+
+
+def allocated(path) -> int:
+    os.sync()
+    return os.stat(path).st_blocks * 512
+
+
+def bytes_read(device: str) -> int:
+    seen = devices.counters(os.stat(device).st_rdev)
+    assert seen is not None
+    return seen.bytes_read
+
+
+def test_a_loop_devices_map_is_its_backing_files_map(loop_devices, tmp_path):
+    backing = sparse_image(tmp_path / "image", 64 * MiB)
+    device = loop_devices.over(backing)
+    assert device_map_of(device) == file_map(backing)
+    assert len(file_map(backing)) == len(PIECES)  # (the file system keeps the holes)
+    # A part of it, cut at both ends.
+    window = (3 * MiB + 100, 14 * MiB + 4100)
+    assert device_map_of(device, *window) == file_map(backing, *window)
+    assert device_map_of(device, *window)[0] == (3 * MiB + 100, MiB - 100)
+    assert device_map_of(device, 5 * MiB, 4096) == []
+
+
+def test_a_loop_device_at_an_offset_of_its_file_shifts_the_map(loop_devices, tmp_path):
+    backing = sparse_image(tmp_path / "image", 64 * MiB)
+    device = loop_with(loop_devices, backing, "--offset", str(3 * MiB), "--sizelimit", str(38 * MiB))
+    expected = [(start - 3 * MiB, length) for start, length in file_map(backing, 3 * MiB, 38 * MiB)]
+    assert device_map_of(device) == expected
+    assert expected[0] == (0, MiB) and expected[-1] == (37 * MiB, MiB) and len(expected) == 3  # cut at its end
+    with open(device, "rb") as handle:
+        handle.seek(14 * MiB + 4096)
+        assert handle.read(5000) == random_bytes(5000, seed=42)
+
+
+def test_what_waits_in_a_loop_devices_page_cache_is_data(loop_devices, tmp_path):
+    """Written to the device and not yet to its file: the file's map alone would call it a hole."""
+    backing = sparse_image(tmp_path / "image", 64 * MiB)
+    device = loop_devices.over(backing)
+    news = random_bytes(MiB, seed=50)
+    fd = os.open(device, os.O_WRONLY)
+    try:
+        # No fsync, and held open (the last close of a device writes its page cache back).
+        os.pwrite(fd, news, 30 * MiB)
+        assert (30 * MiB, MiB) in device_map_of(device)
+        copy = tmp_path / "copy.img"
+        done = run_cli(device, str(copy))
+        assert done.returncode == 0, done.stderr
+    finally:
+        os.close(fd)
+    with open(copy, "rb") as handle:
+        handle.seek(30 * MiB)
+        assert handle.read(MiB) == news
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_loop_device_whose_file_is_gone_has_no_map_and_still_syncs(loop_devices, tmp_path, how):
+    backing = sparse_image(tmp_path / "image", 64 * MiB)
+    expected = backing.read_bytes()
+    device = loop_devices.over(backing)
+    backing.unlink()
+    if how == "replaced":
+        backing.write_bytes(bytes(64 * MiB))  # a new file at its name: not what the device reads
+    assert device_map_of(device) is None
+    copy = tmp_path / "copy.img"
+    before = bytes_read(device)
+    done = run_cli(device, str(copy))
+    assert done.returncode == 0, done.stderr
+    assert copy.read_bytes() == expected
+    assert bytes_read(device) - before >= 64 * MiB  # all data: read whole
+
+
+GiB = 1024 * MiB
+
+
+def test_a_sparse_loop_device_syncs_reading_only_its_data(loop_devices, tmp_path):
+    """1 GiB holding a few MiB: a sync to a file and to another device (-S) reads about those MiB."""
+    pieces = PIECES + [(700 * MiB, 3 * MiB), (GiB - MiB, MiB)]
+    backing = sparse_image(tmp_path / "source.img", GiB, pieces)
+    mapped = sum(length for _, length in file_map(backing))
+    assert mapped < 12 * MiB
+    source = loop_devices.over(backing)
+    from pdiffcopy.engine.segments import source_data_bytes
+    from pdiffcopy.local.localdevice import LocalDevice
+
+    endpoint = LocalDevice(source)
+    try:
+        assert endpoint.data_map(0, GiB) == file_map(backing)
+        assert source_data_bytes(endpoint, GiB) == mapped  # (what a new file target is checked to hold)
+    finally:
+        endpoint.close()
+    # Each extent is read twice at most: hashed, then moved (what hashing read is dropped from
+    # the page cache meanwhile: the cache is the host's VMs'); its holes never.
+    read_at_most = 2 * mapped + MiB
+    slack = MiB
+
+    copy = tmp_path / "copy.img"
+    before = bytes_read(source)
+    done = run_cli("--stats", source, str(copy))
+    assert done.returncode == 0, done.stderr
+    assert bytes_read(source) - before <= read_at_most, done.stderr
+    assert subprocess.run(["cmp", source, str(copy)]).returncode == 0
+    assert allocated(copy) <= mapped + slack  # its holes are holes of the copy
+
+    # To a device over old data, with -S: the source's holes are discarded there.
+    target_backing = tmp_path / "target.img"
+    with open(target_backing, "wb") as handle:
+        handle.truncate(GiB)
+        handle.write(random_bytes(64 * MiB, seed=60))
+        handle.seek(700 * MiB)
+        handle.write(random_bytes(8 * MiB, seed=61))
+    target = loop_devices.over(target_backing)
+    before = bytes_read(source)
+    done = run_cli("-S", source, target)
+    assert done.returncode == 0, done.stderr
+    assert bytes_read(source) - before <= read_at_most, done.stderr
+    assert subprocess.run(["cmp", source, target]).returncode == 0
+    assert allocated(target_backing) <= mapped + slack
+    # Again, nothing changed: the target's own holes are not read either.
+    before = bytes_read(target)
+    done = run_cli("--stats", "-S", source, target)
+    assert done.returncode == 0, done.stderr
+    assert bytes_read(target) - before <= read_at_most
+    assert "0 of 1024 blocks differed" in done.stderr, done.stderr
+
+
+# -- the thin provider on real metadata ------------------------------------------------
+
+
+@needs_thin_tools
+def test_the_thin_provider_gives_exactly_the_pools_mappings(tmp_path):
+    metadata = restore(tmp_path, POOL_XML)
+    size = 16384 * BLOCK  # 1 GiB
+    found = devicemaps.thin_metadata_map(metadata, 1, size)
+    assert not found.live
+    assert found.extents(0, size) == [(0, BLOCK), (5 * BLOCK, 5 * BLOCK), (100 * BLOCK, 2 * BLOCK),
+                                      (16383 * BLOCK, BLOCK)]
+    assert found.extents(6 * BLOCK + 1, 50 * BLOCK) == [(6 * BLOCK + 1, 4 * BLOCK - 1)]
+    assert found.extents(0, size, limit=2) == [(0, BLOCK), (5 * BLOCK, 5 * BLOCK)]
+    assert found.extents(11 * BLOCK, 89 * BLOCK) == []
+    # A device shorter than its mappings (shrunk): only what lies within it.
+    assert devicemaps.thin_metadata_map(metadata, 1, 101 * BLOCK).extents(0, size) == [
+        (0, BLOCK), (5 * BLOCK, 5 * BLOCK), (100 * BLOCK, BLOCK)]
+
+
+@pytest.mark.parametrize("block_size", [4096, 64 * 1024, MiB])
+def test_hashing_with_a_known_map_gives_the_digests_of_the_bytes(tmp_path, block_size):
+    """Blocks partly hole are hashed as their data and zeros: the same digests as reading them."""
+    from pdiffcopy.local.filehash import hash_region
+
+    image = sparse_image(tmp_path / "image", 64 * MiB + 1000)
+    with open(image, "r+b") as handle:
+        handle.seek(64 * MiB)
+        handle.write(b"tail" * 250)  # a short last block
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        extents = data_extents(fd, 0, 64 * MiB + 1000)
+        for offset, length in [(0, 64 * MiB + 1000), (3 * block_size, 20 * MiB), (17 * MiB, block_size)]:
+            within = [(max(s, offset), min(s + n, offset + length) - max(s, offset)) for s, n in extents
+                      if s < offset + length and s + n > offset]
+            assert hash_region(fd, offset, length, block_size, "sha256", within) == \
+                hash_region(fd, offset, length, block_size, "sha256")
+    finally:
+        os.close(fd)
+
+
+# -- a map read once (the thin provider's) in a real sync --------------------------------
+
+#: Thin device 1's mappings in a 16 MiB device of 64 KiB blocks.
+SMALL_POOL_XML = """\
+<superblock uuid="" time="0" transaction="1" flags="0" version="2" data_block_size="128" nr_data_blocks="256">
+  <device dev_id="1" mapped_blocks="8" transaction="0" creation_time="0" snap_time="0">
+    <single_mapping origin_block="0" data_block="3" time="0"/>
+    <range_mapping origin_begin="5" data_begin="10" length="5" time="0"/>
+    <range_mapping origin_begin="100" data_begin="20" length="2" time="0"/>
+  </device>
+</superblock>
+"""
+SMALL_MAPPED = [(0, BLOCK), (5 * BLOCK, 5 * BLOCK), (100 * BLOCK, 2 * BLOCK)]
+
+
+@pytest.fixture
+def thin_mapped_devices(monkeypatch, tmp_path):
+    """Make the thin provider answer, from real restored metadata, for the loop devices in the set it yields."""
+    metadata = restore(tmp_path, SMALL_POOL_XML)
+    mapped = set()
+
+    def thin_for_these(fd, info):
+        if info.st_rdev not in mapped:
+            return None
+        return devicemaps.thin_metadata_map(metadata, 1, devices.device_size(fd))
+
+    monkeypatch.setattr(devicemaps, "PROVIDERS", [thin_for_these] + devicemaps.PROVIDERS)
+    return mapped
+
+
+@needs_thin_tools
+def test_a_device_with_a_thin_map_syncs_reading_only_its_mappings(loop_devices, tmp_path, thin_mapped_devices):
+    from pdiffcopy import api
+
+    # A dense image (no holes for the loop provider to see): its data where the pool maps, zeros elsewhere.
+    image = bytearray(16 * MiB)
+    for index, (start, length) in enumerate(SMALL_MAPPED):
+        image[start : start + length] = random_bytes(length, seed=70 + index)
+    source, _ = loop_devices.new("thin.img", 16 * MiB, bytes(image))
+    thin_mapped_devices.add(os.stat(source).st_rdev)
+    copy = tmp_path / "copy.img"
+    before = bytes_read(source)
+    api.sync(source, str(copy), block_size="64 KiB")
+    mapped = sum(length for _, length in SMALL_MAPPED)
+    assert bytes_read(source) - before <= 2 * mapped + MiB
+    assert copy.read_bytes() == bytes(image)
+    assert allocated(copy) <= mapped + MiB
+
+
+@needs_thin_tools
+def test_a_map_read_once_is_not_trusted_after_the_device_is_written(loop_devices, tmp_path, thin_mapped_devices):
+    """A thin target is written outside its old mappings: its read-back must read them."""
+    from pdiffcopy import api
+
+    data = bytearray(16 * MiB)
+    data[50 * BLOCK : 52 * BLOCK] = random_bytes(2 * BLOCK, seed=80)  # unmapped in the target's pool
+    data[5 * BLOCK : 6 * BLOCK] = random_bytes(BLOCK, seed=81)
+    source = tmp_path / "source.img"
+    source.write_bytes(bytes(data))
+    target, _ = loop_devices.new("target.img", 16 * MiB)
+    thin_mapped_devices.add(os.stat(target).st_rdev)
+    api.sync(str(source), target, block_size="64 KiB")
+    with open(target, "rb") as handle:
+        assert handle.read() == bytes(data)

@@ -7,23 +7,27 @@ the engine writes it in place, under an exclusive claim that the kernel also ref
 while the device is mounted), its size is the device's, it has no mtime that tells a
 change (its write counters do: :func:`~pdiffcopy.local.devices.identity`), and its zeros
 are written, or with ``-S`` discarded, by the device's own operations. What it reads
-it keeps out of the page cache: that cache belongs to the host's running VMs.
+it keeps out of the page cache: that cache belongs to the host's running VMs. Where its
+kind knows which of its blocks hold data (:mod:`~pdiffcopy.local.devicemaps`: a loop
+device, an LVM thin volume), the rest are its holes: never read, hashed as zeros.
 """
 
 from __future__ import annotations
 
 import os
 import stat as stat_module
+import threading
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, List, Optional, Sequence
 
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.core.datamap import zero_runs
-from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, zero_runs
+from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import FileMissing, NotAFile, StorageError, Unsupported, storage_error
 from pdiffcopy.local import devices
+from pdiffcopy.local.devicemaps import DeviceMap, device_map, write_back
 from pdiffcopy.local.descriptors import fast_paths_enabled, write_all, write_zeros
-from pdiffcopy.local.filehash import hash_file_ranges
+from pdiffcopy.local.filehash import hash_file_ranges, hash_region
 from pdiffcopy.local.localfile import LocalFile
 
 if TYPE_CHECKING:
@@ -40,10 +44,21 @@ class LocalDevice(LocalFile):
     def __init__(self, path: str, pool: "Optional[Executor]" = None) -> None:
         super().__init__(path, pool)
         self.drop_cache = True
+        #: The device's data map, found on first use (None: not asked yet; False: it has none).
+        self._device_map: "Optional[DeviceMap | bool]" = None
+        #: Whether it was opened for writing: then only a map asked afresh each time is used.
+        self._written = False
+        self._map_lock = threading.Lock()  # the transfer threads ask at once: one reading of a pool's map
 
     # -- opening -------------------------------------------------------------
 
     def _open(self, flags: int, mode: int = 0o666) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            with self._map_lock:
+                self._written = True
+                if isinstance(self._device_map, DeviceMap) and not self._device_map.live:
+                    self._device_map.close()  # a map read once is not the device's once it is written
+                    self._device_map = False
         return devices.open_device(self.path, flags & ~(os.O_CREAT | os.O_TRUNC | os.O_EXCL))
 
     def open_writer(self) -> "tuple[int, bool]":
@@ -58,6 +73,8 @@ class LocalDevice(LocalFile):
             return super().stat()  # replaced by something else since it was chosen: the engine refuses it
         fd = self._reader()
         try:
+            if fast_paths_enabled():
+                write_back(fd)  # what waits in its page cache is written now, not later as a "change"
             size, tag = devices.device_size(fd), devices.identity(fd)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
@@ -78,11 +95,86 @@ class LocalDevice(LocalFile):
             return False
         return stat_module.S_ISBLK(theirs.st_mode) and mine.st_rdev == theirs.st_rdev
 
+    # -- its data map ------------------------------------------------------------
+
+    def device_map(self) -> Optional[DeviceMap]:
+        """The device's data map, asked of its providers once (None: it has none, all is data)."""
+        with self._map_lock:
+            if self._device_map is None:
+                self._device_map = self._find_map() or False
+            return self._device_map or None
+
+    def _find_map(self) -> Optional[DeviceMap]:
+        try:
+            found = device_map(self._reader(), live_only=self._written)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        if found is not None and self._written and not found.live:
+            found.close()
+            return None
+        if found is not None and fast_paths_enabled():
+            try:
+                # No readahead: it would read the holes after each extent (the reads ask ahead themselves).
+                os.posix_fadvise(self._reader(), 0, 0, os.POSIX_FADV_RANDOM)
+            except OSError:
+                pass  # advisory only
+        return found
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        known = self.device_map()
+        if known is None:
+            return super().data_map(offset, length)  # (the kernel says: all data)
+        try:
+            return known.extents(offset, length, MAX_DATA_MAP_EXTENTS)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+
+    def _range_extents(self, ranges: Sequence[ByteRange]) -> Optional[List[List[ByteRange]]]:
+        """Each range's data extents from the device's map (all of them), or None without a map."""
+        known = self.device_map()
+        if known is None:
+            return None
+        try:
+            return [known.extents(offset, length) for offset, length in ranges]
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+
+    def _read(self, ranges: Iterable[ByteRange], chunk_size: int, copies: bool) -> Iterator[Chunk]:
+        if self.device_map() is None:
+            return super()._read(ranges, chunk_size, copies)
+        return super()._read(self._asked_ahead(ranges), chunk_size, copies)
+
+    def _asked_ahead(self, ranges: Iterable[ByteRange]) -> Iterator[ByteRange]:
+        """``ranges`` in pieces of :data:`READ_AHEAD_BYTES`, each asked for before the one before it is read:
+        the readahead a device with a map goes without, over its data only."""
+        fd = self._reader()
+        pieces = (piece for offset, length in ranges for piece in _pieces(offset, length, READ_AHEAD_BYTES))
+        current = next(pieces, None)
+        if current is not None:
+            _will_need(fd, current)
+        for following in pieces:
+            _will_need(fd, following)
+            yield current
+            current = following
+        if current is not None:
+            yield current
+
     # -- hashing -------------------------------------------------------------
 
     def _submit_hashes(self, pool: "Executor", ranges: List[ByteRange], block_size: int, method: str
                        ) -> "Future[bytes]":
-        return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache, True)
+        # The map is read here, once: a hashing process gets its ranges' extents with them.
+        return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache, True,
+                           self._range_extents(ranges))
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        extents = self._range_extents(ranges)
+        fd = self._reader()
+        try:
+            return b"".join(hash_region(fd, offset, length, block_size, method, None if extents is None else extents[i])
+                            for i, (offset, length) in enumerate(ranges))
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
 
     def _submit_cut(self, pool: "Executor", ranges: List[ByteRange], average: int) -> "Future[List[cdc.Chunk]]":
         return pool.submit(_cut_device, self.path, ranges, average)
@@ -168,8 +260,31 @@ class LocalDevice(LocalFile):
     def remove_temporary(self) -> None:
         self.close()
 
+    def close(self) -> None:
+        if isinstance(self._device_map, DeviceMap):
+            self._device_map.close()
+        self._device_map = None  # (it holds the read descriptor's device: asked again after a reopen)
+        super().close()
+
     def unlink(self) -> None:
         raise NotAFile(f"Cannot remove {self.path}: it is a block device")
+
+
+#: How far ahead of its reads a device with a data map asks for its data (its readahead is off):
+#: a few transfer chunks, so that the device works while the last one is sent or written.
+READ_AHEAD_BYTES = 4 * 1024 * 1024
+
+
+def _pieces(offset: int, length: int, size: int) -> Iterator[ByteRange]:
+    for start in range(offset, offset + length, size):
+        yield start, min(size, offset + length - start)
+
+
+def _will_need(fd: int, piece: ByteRange) -> None:
+    try:
+        os.posix_fadvise(fd, piece[0], piece[1], os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # advisory only
 
 
 def _zero(fd: int, offset: int, length: int) -> None:
