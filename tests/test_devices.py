@@ -178,7 +178,9 @@ def test_a_mounted_device_is_refused_as_a_target(loop_devices, tmp_path):
     if not shutil.which("mkfs.ext4"):
         pytest.skip("no mkfs.ext4")
     target, _ = loop_devices.new("target.img", 16 * MiB)
-    subprocess.run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", target], check=True, capture_output=True)
+    # Without lazy initialisation: the kernel would write the inode tables after the mount.
+    subprocess.run(["mkfs.ext4", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0", target],
+                   check=True, capture_output=True)
     mount = tmp_path / "mnt"
     mount.mkdir()
     done = subprocess.run(["mount", target, str(mount)], capture_output=True, text=True)
