@@ -194,9 +194,7 @@ class TreeEndpoint(ABC):
         return frozenset()
 
     def list_devices_as_files(self) -> bool:
-        """Have :meth:`list` describe each block device as a regular file of the device's size, and
-        :meth:`read_files` and :meth:`file_endpoint` read its contents (``--copy-devices``); whether
-        this tree does. By default (a tree that cannot) devices are listed as what they are."""
+        """:meth:`WalkedHere.list_devices_as_files`; without it, False: devices are listed as what they are."""
         return False
 
 
@@ -222,6 +220,12 @@ class WalkedHere(ABC):
     @abstractmethod
     def same_content(self, entry: Entry, data: bytes) -> bool:
         """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+
+    @abstractmethod
+    def list_devices_as_files(self) -> bool:
+        """Have :meth:`TreeEndpoint.list` describe each block device as a regular file of the device's
+        size, and :meth:`TreeEndpoint.read_files` and :meth:`TreeEndpoint.file_endpoint` read its
+        contents (``--copy-devices``); True."""
 
 
 class TreeCopies(ABC):
