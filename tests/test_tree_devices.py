@@ -13,6 +13,8 @@ clients: only those get device nodes), and every count a summary prints is check
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import re
 import shutil
@@ -403,3 +405,45 @@ def test_copy_devices_from_a_server_says_it_reads_local_devices_only(trusted_ser
     assert not (tmp_path / "dst" / "disk").exists()
     assert any("--copy-devices reads the block devices of a local source only" in line
                for line in warnings(done.stderr)), done.stderr
+
+
+# -- the protocol --------------------------------------------------------------------------------
+
+
+def apply_request(server, name: str, operations) -> Tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("POST", f"/.pdiffcopy/tree-apply/{name}", body=json.dumps({"operations": operations}),
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_a_server_that_does_not_trust_its_client_refuses_its_mknod_of_a_device(server, unique):
+    """Sent anyway: a failure of that path, no node; its fifo is made."""
+    name = unique.replace(".img", "")
+    (server.root / name).mkdir()
+    status, body = apply_request(server, name, [
+        ["mknod", ["null", "other", 0, 0, stat.S_IFCHR | 0o666, 0, 0, "1:3", 1, 0]],
+        ["mknod", ["fifo", "other", 0, 0, stat.S_IFIFO | 0o600, 0, 0, "", 1, 0]]])
+    assert status == 200, body
+    failures = json.loads(body)["failures"]
+    assert [path for path, _ in failures] == ["null"] and "device nodes are not made" in failures[0][1]
+    assert sorted(nodes_on(server.root / name)) == ["fifo"]
+
+
+@pytest.mark.parametrize("entry, fragment", [
+    (["null", "other", 0, 0, stat.S_IFCHR | 0o666, 0, 0, "", 1, 0], "no device numbers"),
+    (["null", "other", 0, 0, stat.S_IFBLK | 0o666, 0, 0, "7:x", 1, 0], "no device numbers"),
+    (["f", "other", 0, 0, stat.S_IFIFO | 0o600, 0, 0, "1:3", 1, 0], "has a target"),
+    (["f", "file", 0, 0, stat.S_IFREG | 0o600, 0, 0, "", 1, 0], "must be a device, a fifo or a socket"),
+    (["d", "other", 0, 0, stat.S_IFDIR | 0o700, 0, 0, "", 1, 0], "must be a device, a fifo or a socket"),
+], ids=["no-numbers", "bad-numbers", "fifo-target", "file", "directory"])
+def test_a_malformed_mknod_is_a_400(trusted_server, unique, entry, fragment):
+    name = unique.replace(".img", "")
+    (trusted_server.root / name).mkdir()
+    status, body = apply_request(trusted_server, name, [["mknod", entry]])
+    assert status == 400 and fragment in body.decode(), body
+    assert os.listdir(trusted_server.root / name) == []
