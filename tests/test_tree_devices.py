@@ -165,7 +165,7 @@ def test_dash_D_makes_devices_fifos_and_sockets_as_nodes(node_ends, options):
     again = cli(*options, node_ends.source_arg(), node_ends.target_arg)
     assert again.returncode == 0, again.stderr
     counts = summary(again.stderr)
-    assert counts["special file(s) made"] == 0 and counts["file(s) copied"] == 0
+    assert counts.get("special file(s) made", 0) == 0 and counts["file(s) copied"] == 0
     assert counts["unchanged"] == len(NODES) + 1
     assert nodes_on(node_ends.target) == made, "an identical node was made again"
     diff = cli("--diff", *options, node_ends.source_arg(), node_ends.target_arg)
@@ -278,6 +278,22 @@ def test_as_a_user_devices_are_skipped_with_a_warning_and_specials_made(nobody_d
     assert summary(done.stderr)["special file(s) made"] == 2
 
 
+def test_pushed_to_a_server_run_by_a_user_devices_are_skipped_and_specials_made(nobody_directory, tmp_path):
+    """A server run as nobody (as ``pdiffcopy --serve`` over ssh to a user), trusting its clients."""
+    as_nobody = as_nobody_or_skip()
+    make_source(tmp_path / "src")
+    running = start_server(nobody_directory, tmp_path / "server.log", extra=("--trust-clients",), wrapper=as_nobody)
+    try:
+        done = cli("-a", f"{tmp_path / 'src'}/", running.url("tree") + "/")
+    finally:
+        running.stop()
+    assert done.returncode == 0, done.stderr
+    assert sorted(nodes_on(nobody_directory / "tree")) == sorted(SPECIALS)
+    said = [line for line in warnings(done.stderr) if "Skipped" in line]
+    assert len(said) == 1 and "2 device node(s)" in said[0], done.stderr
+    assert summary(done.stderr)["special file(s) made"] == 2
+
+
 def test_a_server_that_does_not_trust_its_clients_makes_no_device_nodes(server, tmp_path, unique):
     """The session's server (no --trust-clients): fifos and sockets, and a warning for the devices."""
     make_source(tmp_path / "src")
@@ -376,7 +392,7 @@ def test_copy_devices_copies_a_block_device_as_a_file_of_its_contents(copy_ends,
     again = cli("-a", "--copy-devices", copy_ends.source_arg(), copy_ends.target_arg)
     assert again.returncode == 0, again.stderr
     counts = summary(again.stderr)
-    assert counts["file(s) copied"] == 0 and counts["special file(s) made"] == 0
+    assert counts["file(s) copied"] == 0 and counts.get("special file(s) made", 0) == 0
     assert counts["unchanged"] == 4
     assert os.lstat(copy).st_ino == inode
 

@@ -109,11 +109,15 @@ def check_device_read(fd: int, entry: Entry) -> bool:
     """Whether ``fd`` (open for reading) is a block device read as ``entry`` (``--copy-devices``), of
     the listed size; False for anything else but a block device (the caller's checks apply).
 
-    :raises NotAFile: For a block device whose size is no longer the entry's.
+    :raises NotAFile: (After closing ``fd``) for a block device whose size is no longer the entry's.
     """
     if not stat.S_ISBLK(os.fstat(fd).st_mode):
         return False
-    size = devices.device_size(fd)
+    try:
+        size = devices.device_size(fd)
+    except OSError:
+        os.close(fd)
+        raise
     if size != entry.size:
         os.close(fd)
         raise NotAFile(f"changed while copying (the device holds {size} bytes, listed {entry.size})")
