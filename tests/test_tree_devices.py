@@ -463,3 +463,52 @@ def test_a_malformed_mknod_is_a_400(trusted_server, unique, entry, fragment):
     status, body = apply_request(trusted_server, name, [["mknod", entry]])
     assert status == 400 and fragment in body.decode(), body
     assert os.listdir(trusted_server.root / name) == []
+
+
+# -- the plan and the wire (pure) ------------------------------------------------------------------
+
+
+def entry(path: str, kind: int, rdev: int = 0, permissions: int = 0o600):
+    from pdiffcopy.core.entries import OTHER, Entry, device_target
+
+    return Entry(path, OTHER, 0, MTIME_NS, kind | permissions, 0, 0,
+                 device_target(rdev) if kind in (stat.S_IFCHR, stat.S_IFBLK) else "")
+
+
+def test_the_plan_makes_replaces_leaves_and_skips_nodes_as_its_options_say():
+    from pdiffcopy.core.treeplan import PlanOptions, plan_tree
+
+    source = [entry("null", stat.S_IFCHR, NULL), entry("fifo", stat.S_IFIFO), entry("loop", stat.S_IFBLK, LOOP),
+              entry("same", stat.S_IFCHR, NULL), entry("moded", stat.S_IFIFO, permissions=0o644)]
+    target = [entry("null", stat.S_IFCHR, ZERO), entry("loop", stat.S_IFCHR, LOOP), entry("same", stat.S_IFCHR, NULL),
+              entry("moded", stat.S_IFIFO)]
+    plan = plan_tree(source, target, PlanOptions(devices=True, specials=True))
+    assert sorted(e.path for e, _ in plan.nodes) == ["fifo", "loop", "null"]  # new, other type, other numbers
+    assert [fix.source.path for fix in plan.metadata] == ["moded"] and plan.unchanged == 1
+    assert not plan.specials and not plan.removals
+    only_specials = plan_tree(source, target, PlanOptions(specials=True))
+    assert sorted(e.path for e in only_specials.specials) == ["loop", "null", "same"]
+    old_listing = [e._replace(target="") for e in source]  # an older server's: no numbers
+    assert sorted(e.path for e in plan_tree(old_listing, None, PlanOptions(devices=True, specials=True)).specials) \
+        == ["loop", "null", "same"]
+
+
+def test_a_device_entry_keeps_its_numbers_through_json_and_packed_listings():
+    from pdiffcopy.core import packedlisting
+    from pdiffcopy.core.entries import device_numbers
+    from pdiffcopy.core.treewire import parse_entry, parse_operation
+
+    device = entry("sub/loop", stat.S_IFBLK, os.makedev(259, 65536))
+    assert device.target == "259:65536" and device_numbers(device.target) == (259, 65536)
+    assert parse_entry(device.to_wire()) == device
+    batch = packedlisting.encode_batch([device])
+    position = 4
+
+    def read(size: int) -> bytes:
+        nonlocal position
+        position += size
+        return batch[position - size:position]
+
+    assert packedlisting.decode_batch(len([device]), read) == [device]
+    assert parse_operation(["mknod", device.to_wire()]).entry == device
+    assert device_numbers("") is None and device_numbers("1:") is None and device_numbers(f"1:{2 ** 32}") is None
