@@ -1321,6 +1321,36 @@ def test_not_kept_says_what_the_tree_will_not_set_once_listed(trees):
         assert tree.not_kept() == {"owner", "xattrs"}
 
 
+def test_makes_nodes_says_which_nodes_the_tree_makes_once_listed(trees):
+    """A tree here makes device nodes as root, fifos and sockets always; the session's server, which
+    does not trust its clients, fifos and sockets only."""
+    build_tree(trees.directory / "tree")
+    tree = trees.open("tree")
+    tree.stream().close()
+    if trees.name == "local":
+        assert tree.makes_nodes() == ({"devices", "specials"} if os.geteuid() == 0 else {"specials"})
+    else:
+        assert tree.makes_nodes() == {"specials"}
+
+
+def test_a_tree_here_lists_its_block_devices_as_files_when_asked(trees, loop_devices):
+    """--copy-devices: a block device below the root is listed as a file of the device's size and read
+    as one; a served tree lists devices as what they are."""
+    build_tree(trees.directory / "tree")
+    device, backing = loop_devices.new("backing.img", 64 * 1024, b"device contents")
+    os.mknod(trees.directory / "tree" / "disk", stat.S_IFBLK | 0o600, os.stat(device).st_rdev)
+    tree = trees.open("tree")
+    assert tree.list_devices_as_files() == (trees.name == "local")
+    disk = {entry.path: entry for entry in tree.list().entries}["disk"]
+    if trees.name != "local":
+        assert (disk.kind, disk.target) == ("other", f"{os.major(os.stat(device).st_rdev)}:"
+                                                     f"{os.minor(os.stat(device).st_rdev)}")
+        return
+    assert (disk.kind, disk.size) == ("file", 64 * 1024)
+    [(_, data, error)] = list(tree.read_files([disk]))
+    assert (data, error) == (backing.read_bytes(), "")
+
+
 TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes}, RemoteTree: {ServedTree, KeptAttributes}}
 
 

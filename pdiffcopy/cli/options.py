@@ -219,12 +219,22 @@ def build_parser() -> argparse.ArgumentParser:
                            "the record (they are synced) and make the record again")
     tree = parser.add_argument_group("tree options (SOURCE is a directory; -a -t -o -X -A for a file too)")
     tree.add_argument("-a", "--archive", action="store_true",
-                      help="keep times and owner too (-t -o); a tree keeps permissions and symlinks always, "
-                           "a single file with -a (a symlink SOURCE is then made a symlink)")
+                      help="keep times, owner, devices and specials too (-t -o -D); a tree keeps permissions "
+                           "and symlinks always, a single file with -a (a symlink SOURCE is then made a symlink)")
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
     tree.add_argument("-H", "--hard-links", action="store_true",
                       help="keep hard links: names sharing a file in SOURCE share one in TARGET "
                            "(as rsync -H; not implied by -a)")
+    tree.add_argument("-D", dest="devices_and_specials", action="store_true",
+                      help="the same as --devices --specials (part of -a, as in rsync)")
+    tree.add_argument("--devices", action="store_true",
+                      help="make character and block devices as device nodes of the same numbers (as "
+                           "root; skipped with a warning otherwise, as rsync does)")
+    tree.add_argument("--specials", action="store_true",
+                      help="make fifos and unix sockets as such nodes")
+    tree.add_argument("--copy-devices", action="store_true",
+                      help="copy each block device of a local SOURCE as a regular file of its contents "
+                           "(rsync's --copy-devices; character devices, which have no size, are not read)")
     tree.add_argument("-o", "--owner", action="store_true",
                       help="keep user and group (as root; a warning otherwise)")
     tree.add_argument("-X", "--xattrs", action="store_true",

@@ -199,6 +199,8 @@ def tree_options(args: argparse.Namespace):
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
+        devices=args.devices or args.devices_and_specials or args.archive,
+        specials=args.specials or args.devices_and_specials or args.archive, copy_devices=args.copy_devices,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
         xattrs=args.xattrs, acls=args.acls, numeric_ids=args.numeric_ids,
         block_size=args.block_size, piece_size=args.piece_size,
@@ -236,11 +238,12 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     if logger.isEnabledFor(logging.INFO) and not result.stopped and not result.unfinished:
         from pdiffcopy.cli.humanize import format_size, format_timespan
 
-        logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s"
+        logger.info("Synchronised %s to %s: %d file(s) copied (%s moved), %d director%s made, %s%s"
                     "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,
                     format_size(result.bytes_moved, binary=True), result.directories_made,
                     "y" if result.directories_made == 1 else "ies",
                     f"{result.linked} hard link(s) made, " if options.hard_links else "",
+                    f"{result.nodes_made} special file(s) made, " if result.nodes_made else "",
                     result.deleted, result.unchanged, format_timespan(result.seconds))
     from pdiffcopy.cli.reports import print_stats, wants_stats
 

@@ -7,13 +7,26 @@ Pure. :mod:`pdiffcopy.core.treeplan` plans with them (and names them for its use
 from __future__ import annotations
 
 import base64
+import os
 import stat
-from typing import Dict, NamedTuple, Sequence, Tuple
+from typing import Dict, NamedTuple, Optional, Sequence, Tuple
 
 FILE = "file"
 DIR = "dir"
 SYMLINK = "symlink"
-OTHER = "other"  # fifos, sockets, devices: listed, never copied
+OTHER = "other"  # fifos, sockets, devices: made as nodes with -D, skipped otherwise
+
+#: The node types of :data:`OTHER` entries (:func:`node_type`): character and block devices
+#: (``--devices``), fifos and unix sockets (``--specials``).
+CHAR_DEVICE = "char device"
+BLOCK_DEVICE = "block device"
+FIFO = "fifo"
+SOCKET = "socket"
+_NODE_TYPES = {stat.S_IFCHR: CHAR_DEVICE, stat.S_IFBLK: BLOCK_DEVICE, stat.S_IFIFO: FIFO,
+               stat.S_IFSOCK: SOCKET}
+#: The device numbers of a device entry travel in its ``target`` (``"MAJOR:MINOR"``, as
+#: /sys/dev names devices): an older peer, which skips such entries, takes any target.
+_MAX_DEVICE_NUMBER = 2 ** 32 - 1
 
 
 def kind_of(mode: int) -> str:
@@ -25,6 +38,32 @@ def kind_of(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return SYMLINK
     return OTHER
+
+
+def node_type(mode: int) -> str:
+    """:data:`CHAR_DEVICE`, :data:`BLOCK_DEVICE`, :data:`FIFO` or :data:`SOCKET` for such an
+    ``st_mode``; ``""`` for anything else."""
+    return _NODE_TYPES.get(stat.S_IFMT(mode), "")
+
+
+def is_device(mode: int) -> bool:
+    """Whether ``mode`` is a character or block device's."""
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+
+
+def device_target(rdev: int) -> str:
+    """The ``target`` of a device entry: its ``st_rdev`` as ``"MAJOR:MINOR"``."""
+    return f"{os.major(rdev)}:{os.minor(rdev)}"
+
+
+def device_numbers(target: str) -> Optional[Tuple[int, int]]:
+    """``(major, minor)`` of a device entry's ``target``; None when it says none (an older
+    peer's listing) or is not such numbers."""
+    major, colon, minor = target.partition(":")
+    if not (colon and major.isdigit() and minor.isdigit() and major.isascii() and minor.isascii()):
+        return None
+    numbers = int(major), int(minor)
+    return numbers if max(numbers) <= _MAX_DEVICE_NUMBER else None
 
 
 #: One int object per distinct ``st_mode`` (bounded: modes are few in practice):
@@ -63,7 +102,7 @@ class Entry(NamedTuple):
     mode: int  # the whole st_mode; permissions are mode & 0o7777
     uid: int = 0
     gid: int = 0
-    target: str = ""  # what a symlink points at
+    target: str = ""  # what a symlink points at; a device's numbers, "MAJOR:MINOR"
     nlink: int = 1
     sparse: bool = False  # fewer blocks allocated than the size needs
     #: Shared by the names of one hard-linked file in one listing (-H/--hard-links); "" otherwise.
@@ -108,4 +147,5 @@ class Entry(NamedTuple):
                    tuple((str(name), base64.b64decode(data, validate=True)) for name, data in xattrs))
 
 
-__all__ = ["DIR", "FILE", "OTHER", "SYMLINK", "Entry", "kind_of", "known_mode", "shared_mode"]
+__all__ = ["BLOCK_DEVICE", "CHAR_DEVICE", "DIR", "FIFO", "FILE", "OTHER", "SOCKET", "SYMLINK", "Entry",
+           "device_numbers", "device_target", "is_device", "kind_of", "known_mode", "node_type", "shared_mode"]

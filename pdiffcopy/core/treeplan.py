@@ -11,10 +11,24 @@ The same plan drives a sync, a dry run (``-n``) and the itemised ``--diff``.
 
 from __future__ import annotations
 
+import stat
+
 from pdiffcopy.core.records import dataclass, field
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
-from pdiffcopy.core.entries import DIR, FILE, OTHER, SYMLINK, Entry, kind_of
+from pdiffcopy.core.entries import (
+    BLOCK_DEVICE,
+    CHAR_DEVICE,
+    DIR,
+    FILE,
+    OTHER,
+    SYMLINK,
+    Entry,
+    device_numbers,
+    is_device,
+    kind_of,
+    node_type,
+)
 from pdiffcopy.core.filters import PathFilter, ancestors, is_under
 from pdiffcopy.core.xattrs import attributes_differ
 
@@ -37,6 +51,10 @@ class PlanOptions:
     #: -X/-A: the listings carry extended attributes and ACLs, and an entry whose differ is fixed.
     attributes: bool = False
     hard_links: bool = False  # -H: names sharing a file in the source share one in the target
+    #: --devices: character and block devices made as nodes (the target can); skipped otherwise.
+    devices: bool = False
+    #: --specials: fifos and unix sockets made as nodes; skipped otherwise.
+    specials: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,7 +110,7 @@ class TreePlan:
 
     1. :attr:`removals` of target entries in the way of a source entry of
        another type, then :attr:`directories` to make (parents first);
-    2. :attr:`files` and :attr:`symlinks` (in parallel; the files largest first);
+    2. :attr:`files`, :attr:`symlinks` and :attr:`nodes` (in parallel; the files largest first);
     3. :attr:`metadata` of files and symlinks, then :attr:`deletions`
        (files, then directories deepest first);
     4. :attr:`links` (-H), once the files of 2 and 3 are in place (before
@@ -104,13 +122,16 @@ class TreePlan:
     directories: List[Entry] = field(default_factory=list)
     files: List[FileAction] = field(default_factory=list)
     symlinks: List[Tuple[Entry, Optional[Entry]]] = field(default_factory=list)
+    #: -D: devices, fifos and sockets to make (or make again: another type or numbers), and
+    #: what the target has at their paths.
+    nodes: List[Tuple[Entry, Optional[Entry]]] = field(default_factory=list)
     metadata: List[MetadataFix] = field(default_factory=list)
     directory_metadata: List[MetadataFix] = field(default_factory=list)
     removals: List[Entry] = field(default_factory=list)
     deletions: List[Entry] = field(default_factory=list)
     extraneous: List[Entry] = field(default_factory=list)  # left alone (no --delete)
     unchanged: int = 0
-    specials: List[Entry] = field(default_factory=list)  # skipped with a warning
+    specials: List[Entry] = field(default_factory=list)  # devices, fifos, sockets skipped with a warning
     hard_links: List[Entry] = field(default_factory=list)  # copied as separate files (no -H)
     links: List[LinkAction] = field(default_factory=list)  # -H: names linked to their group's first
     blocked: List[Tuple[Entry, str]] = field(default_factory=list)  # cannot be synced
@@ -121,7 +142,7 @@ class TreePlan:
 
     @property
     def empty(self) -> bool:
-        return not (self.directories or self.files or self.symlinks or self.metadata
+        return not (self.directories or self.files or self.symlinks or self.nodes or self.metadata
                     or self.directory_metadata or self.removals or self.deletions or self.links)
 
 
@@ -187,7 +208,7 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
             and entry.xattrs == current.xattrs:
         plan.unchanged += 1
         return False
-    if entry.kind == OTHER:
+    if entry.kind == OTHER and not makes_node(entry, options):
         plan.specials.append(entry)
         return False
     touched = False
@@ -206,6 +227,15 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
         changes = tuple(c for c in changes if c != "time" or options.times)
         changes = tuple(c for c in changes if c != "owner" or options.owner)
         directory_fixes.append(MetadataFix(entry, changes))
+    elif entry.kind == OTHER:
+        if current is None or not same_node(entry, current):
+            plan.nodes.append((entry, current))
+            return True
+        changes = _metadata_changes(entry, current, options)
+        if changes:
+            plan.metadata.append(MetadataFix(entry, changes))
+        else:
+            plan.unchanged += 1
     elif entry.kind == SYMLINK:
         if current is None or current.target != entry.target:
             plan.symlinks.append((entry, current))
@@ -235,6 +265,28 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
         else:
             plan.unchanged += 1
     return touched
+
+
+def makes_node(entry: Entry, options: PlanOptions) -> bool:
+    """Whether a sync with ``options`` makes the :data:`OTHER` entry as a node: a device with
+    ``devices`` when its numbers are known, a fifo or a socket with ``specials``."""
+    if is_device(entry.mode):
+        return options.devices and device_numbers(entry.target) is not None
+    return options.specials and node_type(entry.mode) != ""
+
+
+def same_node(entry: Entry, current: Entry) -> bool:
+    """Whether ``current`` is the node ``entry`` describes: of its type, and a device of its numbers."""
+    return current.kind == OTHER and stat.S_IFMT(current.mode) == stat.S_IFMT(entry.mode) \
+        and (not is_device(entry.mode) or device_numbers(current.target) == device_numbers(entry.target))
+
+
+def node_label(entry: Entry) -> Tuple[str, str]:
+    """A node's kind for a line of ``--diff`` (at most 7 characters) and what it is."""
+    kind = node_type(entry.mode) or "other"
+    if kind in (CHAR_DEVICE, BLOCK_DEVICE):
+        return "device", f"{kind} {entry.target or '?'}"
+    return kind, kind
 
 
 class _Group(NamedTuple):
@@ -325,6 +377,7 @@ def transfer_listing(plan: TreePlan) -> List[str]:
     lines += [(entry.path, f"{printable(entry.path)} -> {printable(entry.target or '')}")
               for entry, _ in plan.symlinks]
     lines += [(link.path, f"{printable(link.path)} => {printable(link.leader)}") for link in plan.links]
+    lines += [(entry.path, printable(entry.path)) for entry, _ in plan.nodes]
     lines.sort(key=lambda line: line[0])
     return [line for _, line in lines]
 
@@ -367,6 +420,9 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
     for entry, current in plan.symlinks:
         lines.append(Difference("new" if current is None else "changed", SYMLINK, entry.path,
                                 f"-> {entry.target}"))
+    for entry, current in plan.nodes:
+        kind, what = node_label(entry)
+        lines.append(Difference("new" if current is None else "changed", kind, entry.path, what))
     for link in plan.links:
         lines.append(Difference("new" if link.target is None else "changed", FILE, link.path,
                                 f"hard link to {printable(link.leader)}"))
@@ -378,7 +434,8 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
     for entry in plan.extraneous:
         lines.append(Difference("extraneous", entry.kind, entry.path))
     for entry in plan.specials:
-        lines.append(Difference("skip", OTHER, entry.path, "not a file, directory or symlink"))
+        lines.append(Difference("skip", node_label(entry)[0], entry.path,
+                                f"{node_label(entry)[1]}: not a file, directory or symlink"))
     lines.sort(key=lambda d: d.path)
     return lines
 
@@ -426,6 +483,9 @@ __all__ = [
     "Failure",
     "MKDIR",
     "MKPATH",
+    "MKNOD",
+    "makes_node",
+    "same_node",
     "METADATA",
     "DELETE",
     "REMOVE",
@@ -444,13 +504,16 @@ MKDIR = "mkdir"  # make the directory (its permissions too); an existing one is 
 #: MKDIR of the root, as rsync's, needs its parent to exist.
 MKPATH = "mkpath"
 # SYMLINK (the entry kind above, the same word): make or replace a symlink pointing at entry.target
+#: Make or replace (in one rename) the device, fifo or socket the entry describes: its type is
+#: the mode's, a device's numbers are in entry.target (-D: --devices, --specials).
+MKNOD = "mknod"
 METADATA = "metadata"  # set permissions, and times/owner as the options say
 DELETE = "delete"  # remove a file, symlink or special file, or an empty directory
 REMOVE = "remove"  # remove whatever is there, a whole directory tree included
 #: Make entry.path another name of the regular file at entry.target (a path in the same
 #: tree), replacing what has the name in one step (-H/--hard-links).
 LINK = "link"
-OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK, MKPATH)
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK, MKPATH, MKNOD)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,12 @@ from typing import Tuple
 NOT_KEPT_OWNER = "owner"
 NOT_KEPT_XATTRS = "xattrs"
 
+#: The nodes a target may say it makes (a server's listing header ``Pdiffcopy-Tree-Nodes``,
+#: :meth:`LocalTree.makes_nodes`): character and block devices (root only, as rsync's
+#: ``--devices``), fifos and unix sockets (``--specials``: any user).
+NODES_DEVICES = "devices"
+NODES_SPECIALS = "specials"
+
 #: The failure of a file a write did not try (a write's answer, a local tree's batch): an earlier
 #: file met a :func:`stop_cause`, which every later write would meet too.
 NOT_ATTEMPTED = "not written: writing stopped at an earlier file"
@@ -39,4 +45,5 @@ def stop_cause(message: str) -> Tuple[str, str]:
     return "", ""
 
 
-__all__ = ["VANISHED", "NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "stop_cause"]
+__all__ = ["VANISHED", "NODES_DEVICES", "NODES_SPECIALS", "NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS",
+           "stop_cause"]

@@ -182,7 +182,7 @@ class StreamPlanner:
 
         def size(plan: TreePlan) -> int:
             return len(plan.files) + len(plan.directories) + len(plan.symlinks) + len(plan.metadata) + \
-                len(plan.links) + len(plan.removals) + len(plan.directory_metadata)
+                len(plan.nodes) + len(plan.links) + len(plan.removals) + len(plan.directory_metadata)
 
         # walk_order inline: two calls per entry are a tenth of a no-change sync's planning. A path
         # both trees have (most, when little changed) needs no key: the same path is the same place.

@@ -43,8 +43,19 @@ from pdiffcopy.errors import AccessDenied, BadRequest
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 # Of the vocabulary of listings' headers and writes' answers, kept apart for local syncs (treestops).
 from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, NOT_KEPT_XATTRS, stop_cause
-from pdiffcopy.core.entries import DIR, FILE, OTHER, SYMLINK, Entry, known_mode, shared_mode
-from pdiffcopy.core.treeplan import LINK, OPERATIONS, Operation
+from pdiffcopy.core.entries import (
+    DIR,
+    FILE,
+    OTHER,
+    SYMLINK,
+    Entry,
+    device_numbers,
+    is_device,
+    known_mode,
+    node_type,
+    shared_mode,
+)
+from pdiffcopy.core.treeplan import LINK, MKNOD, OPERATIONS, Operation
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -83,6 +94,11 @@ TREE_ORDER_WALK = "walk"
 #: The header of a tree listing that names, comma-separated, what the server will not set of what
 #: its clients send (:mod:`pdiffcopy.core.treestops`): a client's plan leaves such differences out.
 NOT_KEPT_HEADER = "Pdiffcopy-Not-Kept"
+
+#: The header of a tree listing that names, comma-separated, the nodes the server makes of what
+#: its clients send (:data:`~pdiffcopy.core.treestops.NODES_DEVICES`, ``NODES_SPECIALS``): an older
+#: server, without it, makes none (it knows no ``mknod`` operation).
+NODES_HEADER = "Pdiffcopy-Tree-Nodes"
 
 DIGEST_SIZE = 8
 _LENGTH = struct.Struct(">I")
@@ -279,7 +295,24 @@ def parse_operation(value: Any) -> Operation:
     operation = Operation(name, parse_entry(entry, allow_root=True))
     if name == LINK:
         check_link(operation.entry)
+    elif name == MKNOD:
+        check_node(operation.entry)
     return operation
+
+
+def check_node(entry: Entry) -> None:
+    """Insist that a :data:`MKNOD` operation names a device (with its numbers), a fifo or a socket.
+
+    :raises TreeWireError: For anything else.
+    """
+    if entry.kind != OTHER or not entry.path or not node_type(entry.mode):
+        raise TreeWireError("Invalid mknod operation: its entry must be a device, a fifo or a socket")
+    if is_device(entry.mode) and device_numbers(entry.target) is None:
+        raise TreeWireError(f"Invalid mknod operation: {entry.path[:200]!r} has no device numbers "
+                            f"(MAJOR:MINOR)")
+    if not is_device(entry.mode) and entry.target:
+        raise TreeWireError(f"Invalid mknod operation: the {node_type(entry.mode)} {entry.path[:200]!r} "
+                            f"has a target")
 
 
 def check_link(entry: Entry) -> None:
@@ -574,6 +607,7 @@ __all__ = [
     "DIGEST_SIZE", "END_MARKER", "ExactSource", "MAX_BATCH_BYTES", "MAX_BATCH_FILES", "MAX_BATCH_OPERATIONS",
     "MAX_FILE_BYTES", "MAX_HEADER_BYTES", "MAX_JSON_BODY_BYTES", "MAX_JSON_ITEM_CHARS", "NOT_KEPT_HEADER",
     "NOT_ATTEMPTED", "NOT_KEPT_OWNER", "NOT_KEPT_XATTRS", "PACKED_RECORDS_PARAMETER",
-    "Record", "TreeWireError", "check_encodable", "check_extras", "check_link", "check_relative_path",
+    "NODES_HEADER", "Record", "TreeWireError", "check_encodable", "check_extras", "check_link", "check_node",
+    "check_relative_path",
     "decode_files", "digest", "encode_files", "encode_header", "parse_entry", "parse_operation", "stop_cause",
 ]

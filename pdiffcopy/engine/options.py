@@ -123,6 +123,12 @@ class TreeOptions(FileOptions):
     acls: bool = False  # -A: POSIX ACLs
     numeric_ids: bool = False  # ACL entries by number between hosts, not by name
     hard_links: bool = False  # -H: names sharing a file in the source share one in the target
+    #: --devices: character and block devices made as nodes (as root; skipped with a warning otherwise).
+    devices: bool = False
+    #: --specials: fifos and unix sockets made as nodes.
+    specials: bool = False
+    #: --copy-devices: a block device of a local source is copied as a regular file of its contents.
+    copy_devices: bool = False
     includes: Tuple[str, ...] = ()
     excludes: Tuple[str, ...] = ()
     rules: Tuple[Tuple[str, str], ...] = ()  # rsync's (+/-, glob) in command-line order

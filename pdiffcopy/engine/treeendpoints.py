@@ -27,6 +27,7 @@ from pdiffcopy.core.treeplan import (  # noqa: F401
     LINK,
     METADATA,
     MKDIR,
+    MKNOD,
     MKPATH,
     OPERATIONS,
     REMOVE,
@@ -188,6 +189,14 @@ class TreeEndpoint(ABC):
         """:meth:`KeptAttributes.not_kept`; without it, nothing: the tree keeps what it is sent."""
         return frozenset()
 
+    def makes_nodes(self) -> FrozenSet[str]:
+        """:meth:`KeptAttributes.makes_nodes`; without it, none."""
+        return frozenset()
+
+    def list_devices_as_files(self) -> bool:
+        """:meth:`WalkedHere.list_devices_as_files`; without it, False: devices are listed as what they are."""
+        return False
+
 
 # -- capabilities: a tree inherits those it has, and implements all of their methods
 
@@ -211,6 +220,12 @@ class WalkedHere(ABC):
     @abstractmethod
     def same_content(self, entry: Entry, data: bytes) -> bool:
         """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
+
+    @abstractmethod
+    def list_devices_as_files(self) -> bool:
+        """Have :meth:`TreeEndpoint.list` describe each block device as a regular file of the device's
+        size, and :meth:`TreeEndpoint.read_files` and :meth:`TreeEndpoint.file_endpoint` read its
+        contents (``--copy-devices``); True."""
 
 
 class TreeCopies(ABC):
@@ -267,11 +282,18 @@ class KeptAttributes(ABC):
         A sync does not count such differences as changes: setting them would change nothing.
         """
 
+    @abstractmethod
+    def makes_nodes(self) -> FrozenSet[str]:
+        """The nodes this tree makes, once its listing has begun (``-D``): ``"devices"`` (character
+        and block devices, as root) and ``"specials"`` (fifos, unix sockets). A sync skips the
+        others with a warning."""
+
 
 #: Every capability interface of a tree, for the contract suite.
 TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
 
 
-__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "MKPATH", "REMOVE", "SYMLINK", "TREE_CAPABILITIES", "Failure",
+__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "MKNOD", "MKPATH", "REMOVE", "SYMLINK", "TREE_CAPABILITIES",
+           "Failure",
            "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies",
            "TreeEndpoint", "WalkedHere"]

@@ -142,7 +142,7 @@ class Runner:
         self.result.directories_made += len(plan.directories) - len(made)
         log_phase(self.started, "made %d directories", self.result.directories_made)
         if self.result.stopped:
-            self.result.not_synced += len(plan.files) + len(plan.symlinks) + len(plan.metadata) + \
+            self.result.not_synced += len(plan.files) + len(plan.symlinks) + len(plan.nodes) + len(plan.metadata) + \
                 len([e for e in plan.deletions if e.kind != DIR])
             return
         self._build_units(failed_directories)
@@ -278,7 +278,7 @@ class Runner:
         with parts to do is given up (one of its parts failed, or none had a chance to)."""
         first = self._first_skipped.value if self._first_skipped is not None else len(self.units)
         for unit in self.units[first:]:
-            if unit.kind in ("files", "links", "metadata", "delete"):
+            if unit.kind in ("files", "links", "nodes", "metadata", "delete"):
                 self.result.not_synced += len(unit.items)
         if self._parts is None:
             return
@@ -307,7 +307,7 @@ class Runner:
         touched = set()
         if self.options.times:
             changed_paths = [a.path for a in self.plan.files] + \
-                [e.path for e, _ in self.plan.symlinks] + [e.path for e in self.plan.deletions] + \
+                [e.path for e, _ in self.plan.symlinks + self.plan.nodes] + [e.path for e in self.plan.deletions] + \
                 [link.path for link in self.plan.links] + \
                 [e.path for e in self.plan.directories] + [e.path for e in self.plan.removals]
             touched = {path.rpartition("/")[0] for path in changed_paths}
@@ -351,6 +351,9 @@ class Runner:
         links = [entry for entry, _ in self.plan.symlinks]
         for start in range(0, len(links), BATCH_OPERATIONS):
             self.units.append(Unit(0, "links", tuple(links[start:start + BATCH_OPERATIONS])))
+        nodes = [entry for entry, _ in self.plan.nodes]
+        for start in range(0, len(nodes), BATCH_OPERATIONS):
+            self.units.append(Unit(0, "nodes", tuple(nodes[start:start + BATCH_OPERATIONS])))
         fixes = [fix.source for fix in self.plan.metadata]
         for start in range(0, len(fixes), BATCH_OPERATIONS):
             self.units.append(Unit(0, "metadata", tuple(fixes[start:start + BATCH_OPERATIONS])))
@@ -545,6 +548,7 @@ class Runner:
         self.result.files_copied += counts.get("files", 0)
         self.result.bytes_moved += counts.get("bytes", 0)
         self.result.deleted += counts.get("deleted", 0)
+        self.result.nodes_made += counts.get("nodes", 0)
         self.result.metadata_fixed += counts.get("metadata", 0)
         self.result.unchanged += counts.get("unchanged", 0)
         for tree in (self.source, self.target):  # a worker's bytes on the wire, counted here

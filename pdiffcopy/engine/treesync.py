@@ -47,10 +47,12 @@ from pdiffcopy.core.treeplan import (
     TreePlan,
     describe_plan,
     plan_tree,
+    printable,
     transfer_listing,
 )
 from pdiffcopy.core.treestream import StreamPlanner
-from pdiffcopy.core.treestops import NOT_KEPT_OWNER, NOT_KEPT_XATTRS
+from pdiffcopy.core.entries import BLOCK_DEVICE, CHAR_DEVICE, node_type
+from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS, NOT_KEPT_OWNER, NOT_KEPT_XATTRS
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.engine.segments import hash_both
 from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
@@ -117,6 +119,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if options.metadata.attributes:
         for tree in (source, target):
             tree.list_attributes(options.metadata)
+    if options.copy_devices and not source.list_devices_as_files():
+        logger.warning("%s: --copy-devices reads the block devices of a local source only: these are "
+                       "devices here (made as nodes with -D, skipped otherwise)", source.location)
     source_stream, target_stream = stream_both(source, target, on_worker_start)
     try:
         return _sync_streams(source, target, options, progress, report_line, on_worker_start, path_filter,
@@ -142,13 +147,16 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     target_failures: List[Failure] = []
     # What the target said it will not set is no change: setting it would change nothing.
     not_kept = target.not_kept()
+    makes = target.makes_nodes()
     privileged_kept = NOT_KEPT_XATTRS not in not_kept or not options.metadata.attributes
     stripped: List[str] = []  # the first source entry whose privileged attributes were left out
     planner = StreamPlanner(PlanOptions(checksum=options.checksum, times=options.times,
                                         owner=options.owner and NOT_KEPT_OWNER not in not_kept,
                                         delete=options.delete,
                                         attributes=options.metadata.attributes,
-                                        hard_links=options.hard_links), path_filter)
+                                        hard_links=options.hard_links,
+                                        devices=options.devices and NODES_DEVICES in makes,
+                                        specials=options.specials and NODES_SPECIALS in makes), path_filter)
     pieces = planner.plan(_entries(source_stream, source_failures, privileged_kept, stripped),
                           None if target_missing else _entries(target_stream, target_failures, privileged_kept))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run)
@@ -173,7 +181,7 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 log_phase(started, "listed and planned %d source entries", planner.wanted)
                 result.failures += source_failures + target_failures
                 _check_deletions(piece, source, target, options, planner, source_failures)
-                _warn_about(result.skipped, hard_links, hard_link_count)
+                _warn_about(result.skipped, hard_links, hard_link_count, options, target)
                 if stripped:
                     logger.warning("%s: security.* and trusted.* attributes are not kept: it does not set "
                                    "them for this client", target.location)
@@ -268,7 +276,7 @@ def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint,
 
 
 def _add_piece(whole: TreePlan, piece: TreePlan) -> None:
-    for name in ("directories", "files", "symlinks", "metadata", "directory_metadata", "removals",
+    for name in ("directories", "files", "symlinks", "nodes", "metadata", "directory_metadata", "removals",
                  "deletions", "extraneous", "specials", "hard_links", "links", "blocked"):
         getattr(whole, name).extend(getattr(piece, name))
     whole.unchanged += piece.unchanged
@@ -322,15 +330,41 @@ def _filter(options: TreeOptions) -> PathFilter:
         raise UsageError(str(error)) from None
 
 
-def _warn_about(specials: List[Entry], hard_links: List[Entry], hard_link_count: int) -> None:
-    if specials:
-        names = ", ".join(e.path for e in specials[:5])
-        more = f" and {len(specials) - 5} more" if len(specials) > 5 else ""
-        logger.warning("Skipped %d special file(s) (fifos, sockets, devices): %s%s",
-                       len(specials), names, more)
+def _warn_about(specials: List[Entry], hard_links: List[Entry], hard_link_count: int,
+                options: TreeOptions, target: TreeEndpoint) -> None:
+    """Say which devices, fifos and sockets were skipped and why (a line per reason), and the hard links."""
+    reasons: Dict[str, List[Entry]] = {}
+    for entry in specials:
+        reasons.setdefault(_skip_reason(entry, options, target), []).append(entry)
+    for reason, skipped in reasons.items():
+        names = ", ".join(printable(e.path) for e in skipped[:5])
+        more = f" and {len(skipped) - 5} more" if len(skipped) > 5 else ""
+        logger.warning("Skipped %d %s: %s%s", len(skipped), reason, names, more)
     if hard_link_count:
         logger.warning("Copied %d hard-linked file(s) as separate files (hard links are kept "
                        "with -H/--hard-links)", hard_link_count)
+
+
+def _skip_reason(entry: Entry, options: TreeOptions, target: TreeEndpoint) -> str:
+    """Why a sync with ``options`` skipped the device, fifo or socket ``entry`` (what the warning says)."""
+    kind = node_type(entry.mode)
+    makes = target.makes_nodes()
+    if kind in (CHAR_DEVICE, BLOCK_DEVICE) and options.devices:
+        if NODES_DEVICES in makes:
+            return "device node(s): the source's server does not send their numbers (an older version)"
+        if target.walks_here():
+            return "device node(s): making them needs root"
+        if not makes:
+            return "device node(s): the target's server is an older version, which makes none"
+        return ("device node(s): the target's server does not make them (it does as root, for clients "
+                "it trusts: --trust-clients)")
+    if kind == CHAR_DEVICE and options.copy_devices:
+        return "character device(s): --copy-devices reads block devices only (a character device has no size)"
+    if kind == BLOCK_DEVICE and options.copy_devices:
+        return "block device(s): --copy-devices reads the devices of a local source only"
+    if kind and options.specials and NODES_SPECIALS not in makes:
+        return "fifo(s) or socket(s): the target's server is an older version, which makes none"
+    return "special file(s) (fifos, sockets, devices; -D keeps them)"
 
 
 def _compare_contents(source: TreeEndpoint, target: TreeEndpoint, plan: TreePlan,

@@ -22,6 +22,7 @@ from pdiffcopy.engine.workfile import WorkFile
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     METADATA,
+    MKNOD,
     SYMLINK,
     Failure,
     Operation,
@@ -49,6 +50,7 @@ class TreeResult:
     deleted: int = 0
     unchanged: int = 0
     metadata_fixed: int = 0
+    nodes_made: int = 0  # devices, fifos and sockets made (-D)
     linked: int = 0  # names made (or made again) another name of their hard-link group's file (-H)
     #: Entries whose change was never tried: the sync stopped first (see :attr:`stopped`).
     not_synced: int = 0
@@ -99,7 +101,7 @@ class Unit(NamedTuple):
     """One piece of work of the queue."""
 
     weight: int  # bytes it moves (or would at most): the queue runs heaviest first
-    kind: str  # "files", "range", "delta", "chunks", "links", "metadata", "delete"
+    kind: str  # "files", "range", "delta", "chunks", "links", "nodes", "metadata", "delete"
     items: tuple
 
 
@@ -146,13 +148,14 @@ class UnitWorker:
         self.parts_left = parts_left
         self.parts_failed = parts_failed
         self.failures: List[Failure] = []
-        self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0,
+        self.counts: Dict[str, int] = {"files": 0, "bytes": 0, "deleted": 0, "metadata": 0, "nodes": 0,
                                        "unchanged": 0, "not_synced": 0, "stopped": 0, "unfinished": 0}
         #: What runs each kind of unit (Unit.kind).
         self._runs: Dict[str, Callable[[Unit], None]] = {
             "files": self._run_files, "range": self._run_range, "delta": self._run_delta,
             "chunks": self._run_chunks,
-            "links": self._run_links, "metadata": self._run_metadata, "delete": self._run_delete}
+            "links": self._run_links, "nodes": self._run_nodes, "metadata": self._run_metadata,
+            "delete": self._run_delete}
 
     def run(self, unit: Unit) -> None:
         if Stop.requested:
@@ -253,6 +256,11 @@ class UnitWorker:
     def _run_links(self, unit: Unit) -> None:
         self.failures += self._tried(self.runner.target.apply([Operation(SYMLINK, e) for e in unit.items],
                                                               self.runner.meta))
+
+    def _run_nodes(self, unit: Unit) -> None:
+        failures = self.runner.target.apply([Operation(MKNOD, e) for e in unit.items], self.runner.meta)
+        self.failures += self._tried(failures)
+        self._count("nodes", len(unit.items) - len(failures))
 
     def _run_metadata(self, unit: Unit) -> None:
         failures = self.runner.target.apply([Operation(METADATA, e) for e in unit.items],

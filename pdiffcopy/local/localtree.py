@@ -36,12 +36,20 @@ from pdiffcopy.local.descriptors import (
 )
 from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
-from pdiffcopy.core.treestops import NOT_ATTEMPTED, NOT_KEPT_OWNER, VANISHED, stop_cause
+from pdiffcopy.core.treestops import (
+    NODES_DEVICES,
+    NODES_SPECIALS,
+    NOT_ATTEMPTED,
+    NOT_KEPT_OWNER,
+    VANISHED,
+    stop_cause,
+)
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
     LINK,
     METADATA,
     MKDIR,
+    MKNOD,
     MKPATH,
     REMOVE,
     SYMLINK,
@@ -55,8 +63,15 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
     WalkedHere,
 )
-from pdiffcopy.core.entries import DIR, FILE, OTHER, Entry, kind_of, known_mode, shared_mode
+from pdiffcopy.core.entries import DIR, FILE, OTHER, Entry, device_target, is_device, kind_of, known_mode, shared_mode
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
+from pdiffcopy.local.treenodes import (
+    block_device_path,
+    check_device_read,
+    device_as_file,
+    make_node,
+    set_node_metadata,
+)
 from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
@@ -77,6 +92,9 @@ WALK_BATCH_ENTRIES = 2048
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 #: What a tree here does not set (LocalTree.not_kept): only root gives files to other users.
 _NOT_KEPT: FrozenSet[str] = frozenset() if _IS_ROOT else frozenset({NOT_KEPT_OWNER})
+#: What a tree here makes of the nodes it is sent (LocalTree.makes_nodes): devices as root only.
+_SPECIALS: FrozenSet[str] = frozenset({NODES_SPECIALS})
+_DEVICES_AND_SPECIALS: FrozenSet[str] = frozenset({NODES_DEVICES, NODES_SPECIALS})
 #: The owner of what this process creates (outside set-group-ID directories).
 _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 
@@ -91,8 +109,11 @@ def _why(error: OSError) -> str:
 
 def entry_from_stat(path: str, info: os.stat_result, target: str = "",
                     xattrs: Tuple[Tuple[str, bytes], ...] = ()) -> Entry:
-    """An :class:`Entry` from an ``lstat`` result (and the attributes read for it)."""
+    """An :class:`Entry` from an ``lstat`` result (and the attributes read for it); a device's
+    target is its numbers."""
     kind = kind_of(info.st_mode)
+    if kind == OTHER and is_device(info.st_mode):
+        target = device_target(info.st_rdev)
     size = info.st_size if kind == FILE else 0
     sparse = kind == FILE and info.st_blocks * 512 < size
     return Entry(path, kind, size, info.st_mtime_ns, shared_mode(info.st_mode), info.st_uid, info.st_gid,
@@ -157,6 +178,10 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         self._notices: Set[str] = set()
         #: A root that is a symlink is listed as the link (:meth:`describe_root_link`).
         self._root_link = False
+        #: Device nodes may be made (root; a server's trusted clients): see :meth:`makes_nodes`.
+        self.make_devices = _IS_ROOT
+        #: Block devices are listed and read as files of their size (:meth:`list_devices_as_files`).
+        self._devices_as_files = False
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -317,7 +342,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 fd, relative, names = frames[-1]
                 if names is None:  # not scanned yet
                     names = []
-                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes):
+                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes,
+                                        self._devices_as_files):
                         yield entries, failures
                         entries.clear()
                         failures.clear()
@@ -356,7 +382,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     @staticmethod
     def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
               subdirectories: List[str], swept: Optional[List[str]] = None,
-              attributes: Optional[MetadataOptions] = None) -> Iterator[None]:
+              attributes: Optional[MetadataOptions] = None, devices_as_files: bool = False) -> Iterator[None]:
         """Add a directory's entries to ``entries`` in name order, and the names of its
         subdirectories to ``subdirectories``; pause (yield) whenever ``entries`` holds a batch.
 
@@ -369,6 +395,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         bytes is a failure of its own, not listed: no path-based call (nor
         the server's protocol) can name it; the rest of the tree goes on.
         With ``attributes``, each entry gets the extended attributes and ACLs they choose.
+        With ``devices_as_files``, a block device is listed as a file of its size.
         """
         prefix = relative + "/" if relative else ""
         try:
@@ -410,6 +437,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 if stat.S_ISLNK(mode):
                     entries.append(entry_from_stat(path, info, os.readlink(name, dir_fd=fd), xattrs))
                     continue
+                if devices_as_files and stat.S_ISBLK(mode):
+                    entries.append(device_as_file(fd, name, path, info, xattrs))
+                    continue
                 entries.append(entry_from_stat(path, info, xattrs=xattrs))
                 if stat.S_ISDIR(mode):
                     subdirectories.append(name)
@@ -440,7 +470,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
         except FileNotFoundError:
             raise TreeFailure(VANISHED) from None
-        check_regular(fd, entry.path)
+        if not (self._devices_as_files and check_device_read(fd, entry)):
+            check_regular(fd, entry.path)
         return fd
 
     def read_files(self, entries: Sequence[Entry]) -> Iterator[Tuple[Entry, Optional[bytes], str]]:
@@ -670,6 +701,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 os.close(fd)
             return
         directory, name = self._parent(entry.path)
+        if entry.kind == OTHER:
+            set_node_metadata(directory, name, entry, options, self._notices, _IS_ROOT, self._check_links)
+            return
         if entry.kind == SYMLINK_KIND:
             if options.owner and _IS_ROOT:
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
@@ -731,6 +765,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
 
     def not_kept(self) -> FrozenSet[str]:
         return _NOT_KEPT
+
+    def makes_nodes(self) -> FrozenSet[str]:
+        return _DEVICES_AND_SPECIALS if self.make_devices else _SPECIALS
+
+    def list_devices_as_files(self) -> bool:
+        self._devices_as_files = True
+        return True
 
     def _check_links(self, info: os.stat_result) -> None:
         """Refuse a metadata change of a file with several hard links, unless allowed.
@@ -796,6 +837,9 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 except OSError:
                     pass  # not created, or already renamed
                 raise
+            self.set_metadata(entry, options)
+        elif operation.name == MKNOD:
+            make_node(directory, name, entry, self.make_devices)
             self.set_metadata(entry, options)
         elif operation.name == LINK:
             self._link(entry.target, directory, name)
@@ -896,6 +940,13 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local.localfile import LocalFile
 
+        if self._devices_as_files:
+            directory, name = self._parent(path)
+            device = block_device_path(directory, name, os.path.join(self.root.directory, self._full(path)))
+            if device is not None:  # --copy-devices: the node below the root, listed as not a symlink
+                from pdiffcopy.local.localdevice import LocalDevice
+
+                return LocalDevice(device)
         # Beneath the root, like every other access of the tree (docs/trees.rst).
         return LocalFile.below(self.root, self._full(path))
 

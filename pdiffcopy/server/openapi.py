@@ -25,11 +25,13 @@ from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
+from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS
 from pdiffcopy.engine.treeendpoints import OPERATIONS
 from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE
 from pdiffcopy.core.treewire import (
     MAX_BATCH_FILES,
     MAX_BATCH_OPERATIONS,
+    NODES_HEADER,
     NOT_KEPT_HEADER,
     NOT_KEPT_OWNER,
     NOT_KEPT_XATTRS,
@@ -87,7 +89,8 @@ _ENTRY: Dict[str, Any] = {
     "description": "[path, kind, size, mtime_ns, mode, uid, gid, target, nlink, sparse] or "
                    "[..., sparse, link, xattrs]: path "
                    "relative to the tree, kind file, dir, symlink or other, the whole st_mode, "
-                   "a symlink's target, sparse 0 or 1, link a name shared by the hard links of one "
+                   "a symlink's target (a device's numbers, MAJOR:MINOR), sparse 0 or 1, link a "
+                   "name shared by the hard links of one "
                    "file (-H), xattrs [name, base64 value] pairs (-X, -A; sorted by name). The "
                    "value of system.posix_acl_access and system.posix_acl_default is not the "
                    "kernel's binary but a portable text, one line per ACL entry, "
@@ -294,10 +297,13 @@ def _components() -> Dict[str, Any]:
                           "items": {"anyOf": [{"type": "string", "enum": list(OPERATIONS)},
                                               _ref("schemas", "Entry")]},
                           "description": "[operation, entry]: mkdir, symlink, metadata, delete, "
-                                         "remove or link (the entry, a file, becomes another "
+                                         "remove, link (the entry, a file, becomes another "
                                          "name of the regular file at its target, a path in "
                                          "the same tree; a target leading out gets 403, one "
-                                         "through a symlink is that operation's failure)"}}},
+                                         "through a symlink is that operation's failure) or "
+                                         "mknod (a device of the numbers in its target, a fifo "
+                                         "or a socket, of the entry's mode: devices as root, "
+                                         "for trusted clients only)"}}},
         },
     }
     parameters = {
@@ -675,6 +681,12 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
                                f"{NOT_KEPT_OWNER!r} (user and group), {NOT_KEPT_XATTRS!r} (security.* and "
                                f"trusted.* attributes); absent: it sets them all (a trusted client of a "
                                f"server running as root)",
+                "schema": {"type": "string"}},
+                NODES_HEADER: {
+                "description": f"The nodes the server makes (mknod), comma-separated: {NODES_DEVICES!r} "
+                               f"(character and block devices: a server running as root, for clients it "
+                               f"trusts) and {NODES_SPECIALS!r} (fifos and unix sockets); absent: none "
+                               f"(an older server)",
                 "schema": {"type": "string"}}}}},
             errors=_PATH_ERRORS, parameters=list(parameters) + attributes + [
                 _ref("parameters", "Sweep"),

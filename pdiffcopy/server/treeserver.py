@@ -52,6 +52,7 @@ from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
+from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS
 from pdiffcopy.core.treewire import (
     MAX_BATCH_BYTES,
     MAX_BATCH_FILES,
@@ -59,6 +60,7 @@ from pdiffcopy.core.treewire import (
     MAX_FILE_BYTES,
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
+    NODES_HEADER,
     NOT_KEPT_HEADER,
     NOT_KEPT_OWNER,
     NOT_KEPT_XATTRS,
@@ -114,6 +116,12 @@ class _Policy:
     def not_kept(self) -> Tuple[str, ...]:
         """What the listing says is not kept (:data:`~pdiffcopy.core.treewire.NOT_KEPT_HEADER`)."""
         return (NOT_KEPT_OWNER, NOT_KEPT_XATTRS) if self.why_not else ()
+
+    def nodes(self) -> Tuple[str, ...]:
+        """What the listing says the server makes (:data:`~pdiffcopy.core.treewire.NODES_HEADER`):
+        fifos and sockets for anyone, device nodes for the clients it trusts, as root only (a
+        device node is a door to the device for every local user it lets in)."""
+        return (NODES_SPECIALS,) if self.why_not else (NODES_DEVICES, NODES_SPECIALS)
 
     def options(self, options: MetadataOptions) -> Tuple[MetadataOptions, Set[str]]:
         """The options to apply, and a set that collects what was ignored."""
@@ -451,9 +459,11 @@ def tree_list(path: str = ""):
     response = Response(_ClosingBody(listing_stream(tree, top, directories, packed), release),
                         mimetype=packedlisting.PACKED_LISTING_TYPE if packed else "application/json")
     response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
-    not_kept = _Policy(state.config.trust_clients).not_kept()
+    policy = _Policy(state.config.trust_clients)
+    not_kept = policy.not_kept()
     if not_kept:
         response.headers[NOT_KEPT_HEADER] = ", ".join(not_kept)
+    response.headers[NODES_HEADER] = ", ".join(policy.nodes())
     response.headers["Vary"] = "Accept"
     return response
 
@@ -569,6 +579,7 @@ def tree_apply(path: str = ""):
     if not clean_relative_path(path):
         check_server_root_kept(operations)
     tree = open_tree(state.root, path, state.config.write_hard_links)
+    tree.make_devices = NODES_DEVICES in policy.nodes()
     try:
         failures = tree.apply(operations, options)
     finally:

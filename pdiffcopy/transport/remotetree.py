@@ -50,6 +50,7 @@ from pdiffcopy.core.treewire import (
     MAX_JSON_BODY_BYTES,
     MAX_JSON_ITEM_CHARS,
     NOT_ATTEMPTED,
+    NODES_HEADER,
     NOT_KEPT_HEADER,
     PACKED_RECORDS_PARAMETER,
     TREE_ORDER_HEADER,
@@ -114,6 +115,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
         self._root_link = False
         #: What the server's listing said it does not set of what clients send (:meth:`not_kept`).
         self._not_kept: FrozenSet[str] = frozenset()
+        #: The nodes the server's listing said it makes (:meth:`makes_nodes`): an older one, none.
+        self._nodes: FrozenSet[str] = frozenset()
 
     def _target(self, endpoint: str, options: Optional[MetadataOptions] = None) -> str:
         target = f"/.pdiffcopy/{endpoint}/{quote_path(self.path)}"
@@ -158,8 +161,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
             ordered = response.headers.get(TREE_ORDER_HEADER, "").strip().lower() == TREE_ORDER_WALK
             packed = packedlisting.media_type(response.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE
             self._server_packs = self._server_packs or packed
-            self._not_kept = frozenset(filter(None, (name.strip().lower() for name in
-                                                     response.headers.get(NOT_KEPT_HEADER, "").split(","))))
+            self._not_kept = _names(response.headers.get(NOT_KEPT_HEADER, ""))
+            self._nodes = _names(response.headers.get(NODES_HEADER, ""))
             root: Optional[Entry] = None
             with self._reading_listing():
                 if packed:
@@ -426,6 +429,9 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
     def not_kept(self) -> FrozenSet[str]:
         return self._not_kept
 
+    def makes_nodes(self) -> FrozenSet[str]:
+        return self._nodes
+
     def may_change_root(self) -> bool:
         return self.path != ""  # the server keeps its root directory as it is
 
@@ -470,6 +476,11 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
 
 #: What a listing request accepts: the packed form, or JSON (all an older server sends).
 _LISTING_FORMS = f"{packedlisting.PACKED_LISTING_TYPE}, application/json;q=0.5"
+
+
+def _names(header: str) -> FrozenSet[str]:
+    """The comma-separated names of a header, in lower case."""
+    return frozenset(filter(None, (name.strip().lower() for name in header.split(","))))
 
 
 def _attribute_flags(options: MetadataOptions, separator: str) -> str:
