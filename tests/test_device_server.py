@@ -301,3 +301,29 @@ def test_two_pushes_to_one_device_never_mix(loop_devices, serve, tmp_path):
             slow.wait()
     assert slow.returncode == 0, errors
     assert device_bytes(target, size) == first
+
+
+def test_a_pull_of_a_device_into_an_existing_file_may_use_the_chunked_delta(loop_devices, serve, tmp_path):
+    data = random_bytes(8 * MiB, seed=53)
+    source, _ = loop_devices.new("source.img", 8 * MiB, data)
+    server = serve(f"vm1={source}")
+    copy = tmp_path / "copy.img"
+    copy.write_bytes(data[:MiB] + b"inserted" + data[MiB:-8])  # shifted: only chunks find it again
+    done = run_cli("--stats", "--delta", "chunks", server.url("vm1"), str(copy))
+    assert done.returncode == 0, done.stderr
+    assert copy.read_bytes() == data
+
+
+def test_with_sparse_a_push_keeps_a_thin_remote_device_thin(loop_devices, serve, tmp_path):
+    size = 16 * MiB
+    target, backing = loop_devices.new("target.img", size, random_bytes(size, seed=54))  # all allocated
+    server = serve(f"disk={target}:rw")
+    image = tmp_path / "image"
+    with open(image, "wb") as handle:  # data at the start, a hole after it
+        handle.write(random_bytes(MiB, seed=55))
+        handle.truncate(size)
+    done = run_cli("-S", str(image), server.url("disk"))
+    assert done.returncode == 0, done.stderr
+    assert device_bytes(target, size) == image.read_bytes()
+    os.sync()
+    assert os.stat(backing).st_blocks * 512 <= 4 * MiB, os.stat(backing).st_blocks * 512
