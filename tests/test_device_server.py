@@ -327,3 +327,22 @@ def test_with_sparse_a_push_keeps_a_thin_remote_device_thin(loop_devices, serve,
     assert device_bytes(target, size) == image.read_bytes()
     os.sync()
     assert os.stat(backing).st_blocks * 512 <= 4 * MiB, os.stat(backing).st_blocks * 512
+
+
+def test_archive_mode_syncs_a_remote_device_s_bytes_and_leaves_its_node_alone(loop_devices, serve, tmp_path):
+    target, _ = loop_devices.new("target.img", 2 * MiB)
+    server = serve(f"disk={target}:rw")
+    data = random_bytes(2 * MiB, seed=56)
+    image = tmp_path / "image"
+    image.write_bytes(data)
+    os.chmod(image, 0o640)
+    node = os.stat(target)
+    done = run_cli("-a", str(image), server.url("disk"))
+    assert done.returncode == 0, done.stderr
+    assert "is a block device: its bytes are synced, not its metadata" in done.stderr, done.stderr
+    assert device_bytes(target, 2 * MiB) == data
+    assert (os.stat(target).st_mode, os.stat(target).st_uid) == (node.st_mode, node.st_uid)
+    pulled = tmp_path / "pulled"
+    done = run_cli("-a", server.url("disk"), str(pulled))
+    assert done.returncode == 0, done.stderr
+    assert pulled.read_bytes() == data
