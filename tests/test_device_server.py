@@ -346,3 +346,17 @@ def test_archive_mode_syncs_a_remote_device_s_bytes_and_leaves_its_node_alone(lo
     done = run_cli("-a", server.url("disk"), str(pulled))
     assert done.returncode == 0, done.stderr
     assert pulled.read_bytes() == data
+
+
+def test_archive_mode_syncs_a_local_device_s_bytes_both_ways(loop_devices, tmp_path):
+    data = random_bytes(2 * MiB, seed=57)
+    device, _ = loop_devices.new("device.img", 2 * MiB, data)
+    copy = tmp_path / "copy"
+    done = run_cli("-a", device, str(copy))
+    assert done.returncode == 0, done.stderr
+    assert copy.read_bytes() == data
+    changed = random_bytes(2 * MiB, seed=58)
+    copy.write_bytes(changed)
+    done = run_cli("-a", str(copy), device)
+    assert done.returncode == 0, done.stderr
+    assert device_bytes(device, 2 * MiB) == changed
