@@ -129,10 +129,10 @@ def hashes(path: str):
     block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
     fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        file = seen(fd, path)
-        check_preconditions(file)
-        renew(file.info, path)
-        ranges = hash_ranges(block_size, file.size)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
+        ranges = hash_ranges(block_size, found.size)
         # Checked before taking a slot: a bad request is refused at once.
         client = request.remote_addr or ""
         if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
@@ -141,7 +141,7 @@ def hashes(path: str):
                              f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
         state.metrics.hash_jobs.inc()
         try:
-            digests = b"".join(_hash_range(fd, offset, length, block_size, method, file.kind == "device")
+            digests = b"".join(_hash_range(fd, offset, length, block_size, method, found.kind == "device")
                                for offset, length in ranges)
         except OSError as error:
             raise storage_error(error, f"read {path}") from None
@@ -152,7 +152,7 @@ def hashes(path: str):
         os.close(fd)
     response = Response(digests, mimetype="application/octet-stream")
     response.headers["X-Digest-Size"] = str(digest_size(method))
-    response.headers["ETag"] = file.etag
+    response.headers["ETag"] = found.etag
     return response
 
 
@@ -171,12 +171,12 @@ def chunks_of_file(path: str):
     asked = binary_body(CHUNK_RANGE_ENTRY.size, MAX_CHUNK_RANGES)
     fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        file = seen(fd, path)
-        check_preconditions(file)
-        renew(file.info, path)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
         ranges = [(offset, length) for offset, length in CHUNK_RANGE_ENTRY.iter_unpack(asked)] \
-            if asked else ([(0, file.size)] if file.size else [])
-        check_disjoint(ranges, file.size, ordered=True)
+            if asked else ([(0, found.size)] if found.size else [])
+        check_disjoint(ranges, found.size, ordered=True)
         client = request.remote_addr or ""
         # Cutting is CPU and disk work, as hashing is: it takes one of the same slots.
         if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
@@ -197,7 +197,7 @@ def chunks_of_file(path: str):
     # never calls the response's close.
     response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream")
     response.call_on_close(finished)
-    response.headers["ETag"] = file.etag
+    response.headers["ETag"] = found.etag
     return response
 
 
@@ -288,9 +288,9 @@ def data_map(path: str):
     length = int_arg("length", 0, MAX_FILE_SIZE)
     fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        file = seen(fd, path)
-        check_preconditions(file)
-        renew(file.info, path)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
         try:
             extents = data_extents(fd, offset, length, limit=MAX_DATA_MAP_EXTENTS)
         except OSError as error:
@@ -299,7 +299,7 @@ def data_map(path: str):
         os.close(fd)
     response = Response(b"".join(EXTENT_ENTRY.pack(start, size) for start, size in extents),
                         mimetype="application/octet-stream")
-    response.headers["ETag"] = file.etag
+    response.headers["ETag"] = found.etag
     return response
 
 
