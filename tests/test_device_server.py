@@ -360,3 +360,24 @@ def test_archive_mode_syncs_a_local_device_s_bytes_both_ways(loop_devices, tmp_p
     done = run_cli("-a", str(copy), device)
     assert done.returncode == 0, done.stderr
     assert device_bytes(device, 2 * MiB) == changed
+
+
+def test_requests_past_a_device_s_end_are_refused_never_a_server_error(loop_devices, serve):
+    device, _ = loop_devices.new("device.img", MiB, b"old")
+    server = serve(f"disk={device}:rw")
+    end = MiB
+    for method, path, body, headers in (
+            ("GET", f"/.pdiffcopy/hashes/disk?method=sha256&block_size=4096&offset={end + 4096}&length=4096", b"",
+             {}),
+            ("PATCH", "/disk", b"x", {"Content-Range": f"bytes {end}-{end}/*",
+                                      "Content-Type": "application/octet-stream"}),
+            ("POST", "/.pdiffcopy/punch/disk", (end - 4096).to_bytes(8, "little") + (8192).to_bytes(8, "little"),
+             {"Content-Type": "application/octet-stream"}),
+            ("GET", "/disk", b"", {"Range": f"bytes={end}-{end + 10}"}),
+            ("POST", "/.pdiffcopy/chunks/disk?average=65536", (0).to_bytes(8, "little") +
+             (end + 1).to_bytes(8, "little"), {"Content-Type": "application/octet-stream"})):
+        status, _, answer = request(server, method, path, body, headers)
+        assert status == 416, (method, path, status, answer)
+    status, _, answer = request(server, "GET", f"/.pdiffcopy/datamap/disk?offset=0&length={1 << 40}")
+    assert status == 200 and answer == (0).to_bytes(8, "little") + end.to_bytes(8, "little"), answer
+    assert device_bytes(device, 3) == b"old"
