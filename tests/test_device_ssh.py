@@ -102,3 +102,19 @@ def test_over_ssh_only_the_named_device_is_served(loop_devices, tmp_path):
     finally:
         server.stdin.close()
         server.wait(30)
+
+
+def test_a_device_named_by_a_symlink_from_the_remote_home_is_served(sshd, loop_devices, tmp_path):  # noqa: F811
+    target, _ = loop_devices.new("target.img", 2 * MiB)
+    link = sshd.home / "vm-disk"
+    os.symlink(target, link)
+    try:
+        data = random_bytes(2 * MiB, seed=64)
+        (tmp_path / "image").write_bytes(data)
+        pushed = over_ssh(sshd, str(tmp_path / "image"), "127.0.0.1:vm-disk", remote=None,
+                          rsh=sshd.rsh(port=sshd.path_port))
+        assert pushed.returncode == 0, pushed.stderr
+        assert device_bytes(target, 2 * MiB) == data
+        assert os.path.islink(link)  # written through, never replaced
+    finally:
+        os.unlink(link)
