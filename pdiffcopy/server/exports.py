@@ -22,7 +22,7 @@ from pdiffcopy.core.records import dataclass
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, UsageError
 from pdiffcopy.engine.endpoints import Chunk
 from pdiffcopy.local import devices
-from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE
+from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE, fast_paths_enabled
 from pdiffcopy.local.localdevice import LocalDevice
 
 #: What a NAME may be: one path component of plain characters, not hidden (no temporary's
@@ -138,7 +138,10 @@ class ExportedDevice(LocalDevice):
 
 
 def drop_cached(fd: int, offset: int, length: int) -> None:
-    """Drop a device's pages just read from the page cache (advice: a failure changes nothing)."""
+    """Drop a device's pages just read from the page cache (advice: a failure changes nothing;
+    not with the fast paths off, whose kill switch covers ``posix_fadvise``)."""
+    if not fast_paths_enabled():
+        return
     try:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     except OSError:
