@@ -369,7 +369,7 @@ def _sync_endpoints(source, target, made, options: FileOptions, token: Optional[
             _close_given(source_endpoint, target_endpoint)
             raise
     try:
-        if not keep.wanted:
+        if not keep.wanted or _either_is_a_device(source_endpoint, target_endpoint):
             return run_sync(source_endpoint, target_endpoint, options, progress, record)
         return _sync_as_tree_of_one(source_endpoint, target_endpoint, options, progress, keep, wire, record)
     except FileMissing as error:
@@ -378,6 +378,20 @@ def _sync_endpoints(source, target, made, options: FileOptions, token: Optional[
             raise FileMissing(f"The directory {directory} of the target does not exist "
                               f"(--mkpath makes it)") from None
         raise
+
+
+def _either_is_a_device(source: FileEndpoint, target: FileEndpoint) -> bool:
+    """Whether a side is a block device, whose metadata (``-a``, ``-t``, ``-o``, ``-X``, ``-A``) is
+    its node's, never the sync's: then only the bytes are synced, and a warning says so."""
+    for endpoint in (source, target):
+        info = endpoint.stat()  # (a remote one: one request, only when metadata is asked for)
+        if info is not None and info.kind == "device":
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "%s is a block device: its bytes are synced, not its metadata (its node's own)", endpoint.location)
+            return True
+    return False
 
 
 def make_directory(location: str, *, parents: bool = False, token: Optional[str] = None,

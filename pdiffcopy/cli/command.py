@@ -225,7 +225,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
         logging.getLogger().setLevel(level)
         serve_over_ssh(workers=args.concurrency, log_level=logging.getLevelName(level).lower(),
-                       direct_port=args.serve_direct)
+                       direct_port=args.serve_direct, device=args.serve_device)
         return 0
     token = read_token(args.token_file)
     if not args.paths:
@@ -242,7 +242,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  legacy_api=args.legacy_api,
                                  certfile=args.certfile, keyfile=args.keyfile,
                                  hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
-                                 max_rate=args.max_rate,
+                                 max_rate=args.max_rate, devices=args.device,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
@@ -255,6 +255,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--legacy-api is a server option; it makes no sense with SOURCE and TARGET")
     if args.max_rate:
         raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
+    if args.device:
+        raise UsageError("--device is a server option; a sync names a device as SOURCE or TARGET")
     handle_termination()
     from pdiffcopy.local.descriptors import raise_open_file_limit
 

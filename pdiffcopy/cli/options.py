@@ -12,7 +12,7 @@ import sys
 from typing import List, Optional
 
 from pdiffcopy._version import __version__
-from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_OPTION
+from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_DEVICE_OPTION, SERVE_OPTION
 from pdiffcopy.errors import UsageError
 
 USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET | --remove PATH...]"
@@ -283,6 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
     server.add_argument("--root", metavar="DIR", default=".",
                         help="directory the server serves and is confined to (default: .)")
+    server.add_argument("--device", metavar="NAME=PATH", action="append", default=[],
+                        help="also serve the block device PATH at /NAME, read-only (NAME=PATH:rw: "
+                             "writable too), updated in place under the same leases as files; "
+                             "repeatable. Device nodes below --root are never served")
+    server.add_argument(SERVE_DEVICE_OPTION, metavar="PATH", default=None, help=argparse.SUPPRESS)
     server.add_argument("--certfile", metavar="FILE", default=None,
                         help="serve https with this certificate (PEM); needs --keyfile")
     server.add_argument("--keyfile", metavar="FILE", default=None,

@@ -30,6 +30,10 @@ SERVE_OPTION = "--serve-over-ssh"
 #: port (0: any free one), instead of the Unix socket.
 DIRECT_OPTION = "--serve-direct"
 
+#: With it, the path the client named (as typed: relative ones are from the home): served as
+#: that block device if it is one, every other device node staying refused.
+SERVE_DEVICE_OPTION = "--serve-device"
+
 #: A client's ``ca_file`` that starts with it pins one certificate instead of naming a CA
 #: bundle: the SHA-256 (hex) of its DER form follows, as ``--direct``'s hand-over gives it.
 PINNED_CERTIFICATE_PREFIX = "pin-sha256:"
@@ -122,5 +126,6 @@ def read_handshake(line: str) -> Optional[dict]:
     return fields if isinstance(fields, dict) and HANDSHAKE_MARK in fields else None
 
 
-__all__ = ["DIRECT_OPTION", "HANDSHAKE_MARK", "PINNED_CERTIFICATE_PREFIX", "SERVE_OPTION", "SSH_PROTOCOL_VERSION",
+__all__ = ["DIRECT_OPTION", "HANDSHAKE_MARK", "PINNED_CERTIFICATE_PREFIX", "SERVE_DEVICE_OPTION", "SERVE_OPTION",
+           "SSH_PROTOCOL_VERSION",
            "SshLocation", "handshake_line", "looks_remote", "parse_ssh_location", "read_handshake"]

@@ -18,6 +18,7 @@ from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.local.confinement import Root
 from pdiffcopy.server.leasetable import LeaseTable
+from pdiffcopy.server.exports import DeviceExport, Exports
 from pdiffcopy.server.metrics import ServerMetrics
 from pdiffcopy.server.slots import FairSlots
 
@@ -95,6 +96,8 @@ class ServerConfig:
     #: ``--max-rate``: most bytes per second of file data served and received, for all
     #: clients and worker processes together (None: no limit).
     max_rate: Optional[int] = None
+    #: ``--device NAME=PATH[:rw]``: the block devices served by NAME (checked at start).
+    devices: Tuple[DeviceExport, ...] = ()
 
 
 @dataclass
@@ -111,6 +114,8 @@ class ServerState:
     metrics: ServerMetrics
     #: ``--max-rate``, in shared memory: one cap for every worker process.
     rate_limit: Optional[Throttle]
+    #: The block devices served by name (``--device``), looked up before the root.
+    exports: Exports = field(default_factory=Exports)
 
     @classmethod
     def start(cls, config: ServerConfig) -> "ServerState":
@@ -122,6 +127,7 @@ class ServerState:
             metrics=ServerMetrics(config.metrics_directory),
             # A bucket per worker would let N workers move N times the rate.
             rate_limit=Throttle(config.max_rate, shared=True) if config.max_rate else None,
+            exports=Exports(config.devices),
         )
 
     def install(self, app: Flask) -> None:

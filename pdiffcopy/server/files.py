@@ -27,12 +27,13 @@ from pdiffcopy.errors import (
     FileMissing,
     PayloadTooLarge,
     PdiffcopyError,
+    RangeNotSatisfiable,
     ServerBusy,
     UsageError,
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import copy_available, data_extents, etag, process_umask, punch_ranges, resize, \
+from pdiffcopy.local.descriptors import copy_available, data_extents, process_umask, punch_ranges, resize, \
     start_writeback
 from pdiffcopy.local.filehash import cut_region, hash_region
 from pdiffcopy.server.leasetable import LEASE_SECONDS
@@ -44,18 +45,23 @@ from pdiffcopy.server.context import (
     MAX_HASHES_PER_CLIENT,
     server_state,
 )
+from pdiffcopy.server.exports import ExportedDevice, drop_cached
 from pdiffcopy.server.requests import (
     MAX_FILE_SIZE,
     binary_body,
     check_disjoint,
     check_preconditions,
     describe,
+    file_or_device,
     hash_ranges,
     int_arg,
     lease_of_request,
     one_line,
     path_arg,
+    refuse_export,
     require_temporary,
+    seen,
+    seen_unopened,
     served,
 )
 from pdiffcopy.server.streaming import ranged_response, receive_ranges
@@ -100,9 +106,12 @@ def renew(info: os.stat_result, path: str) -> None:
 @files.get(f"{API_PREFIX}/stat/<path:path>")
 def stat_file(path: str):
     """Size, mtime and type of a file, and the free space beside it; or 404."""
-    state = server_state()
-    file = served(state.root, path)
-    description = describe(file.status())
+    file = file_or_device(path)
+    try:
+        # A device is opened for its size and tag; a file's kind is looked at without opening it.
+        description = describe(seen(file.read_descriptor(), path) if file.is_device else seen_unopened(file.status()))
+    finally:
+        file.close()
     free = file.free_space()
     if free is not None:
         description["free"] = free
@@ -118,12 +127,12 @@ def hashes(path: str):
         raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
                          f"{', '.join(state.config.hash_methods)}); choose one with -m")
     block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        info = os.fstat(fd)
-        check_preconditions(info)
-        renew(info, path)
-        ranges = hash_ranges(block_size, info.st_size)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
+        ranges = hash_ranges(block_size, found.size)
         # Checked before taking a slot: a bad request is refused at once.
         client = request.remote_addr or ""
         if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
@@ -132,7 +141,7 @@ def hashes(path: str):
                              f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
         state.metrics.hash_jobs.inc()
         try:
-            digests = b"".join(hash_region(fd, offset, length, block_size, method)
+            digests = b"".join(_hash_range(fd, offset, length, block_size, method, found.kind == "device")
                                for offset, length in ranges)
         except OSError as error:
             raise storage_error(error, f"read {path}") from None
@@ -143,7 +152,7 @@ def hashes(path: str):
         os.close(fd)
     response = Response(digests, mimetype="application/octet-stream")
     response.headers["X-Digest-Size"] = str(digest_size(method))
-    response.headers["ETag"] = etag(info)
+    response.headers["ETag"] = found.etag
     return response
 
 
@@ -160,14 +169,14 @@ def chunks_of_file(path: str):
     except UsageError as error:
         raise BadRequest(str(error)) from None
     asked = binary_body(CHUNK_RANGE_ENTRY.size, MAX_CHUNK_RANGES)
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        info = os.fstat(fd)
-        check_preconditions(info)
-        renew(info, path)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
         ranges = [(offset, length) for offset, length in CHUNK_RANGE_ENTRY.iter_unpack(asked)] \
-            if asked else ([(0, info.st_size)] if info.st_size else [])
-        check_disjoint(ranges, info.st_size, ordered=True)
+            if asked else ([(0, found.size)] if found.size else [])
+        check_disjoint(ranges, found.size, ordered=True)
         client = request.remote_addr or ""
         # Cutting is CPU and disk work, as hashing is: it takes one of the same slots.
         if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
@@ -188,7 +197,7 @@ def chunks_of_file(path: str):
     # never calls the response's close.
     response = Response(_chunks_body(fd, ranges, average, path), mimetype="application/octet-stream")
     response.call_on_close(finished)
-    response.headers["ETag"] = etag(info)
+    response.headers["ETag"] = found.etag
     return response
 
 
@@ -241,11 +250,11 @@ def copy_ranges(path: str):
 def read_file(path: str):
     """The file's bytes: all of them, one range (206), or several (multipart/byteranges)."""
     state = server_state()
-    file = served(state.root, path)
+    file = file_or_device(path)
     try:
-        info = os.fstat(file.read_descriptor())
-        check_preconditions(info)
-        return ranged_response(file, info, state.metrics, state.rate_limit)
+        found = seen(file.read_descriptor(), path)
+        check_preconditions(found)
+        return ranged_response(file, found, state.metrics, state.rate_limit)
     except BaseException:
         file.close()
         raise
@@ -255,13 +264,13 @@ def read_file(path: str):
 def write_ranges(path: str):
     """Write byte ranges into an existing file, in place."""
     state = server_state()
-    file = served(state.root, path)
+    file = file_or_device(path)
     try:
-        info = os.fstat(file.write_in_place())
-        check_preconditions(info)
-        refuse_hard_links(info, path, state.config.write_hard_links)
-        with state.leases.writing(info, lease_of_request(), path):
-            written = receive_ranges(file, info.st_size, state.metrics, state.rate_limit,
+        found = seen(file.write_in_place(), path)
+        check_preconditions(found)
+        refuse_hard_links(found.info, path, state.config.write_hard_links)
+        with state.leases.writing(found.info, lease_of_request(), path):
+            written = receive_ranges(file, found.size, state.metrics, state.rate_limit,
                                      sparse=request.args.get("sparse") == "1")
     finally:
         file.close()
@@ -275,14 +284,13 @@ def data_map(path: str):
     At most MAX_DATA_MAP_EXTENTS extents (16 bytes each); an answer that long may have
     more after its last extent: ask again from there.
     """
-    state = server_state()
     offset = int_arg("offset", 0, MAX_FILE_SIZE)
     length = int_arg("length", 0, MAX_FILE_SIZE)
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
-        info = os.fstat(fd)
-        check_preconditions(info)
-        renew(info, path)
+        found = seen(fd, path)
+        check_preconditions(found)
+        renew(found.info, path)
         try:
             extents = data_extents(fd, offset, length, limit=MAX_DATA_MAP_EXTENTS)
         except OSError as error:
@@ -291,7 +299,7 @@ def data_map(path: str):
         os.close(fd)
     response = Response(b"".join(EXTENT_ENTRY.pack(start, size) for start, size in extents),
                         mimetype="application/octet-stream")
-    response.headers["ETag"] = etag(info)
+    response.headers["ETag"] = found.etag
     return response
 
 
@@ -307,19 +315,26 @@ def punch_file(path: str):
     zeros = int_arg("zeros", 0, 1) == 1 if "zeros" in request.args else True
     ranges = [(offset, length) for offset, length
               in EXTENT_ENTRY.iter_unpack(binary_body(EXTENT_ENTRY.size, MAX_PUNCH_RANGES))]
-    fd = served(state.root, path).open_descriptor(os.O_WRONLY)
+    file = file_or_device(path)
     try:
-        info = os.fstat(fd)
-        check_preconditions(info)
-        refuse_hard_links(info, path, state.config.write_hard_links)
-        check_disjoint(ranges, info.st_size, ordered=True)
-        with state.leases.writing(info, lease_of_request(), path):
-            try:
-                holes = punch_ranges(fd, ranges, path, zeros=zeros)
-            except OSError as error:
-                raise storage_error(error, f"write {path}") from None
+        fd = file.write_in_place()
+        found = seen(fd, path)
+        check_preconditions(found)
+        refuse_hard_links(found.info, path, state.config.write_hard_links)
+        check_disjoint(ranges, found.size, ordered=True)
+        with state.leases.writing(found.info, lease_of_request(), path):
+            if file.is_device:
+                # Discarded with -S (the client says sparse=1: a thin volume stays thin), else zeroed
+                # by the device's own command; with zeros=0 (zeros already) left as they are.
+                file.write_sparse(request.args.get("sparse") == "1")
+                holes = file.punch_ranges(ranges, write_zeros=zeros) == sum(length for _, length in ranges)
+            else:
+                try:
+                    holes = punch_ranges(fd, ranges, path, zeros=zeros)
+                except OSError as error:
+                    raise storage_error(error, f"write {path}") from None
     finally:
-        os.close(fd)
+        file.close()
     return jsonify(punched=sum(length for _, length in ranges), holes=holes)
 
 
@@ -337,7 +352,9 @@ def resize_file(path: str):
     mode = int_arg("mode", 0, 0o777) if "mode" in request.args else None
     if mode is not None and request.args.get("umask") == "1":
         mode &= ~process_umask()
-    file = served(state.root, path)
+    file = file_or_device(path)
+    if isinstance(file, ExportedDevice):
+        return _resize_device(file, path, size)
     try:
         fd, created = file.held_writer()
         try:
@@ -353,7 +370,7 @@ def resize_file(path: str):
                     resize(fd, size, data_bytes)
                 except OSError as error:
                     raise storage_error(error, f"resize {path}") from None
-            return jsonify(describe(os.fstat(fd)))
+            return jsonify(describe(seen(fd, path)))
         except BaseException:
             if created:  # a refused resize leaves no new empty file behind
                 with contextlib.suppress(PdiffcopyError):
@@ -366,8 +383,7 @@ def resize_file(path: str):
 @files.post(f"{API_PREFIX}/fsync/<path:path>")
 def fsync_file(path: str):
     """Flush the file's data and its directory entry to disk."""
-    state = server_state()
-    file = served(state.root, path)
+    file = file_or_device(path)
     fd = file.open_descriptor(os.O_RDONLY)
     try:
         renew(os.fstat(fd), path)
@@ -375,9 +391,12 @@ def fsync_file(path: str):
             os.fsync(fd)
         except OSError as error:
             raise storage_error(error, f"flush {path}") from None
+        if file.is_device:
+            drop_cached(fd, 0, 0)  # written through: the page cache is the VMs'
     finally:
         os.close(fd)
-    file.flush_directory()
+    if not file.is_device:  # (a device's name is not the sync's: nothing to make durable)
+        file.flush_directory()
     return jsonify(flushed=True)
 
 
@@ -401,6 +420,7 @@ def rename_file(path: str):
     state = server_state()
     require_temporary(path)
     destination = path_arg("to")
+    refuse_export(destination, "replace")
     temporary, target = served(state.root, path), served(state.root, destination, follow=False)
     try:
         replaced: Optional[os.stat_result] = target.status()  # the name itself, not where it leads
@@ -417,7 +437,10 @@ def rename_file(path: str):
 def take_lease(path: str):
     """Take the write lease on a file: until it ends, nobody else may write it."""
     state = server_state()
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    file = file_or_device(path)
+    if isinstance(file, ExportedDevice):
+        file.check_writable()
+    fd = file.open_descriptor(os.O_RDONLY)
     try:
         lease = state.leases.acquire(os.fstat(fd), path)
     finally:
@@ -432,7 +455,7 @@ def end_lease(path: str):
     lease = lease_of_request()
     if not lease:
         raise BadRequest(f"Missing header: {LEASE_HEADER}")
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
     try:
         state.leases.release(os.fstat(fd), lease, path)
     finally:
@@ -443,7 +466,7 @@ def end_lease(path: str):
 @files.post(f"{API_PREFIX}/sweep/<path:path>")
 def sweep_beside(path: str):
     """Remove the temporaries beside ``path`` whose writers are gone (docs/design.rst, "Temporaries")."""
-    removed = served(server_state().root, path, follow=False).sweep_temporaries()
+    removed = file_or_device(path, follow=False).sweep_temporaries()  # (none beside a device)
     if removed:
         logger.info("Removed %d temporary file(s) of interrupted runs beside %s", removed, one_line(path))
     return jsonify(removed=removed)
@@ -474,3 +497,27 @@ def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str) -> I
         return
     if pending:
         yield cdc.encode(pending)
+
+
+def _hash_range(fd: int, offset: int, length: int, block_size: int, method: str, device: bool) -> bytes:
+    """The digests of one range; a device's pages read are dropped from the cache after (the VMs')."""
+    digests = hash_region(fd, offset, length, block_size, method)
+    if device:
+        drop_cached(fd, offset, length)
+    return digests
+
+
+def _resize_device(device: ExportedDevice, path: str, size: int):
+    """A resize of a device: it keeps its size, so only a size it holds is accepted (writes
+    never grow it); refused like any write on a read-only export or while another client leases it."""
+    state = server_state()
+    try:
+        fd = device.write_in_place()
+        found = seen(fd, path)
+        with state.leases.writing(found.info, lease_of_request(), path):
+            if size > found.size:
+                raise RangeNotSatisfiable(f"Cannot make {path} {size} bytes long: it is a block device of "
+                                          f"{found.size} bytes, and a device keeps its size", found.size)
+        return jsonify(describe(found))
+    finally:
+        device.close()

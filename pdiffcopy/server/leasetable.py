@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 import time
 from typing import Callable, Iterator, List, Optional, Set
@@ -108,7 +109,7 @@ class LeaseTable:
         file per file ever written; a lock taken on a file just removed is
         therefore taken again on the new one.
         """
-        name = os.path.join(self.directory, f"{info.st_dev}-{info.st_ino}")
+        name = os.path.join(self.directory, lease_name(info))
         deadline = time.monotonic() + LOCK_WAIT_SECONDS
         while True:
             fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -290,6 +291,14 @@ class LeaseTable:
                            f"the file (or it was replaced); run again")
 
 
+def lease_name(info: os.stat_result) -> str:
+    """The lease file of a file: its device and inode; a block device's by its device number,
+    so that two nodes of one device (an export's symlink, a node made elsewhere) share it."""
+    if stat.S_ISBLK(info.st_mode):
+        return f"rdev-{info.st_rdev:x}"
+    return f"{info.st_dev}-{info.st_ino}"
+
+
 def _sweep(parent: str, prefix: str = DIRECTORY_PREFIX) -> None:
     """Remove the lease (or other ``prefix``) directories of servers that are gone (killed before they could)."""
     try:
@@ -321,4 +330,4 @@ def _memory_directory() -> Optional[str]:
     return None
 
 
-__all__ = ["DEAD_HOLDER_WAIT_SECONDS", "HOLDER_CONNECTIONS", "LEASE_SECONDS", "LeaseTable"]
+__all__ = ["DEAD_HOLDER_WAIT_SECONDS", "HOLDER_CONNECTIONS", "LEASE_SECONDS", "LeaseTable", "lease_name"]

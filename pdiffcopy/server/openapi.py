@@ -212,7 +212,10 @@ def _components() -> Dict[str, Any]:
         "FileDescription": {
             "type": "object", "required": ["type", "size", "mtime_ns", "mode", "etag"],
             "properties": {
-                "type": {"type": "string", "enum": ["file", "directory", "other"]},
+                "type": {"type": "string", "enum": ["file", "device", "directory", "other"],
+                         "description": "device: a block device the server exports (--device), a file "
+                                        "of fixed size whose etag changes with its write counters; a "
+                                        "device node below the root is other, and never served"},
                 "size": {**_INTEGER, "description": "Size in bytes"},
                 "mtime_ns": {"type": "integer",
                              "description": "Modification time, nanoseconds since the epoch"},
@@ -511,9 +514,10 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                           _MULTIPART: {"schema": {"type": "string", "format": "binary"}}}})
     resize = _operation(
         "resize", "Create the file if missing and make it exactly size bytes long (403 for an "
-                  "existing file with several hard links, unless --write-hard-links)",
+                  "existing file with several hard links, unless --write-hard-links). A block device "
+                  "keeps its size: a size it holds changes nothing, a larger one is 416",
         {"200": _json_answer("The new description", "FileDescription")},
-        errors=_PATH_ERRORS + (412, 423),
+        errors=_PATH_ERRORS + (412, 416, 423),
         parameters=[path, _query("size", "The new size in bytes",
                                  {"type": "integer", "minimum": 0, "maximum": 2 ** 50},
                                  example=4096),
@@ -557,7 +561,9 @@ def _paths() -> Dict[str, Dict[str, Any]]:
         parameters=[path, if_match, lease, no_follow,
                     _query("zeros", "0: the ranges hold zeros already; where the file system cannot punch, "
                                     "leave them as they are (the answer says holes false). 1 (the default): "
-                                    "write zeros there", {"type": "integer", "enum": [0, 1]}, required=False)],
+                                    "write zeros there", {"type": "integer", "enum": [0, 1]}, required=False),
+                    _flag("sparse", "1 (-S): on a block device, discard the ranges (zeros guaranteed) "
+                                    "rather than zero them with the device's own command")],
         body={"required": True,
               "description": "The ranges, 16 bytes each: offset and length (uint64, little-endian), "
                              "ascending, none empty, overlapping or past the end; at most 65,536",

@@ -19,11 +19,14 @@ from werkzeug.routing import PathConverter
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.byteranges import overlapping, parse_explicit_ranges
 from pdiffcopy.core.protocol import LEASE_HEADER, NO_FOLLOW_HEADER
-from pdiffcopy.errors import AccessDenied, BadRequest, Conflict, PayloadTooLarge, RangeNotSatisfiable
+from pdiffcopy.core.records import dataclass
+from pdiffcopy.errors import AccessDenied, BadRequest, Conflict, PayloadTooLarge, RangeNotSatisfiable, storage_error
+from pdiffcopy.local import devices
 from pdiffcopy.local.confinement import Root
 from pdiffcopy.local.descriptors import etag, is_temporary_name
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.server.bodyreader import open_body
+from pdiffcopy.server.context import server_state
 
 #: Largest region one hash request may cover. A client asks per segment
 #: (64 MiB by default); 1 GiB leaves room for large blocks and still bounds
@@ -86,12 +89,46 @@ def one_line(text: str) -> str:
                    for c in text)
 
 
-def describe(info: os.stat_result) -> dict:
-    """The JSON description of a file."""
+@dataclass(frozen=True)
+class Seen:
+    """What a view knows of a file it opened: its ``fstat`` (which keys its lease), size and entity tag.
+
+    A block device's ``st_size`` is 0 and its mtime tells nothing: its size is the device's and
+    its tag its write counters (:func:`~pdiffcopy.local.devices.identity`), which the client's
+    engine compares at the end of a sync and sends back in ``If-Match``.
+    """
+
+    info: os.stat_result
+    size: int
+    etag: str
+    #: "file", "device" (only an export's), "directory" or "other".
+    kind: str
+
+
+def seen(fd: int, where: str) -> Seen:
+    """The :class:`Seen` of the open file ``fd``: a regular file, or an exported device (the
+    root's files are opened only when regular: a device descriptor comes from an export)."""
+    info = os.fstat(fd)
+    if not stat_module.S_ISBLK(info.st_mode):
+        return seen_unopened(info)
+    try:
+        return Seen(info, devices.device_size(fd), devices.identity(fd), "device")
+    except OSError as error:
+        raise storage_error(error, f"read {where}") from None
+
+
+def seen_unopened(info: os.stat_result) -> Seen:
+    """The :class:`Seen` of a file looked at without opening it: a device node there (below the
+    root) is "other", as a FIFO is, and never served."""
     kind = "file" if stat_module.S_ISREG(info.st_mode) else (
         "directory" if stat_module.S_ISDIR(info.st_mode) else "other")
-    return {"type": kind, "size": info.st_size, "mtime_ns": info.st_mtime_ns,
-            "mode": stat_module.S_IMODE(info.st_mode), "etag": etag(info)}
+    return Seen(info, info.st_size, etag(info), kind)
+
+
+def describe(file: Seen) -> dict:
+    """The JSON description of a file."""
+    return {"type": file.kind, "size": file.size, "mtime_ns": file.info.st_mtime_ns,
+            "mode": stat_module.S_IMODE(file.info.st_mode), "etag": file.etag}
 
 
 def int_arg(name: str, minimum: int, maximum: int) -> int:
@@ -199,6 +236,24 @@ def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool, overlap: b
         raise BadRequest("The ranges overlap")
 
 
+def file_or_device(path: str, follow: bool = True) -> LocalFile:
+    """The file a request names: an exported device (:mod:`~pdiffcopy.server.exports`) by its
+    NAME, else a regular file beneath the root (:func:`served`).
+
+    The views that read or write bytes in place use it; those that make, rename or remove
+    files (temporaries, trees) reach the root only.
+    """
+    state = server_state()
+    device = state.exports.open(path)
+    return device if device is not None else served(state.root, path, follow)
+
+
+def refuse_export(path: str, what: str) -> None:
+    """Refuse to make, replace or remove what a device's NAME names: a device is written in place."""
+    if server_state().exports.find(path) is not None:
+        raise AccessDenied(f"Cannot {what} {path}: it is a block device, updated in place and never replaced")
+
+
 def served(root: Root, path: str, follow: bool = True) -> LocalFile:
     """The file a request names, confined beneath the root (:meth:`LocalFile.below`).
 
@@ -221,14 +276,14 @@ def require_temporary(path: str) -> None:
         raise AccessDenied(f"Not a pdiffcopy temporary file: {path}")
 
 
-def check_preconditions(info: os.stat_result) -> None:
+def check_preconditions(file: Seen) -> None:
     """Honour ``If-Match``: the client's idea of the file must still be true."""
     wanted = request.headers.get("If-Match")
-    if wanted and wanted.strip() != "*" and etag(info) not in [t.strip() for t in wanted.split(",")]:
+    if wanted and wanted.strip() != "*" and file.etag not in [t.strip() for t in wanted.split(",")]:
         raise Conflict("The file changed since the sync started (ETag mismatch)")
 
 
-def not_modified(info: os.stat_result) -> bool:
+def not_modified(file: Seen) -> bool:
     """Whether a GET or HEAD may be answered 304 Not Modified (RFC 9110, section 13.2.2).
 
     ``If-None-Match`` (a weak comparison, ``*`` matching any file) takes
@@ -237,9 +292,10 @@ def not_modified(info: os.stat_result) -> bool:
     be parsed is ignored, as the RFC says.
     """
     if "If-None-Match" in request.headers:
-        return request.if_none_match.contains_weak(unquote_etag(etag(info))[0])
+        return request.if_none_match.contains_weak(unquote_etag(file.etag)[0])
     since = request.if_modified_since
-    return since is not None and int(info.st_mtime) <= since.timestamp()
+    # (A device's mtime does not tell its changes: only its tag answers 304.)
+    return since is not None and file.kind != "device" and int(file.info.st_mtime) <= since.timestamp()
 
 
 def lease_of_request() -> Optional[str]:

@@ -8,11 +8,14 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
 
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.errors import CannotListen, UsageError
 from pdiffcopy.core.protocol import TOKEN_VARIABLE
+
+if TYPE_CHECKING:
+    from pdiffcopy.server.exports import DeviceExport
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +88,11 @@ class ServerOptions:
     graceful_timeout: int = GRACEFUL_TIMEOUT
     #: Wraps the application's WSGI callable (before gunicorn forks): a middleware.
     wrap_app: Optional[Callable] = None
+    #: ``--device NAME=PATH[:rw]``, as given: the block devices served by NAME (checked at start).
+    devices: Sequence[str] = ()
+    #: Exports made already (serve-over-ssh's named device), not checked against the root:
+    #: such an export is the entry of the root it names.
+    exports: Sequence["DeviceExport"] = ()
 
 
 def run_server(options: ServerOptions) -> None:
@@ -111,6 +119,11 @@ def run_server(options: ServerOptions) -> None:
             raise UsageError(f"Cannot read {name}")
     if options.certfile:
         check_certificate(options.certfile, options.keyfile)
+    from pdiffcopy.server.exports import check_exports, parse_device_option
+
+    exports = [parse_device_option(value) for value in options.devices]
+    check_exports(exports, root)
+    exports += options.exports
     if options.listen_descriptor is not None:
         bind = f"fd://{options.listen_descriptor}"
     elif options.unix_socket:
@@ -146,7 +159,8 @@ def run_server(options: ServerOptions) -> None:
                                   trust_clients=options.trust_clients,
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
-                                  legacy_api=options.legacy_api, max_rate=options.max_rate))
+                                  legacy_api=options.legacy_api, max_rate=options.max_rate,
+                                  devices=tuple(exports)))
     metrics = app.extensions["pdiffcopy.server.metrics"]
     if options.wrap_app:
         app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
@@ -156,6 +170,9 @@ def run_server(options: ServerOptions) -> None:
     elif not options.token and not options.unix_socket:
         logger.info("No token: serving only uid %d and root on this host (set $%s to share the server)",
                     os.geteuid(), TOKEN_VARIABLE)
+    for export in exports:
+        logger.info("Serving the block device %s at /%s (%s)", export.path, export.name,
+                    "writable" if export.writable else "read-only")
     if options.legacy_api and options.token:
         logger.warning("--legacy-api with a token: pdiffcopy 1.0.1 clients cannot send it, so their "
                        "requests are refused (401)")

@@ -49,11 +49,14 @@ HANDOVER_BACKLOG = 256
 
 
 def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
-                   direct_port: Optional[int] = None) -> None:
+                   direct_port: Optional[int] = None, device: Optional[str] = None) -> None:
     """Serve "/" until stdin closes, then stop and remove the socket and its directory.
 
     :param direct_port: ``--direct``: listen with TLS at this port (0: a free one) on the
                         address the ssh connection came in on, instead of on the Unix socket.
+    :param device: The path the client named (as typed): if it is a block device, it is served
+                   as one under its own path, with this user's rights; every other device node
+                   below "/" stays refused (:func:`pdiffcopy.server.exports.ssh_export`).
 
     The socket is bound and handed over before the server's modules (Flask, gunicorn) are
     imported: the client sets up its forwarding and starts its own work meanwhile, and its
@@ -96,7 +99,10 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
                      + "\n").encode("utf-8"))
         os.dup2(2, 1)
         sys.stdout = sys.stderr
+        from pdiffcopy.server.exports import ssh_export
         from pdiffcopy.server.service import ServerOptions, run_server
+
+        named = ssh_export(device, home) if device is not None else None
 
         _send_small_answers_in_one_write()
 
@@ -111,7 +117,8 @@ def serve_over_ssh(*, workers: Optional[int] = None, log_level: str = "warning",
                                  unix_socket=socket_path if direct_port is None else None,
                                  listen_descriptor=listener.fileno(), certfile=certificate, keyfile=key,
                                  when_ready=when_ready, log_level=log_level,
-                                 graceful_timeout=SHUTDOWN_GRACE_SECONDS, wrap_app=temporaries.wrap))
+                                 graceful_timeout=SHUTDOWN_GRACE_SECONDS, wrap_app=temporaries.wrap,
+                                 exports=[named] if named is not None else []))
     finally:
         if os.getpid() == owner:  # not in a worker, which unwinds through here when it exits
             temporaries.remove_left()

@@ -7,7 +7,6 @@ writes, its errors), counted in the server's metrics and taken from its ``--max-
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Iterator, List, Optional
 
@@ -41,26 +40,26 @@ from pdiffcopy.core.compression import (
 )
 from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.errors import BadRequest, RangeNotSatisfiable, StorageError
-from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE, etag
+from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.server.bodyreader import BodyReader, open_body
 from pdiffcopy.server.metrics import ServerMetrics
-from pdiffcopy.server.requests import not_modified, one_line
+from pdiffcopy.server.requests import Seen, not_modified, one_line
 
 logger = logging.getLogger(__name__)
 
 
-def ranged_response(file: LocalFile, info: os.stat_result, metrics: Optional[ServerMetrics] = None,
+def ranged_response(file: LocalFile, found: Seen, metrics: Optional[ServerMetrics] = None,
                     rate_limit: Optional[Throttle] = None) -> Response:
-    """Answer a GET or HEAD for an open file, honouring ``Range``. Closes ``file`` when done.
+    """Answer a GET or HEAD for an open file (or device), honouring ``Range``. Closes ``file`` when done.
 
     The file bytes sent are counted in ``metrics`` and taken from ``rate_limit`` (``--max-rate``).
     """
-    size = info.st_size
-    headers = {"Accept-Ranges": "bytes", "ETag": etag(info),
+    size = found.size
+    headers = {"Accept-Ranges": "bytes", "ETag": found.etag,
                "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT",
-                                              time.gmtime(info.st_mtime))}
-    if not_modified(info):
+                                              time.gmtime(found.info.st_mtime))}
+    if not_modified(found):
         file.close()
         return Response(status=304, headers=headers)
     header = request.headers.get("Range")

@@ -314,7 +314,9 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
         for start in range(0, len(ranges), MAX_PUNCH_RANGES):
             asked = ranges[start:start + MAX_PUNCH_RANGES]
             body = b"".join(_CHUNK_RANGE.pack(offset, length) for offset, length in asked)
-            response = self.request("POST", self._target("punch", params=None if write_zeros else {"zeros": 0}),
+            # (sparse=1: -S, which a block device there needs to discard rather than write zeros)
+            params = {**({} if write_zeros else {"zeros": 0}), **({"sparse": 1} if self._sparse_writes else {})}
+            response = self.request("POST", self._target("punch", params=params or None),
                                     body=body, headers={
                                         "Content-Length": str(len(body)), "Content-Type": "application/octet-stream"})
             answer = self.client.json(response)

@@ -43,6 +43,7 @@ from pdiffcopy.core.sshform import (
     DIRECT_OPTION,
     HANDSHAKE_MARK,
     PINNED_CERTIFICATE_PREFIX,
+    SERVE_DEVICE_OPTION,
     SERVE_OPTION,
     SSH_PROTOCOL_VERSION,
     SshLocation,
@@ -149,15 +150,18 @@ def looks_like_regex(text: str) -> bool:
 
 
 def remote_command(remote_program: Optional[str], verbose: bool = False,
-                   direct_port: Optional[int] = None, quiet: bool = False) -> str:
+                   direct_port: Optional[int] = None, quiet: bool = False, device: Optional[str] = None) -> str:
     """The command line ssh runs on the host (its login shell reads it, as rsync's does).
 
     :param verbose: The remote server logs its requests (the client's ``-vv``).
     :param direct_port: For ``--direct``: the port the server listens on (0: any free one).
     :param quiet: The remote server logs only its errors (the client's ``-q``).
+    :param device: The PATH of the ``HOST:PATH``, as typed: the server serves it as a block
+                   device if it is one (and no other device).
     """
     args = SERVE_OPTION + (" -v" if verbose else " -q" if quiet else "") + \
-        (f" {DIRECT_OPTION} {int(direct_port)}" if direct_port is not None else "")
+        (f" {DIRECT_OPTION} {int(direct_port)}" if direct_port is not None else "") + \
+        (f" {SERVE_DEVICE_OPTION}={shlex.quote(device)}" if device else "")
     if remote_program:
         return f"{remote_program} {args}"  # as given: rsync's --rsync-path may be "sudo rsync"
     return "sh -c " + shlex.quote(_DEFAULT_REMOTE_SCRIPT.format(args=args))
@@ -265,7 +269,8 @@ class SshSession:
         self.control = control
         argv = [*self.rsh, "-o", "ControlMaster=yes", "-o", f"ControlPath={control}",
                 "-o", "ControlPersist=no", "--", self.location.destination,
-                remote_command(self.remote_program, self.verbose, self.direct_port, self.quiet)]
+                remote_command(self.remote_program, self.verbose, self.direct_port, self.quiet,
+                               device=self.location.path)]
         logger.debug("Starting the remote server: %s", shlex.join(argv))
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.PIPE)
@@ -338,7 +343,8 @@ class SshSession:
         if status == 127 or "No module named pdiffcopy" in message:
             raise RemoteProgramMissing(f"pdiffcopy not found on {host} ({message}): {install_advice()}")
         # argparse's words, and 1.0.1's ("Error: option --serve-over-ssh not recognized").
-        if "unrecognized arguments: " + SERVE_OPTION in message or f"option {SERVE_OPTION} not recognized" in message:
+        if "unrecognized arguments: " + SERVE_OPTION in message or f"option {SERVE_OPTION} not recognized" in message \
+                or "unrecognized arguments: " + SERVE_DEVICE_OPTION in message:
             raise RemoteProtocolError(f"{host}: the remote pdiffcopy is too old to serve over ssh ({message}): "
                                       f"{install_advice()}")
         raise SshStartFailed(f"{host}: the remote pdiffcopy did not start: {message}")
