@@ -415,14 +415,6 @@ class SegmentSteps:
             future.add_done_callback(_count_hashed(self.on_hashed, sum(length for _, length in ranges)))
         return future
 
-    def zeros(self, ranges: Sequence[ByteRange], method: str) -> "Future[bytes]":
-        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
-        done: "Future[bytes]" = Future()
-        done.set_result(zero_digests(ranges, self.plan.block_size, method))
-        if self.on_hashed is not None:
-            self.on_hashed(sum(length for _, length in ranges))
-        return done
-
     def digest_stream(self, endpoint: FileEndpoint, segments: Iterable[Segment], method: str,
                       skip_holes: bool = True) -> Lookahead:
         """The digests of ``segments`` of ``endpoint`` in order, hashed a bounded window ahead
