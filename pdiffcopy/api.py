@@ -498,6 +498,10 @@ def _parent_and_name(location: str) -> "tuple[str, str]":
 #: Files smaller than this are not hashed while ssh logs in: their hash takes milliseconds.
 PREHASH_MIN_BYTES = 16 * 1024 * 1024
 
+#: Segments hashed at most while ssh logs in: the login takes about a second, and a file of
+#: terabytes must not get hundreds of thousands of requests queued.
+PREHASH_SEGMENTS = 64
+
 
 def prehash_local_files(source, target, options: FileOptions,
                         close_in_workers: "Sequence[int]" = ()) -> "Dict[str, FileEndpoint]":
@@ -535,11 +539,21 @@ def prehashed_file(path: str, options: FileOptions, is_target: bool,
         return None  # (the sync says what is wrong with it)
     if not stat.S_ISREG(info.st_mode) or info.st_size < PREHASH_MIN_BYTES:
         return None
+    import itertools
+
     from pdiffcopy.core.blocks import BlockPlan
+    from pdiffcopy.engine.segments import DataWalk
     from pdiffcopy.local.localfile import LocalFile
 
     endpoint = LocalFile(path)
-    ranges = [(segment.offset, segment.length) for segment in BlockPlan(info.st_size, options.block_size).segments()]
+    # The first segments with data, as the sync will ask for them: it hashes a bounded window
+    # ahead and never asks for a segment that is all hole, so more would only be held.
+    walk = DataWalk(endpoint, info.st_size)
+    ranges = [(segment.offset, segment.length) for segment in itertools.islice(
+        (segment for segment in BlockPlan(info.st_size, options.block_size).segment_sequence()
+         if walk.has_data(segment)), PREHASH_SEGMENTS)]
+    if not ranges:  # all hole: the sync asks for nothing but its data map (the first segment stands in)
+        ranges = [(0, BlockPlan(info.st_size, options.block_size).segment(0).length)]
     if not endpoint.start_prehash(ranges, options.block_size, options.hash_method, options.concurrency,
                                   close_in_workers):
         return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from pdiffcopy.core.records import dataclass
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from pdiffcopy.errors import UsageError
 
@@ -133,16 +133,50 @@ class BlockPlan:
         offset = block * self.block_size
         return offset, min(self.block_size, self.size - offset)
 
+    @property
+    def segment_count(self) -> int:
+        """Number of segments (none for an empty file)."""
+        return -(-self.block_count // self.blocks_per_segment)
+
+    def segment(self, index: int) -> Segment:
+        """Segment number ``index`` (0-based, below :attr:`segment_count`)."""
+        per_segment = self.blocks_per_segment
+        first = index * per_segment
+        count = min(per_segment, self.block_count - first)
+        offset = first * self.block_size
+        return Segment(index, offset, min(count * self.block_size, self.size - offset), first, count)
+
     def segments(self) -> List[Segment]:
         """Every segment of the file, in order (none for an empty file)."""
-        per_segment = self.blocks_per_segment
-        result = []
-        for index, first in enumerate(range(0, self.block_count, per_segment)):
-            count = min(per_segment, self.block_count - first)
-            offset = first * self.block_size
-            length = min(count * self.block_size, self.size - offset)
-            result.append(Segment(index, offset, length, first, count))
-        return result
+        return list(self.segment_sequence())
+
+    def segment_sequence(self) -> "SegmentSequence":
+        """Every segment of the file, in order, each made when asked for: a huge sparse file's
+        hundreds of thousands of segments are never all held at once."""
+        return SegmentSequence(self)
+
+
+class SegmentSequence(Sequence[Segment]):
+    """The segments of a :class:`BlockPlan` as a read-only sequence that makes each one on demand."""
+
+    def __init__(self, plan: BlockPlan) -> None:
+        self.plan = plan
+
+    def __len__(self) -> int:
+        return self.plan.segment_count
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self.plan.segment(i) for i in range(*index.indices(len(self)))]
+        count = len(self)
+        if index < 0:
+            index += count
+        if not 0 <= index < count:
+            raise IndexError("segment index out of range")
+        return self.plan.segment(index)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return (self.plan.segment(index) for index in range(len(self)))
 
 
 def split_digests(digests: bytes, digest_size: int) -> List[bytes]:
@@ -155,17 +189,40 @@ def split_digests(digests: bytes, digest_size: int) -> List[bytes]:
     return [digests[i : i + digest_size] for i in range(0, len(digests), digest_size)]
 
 
+def differing_digests(ours: bytes, theirs: bytes, digest_size: int) -> Iterator[int]:
+    """The positions of the digests that differ between two concatenations of as many
+    fixed-size digests (equal ones, most often, cost one comparison: no digest is cut out)."""
+    if ours == theirs:
+        return
+    first, second = memoryview(ours), memoryview(theirs)
+    for position, start in enumerate(range(0, len(ours), digest_size)):
+        if first[start : start + digest_size] != second[start : start + digest_size]:
+            yield position
+
+
 def changed_blocks(
-    segment: Segment, source_digests: Sequence[bytes], target_digests: Optional[Sequence[bytes]]
+    segment: Segment, source_digests: "Sequence[bytes] | bytes", target_digests: "Sequence[bytes] | bytes | None",
+    digest_size: int = 0,
 ) -> List[int]:
     """The block numbers of ``segment`` whose digests differ.
 
     :param segment: The segment both digest lists describe.
-    :param source_digests: One digest per block of the segment.
+    :param source_digests: One digest per block of the segment (or, with ``digest_size``,
+                           their concatenation).
     :param target_digests: The target's digests of the same blocks, or
                            :data:`None` when the target has no data there.
+    :param digest_size: The size of one digest when both are concatenations.
     :returns: Absolute block numbers, ascending.
     """
+    if digest_size:
+        if len(source_digests) != segment.block_count * digest_size:
+            raise ValueError("source digest count does not match the segment")
+        if target_digests is None:
+            return list(range(segment.first_block, segment.first_block + segment.block_count))
+        if len(target_digests) != len(source_digests):
+            raise ValueError("target digest count does not match the segment")
+        return [segment.first_block + position for position in
+                differing_digests(source_digests, target_digests, digest_size)]  # type: ignore[arg-type]
     if len(source_digests) != segment.block_count:
         raise ValueError("source digest count does not match the segment")
     if target_digests is None:
@@ -266,5 +323,10 @@ def tree_digest_input(size: int, block_size: int, method: str, digests: Iterable
     it from the block digests they already have instead of reading the file
     once more.
     """
-    header = f"pdiffcopy-tree:{method}:{block_size}:{size}:".encode()
-    return header + b"".join(digests)
+    return tree_digest_header(size, block_size, method) + b"".join(digests)
+
+
+def tree_digest_header(size: int, block_size: int, method: str) -> bytes:
+    """What the whole-file digest's input starts with (:func:`tree_digest_input`): the block digests
+    follow in order, so the digest can be folded a segment at a time."""
+    return f"pdiffcopy-tree:{method}:{block_size}:{size}:".encode()

@@ -17,7 +17,7 @@ import logging
 import time
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
 from pdiffcopy.core.records import dataclass
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -30,6 +30,8 @@ from pdiffcopy.core.blocks import (
 )
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.engine import autodelta, chunkdelta, recorded
+from pdiffcopy.engine.digeststream import Lookahead, Pending, SegmentDigests, StreamingVerification, \
+    collect_in_background
 from pdiffcopy.engine.endpoints import FileEndpoint, FileInfo
 from pdiffcopy.engine.options import FileOptions
 from pdiffcopy.errors import (
@@ -44,7 +46,9 @@ from pdiffcopy.errors import (
 from pdiffcopy.engine.workfile import open_work, prepare_work
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
+    DataWalk,
     SegmentSteps,
+    check_size,
     iter_data_map,
     punch_stale_data,
     readback_ranges,
@@ -194,7 +198,7 @@ class _SyncJob:
         source_info = self._check_source()
         target_info = self._check_target()
         plan = BlockPlan(source_info.size, options.block_size)
-        segments = plan.segments()
+        segments = plan.segment_sequence()
         self.source_data = None if options.dry_run else source_data_bytes(self.source, plan.size)
         self._choose_mode(source_info, target_info)
         # Refinement needs both ends known (a remote end may turn out to be a 1.0.1 server).
@@ -254,7 +258,7 @@ class _SyncJob:
             workfile.take_late_lease()
             self.progress.phase = "verifying"
             # Read back while the data is flushed: hashing and the disk overlap.
-            readback = self._start_readback(segments, work, target_digests)
+            readback = self._start_readback(segments, work, target_digests is not None)
             work.flush()
             self._log_phase("flushed")
             try:
@@ -519,28 +523,30 @@ class _SyncJob:
         steps = self.steps
         trusting = self.record_use == recorded.TRUST and target is not None
         if trusting:
-            source_futures, target_futures = self._recorded_futures(plan, segments)
+            source_stream, target_stream = self._recorded_streams(plan, segments)
         else:
-            source_futures = steps.hash_segments(self.source, segments, method)
-            target_futures = steps.hash_segments(target, segments, method) if target is not None else {}
+            # Both sides' first windows start at once: they hash in parallel.
+            source_stream = steps.digest_stream(self.source, segments, method)
+            target_stream = iter(steps.digest_stream(target, segments, method)) if target is not None else None
         checking = self.record is not None and self.record_use == recorded.REBUILD and target is not None \
             and self.record.exists() and self.record_mismatch is None
-        source_digests: List[bytes] = []
-        target_digests: List[bytes] = []
+        # Kept until the verification, as runs (a run of holes is one entry); a trusted record's
+        # digests stay in it, read again by segment to verify.
+        source_digests = SegmentDigests()
+        target_digests = SegmentDigests()
         changed_count = changed_bytes = 0
         pending: List[Future] = []
-        for segment in segments:
-            ours = split_digests(source_futures[segment.index].result(), size)
-            theirs = split_digests(target_futures[segment.index].result(), size) \
-                if target is not None else None
-            source_digests.extend(ours)
-            if not trusting:  # (a trusted record's digests stay in it: read again by segment to verify)
-                target_digests.extend(theirs or [])
+        for segment, ours in source_stream:
+            theirs = next(target_stream)[1] if target_stream is not None else None
+            source_digests.append(ours)
+            if theirs is not None and not trusting:
+                target_digests.append(theirs)
             if checking and theirs is not None:
-                self.record_differences += recorded.count_differences(self.record, segment, theirs)
+                self.record_differences += recorded.count_differences(self.record, segment,
+                                                                      split_digests(theirs, size))
             if segment.index == len(segments) - 1:
                 self._log_phase("hashed both sides")
-            ranges = steps.changed(segment, ours, theirs)
+            ranges = steps.changed(segment, ours, theirs, size)
             changed_count += sum(-(-(offset % plan.block_size + length) // plan.block_size)
                                  for offset, length in ranges)
             changed_bytes += sum(length for _, length in ranges)
@@ -560,7 +566,7 @@ class _SyncJob:
         similarity = Similarity(plan.block_count, changed_count, plan.size, changed_bytes)
         if trusting:
             assert self.record is not None, "trusted"
-            return similarity, source_digests, recorded.RecordedDigests(self.record, plan.block_count, size)
+            return similarity, source_digests, recorded.RecordedSegments(self.record, segments)
         return similarity, source_digests, (target_digests if target is not None else None)
 
     def _use_record(self, plan: BlockPlan) -> None:
@@ -576,15 +582,15 @@ class _SyncJob:
         logger.debug("%s: digest record %s %s", self.target.location, self.record.location,
                      "trusted" if self.record_use == recorded.TRUST else "rebuilt from the whole target")
 
-    def _recorded_futures(self, plan: BlockPlan, segments: List[Segment]):
-        """Both sides' digests by segment from a trusted record (:func:`~pdiffcopy.engine.recorded.trusted_futures`)."""
+    def _recorded_streams(self, plan: BlockPlan, segments: Sequence[Segment]):
+        """Both sides' digests by segment from a trusted record (:func:`~pdiffcopy.engine.recorded.trusted_streams`)."""
         assert self.record is not None, "only a trusted record serves digests"
-        source_futures, target_futures, self.progress.hash_total = recorded.trusted_futures(
+        source_stream, target_stream, self.progress.hash_total = recorded.trusted_streams(
             self.record, self.steps, plan, segments, self.options.hash_method)
         self._log_phase("%d bytes of the source to hash", self.progress.hash_total)
-        return source_futures, target_futures
+        return source_stream, target_stream
 
-    def _save_record(self, plan: BlockPlan, digests: List[bytes]) -> None:
+    def _save_record(self, plan: BlockPlan, digests: Iterable[bytes]) -> None:
         """Write the digest record anew, for the target as the sync left it; say what a check found."""
         if self.record is None:
             return
@@ -606,8 +612,8 @@ class _SyncJob:
             prepare_work(work, size, self.source_data, self.options.sparse)
             self.prepared = True
 
-    def _copy_everything(self, plan: BlockPlan, segments: List[Segment],
-                         work: FileEndpoint) -> List[bytes]:
+    def _copy_everything(self, plan: BlockPlan, segments: Sequence[Segment],
+                         work: FileEndpoint) -> SegmentDigests:
         """Whole-file mode: copy every byte while the source is hashed for verification.
 
         Between local files the kernel copies (:mod:`pdiffcopy.local.fastcopy`);
@@ -621,7 +627,8 @@ class _SyncJob:
             # The verification's reads must not fill the cache the copy keeps clean.
             self.source.keep_out_of_cache()
             work.keep_out_of_cache()
-        source_futures = self.steps.hash_segments(self.source, segments, method)
+        # Collected beside the copy: the source's hashing window keeps moving while it runs.
+        source_digests = collect_in_background(self.steps.digest_stream(self.source, segments, method))
         if both_local and self.source_data is None and not self.options.sparse:
             early = work.cache_mode(self.options.cache, plan.size) == "keep"
             used = work.copy_all_from(
@@ -636,9 +643,8 @@ class _SyncJob:
         else:
             prepare_work(work, plan.size, self.source_data, self.options.sparse)
             self._wait(self._copy_data(plan.size, work))
-        self.written.update((segment.index, [(segment.offset, segment.length)])
-                            for segment in segments)
-        return self.steps.digests(source_futures, segments, method)
+        # (Nothing noted as written: without the target's digests every segment is read back whole.)
+        return source_digests.result()
 
     def _copy_data(self, size: int, work: FileEndpoint) -> List[Future]:
         """Start moving the source's data extents into ``work``; punch its holes there unless ``work`` is new.
@@ -674,7 +680,7 @@ class _SyncJob:
         return [self.transfers.submit(self.steps.move, batch, all_data=True)
                 for batch in batch_ranges(pieces, TRANSFER_REQUEST_BYTES)]
 
-    def _read_back_early(self, segments: List[Segment], work: FileEndpoint):
+    def _read_back_early(self, segments: Sequence[Segment], work: FileEndpoint):
         """A step callback for the copy that starts hashing each segment of the target once copied.
 
         The read-back then runs while the next segments are copied, instead of
@@ -709,49 +715,64 @@ class _SyncJob:
         for future in pending:
             future.result()
 
-    def _start_readback(self, segments: List[Segment], work: FileEndpoint,
-                        target_digests: Optional[List[bytes]]) -> Dict[int, tuple]:
+    def _start_readback(self, segments: Sequence[Segment], work: FileEndpoint, target_hashed: bool) -> Lookahead:
         """Start hashing what the verification cannot take as known: the blocks written.
 
         Every other block's digest was computed in this run from the target
         as it is now. With a block hash too weak to verify with, or no
         earlier digests, whole segments are hashed again with a strong hash.
+        A bounded window ahead of the verification (its first one starts now); a segment
+        that is all hole in the work file is not read (its digests are those of zeros).
 
-        :returns: By segment index, the ranges read back and the futures of their digests.
+        :returns: Every segment's read-back digests, in order (empty where nothing is read back).
         """
-        futures: Dict[int, tuple] = {}
-        if self.cloned:
-            return futures
-        known = target_digests is not None and self.steps.strong == self.options.hash_method
-        holes = self.steps.hole_segments(work, [s for s in segments if s.index not in self.readback])
-        for segment in segments:
-            if segment.index in self.readback:
-                futures[segment.index] = self.readback[segment.index]  # started during the copy
-                continue
-            ranges = readback_ranges(segment, self.written.get(segment.index, []), known)
-            if ranges:
-                self.progress.hash_total += sum(length for _, length in ranges)
-                futures[segment.index] = (ranges, self.steps.read_back(segment, ranges, segment.index in holes))
-        return futures
+        known = target_hashed and self.steps.strong == self.options.hash_method
+        walk = DataWalk(work, self.steps.plan.size)
 
-    def _verify(self, segments: List[Segment], source_digests: List[bytes],
-                target_digests: Optional[List[bytes]], readback: Dict[int, tuple]) -> str:
-        """Check every block of the work file against the source's digest (:meth:`SegmentSteps.verify`)."""
+        def starts() -> Iterator[Tuple[Segment, Pending]]:
+            for segment in segments:
+                if self.cloned:
+                    yield segment, b""
+                    continue
+                early = self.readback.pop(segment.index, None)
+                if early is not None:  # started during the copy
+                    yield segment, early[1]
+                    continue
+                ranges = readback_ranges(segment, self.written.get(segment.index, []), known)
+                if not ranges:
+                    yield segment, b""
+                    continue
+                self.progress.hash_total += sum(length for _, length in ranges)
+                yield segment, self.steps.read_back(segment, ranges, not walk.has_data(segment))
+
+        return Lookahead.started(starts())
+
+    def _verify(self, segments: Sequence[Segment], source_digests: SegmentDigests,
+                target_digests: Optional[SegmentDigests], readback: Lookahead) -> str:
+        """Check every block of the work file against the source's digest (:meth:`SegmentSteps.verify`),
+        a segment at a time: the whole-file digest is folded as they come."""
         steps = self.steps
+        plan = steps.plan
         if steps.strong != self.options.hash_method and not self.options.whole_file:
-            futures = steps.hash_segments(self.source, segments, steps.strong)
-            source_digests = steps.digests(futures, segments, steps.strong)
+            sources: "Iterator[bytes]" = (digests for _, digests in steps.digest_stream(self.source, segments,
+                                                                                         steps.strong))
+        else:
+            sources = iter(source_digests)
         known = target_digests is not None and steps.strong == self.options.hash_method
-        final: List[bytes] = []
-        for segment in segments:
-            blocks = slice(segment.first_block, segment.first_block + segment.block_count)
+        targets = iter(target_digests) if known and target_digests is not None else None
+        written = self.written
+        verification = StreamingVerification(plan.size, plan.block_size, steps.strong, steps.location)
+        for (segment, read_back_digests), ours in zip(readback, sources):
+            theirs = next(targets) if targets is not None else None
             if self.cloned:  # the clone shares the source's extents: its digests are the source's
-                final += source_digests[blocks]
+                verification.add(ours, ours)
                 continue
-            ranges, futures = readback.get(segment.index, ([], []))
-            final += steps.final(segment, target_digests[blocks] if known and target_digests is not None else None,
-                                 ranges, b"".join(future.result() for future in futures))
-        return steps.verify(source_digests, final)
+            ranges = readback_ranges(segment, written.get(segment.index, []), known)
+            final, unknown = steps.final_packed(segment, ours, theirs, ranges, read_back_digests)
+            verification.add(ours, final, unknown)
+        assert self.work is not None, "what is verified is the work file"
+        check_size(self.work, plan.size, steps.location)
+        return verification.digest()
 
     def _check_source_unchanged(self, before: FileInfo) -> None:
         # A device's mtime never changes: its identity carries its write counters.

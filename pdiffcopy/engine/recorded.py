@@ -17,9 +17,10 @@ The engine sees the record only through :class:`DigestRecord` (the caller's adap
 from __future__ import annotations
 
 import bisect
+import collections
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import BlockPlan, ByteRange, Segment, split_digests
 from pdiffcopy.core.hashing import digest_size
@@ -90,36 +91,50 @@ def choose_use(record: DigestRecord, size: int, block_size: int, method: str, ve
     return TRUST, None
 
 
-def recorded_futures(record: DigestRecord, segments: Sequence[Segment]) -> "Dict[int, Future[bytes]]":
-    """The target's digests of every segment, from the record, as done futures (nothing is read)."""
-    futures: "Dict[int, Future[bytes]]" = {}
+#: Segments whose source hashing (of the blocks changed ranges touch) starts before their turn.
+CHANGED_LOOKAHEAD_SEGMENTS = 16
+
+DigestStream = Iterator[Tuple[Segment, bytes]]
+
+
+def recorded_stream(record: DigestRecord, segments: Iterable[Segment]) -> DigestStream:
+    """The target's digests of every segment, from the record, in order (nothing is read)."""
     for segment in segments:
-        done: "Future[bytes]" = Future()
-        done.set_result(record.digests(segment.first_block, segment.block_count))
-        futures[segment.index] = done
-    return futures
+        yield segment, record.digests(segment.first_block, segment.block_count)
 
 
-def trusted_futures(record: DigestRecord, steps: "SegmentSteps", plan: BlockPlan, segments: Sequence[Segment],
-                    method: str) -> "tuple[Dict[int, Future[bytes]], Dict[int, Future[bytes]], int]":
+def trusted_streams(record: DigestRecord, steps: "SegmentSteps", plan: BlockPlan, segments: Sequence[Segment],
+                    method: str) -> "Tuple[Iterable[Tuple[Segment, bytes]], DigestStream, int]":
     """The digests of both sides by segment from a trusted record: the target's all recorded (nothing
     read), the source's hashed, or with changed ranges (``--changed-since``) hashed only where they say.
 
-    :returns: The source's futures, the target's, and the bytes of the source hashed.
+    :returns: The source's digest stream, the target's, and the bytes of the source hashed.
     """
-    target_futures = recorded_futures(record, segments)
+    target_stream = recorded_stream(record, segments)
     changed = record.changed_ranges()
     if changed is None:
-        return steps.hash_segments(steps.source, segments, method), target_futures, plan.size
-    source_futures: "Dict[int, Future[bytes]]" = {}
-    hashed = 0
-    for segment in segments:
-        blocks = changed_blocks_of(segment, plan.block_size, changed)
-        hashed += sum(min(plan.block_size, plan.size - block * plan.block_size) for block in blocks)
-        source_futures[segment.index] = partly_hashed(
-            segment, blocks, plan.block_size, plan.size, method, target_futures[segment.index].result(),
+        return steps.digest_stream(steps.source, segments, method), target_stream, plan.size
+    touched = [(segment, changed_blocks_of(segment, plan.block_size, changed)) for segment in segments]
+    hashed = sum(min(plan.block_size, plan.size - block * plan.block_size)
+                 for _, blocks in touched for block in blocks)
+
+    def start(segment: Segment, blocks: List[int]) -> "Tuple[Segment, Future[bytes]]":
+        return segment, partly_hashed(
+            segment, blocks, plan.block_size, plan.size, method,
+            record.digests(segment.first_block, segment.block_count),
             lambda ranges: steps.hash(steps.source, ranges, method))
-    return source_futures, target_futures, hashed
+
+    def source_stream() -> DigestStream:
+        waiting = collections.deque(start(*item) for item in touched[:CHANGED_LOOKAHEAD_SEGMENTS])
+        following = iter(touched[CHANGED_LOOKAHEAD_SEGMENTS:])
+        while waiting:
+            segment, future = waiting.popleft()
+            item = next(following, None)
+            if item is not None:
+                waiting.append(start(*item))
+            yield segment, future.result()
+
+    return source_stream(), target_stream, hashed
 
 
 def changed_blocks_of(segment: Segment, block_size: int, changed: Sequence[ByteRange]) -> List[int]:
@@ -174,25 +189,15 @@ def partly_hashed(segment: Segment, blocks: List[int], block_size: int, size: in
     return result
 
 
-class RecordedDigests(Sequence[bytes]):
-    """The target's digests as a list the verification slices, read from the record by the slice:
-    a record of millions of blocks is not held twice (the source's digests are held already)."""
+class RecordedSegments:
+    """The target's digests of every segment as the verification reads them, one segment at a time
+    from the record: a record of millions of blocks is never held in memory."""
 
-    def __init__(self, record: DigestRecord, count: int, width: int) -> None:
-        self.record, self.count, self.width = record, count, width
+    def __init__(self, record: DigestRecord, segments: Sequence[Segment]) -> None:
+        self.record, self.segments = record, segments
 
-    def __len__(self) -> int:
-        return self.count
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            start, stop, step = index.indices(self.count)
-            if step != 1:
-                raise ValueError("recorded digests are read in runs")
-            return split_digests(self.record.digests(start, max(0, stop - start)), self.width) if stop > start else []
-        if not -self.count <= index < self.count:
-            raise IndexError(index)
-        return self.record.digests(index % self.count, 1)
+    def __iter__(self) -> Iterator[bytes]:
+        return (digests for _, digests in recorded_stream(self.record, self.segments))
 
 
 def count_differences(record: DigestRecord, segment: Segment, read: Sequence[bytes]) -> int:
@@ -202,5 +207,5 @@ def count_differences(record: DigestRecord, segment: Segment, read: Sequence[byt
     return sum(1 for ours, theirs in zip(read, recorded) if ours != theirs)
 
 
-__all__ = ["REBUILD", "TRUST", "DigestRecord", "RecordedDigests", "changed_blocks_of", "choose_use",
-           "count_differences", "partly_hashed", "recorded_futures", "trusted_futures"]
+__all__ = ["REBUILD", "TRUST", "DigestRecord", "RecordedSegments", "changed_blocks_of", "choose_use",
+           "count_differences", "partly_hashed", "recorded_stream", "trusted_streams"]

@@ -27,11 +27,10 @@ of both sides is hashed again with the strong one.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 from concurrent.futures import Future
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import (
     BlockPlan,
@@ -47,6 +46,7 @@ from pdiffcopy.core.blocks import (
 from pdiffcopy.core import records
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, overlaps, split_by_data
 from pdiffcopy.core.refine import REFINE_PROBE_BYTES, RefineTally, differing_pieces, merge_close
+from pdiffcopy.engine.digeststream import Lookahead, Pending, StreamingVerification, ZeroDigests
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint
 from pdiffcopy.errors import VerificationFailed
 from pdiffcopy.core.hashing import digest_bytes, digest_size, verify_method, zero_digests
@@ -192,6 +192,29 @@ def holes_of(endpoint: FileEndpoint, offset: int, length: int) -> Iterator[ByteR
         position = start + size
     if position < end:
         yield position, end - position
+
+
+class DataWalk:
+    """Whether an endpoint has data in each of a run of segments, asked in ascending order.
+
+    Its data map is walked alongside, a page at a time and only as far as the segments
+    asked about: never a list of segments nor of extents.
+    """
+
+    def __init__(self, endpoint: FileEndpoint, size: int) -> None:
+        self.endpoint = endpoint
+        self.size = size
+        self.extents: Optional[Iterator[ByteRange]] = None
+        self.current: Optional[ByteRange] = None
+
+    def has_data(self, segment: Segment) -> bool:
+        """Whether the endpoint has data in ``segment`` (after every segment asked about before it)."""
+        if self.extents is None:
+            self.extents = iter_data_map(self.endpoint, segment.offset, max(0, self.size - segment.offset))
+            self.current = next(self.extents, None)
+        while self.current is not None and self.current[0] + self.current[1] <= segment.offset:
+            self.current = next(self.extents, None)
+        return self.current is not None and self.current[0] < segment.offset + segment.length
 
 
 def punch_holes_of(source: FileEndpoint, work: FileEndpoint, offset: int, length: int) -> int:
@@ -392,66 +415,42 @@ class SegmentSteps:
             future.add_done_callback(_count_hashed(self.on_hashed, sum(length for _, length in ranges)))
         return future
 
-    def zeros(self, ranges: Sequence[ByteRange], method: str) -> "Future[bytes]":
-        """A done future of the digests of ``ranges`` as zeros (holes), counted as hashed."""
-        done: "Future[bytes]" = Future()
-        done.set_result(zero_digests(ranges, self.plan.block_size, method))
-        if self.on_hashed is not None:
-            self.on_hashed(sum(length for _, length in ranges))
-        return done
+    def digest_stream(self, endpoint: FileEndpoint, segments: Iterable[Segment], method: str,
+                      skip_holes: bool = True) -> Lookahead:
+        """The digests of ``segments`` of ``endpoint`` in order, hashed a bounded window ahead
+        (:class:`~pdiffcopy.engine.digeststream.Lookahead`); its first window starts now.
 
-    def hash_segments(self, endpoint: FileEndpoint, segments: Sequence[Segment], method: str,
-                      skip_holes: bool = True) -> "Dict[int, Future[bytes]]":
-        """Start hashing every segment of ``endpoint``; return the futures by segment index.
-
-        :param skip_holes: A segment that is all hole in a file hashed elsewhere (a server's)
-                           needs no request: its digests are those of zeros (the server would
-                           compute the same without reading). Costs one data map request.
+        :param skip_holes: A segment that is all hole needs no hashing (nor a request to a
+                           server): its digests are those of zeros, one shared object. Costs
+                           the endpoint's data map, walked alongside (:class:`DataWalk`).
         """
         # A source known to be all data has no hole to ask about again.
         known_dense = endpoint is self.source and not self.source_has_holes
-        holes = self.hole_segments(endpoint, segments) if skip_holes and not known_dense else set()
-        return {segment.index: self.zeros([(segment.offset, segment.length)], method)
-                if segment.index in holes else
-                self.hash(endpoint, [(segment.offset, segment.length)], method)
-                for segment in segments}
+        walk = DataWalk(endpoint, self.plan.size) if skip_holes and not known_dense else None
+        zeros = ZeroDigests(self.plan.block_size, method)
 
-    @staticmethod
-    def hole_segments(endpoint: FileEndpoint, segments: Sequence[Segment]) -> "Set[int]":
-        """The indexes of ``segments`` that are all hole in ``endpoint``, if it is hashed elsewhere.
+        def starts() -> Iterator[Tuple[Segment, Pending]]:
+            for segment in segments:
+                if walk is not None and not walk.has_data(segment):
+                    if self.on_hashed is not None:
+                        self.on_hashed(segment.length)
+                    yield segment, zeros(segment.length)
+                else:
+                    yield segment, self.hash(endpoint, [(segment.offset, segment.length)], method)
 
-        From its data map, a page at a time: a set of segments, never a list of extents.
-        A file hashed here skips its holes as it hashes (local.filehash): nothing to ask.
-        """
-        if endpoint.hashes_here() or not segments:
-            return set()
-        starts = [segment.offset for segment in segments]
-        origin = starts[0]
-        with_data: "Set[int]" = set()
-        for start, length in iter_data_map(endpoint, origin, segments[-1].offset + segments[-1].length - origin):
-            # The segments the extent touches (in order, disjoint): from the one it starts in.
-            position = bisect.bisect_right(starts, start) - 1
-            while position < len(segments) and segments[position].offset < start + length:
-                if segments[position].offset + segments[position].length > start:
-                    with_data.add(segments[position].index)
-                position += 1
-        return {segment.index for segment in segments if segment.index not in with_data}
-
-    @staticmethod
-    def digests(futures: "Dict[int, Future[bytes]]", segments: Sequence[Segment], method: str) -> List[bytes]:
-        """Every block digest of ``segments``, in order, from their hashing futures."""
-        width = digest_size(method)
-        return [digest for segment in segments for digest in split_digests(futures[segment.index].result(), width)]
+        return Lookahead.started(starts())
 
     # -- compare, refine, move ----------------------------------------------
 
-    def changed(self, segment: Segment, source_digests: Sequence[bytes],
-                target_digests: Optional[Sequence[bytes]]) -> List[ByteRange]:
+    def changed(self, segment: Segment, source_digests: "Sequence[bytes] | bytes",
+                target_digests: "Sequence[bytes] | bytes | None", digest_size: int = 0) -> List[ByteRange]:
         """The byte ranges of ``segment`` to move: its blocks whose digests differ, merged.
 
         :param target_digests: None when the target has no data there (every block moves).
+        :param digest_size: The size of one digest when both are concatenations (a file job's).
         """
-        return coalesce(self.plan, changed_blocks(segment, source_digests, target_digests), TRANSFER_REQUEST_BYTES)
+        return coalesce(self.plan, changed_blocks(segment, source_digests, target_digests, digest_size),
+                        TRANSFER_REQUEST_BYTES)
 
     def refine(self, ranges: Sequence[ByteRange]) -> List[ByteRange]:
         """The parts of the changed ``ranges`` that really differ (:func:`refine_ranges`), judged by
@@ -498,14 +497,17 @@ class SegmentSteps:
 
     # -- read back and verify -----------------------------------------------
 
-    def read_back(self, segment: Segment, ranges: Sequence[ByteRange], hole: bool = False) -> "List[Future[bytes]]":
+    def read_back(self, segment: Segment, ranges: Sequence[ByteRange], hole: bool = False
+                  ) -> "List[Future[bytes]] | bytes":
         """Start hashing ``ranges`` of ``segment`` of the work file (:func:`readback_ranges`) with the strong method.
 
-        :param hole: The segment is all hole in the work file: zeros, no request.
+        :param hole: The segment is all hole in the work file: zeros, no request (done bytes).
         """
         assert self.work is not None, "what is read back is the work file"
         if hole:
-            return [self.zeros(ranges, self.strong)]
+            if self.on_hashed is not None:
+                self.on_hashed(sum(length for _, length in ranges))
+            return zero_digests(ranges, self.plan.block_size, self.strong)
         return [self.hash(self.work, batch, self.strong) for batch in batch_ranges(ranges, segment.length)]
 
     def final(self, segment: Segment, target_digests: Optional[Sequence[bytes]], read_back: Sequence[ByteRange],
@@ -529,6 +531,35 @@ class SegmentSteps:
             digests[block - segment.first_block] = digest
         return digests
 
+    def final_packed(self, segment: Segment, source_digests: bytes, target_digests: Optional[bytes],
+                     read_back: Sequence[ByteRange], read_back_digests: bytes) -> Tuple[bytes, int]:
+        """:meth:`final` with the digests concatenated (a file job's segment, compared as one ``bytes``).
+
+        :param source_digests: The source's digests of the segment (strong): where the work
+                               file's digest of a block is unknown, its place holds the
+                               source's and it is counted apart.
+        :returns: The work file's digests of the segment, and how many of its blocks have none.
+        :raises VerificationFailed: When the read-back digests do not cover the ranges.
+        """
+        if not read_back:
+            return (target_digests, 0) if target_digests is not None else (source_digests, segment.block_count)
+        width = digest_size(self.strong)
+        if _covers(read_back, segment):  # read back whole (a new file's segment): nothing to merge
+            if len(read_back_digests) != segment.block_count * width:
+                raise VerificationFailed("Verification failed: the read-back digests are incomplete")
+            return read_back_digests, 0
+        bs = self.plan.block_size
+        blocks = [block for offset, length in read_back for block in range(offset // bs, -(-(offset + length) // bs))]
+        if len(read_back_digests) != len(blocks) * width or any(
+                not segment.first_block <= b < segment.first_block + segment.block_count for b in blocks):
+            raise VerificationFailed("Verification failed: the read-back digests are incomplete")
+        final = bytearray(target_digests if target_digests is not None else source_digests)
+        for position, block in enumerate(blocks):
+            place = (block - segment.first_block) * width
+            final[place : place + width] = read_back_digests[position * width : (position + 1) * width]
+        unknown = 0 if target_digests is not None else segment.block_count - len(set(blocks))
+        return bytes(final), unknown
+
     def verify(self, source_digests: Sequence[bytes], final: Sequence[bytes]) -> str:
         """A whole file's verification: the work file has the source's size and every block its digest.
 
@@ -542,22 +573,27 @@ class SegmentSteps:
         return digest_bytes(self.strong, tree_digest_input(self.plan.size, self.plan.block_size, self.strong,
                                                            source_digests)).hex()
 
-    def verify_all(self, ours: "Optional[Dict[int, Future[bytes]]]" = None) -> str:
-        """Hash every block of both sides again with the strong method, and verify (:meth:`verify`).
+    def verify_all(self, ours: Optional[Lookahead] = None) -> str:
+        """Hash every block of both sides again with the strong method, and verify (:meth:`verify`,
+        a segment at a time).
 
-        :param ours: The source's strong digests by segment, if already started
-                     (:meth:`hash_source_strongly`): they then overlap the writing.
+        :param ours: The source's strong digests, if already started (:meth:`hash_source_strongly`):
+                     they then overlap the writing.
         """
         assert self.work is not None, "what is verified is the work file"
-        segments = self.plan.segments()
+        segments = self.plan.segment_sequence()
         if ours is None:
             ours = self.hash_source_strongly()
-        theirs = self.hash_segments(self.work, segments, self.strong, skip_holes=False)
-        return self.verify(self.digests(ours, segments, self.strong), self.digests(theirs, segments, self.strong))
+        theirs = self.digest_stream(self.work, segments, self.strong, skip_holes=False)
+        verification = StreamingVerification(self.plan.size, self.plan.block_size, self.strong, self.location)
+        for (_, source_digests), (_, work_digests) in zip(ours, theirs):
+            verification.add(source_digests, work_digests)
+        check_size(self.work, self.plan.size, self.location)
+        return verification.digest()
 
-    def hash_source_strongly(self) -> "Dict[int, Future[bytes]]":
+    def hash_source_strongly(self) -> Lookahead:
         """Start hashing every segment of the source with the strong method (for :meth:`verify_all`)."""
-        return self.hash_segments(self.source, self.plan.segments(), self.strong, skip_holes=False)
+        return self.digest_stream(self.source, self.plan.segment_sequence(), self.strong, skip_holes=False)
 
     # -- one segment, start to end (a tree's worker) ------------------------
 
@@ -604,6 +640,16 @@ class SegmentSteps:
         return moved
 
 
+def _covers(ranges: Sequence[ByteRange], segment: Segment) -> bool:
+    """Whether ``ranges`` are the whole of ``segment``, in order, end to end."""
+    position = segment.offset
+    for offset, length in ranges:
+        if offset != position:
+            return False
+        position += length
+    return position == segment.offset + segment.length
+
+
 def _count_hashed(on_hashed: Callable[[int], None], length: int) -> "Callable[[Future[bytes]], None]":
     """A done-callback that counts ``length`` bytes hashed when its future succeeded."""
     def counted(done: "Future[bytes]") -> None:
@@ -622,6 +668,6 @@ def sync_segment(source: FileEndpoint, work: FileEndpoint, plan: BlockPlan, segm
                                                                                      punch_stale)
 
 
-__all__ = ["SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks", "check_size", "hash_both", "holes_of",
+__all__ = ["DataWalk", "SegmentSteps", "TRANSFER_REQUEST_BYTES", "check_blocks", "check_size", "hash_both", "holes_of",
            "iter_data_map", "move_data", "move_ranges", "punch_holes_of", "punch_stale_data", "readback_ranges",
            "refine_ranges", "source_data_bytes", "source_unchanged", "sync_segment"]

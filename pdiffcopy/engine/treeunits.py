@@ -307,10 +307,10 @@ class UnitWorker:
         options = self.runner.options
 
         def move() -> int:
-            segments = big.plan.segments()
-            if not segments:
+            if not big.plan.segment_count:
                 return 0
-            return sync_segment(big.source, big.work, big.plan, segments[segment_index], options.hash_method,
+            # Only this segment is made: a list of every segment per unit grew with the square of the size.
+            return sync_segment(big.source, big.work, big.plan, big.plan.segment(segment_index), options.hash_method,
                                 big.action.path, compare, options.piece_size, punch_stale=big.action.source.sparse)
 
         self._run_part(unit, index, move)

@@ -37,8 +37,6 @@ from pdiffcopy.local.descriptors import replace_atomically
 MAGIC = b"PDIFFCOPY-DIGESTS 1\n"
 #: The SHA-256 at the end of the record, over everything before it.
 CHECKSUM_BYTES = 32
-#: Digests written to the record per write call.
-WRITE_BATCH = 65536
 
 #: The fields of a device's identity that say which device it is (another one: another target).
 _DEVICE_NAMES = ("rdev", "backing", "dm_uuid")
@@ -233,33 +231,42 @@ class DigestFile(DigestRecord):
     # -- writing -----------------------------------------------------------------
 
     def save(self, size: int, block_size: int, method: str, digests: Iterable[bytes]) -> None:
-        """Write the record anew: into a temporary beside it, flushed, then renamed over it."""
+        """Write the record anew: into a temporary beside it, flushed, then renamed over it.
+
+        :param digests: Every block's digest in order, in pieces of any length (a segment's each).
+        """
         directory, name = os.path.split(os.path.abspath(self.location))
         temporary = os.path.join(directory, f".{name}.pdiffcopy-{os.getpid()}")
-        digests = list(digests) if not isinstance(digests, list) else digests
+        blocks = -(-size // block_size) if size else 0
         header = {"format": 1, "block_size": block_size, "hash_method": method, "size": size,
-                  "blocks": len(digests), "target": target_identity(self.target),
+                  "blocks": blocks, "target": target_identity(self.target),
                   "source": self.source_origin}
         line = json.dumps(header, sort_keys=True).encode() + b"\n"
         try:
             with open(temporary, "wb") as handle:
                 checksum = hashlib.sha256(MAGIC + line)
                 handle.write(MAGIC + line)
-                for start in range(0, len(digests), WRITE_BATCH):
-                    batch = b"".join(digests[start : start + WRITE_BATCH])
-                    checksum.update(batch)
-                    handle.write(batch)
+                written = 0
+                for piece in digests:
+                    checksum.update(piece)
+                    handle.write(piece)
+                    written += len(piece)
+                if written != blocks * digest_size(method):
+                    raise StorageError(f"Cannot write the digest record {self.location}: {written} bytes of "
+                                       f"digests for {blocks} blocks")
                 handle.write(checksum.digest())
                 handle.flush()
                 os.fsync(handle.fileno())
             self.close()
             replace_atomically(temporary, self.location)
-        except OSError as error:
+        except BaseException as error:
             try:
                 os.unlink(temporary)
             except OSError:
                 pass
-            raise storage_error(error, f"write the digest record {self.location}") from None
+            if isinstance(error, OSError):
+                raise storage_error(error, f"write the digest record {self.location}") from None
+            raise
 
     def close(self) -> None:
         if self._fd is not None:
