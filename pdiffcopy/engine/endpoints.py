@@ -161,6 +161,10 @@ class FileEndpoint(ABC):
     def keep_out_of_cache(self) -> None:
         """:meth:`HashingHere.keep_out_of_cache`; without it, ignored (no page cache of ours)."""
 
+    def use_cache(self, cache: str) -> None:
+        """The sync's page cache policy (``--cache``), told at its start: a block device reads and
+        writes by it (``direct``: around the cache). Without it, ignored."""
+
     def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
                             ) -> "Future[bytes]":
         """:meth:`PriorityHashing.submit_hashes_first`; without it, :meth:`submit_hashes`."""
