@@ -281,6 +281,11 @@ class HashingHere(ABC):
     def keep_out_of_cache(self) -> None:
         """Drop what hashing reads from the page cache (whole-file copies that bypass it). A hint."""
 
+    @abstractmethod
+    def use_cache(self, cache: str) -> None:
+        """Read and write by the sync's page cache policy (``--cache``), told at its start: a block
+        device drops what it read and wrote, bypasses the cache (``direct``) or keeps it. A hint."""
+
 
 class PriorityHashing(ABC):
     """Hashed elsewhere (by a server), where the few small hashes of refinement can jump the queue."""
