@@ -424,13 +424,15 @@ def start_servers(net: Net, devices: Devices, ours, tools: List[str], logs: Path
             "refuse options = !copy-devices !write-devices", ""]))
         daemons.append(Daemon("rsync daemon", ["rsync", "--daemon", "--no-detach", "--config=%s" % config],
                               RSYNC_PORT, logs / "rsyncd-server.log"))
+    started = []
     for daemon in daemons:
         try:
             daemon.start(net)
+            started.append(daemon)
         except BenchmarkError as error:
             log("%s: %s" % (daemon.name, error))
             daemon.stop()
-    return daemons
+    return started
 
 
 def device_nodes(directory: Path, devices: Dict[str, str]) -> None:
@@ -745,6 +747,7 @@ def measure(args, work: Path, loops: Loops, ours, blocksync, logs: Path):
             daemons = start_servers(net, devices, ours, args.tools, logs, args.ours_server_args) if net else []
             for daemon in daemons:
                 stack.callback(daemon.stop)
+            serving = {daemon.name for daemon in daemons}
             for round_index in range(args.rounds):
                 order = args.tools[round_index % len(args.tools):] + args.tools[: round_index % len(args.tools)]
                 for kind in args.kinds:
@@ -756,6 +759,14 @@ def measure(args, work: Path, loops: Loops, ours, blocksync, logs: Path):
                                 if tool == "ours-digest" and direction == "push":
                                     continue  # the record is the target's: a local target only
                                 log("round %i: %s %s %s %s %s" % (round_index + 1, link, kind, case, direction, tool))
+                                server = "our server" if tool.startswith("ours") else (
+                                    "rsync daemon" if tool == "rsync" else None)
+                                if direction != "local" and server and server not in serving:
+                                    reason = ("this checkout's server does not export devices (--device)"
+                                              if tool.startswith("ours") else "the rsync daemon did not start")
+                                    results.setdefault((link, kind, case, direction, tool), Cell()).samples.append(
+                                        Sample(None, error=reason))
+                                    continue
                                 sample = one_run(tool, direction, kind, olds[kind, case], devices,
                                                  net if direction != "local" else None, work, ours, blocksync, logs)
                                 if sample.error:
