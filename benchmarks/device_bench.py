@@ -87,6 +87,8 @@ LOOPBACK_IP = "127.0.0.1"
 OURS_PORT, RSYNC_PORT, DELTA_PORT = 8201, 8873, 8202
 SHAPE = ["rate", "1gbit", "burst", "128kb", "latency", "50ms"]
 TOKEN = "device-benchmark-token"
+#: GNU time, for the client's peak RSS (``ru_maxrss``); none: the column stays 0.
+TIME_PROGRAM = shutil.which("time", path="/usr/bin:/bin")
 DATA_SHARE = 10  # % of a sparse source's 1 MiB blocks that hold data
 CHANGED_SHARE = 10  # % of the data blocks that get one 4 KiB write
 
@@ -298,6 +300,8 @@ class Sample:
     read_source: int = 0
     read_target: int = 0
     error: str = ""
+    #: The client's peak RSS (the largest process of the command and what it waited for).
+    rss: int = 0
 
 
 @dataclass
@@ -385,16 +389,32 @@ def one_run(tool: str, direction: str, kind: str, case_old: Path, devices: Devic
     command = client_command(tool, direction, kind, devices, net, work, ours, blocksync, record)
     wire_before = net.wire_bytes() if net else 0
     source_before, target_before = sectors_read(devices.sources[kind]), sectors_read(devices.target)
-    started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=dict(ours.env, PDIFFCOPY_TOKEN=TOKEN),
-                          timeout=benchlib.RUN_TIMEOUT)
-    seconds = time.monotonic() - started
+    log_path = logs / ("%s-%s-%s.log" % (tool, direction, kind))
+    rss_path = logs / "rss"
+    if TIME_PROGRAM:  # (a small C parent: the harness's own pages do not count as the client's)
+        command = [TIME_PROGRAM, "-f", "%M", "-o", str(rss_path)] + command
+    with open(log_path, "w") as log_file:
+        log_file.write(shlex.join(command) + "\n")
+        log_file.flush()
+        started = time.monotonic()
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_file,
+                                   env=dict(ours.env, PDIFFCOPY_TOKEN=TOKEN), start_new_session=True)
+        try:
+            process.wait(benchlib.RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            benchlib.kill_group(process, 9)
+            process.wait()
+            return Sample(None, error="timed out")
+        seconds = time.monotonic() - started
+    rss = 0
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        rss = int(rss_path.read_text().split()[-1]) * 1024
     sample = Sample(seconds, (net.wire_bytes() - wire_before) if net else 0,
                     sectors_read(devices.sources[kind]) - source_before,
-                    sectors_read(devices.target) - target_before)
-    (logs / ("%s-%s-%s.log" % (tool, direction, kind))).write_text(shlex.join(command) + "\n" + done.stderr)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()] or ["exit %i" % done.returncode]
+                    sectors_read(devices.target) - target_before, rss=rss)
+    if process.returncode != 0:
+        stderr = log_path.read_text().split("\n", 1)[-1]
+        lines = [line for line in stderr.splitlines() if line.strip()] or ["exit %i" % process.returncode]
         return Sample(None, error=re.sub(r"^\S+ \S+ pdiffcopy\[\d+\] ERROR ", "", lines[-1])[-160:])
     if subprocess.run(["cmp", "-n", str(devices.source_files[kind].stat().st_size), devices.sources[kind],
                        devices.target], capture_output=True).returncode != 0:
@@ -533,14 +553,14 @@ def meminfo() -> int:
 # --------------------------------------------------------------------------- the report
 
 
-def cell_text(cell: Cell) -> "tuple[str, str, str, str]":
+def cell_text(cell: Cell) -> "tuple[str, str, str, str, str]":
     good = [s for s in cell.samples if s.seconds is not None]
     if not good:
         errors = {s.error for s in cell.samples}
-        return ("failed: " + "; ".join(sorted(errors))[:140], "", "", "")
+        return ("failed: " + "; ".join(sorted(errors))[:140], "", "", "", "")
     median = sorted(good, key=lambda s: s.seconds)[len(good) // 2]
     return ("%.2f" % median.seconds, benchlib.format_size(median.wire), benchlib.format_size(median.read_source),
-            benchlib.format_size(median.read_target))
+            benchlib.format_size(median.read_target), benchlib.format_size(max(s.rss for s in good)))
 
 
 def report(args, machine: str, results: Dict, mapped: Dict[str, int], notes: List[str], footprint_text: str,
@@ -549,7 +569,9 @@ def report(args, machine: str, results: Dict, mapped: Dict[str, int], notes: Lis
              "- %s" % machine,
              "- load average at the start %s, at the end %s" % (load_start, benchlib.load_averages()),
              "- rounds: %i, tools alternating; each cell: the median run's time (s), bytes on the link (both "
-             "directions; 0 local), bytes read from the source and from the target device" % args.rounds,
+             "directions; 0 local), bytes read from the source and from the target device, and the client's peak "
+             "RSS (GNU time's %%M: the largest single process of the command and what it waited for; "
+             "of all rounds)" % args.rounds,
              "- rsync: `rsync %s`" % " ".join(RSYNC_DEVICE_OPTIONS),
              "- changed10: one random 4 KiB write in %i %% of the 1 MiB blocks holding data; sparse: data in "
              "%i %% of the 1 MiB blocks (mapped: %s)" % (CHANGED_SHARE, DATA_SHARE,
@@ -568,7 +590,7 @@ def report(args, machine: str, results: Dict, mapped: Dict[str, int], notes: Lis
             if rows:
                 lines += ["## %s, %s-backed source" % (link, kind), "",
                           benchlib.markdown_table(["case", "direction", "tool", "seconds", "link bytes",
-                                                   "read src", "read dst"], rows), ""]
+                                                   "read src", "read dst", "client peak RSS"], rows), ""]
     lines += targets(args, results, mapped)
     if footprint_text:
         lines += [footprint_text]
