@@ -120,10 +120,15 @@ def hash_region_direct(direct_fd: int, buffered_fd: int, size: int, unit: int, o
                        block_size: int, method: str, holes: "List[Tuple[int, int]]") -> bytes:
     """:func:`~pdiffcopy.local.filehash.hash_region` of a device, read around the page cache.
 
+    Blocks smaller than :data:`DIRECT_CHUNK_BYTES` are read many at a time (a refinement's small
+    pieces: a direct read has no readahead to gather them), bigger ones a chunk at a time.
+
     :param holes: The runs of whole blocks that are holes (first, end): their digest is that
                   of zeros, never read.
     """
-    buffer = AlignedBuffer(min(block_size, DIRECT_CHUNK_BYTES), unit)
+    per_read = max(1, DIRECT_CHUNK_BYTES // block_size)
+    buffer = AlignedBuffer(block_size * per_read if per_read > 1 else DIRECT_CHUNK_BYTES, unit)
+    end = offset + length
     try:
         digests: List[bytes] = []
         runs = iter(holes)
@@ -135,8 +140,18 @@ def hash_region_direct(direct_fd: int, buffered_fd: int, size: int, unit: int, o
                 block = hole_end
                 hole_first, hole_end = next(runs, (-1, -1))
                 continue
-            position = offset + block * block_size
-            block_end = min(position + block_size, offset + length, size)
+            last = min(count, block + per_read, hole_first if hole_first > block else count)
+            start = offset + block * block_size
+            if per_read > 1:  # whole blocks in one read (shorter at the device's end)
+                data = read_into(direct_fd, buffered_fd, size, buffer, start,
+                                 min(end, offset + last * block_size) - start)
+                for index in range(last - block):
+                    hasher = new_hasher(method)
+                    hasher.update(data[index * block_size : (index + 1) * block_size])
+                    digests.append(finish(hasher, method))
+                block = last
+                continue
+            position, block_end = start, min(start + block_size, end, size)
             hasher = new_hasher(method)
             while position < block_end:
                 data = read_into(direct_fd, buffered_fd, size, buffer, position,
