@@ -196,9 +196,9 @@ def sectors_read(device: str) -> int:
     return int(fields[2]) * 512
 
 
-def flush_device(device: str) -> None:
+def flush_device(device: str, write_back: bool = True) -> None:
     with contextlib.suppress(OSError):
-        pagecache.drop(device)
+        pagecache.drop(device, write_back)
 
 
 def drop_caches() -> None:
@@ -384,7 +384,7 @@ def one_run(tool: str, direction: str, kind: str, case_old: Path, devices: Devic
     except BenchmarkError as error:
         return Sample(None, error="record: " + str(error).splitlines()[-1][:120])
     for device in (devices.sources[kind], devices.target):
-        flush_device(device)
+        flush_device(device, write_back=not needs_record)  # (an fsync moves the record's write counters)
     drop_caches()
     command = client_command(tool, direction, kind, devices, net, work, ours, blocksync, record)
     wire_before = net.wire_bytes() if net else 0

@@ -64,11 +64,14 @@ def resident_bytes(path: str) -> int:
         os.close(fd)
 
 
-def drop(path: str) -> None:
-    """Drop ``path``'s clean pages from the page cache (written back first); a device's buffers too."""
+def drop(path: str, write_back: bool = True) -> None:
+    """Drop ``path``'s clean pages from the page cache (written back first unless ``write_back`` is
+    False); a device's buffers too. A device's fsync counts as a write in its ``stat`` (a flush of no
+    sectors): a digest record made before it would see the device as written since."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        if write_back:
+            os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         if stat.S_ISBLK(os.fstat(fd).st_mode):
             try:
