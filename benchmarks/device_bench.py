@@ -150,7 +150,8 @@ def restore(old: Path, target: Path) -> None:
 
 def changed_copy(source: Path, target: Path, seed: int) -> None:
     """``source`` with one random 4 KiB write in CHANGED_SHARE % of its data's 1 MiB blocks."""
-    restore_new(source, target)
+    target.touch()
+    restore(source, target)
     blocks = sorted({offset // MiB + i for offset, length in data_extents(source) for i in range(-(-length // MiB))})
     rng = random.Random(seed)
     chosen = rng.sample(blocks, max(1, len(blocks) * CHANGED_SHARE // 100))
@@ -162,11 +163,6 @@ def changed_copy(source: Path, target: Path, seed: int) -> None:
                 handle.seek(offset)
                 handle.write(rng.randbytes(PAGE))
         os.fsync(handle.fileno())
-
-
-def restore_new(old: Path, target: Path) -> None:
-    target.touch()
-    restore(old, target)
 
 
 class Loops:
@@ -747,7 +743,8 @@ def measure(args, work: Path, loops: Loops, ours, blocksync, logs: Path):
         for case in args.cases:
             old = work / ("old-%s-%s.img" % (kind, case))
             if case == "nochange":
-                restore_new(source_files[kind], old)
+                old.touch()
+                restore(source_files[kind], old)
             elif case == "changed10":
                 changed_copy(source_files[kind], old, args.seed + 3)
             else:
