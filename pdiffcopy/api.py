@@ -152,6 +152,8 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
     :param cache: For whole-file copies between local files: ``"drop"`` keeps
                   both files out of the page cache (fastest for big files),
                   ``"keep"`` leaves the cache alone, ``"auto"`` chooses by size.
+                  A block device drops what it reads and writes unless ``"keep"``;
+                  ``"direct"`` reads and writes it around the cache (``O_DIRECT``).
     :param progress: Counters to update, for a progress display.
     :param bwlimit: Most bytes per second on the network, both directions together, as an
                     int or in rsync's ``--bwlimit`` syntax (``"50M"``; a bare number is KiB/s);

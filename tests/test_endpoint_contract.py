@@ -1145,6 +1145,8 @@ def test_cache_mode_keeps_what_was_asked(any_files, cache):
     # Only "auto" is decided, by a local whole-file copy's size; elsewhere the cache is kept.
     endpoint = any_files.open("cached.img")
     assert endpoint.cache_mode(cache, DATA_SIZE) == cache
+    endpoint.use_cache(cache)  # a hint for a device's reads and writes: a file's mode stays its own
+    assert endpoint.cache_mode(cache, DATA_SIZE) == cache
     assert endpoint.cache_mode("auto", DATA_SIZE) in (("drop", "keep") if any_files.name == "local" else ("keep",))
 
 

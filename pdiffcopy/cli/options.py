@@ -158,10 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="make the missing directories of TARGET's path, as rsync's --mkpath; without "
                            "it only TARGET's own directory is made (a directory SOURCE, or TARGET/ for "
                            "a file) and its parent must exist")
-    sync.add_argument("--cache", choices=("auto", "drop", "keep"), default="auto",
+    sync.add_argument("--cache", choices=("auto", "drop", "keep", "direct"), default="auto",
                       help="page cache use of whole-file copies between local files: drop "
                            "keeps big copies from flushing the cache, keep leaves it alone "
-                           "(default auto: drop from the kernel's writeback threshold up)")
+                           "(default auto: drop from the kernel's writeback threshold up); "
+                           "block devices drop what they read and write unless keep, and with "
+                           "direct bypass the cache (O_DIRECT; files then as with drop)")
     sync.add_argument("-B", "--benchmark", metavar="COUNT", type=_positive_int, default=None,
                       help="mutate the local TARGET and resync it COUNT times at varying "
                            "similarity, then print an overview (next to rsync if installed)")

@@ -161,6 +161,10 @@ class FileEndpoint(ABC):
     def keep_out_of_cache(self) -> None:
         """:meth:`HashingHere.keep_out_of_cache`; without it, ignored (no page cache of ours)."""
 
+    def use_cache(self, cache: str) -> None:
+        """The sync's page cache policy (``--cache``), told at its start: a block device reads and
+        writes by it (``direct``: around the cache). Without it, ignored."""
+
     def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
                             ) -> "Future[bytes]":
         """:meth:`PriorityHashing.submit_hashes_first`; without it, :meth:`submit_hashes`."""
@@ -276,6 +280,11 @@ class HashingHere(ABC):
     @abstractmethod
     def keep_out_of_cache(self) -> None:
         """Drop what hashing reads from the page cache (whole-file copies that bypass it). A hint."""
+
+    @abstractmethod
+    def use_cache(self, cache: str) -> None:
+        """Read and write by the sync's page cache policy (``--cache``), told at its start: a block
+        device drops what it read and wrote, bypasses the cache (``direct``) or keeps it. A hint."""
 
 
 class PriorityHashing(ABC):

@@ -151,6 +151,8 @@ class _SyncJob:
             self.pool = local[0].start_hash_pool(options.concurrency, cuts_likely)
         for endpoint in local:
             endpoint.use_hash_pool(self.pool)
+        for endpoint in (self.source, self.target):
+            endpoint.use_cache(options.cache)
         self.transfers: Optional[ThreadPoolExecutor] = None
         #: The sync steps of this file (made once its size is known).
         self.steps: Optional[SegmentSteps] = None

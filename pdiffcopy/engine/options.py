@@ -36,8 +36,9 @@ DEFAULT_CONCURRENCY = 2
 DELTA_MODES = ("auto", "blocks", "chunks")
 DEFAULT_DELTA = "auto"
 
-#: Page cache policies of whole-file copies between local files.
-CACHE_MODES = ("auto", "drop", "keep")
+#: Page cache policies of whole-file copies between local files; ``direct``: block devices are
+#: read and written around the cache (O_DIRECT), files as with ``drop``.
+CACHE_MODES = ("auto", "drop", "keep", "direct")
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class FileOptions:
     dry_run: bool = False
     #: Write a temporary sibling and rename it over the target at the end.
     atomic: bool = False
-    #: Page cache policy of whole-file copies between local files (auto, drop or keep).
+    #: Page cache policy of whole-file copies between local files (auto, drop, keep or direct).
     cache: str = "auto"
     #: Most bytes per second on the network, both directions, all workers together: an int or
     #: rsync's ``--bwlimit`` syntax (``"50M"``, checked by ratelimit.bandwidth_limit); None or 0:
@@ -167,7 +168,7 @@ def check_concurrency(value: Optional[int]) -> int:
 
 def check_cache(value: str) -> str:
     if value not in CACHE_MODES:
-        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop or keep)")
+        raise UsageError(f"Invalid cache mode: {value!r} (expected auto, drop, keep or direct)")
     return value
 
 

@@ -85,7 +85,7 @@ METHOD_VARIABLE = "PDIFFCOPY_COPY_METHOD"
 #: The page cache policies :func:`copy_file` and :func:`copy_into` accept:
 #: ``drop`` and ``keep`` (see the module's docstring), and ``auto``, which
 #: picks one by the file's size (see :func:`resolve_cache`).
-CACHE_MODES: tuple[str, ...] = ("auto", "drop", "keep")
+CACHE_MODES: tuple[str, ...] = ("auto", "drop", "keep", "direct")
 
 #: Default page cache policy: dropping pays for big cold copies and costs warm
 #: small ones, so the size decides (figures: docs/benchmarks.rst, "Local copies").
@@ -238,7 +238,7 @@ def resolve_cache(cache: str, size: int) -> str:
         raise UsageError(f"Unknown cache mode {cache!r}: choose one of {', '.join(CACHE_MODES)}")
     if cache == "auto":
         return "drop" if size >= drop_threshold() else "keep"
-    return cache
+    return "drop" if cache == "direct" else cache  # (direct I/O is for block devices)
 
 
 def first_method(method: str | None = None) -> str:

@@ -251,7 +251,7 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
 
 def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,
                      drop_cache: bool = False, device: bool = False,
-                     extents: Optional[Sequence[Sequence[ByteRange]]] = None) -> bytes:
+                     extents: Optional[Sequence[Sequence[ByteRange]]] = None, direct: bool = False) -> bytes:
     """Hash the blocks of some block-aligned ranges of the file at ``path``.
 
     This is the unit of work of a hashing process: it opens the file itself,
@@ -260,7 +260,9 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
     afterwards, for copies that must not flush the cache. With ``device``, ``path``
     names a block device (anything else is refused); ``extents`` are then each range's
     data extents, from the device's map (read once by its endpoint, not in every hashing
-    process: :mod:`~pdiffcopy.local.devicemaps`), or None where it has none (all data).
+    process: :mod:`~pdiffcopy.local.devicemaps`), or None where it has none (all data);
+    with ``direct`` too, it is read around the page cache (``O_DIRECT``,
+    :mod:`pdiffcopy.local.directio`) into aligned buffers.
 
     :returns: The concatenated digests of every block of every range, in order.
     :raises PdiffcopyError: When the file cannot be opened or read.
@@ -270,16 +272,73 @@ def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, me
     else:
         from pdiffcopy.local.confinement import open_regular_path as opener  # (a FIFO is refused, never waited on)
 
+    if device and direct:
+        return _hash_device_direct(path, ranges, block_size, method, extents)
     fd = opener(path, os.O_RDONLY)
+    if device and drop_cache:
+        ranges, extents = _split_for_dropping(ranges, block_size, extents)
     try:
         digests = []
         for index, (offset, length) in enumerate(ranges):
             digests.append(hash_region(fd, offset, length, block_size, method,
                                        None if extents is None else extents[index]))
             if drop_cache and fast_paths_enabled():
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+                if device:  # (its last page may be short: dropped too)
+                    from pdiffcopy.local.directio import drop_pages
+
+                    drop_pages(fd, offset, length)
+                else:
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         return b"".join(digests)
     except OSError as error:
         raise storage_error(error, f"read {path}") from None
     finally:
+        os.close(fd)
+
+
+#: A device's pages are dropped from the cache after about this many bytes are hashed (not
+#: only at the end of a segment): the host's cache lends the sync little more than this.
+DROP_SPAN_BYTES = 8 * 1024 * 1024
+
+
+def _split_for_dropping(ranges: Sequence[ByteRange], block_size: int,
+                        extents: Optional[Sequence[Sequence[ByteRange]]] = None
+                        ) -> "Tuple[List[ByteRange], Optional[List[List[ByteRange]]]]":
+    """``ranges`` cut into pieces of about :data:`DROP_SPAN_BYTES`, whole blocks each, with each
+    piece's share of the ranges' ``extents`` (if known)."""
+    span = max(block_size, DROP_SPAN_BYTES - DROP_SPAN_BYTES % block_size)
+    pieces: List[ByteRange] = []
+    shares: List[List[ByteRange]] = []
+    for index, (offset, length) in enumerate(ranges):
+        for start in range(offset, offset + length, span):
+            piece = (start, min(span, offset + length - start))
+            pieces.append(piece)
+            if extents is not None:
+                end = piece[0] + piece[1]
+                shares.append([(max(first, start), min(first + size, end) - max(first, start))
+                               for first, size in extents[index] if first < end and first + size > start])
+    return pieces, (shares if extents is not None else None)
+
+
+def _hash_device_direct(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,
+                        extents: Optional[Sequence[Sequence[ByteRange]]] = None) -> bytes:
+    """:func:`hash_file_ranges` of a block device with ``O_DIRECT`` (its holes, if known, not read)."""
+    from pdiffcopy.local import directio
+    from pdiffcopy.local.devices import open_device, sector_size
+
+    fd = open_device(path, os.O_RDONLY)
+    direct_fd = -1
+    try:
+        direct_fd = open_device(path, os.O_RDONLY | directio.O_DIRECT)
+        size, unit = descriptor_size(fd), sector_size(fd)
+        return b"".join(
+            directio.hash_region_direct(direct_fd, fd, size, unit, offset, length, block_size, method,
+                                        hole_blocks(fd, offset, max(0, min(offset + length, size) - offset),
+                                                    block_size, None if extents is None else extents[index]))
+            for index, (offset, length) in enumerate(ranges))
+    except OSError as error:
+        raise storage_error(error, f"read {path}") from None
+    finally:
+        if direct_fd >= 0:
+            os.close(direct_fd)
         os.close(fd)

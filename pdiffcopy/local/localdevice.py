@@ -7,8 +7,9 @@ the engine writes it in place, under an exclusive claim that the kernel also ref
 while the device is mounted), its size is the device's, it has no mtime that tells a
 change (its write counters do: :func:`~pdiffcopy.local.devices.identity`), and its zeros
 are written, or with ``-S`` discarded, by the device's own operations. What it reads
-it keeps out of the page cache: that cache belongs to the host's running VMs. Where its
-kind knows which of its blocks hold data (:mod:`~pdiffcopy.local.devicemaps`: a loop
+and writes it keeps out of the page cache: that cache belongs to the host's running VMs
+(dropped after use, or with ``--cache direct`` never put there: :mod:`pdiffcopy.local.directio`).
+Where its kind knows which of its blocks hold data (:mod:`~pdiffcopy.local.devicemaps`: a loop
 device, an LVM thin volume), the rest are its holes: never read, hashed as zeros.
 """
 
@@ -24,10 +25,10 @@ from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS, zero_runs
 from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
 from pdiffcopy.errors import FileMissing, NotAFile, StorageError, Unsupported, storage_error
-from pdiffcopy.local import devices
+from pdiffcopy.local import devices, directio
 from pdiffcopy.local.devicemaps import DeviceMap, device_map, write_back
 from pdiffcopy.local.descriptors import fast_paths_enabled, write_all, write_zeros
-from pdiffcopy.local.filehash import hash_file_ranges, hash_region
+from pdiffcopy.local.filehash import hash_file_ranges, hash_region, hole_blocks
 from pdiffcopy.local.localfile import LocalFile
 
 if TYPE_CHECKING:
@@ -49,6 +50,19 @@ class LocalDevice(LocalFile):
         #: Whether it was opened for writing: then only a map asked afresh each time is used.
         self._written = False
         self._map_lock = threading.Lock()  # the transfer threads ask at once: one reading of a pool's map
+        #: Read and write around the page cache (``O_DIRECT``: ``--cache direct``).
+        self.direct_io = False
+        self._direct_read_fd: Optional[int] = None
+        self._direct_writer: Optional[directio.DirectWriter] = None
+        self._direct_lock = threading.Lock()
+        #: Ranges written whose pages are dropped from the cache once written back (one call later).
+        self._written_behind: List[ByteRange] = []
+
+    def use_cache(self, cache: str) -> None:
+        """The page cache policy of ``--cache``: ``keep`` leaves what was read and written in the
+        cache, ``direct`` bypasses it, anything else drops it after use."""
+        self.drop_cache = cache != "keep"
+        self.direct_io = cache == "direct" and directio.available()
 
     # -- opening -------------------------------------------------------------
 
@@ -139,11 +153,6 @@ class LocalDevice(LocalFile):
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
 
-    def _read(self, ranges: Iterable[ByteRange], chunk_size: int, copies: bool) -> Iterator[Chunk]:
-        if self.device_map() is None:
-            return super()._read(ranges, chunk_size, copies)
-        return super()._read(self._asked_ahead(ranges), chunk_size, copies)
-
     def _asked_ahead(self, ranges: Iterable[ByteRange]) -> Iterator[ByteRange]:
         """``ranges`` in pieces of :data:`READ_AHEAD_BYTES`, each asked for before the one before it is read:
         the readahead a device with a map goes without, over its data only."""
@@ -165,22 +174,62 @@ class LocalDevice(LocalFile):
                        ) -> "Future[bytes]":
         # The map is read here, once: a hashing process gets its ranges' extents with them.
         return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache, True,
-                           self._range_extents(ranges))
+                           self._range_extents(ranges), self.direct_io)
 
     def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        """The block digests of some ranges, hashed in this thread (a refinement's small pieces),
+        read around the page cache or dropped from it as the sync's policy says; holes not read."""
         extents = self._range_extents(ranges)
         fd = self._reader()
         try:
-            return b"".join(hash_region(fd, offset, length, block_size, method, None if extents is None else extents[i])
-                            for i, (offset, length) in enumerate(ranges))
+            if self.direct_io:
+                size, unit = devices.device_size(fd), devices.sector_size(fd)
+                return b"".join(directio.hash_region_direct(
+                    self._direct_reader(), fd, size, unit, offset, length, block_size, method,
+                    hole_blocks(fd, offset, max(0, min(offset + length, size) - offset), block_size,
+                                None if extents is None else extents[index]))
+                    for index, (offset, length) in enumerate(ranges))
+            digests = []
+            for index, (offset, length) in enumerate(ranges):
+                digests.append(hash_region(fd, offset, length, block_size, method,
+                                           None if extents is None else extents[index]))
+                if self.drop_cache and fast_paths_enabled():
+                    directio.drop_pages(fd, offset, length)
+            return b"".join(digests)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
 
     def _submit_cut(self, pool: "Executor", ranges: List[ByteRange], average: int) -> "Future[List[cdc.Chunk]]":
-        return pool.submit(_cut_device, self.path, ranges, average)
+        return pool.submit(_cut_device, self.path, ranges, average, self.drop_cache)
 
     def cache_mode(self, cache: str, size: int) -> str:
         return "keep" if cache == "keep" else "drop"
+
+    # -- reading -------------------------------------------------------------
+
+    def _read(self, ranges: Iterable[ByteRange], chunk_size: int, copies: bool) -> Iterator[Chunk]:
+        if not self.direct_io:
+            if self.device_map() is not None:
+                ranges = self._asked_ahead(ranges)  # (its readahead is off: it would read the holes)
+            for offset, length in ranges:  # each range dropped once sent: the cache stays as it was
+                yield from super()._read([(offset, length)], chunk_size, copies)
+                if self.drop_cache and fast_paths_enabled():
+                    directio.drop_pages(self._reader(), offset, length)
+            return
+        fd = self._reader()
+        try:
+            yield from directio.read_chunks_direct(self._direct_reader(), fd, devices.device_size(fd),
+                                                   devices.sector_size(fd), ranges, chunk_size, copies)
+        except OSError as error:
+            raise storage_error(error, f"read {self.path}") from None
+        except EOFError:
+            raise StorageError(f"Cannot read {self.path}: it became shorter during the sync") from None
+
+    def _direct_reader(self) -> int:
+        with self._direct_lock:
+            if self._direct_read_fd is None:
+                self._direct_read_fd = devices.open_device(self.path, os.O_RDONLY | directio.O_DIRECT)
+            return self._direct_read_fd
 
     def can_copy_from(self, other: FileEndpoint) -> bool:
         return False  # the kernel's copies between files: the transfer threads' reads and writes here
@@ -214,15 +263,41 @@ class LocalDevice(LocalFile):
             raise storage_error(error, f"write {self.path}") from None
         return done
 
+    def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
+        ranges = list(ranges)
+        written = super().write_ranges(ranges, chunks)
+        if self.drop_cache and not self.direct_io and fast_paths_enabled():
+            # The previous call's pages are written back by now (their write-back started
+            # then): dropped, the cache holds about one call's writes per transfer thread.
+            with self._direct_lock:
+                behind, self._written_behind = self._written_behind, ranges
+            fd = self._writer()
+            for offset, length in behind:
+                directio.drop_pages(fd, offset, length)
+        return written
+
+    def _write_all(self, fd: int, data: "bytes | memoryview", offset: int) -> None:
+        if self.direct_io:
+            self._direct(fd).write(data, offset)
+        else:
+            write_all(fd, data, offset)
+
+    def _direct(self, fd: int) -> directio.DirectWriter:
+        with self._direct_lock:
+            if self._direct_writer is None:
+                self._direct_writer = directio.DirectWriter(
+                    devices.open_device(self.path, os.O_WRONLY | directio.O_DIRECT), fd)
+            return self._direct_writer
+
     def _write_chunk(self, fd: int, data: "bytes | memoryview", offset: int) -> None:
         if not self.sparse_zeros:
-            write_all(fd, data, offset)
+            self._write_all(fd, data, offset)
             return
         view = memoryview(data).cast("B")
         position = offset
         for start, length in zero_runs(view, offset, 4096) + [(offset + len(view), 0)]:
             if start > position:
-                write_all(fd, view[position - offset : start - offset], position)
+                self._write_all(fd, view[position - offset : start - offset], position)
             if length and not (fast_paths_enabled() and devices.discard_zeros(fd, start, length)):
                 _zero(fd, start, length)  # the old bytes there are anything
             position = start + length
@@ -264,7 +339,24 @@ class LocalDevice(LocalFile):
         if isinstance(self._device_map, DeviceMap):
             self._device_map.close()
         self._device_map = None  # (it holds the read descriptor's device: asked again after a reopen)
+        if self.drop_cache and self._read_fd is not None and fast_paths_enabled():
+            # The readahead of concurrent readers lands past the ranges each one drops: what
+            # is left of the device in the cache goes at the end.
+            try:
+                os.posix_fadvise(self._read_fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass  # advisory only
         super().close()
+        with self._direct_lock:
+            direct_fds = [self._direct_read_fd,
+                          self._direct_writer.direct_fd if self._direct_writer is not None else None]
+            self._direct_read_fd = self._direct_writer = None
+        for fd in direct_fds:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def unlink(self) -> None:
         raise NotAFile(f"Cannot remove {self.path}: it is a block device")
@@ -293,13 +385,19 @@ def _zero(fd: int, offset: int, length: int) -> None:
         write_zeros(fd, offset, length)
 
 
-def _cut_device(path: str, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
-    """The content-defined chunks of ranges of a device (run in a hashing process)."""
+def _cut_device(path: str, ranges: Sequence[ByteRange], average: int, drop_cache: bool = True
+                ) -> "List[cdc.Chunk]":
+    """The content-defined chunks of ranges of a device (run in a hashing process), dropped from
+    the cache afterwards with ``drop_cache`` (the chunker reads a mapping: no direct I/O)."""
     from pdiffcopy.local.localfile import cut_ranges
 
     fd = devices.open_device(path, os.O_RDONLY)
     try:
-        return cut_ranges(fd, ranges, average)
+        chunks = cut_ranges(fd, ranges, average)
+        if drop_cache and fast_paths_enabled():
+            for offset, length in ranges:
+                directio.drop_pages(fd, offset, length)
+        return chunks
     except OSError as error:
         raise storage_error(error, f"read {path}") from None
     finally:

@@ -319,6 +319,9 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     def keep_out_of_cache(self) -> None:
         self.drop_cache = True
 
+    def use_cache(self, cache: str) -> None:
+        pass  # a file's cache policy is its whole-file copy's (cache_mode); a device's is its own
+
     def can_copy_from(self, other: FileEndpoint) -> bool:
         return isinstance(other, LocalFile) and not other.is_device
 
