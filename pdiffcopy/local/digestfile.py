@@ -32,7 +32,7 @@ from pdiffcopy.core.hashing import digest_size
 from pdiffcopy.engine.recorded import DigestRecord
 from pdiffcopy.errors import StorageError, storage_error
 from pdiffcopy.local import devices
-from pdiffcopy.local.descriptors import replace_atomically
+from pdiffcopy.local.descriptors import replace_atomically, temporary_name
 
 MAGIC = b"PDIFFCOPY-DIGESTS 1\n"
 #: The SHA-256 at the end of the record, over everything before it.
@@ -236,7 +236,7 @@ class DigestFile(DigestRecord):
         :param digests: Every block's digest in order, in pieces of any length (a segment's each).
         """
         directory, name = os.path.split(os.path.abspath(self.location))
-        temporary = os.path.join(directory, f".{name}.pdiffcopy-{os.getpid()}")
+        temporary = os.path.join(directory, temporary_name(name))
         blocks = -(-size // block_size) if size else 0
         header = {"format": 1, "block_size": block_size, "hash_method": method, "size": size,
                   "blocks": blocks, "target": target_identity(self.target),
