@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import pdiffcopy_command, run_cli
-from pdiffcopy.local.localtree import remove_all
+from pdiffcopy.local.treewalk import remove_all
 
 #: Deeper than Python's recursion limit (1,000 frames).
 DEPTH = 1100

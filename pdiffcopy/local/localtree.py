@@ -23,19 +23,12 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
 from pdiffcopy.local.descriptors import (
-    TRANSFER_CHUNK_SIZE,
     clear_umask,
-    copy_available,
-    data_extents,
-    is_temporary_name,
     process_umask,
-    remove_if_abandoned,
     replace_atomically,
     temporary_name,
-    write_around_zeros,
 )
-from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names, link_group
-from pdiffcopy.core.protocol import MAX_PATH_LENGTH
+from pdiffcopy.local.confinement import PROBING_FLAGS, Root, check_regular, describe_kind, has_other_names
 from pdiffcopy.core.treestops import (
     NODES_DEVICES,
     NODES_SPECIALS,
@@ -63,31 +56,23 @@ from pdiffcopy.engine.treeendpoints import (
     TreeEndpoint,
     WalkedHere,
 )
-from pdiffcopy.core.entries import DIR, FILE, OTHER, Entry, device_target, is_device, kind_of, known_mode, shared_mode
+from pdiffcopy.core.entries import DIR, OTHER, Entry, kind_of
 from pdiffcopy.core.treeplan import SYMLINK as SYMLINK_KIND
 from pdiffcopy.local.treenodes import (
     block_device_path,
     check_device_read,
-    device_as_file,
     make_node,
     set_node_metadata,
 )
+from pdiffcopy.local.treedata import TreeFailure, copy_data, read_exactly, write_data
+from pdiffcopy.local.treewalk import Directories, Frame, entry_from_stat, remove_all, walk_from, why
 from pdiffcopy.local.writerlocks import create_held
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
 logger = logging.getLogger(__name__)
 
-#: Paths of at most this many characters are at most MAX_PATH_LENGTH bytes
-#: (a character is at most 4 bytes in UTF-8): only longer ones are encoded to check.
-_SURELY_SHORT = MAX_PATH_LENGTH // 4
-
 #: Directory descriptors kept open per thread.
 DIRECTORY_CACHE_SIZE = 64
-
-#: Entries a walk gathers before it hands them on (:meth:`LocalTree.walk`):
-#: the server sends a listing in pieces of this many, so that it holds a few
-#: hundred KB of it rather than the whole (200,000 entries took 128 MiB).
-WALK_BATCH_ENTRIES = 2048
 
 _IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
 #: What a tree here does not set (LocalTree.not_kept): only root gives files to other users.
@@ -97,62 +82,6 @@ _SPECIALS: FrozenSet[str] = frozenset({NODES_SPECIALS})
 _DEVICES_AND_SPECIALS: FrozenSet[str] = frozenset({NODES_DEVICES, NODES_SPECIALS})
 #: The owner of what this process creates (outside set-group-ID directories).
 _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
-
-
-class TreeFailure(PdiffcopyError):
-    """One path of a batch could not be handled; the batch goes on."""
-
-
-def _why(error: OSError) -> str:
-    return os.strerror(error.errno) if error.errno else str(error)
-
-
-def entry_from_stat(path: str, info: os.stat_result, target: str = "",
-                    xattrs: Tuple[Tuple[str, bytes], ...] = ()) -> Entry:
-    """An :class:`Entry` from an ``lstat`` result (and the attributes read for it); a device's
-    target is its numbers."""
-    kind = kind_of(info.st_mode)
-    if kind == OTHER and is_device(info.st_mode):
-        target = device_target(info.st_rdev)
-    size = info.st_size if kind == FILE else 0
-    sparse = kind == FILE and info.st_blocks * 512 < size
-    return Entry(path, kind, size, info.st_mtime_ns, shared_mode(info.st_mode), info.st_uid, info.st_gid,
-                 target, info.st_nlink, sparse, link_group(info) if kind == FILE else "", xattrs)
-
-
-#: A directory a walk is in: its descriptor, its path below the tree, and the
-#: names of its subdirectories still to walk (None until it has been scanned).
-_Frame = Tuple[int, str, Optional[List[str]]]
-
-
-class Directories:
-    """A walk's batches (:meth:`LocalTree.walk`); :meth:`close` releases its directories.
-
-    Closing works even before the first batch was asked for (a HEAD request,
-    a client gone at once), which closing a generator that never started
-    would not: the directories still to read are closed either way.
-    """
-
-    def __init__(self, batches: Iterator[Tuple[List[Entry], List[Failure]]],
-                 pending: List[_Frame]) -> None:
-        self._batches = batches
-        self._pending = pending
-
-    def __iter__(self) -> "Directories":
-        return self
-
-    def __next__(self) -> Tuple[List[Entry], List[Failure]]:
-        return next(self._batches)
-
-    def close(self) -> None:
-        self._batches.close()  # type: ignore[attr-defined]
-        _close_pending(self._pending)
-
-
-def _close_pending(pending: List[_Frame]) -> None:
-    """Close the descriptors of the directories a walk has not read (an abandoned walk leaks none)."""
-    while pending:
-        os.close(pending.pop()[0])
 
 
 class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
@@ -319,57 +248,11 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         that stops early closes the iterator.
         """
         root = self._root_or_none()
-        frames: List[_Frame] = []
+        frames: List[Frame] = []
         if root is not None and root.kind == DIR:
             frames.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), "", None))
-        return root, Directories(self._walk_from(frames), frames)
-
-    def _walk_from(self, frames: List[_Frame]) -> Iterator[Tuple[List[Entry], List[Failure]]]:
-        """Yield what the walk found, at most about :data:`WALK_BATCH_ENTRIES` entries at a time.
-
-        Depth first without recursion: a frame per directory on the current
-        path, with the names of its subdirectories still to list, so one
-        descriptor is open per level, not per pending directory (a directory
-        of thousands of subdirectories would exhaust the descriptors). The
-        lists yielded are emptied and reused afterwards: a consumer takes
-        what it needs from them before it asks for more.
-        """
-        entries: List[Entry] = []
-        failures: List[Failure] = []
-        swept: Optional[List[str]] = [] if self.sweep else None
-        try:
-            while frames:
-                fd, relative, names = frames[-1]
-                if names is None:  # not scanned yet
-                    names = []
-                    for _ in self._scan(fd, relative, entries, failures, names, swept, self._attributes,
-                                        self._devices_as_files):
-                        yield entries, failures
-                        entries.clear()
-                        failures.clear()
-                    names.reverse()  # popped from the end: walked in name order
-                    frames[-1] = (fd, relative, names)
-                if not names:
-                    os.close(fd)
-                    frames.pop()
-                    continue
-                name = names.pop()
-                path = f"{relative}/{name}" if relative else name
-                try:
-                    child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                except FileNotFoundError:
-                    continue  # deleted while listed
-                except OSError as error:
-                    failures.append((path, f"cannot list: {_why(error)}"))
-                    continue
-                frames.append((child, path, None))
-            if entries or failures:
-                yield entries, failures
-        finally:
-            _close_pending(frames)
-        if swept:
-            logger.info("Removed %d stale temporary file(s) left in %s by interrupted runs, e.g. %s",
-                        len(swept), self.location, swept[0])
+        return root, Directories(walk_from(frames, self.location, self.sweep, self._attributes,
+                                                    self._devices_as_files), frames)
 
     def _root_or_none(self) -> Optional[Entry]:
         try:
@@ -377,76 +260,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         except PdiffcopyError:
             raise
         except OSError as error:
-            raise TreeFailure(f"Cannot open {self.location}: {_why(error)}") from None
-
-    @staticmethod
-    def _scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
-              subdirectories: List[str], swept: Optional[List[str]] = None,
-              attributes: Optional[MetadataOptions] = None, devices_as_files: bool = False) -> Iterator[None]:
-        """Add a directory's entries to ``entries`` in name order, and the names of its
-        subdirectories to ``subdirectories``; pause (yield) whenever ``entries`` holds a batch.
-
-        In name order, so that two trees' walks come in one order, which a
-        plan merges as they come (:func:`pdiffcopy.core.treestream.walk_order`):
-        the names are read and sorted first, then each is looked at, so that a
-        directory of a million files is held as its names, not as its entries.
-        With ``swept``, remove its stale temporaries and name them there. An
-        entry whose path is longer than :data:`~pdiffcopy.core.protocol.MAX_PATH_LENGTH`
-        bytes is a failure of its own, not listed: no path-based call (nor
-        the server's protocol) can name it; the rest of the tree goes on.
-        With ``attributes``, each entry gets the extended attributes and ACLs they choose.
-        With ``devices_as_files``, a block device is listed as a file of its size.
-        """
-        prefix = relative + "/" if relative else ""
-        try:
-            names = os.listdir(fd)
-        except OSError as error:
-            failures.append((relative, f"cannot list: {_why(error)}"))
-            return
-        names.sort()
-        new = tuple.__new__
-        is_file = stat.S_ISREG
-        lstat = os.lstat
-        directory = f"/proc/self/fd/{fd}/"
-        for name in names:
-            if len(entries) >= WALK_BATCH_ENTRIES:
-                yield  # the walk hands them on
-            path = prefix + name
-            if len(path) > _SURELY_SHORT and len(os.fsencode(path)) > MAX_PATH_LENGTH:
-                failures.append((relative, f"{name!r} left out: its path is longer than "
-                                           f"{MAX_PATH_LENGTH} bytes"))
-                continue
-            if name[0] == "." and is_temporary_name(name):
-                # A pdiffcopy temporary is never data: a file being written (by
-                # this run or another), or left by a run that was killed.
-                if swept is not None:
-                    _sweep(fd, name, path, swept)
-                continue
-            try:
-                info = lstat(name, dir_fd=fd)
-                mode = info.st_mode
-                mode = known_mode(mode) or shared_mode(mode)
-                # Read by the name below the directory's descriptor, the link itself for a symlink.
-                xattrs = () if attributes is None else read_attributes(directory + name, attributes)
-                if is_file(mode):  # most entries: built inline, as a plain tuple is
-                    size = info.st_size
-                    entries.append(new(Entry, (path, FILE, size, info.st_mtime_ns, mode, info.st_uid,
-                                               info.st_gid, "", info.st_nlink,
-                                               info.st_blocks * 512 < size, link_group(info), xattrs)))
-                    continue
-                if stat.S_ISLNK(mode):
-                    entries.append(entry_from_stat(path, info, os.readlink(name, dir_fd=fd), xattrs))
-                    continue
-                if devices_as_files and stat.S_ISBLK(mode):
-                    entries.append(device_as_file(fd, name, path, info, xattrs))
-                    continue
-                entries.append(entry_from_stat(path, info, xattrs=xattrs))
-                if stat.S_ISDIR(mode):
-                    subdirectories.append(name)
-            except FileNotFoundError:
-                continue  # deleted while listed: it is simply not there
-            except OSError as error:
-                failures.append((path, f"cannot list: {_why(error)}"))
+            raise TreeFailure(f"Cannot open {self.location}: {why(error)}") from None
 
     # -- reading -----------------------------------------------------------
 
@@ -482,7 +296,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 yield entry, None, _message(error)
                 continue
             try:
-                data = _read_exactly(fd, entry.size)
+                data = read_exactly(fd, entry.size)
             except (OSError, TreeFailure) as error:
                 yield entry, None, _message(error)
                 continue
@@ -503,11 +317,11 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                 continue
             try:
                 self._write_file(entry, options,
-                                 lambda fd, e=entry, d=data: _write_data(fd, e, d, options.sparse), fresh)
+                                 lambda fd, e=entry, d=data: write_data(fd, e, d, options.sparse), fresh)
                 written.append(entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
-                stopped = stops_writing(failures[-1][1])
+                stopped = bool(stop_cause(failures[-1][1])[0])  # a full or read-only file system
         if options.fsync:
             failures += self._flush_directories(written)
         return failures
@@ -541,14 +355,14 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     continue
                 # Counted as written: the data, not a sparse file's holes nor the zeros -S leaves out.
                 copied = self._write_file(entry, options,
-                                          lambda fd, e=entry, s=source_fd: _copy_data(s, fd, e, options.sparse),
+                                          lambda fd, e=entry, s=source_fd: copy_data(s, fd, e, options.sparse),
                                           fresh)
                 written += copied
                 files += 1
                 sizes[entry.path] = copied
             except (OSError, PdiffcopyError) as error:
                 failures.append((entry.path, _message(error)))
-                stopped = stops_writing(failures[-1][1])
+                stopped = bool(stop_cause(failures[-1][1])[0])  # a full or read-only file system
             finally:
                 os.close(source_fd)
         if options.fsync:
@@ -589,14 +403,14 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         except (OSError, PdiffcopyError):
             return False
         try:
-            return _read_exactly(fd, len(data), strict=False) == data
+            return read_exactly(fd, len(data), strict=False) == data
         except (OSError, TreeFailure):
             return False
         finally:
             os.close(fd)
 
     def _same_content(self, entry: Entry, source_fd: int) -> bool:
-        wanted = _read_exactly(source_fd, entry.size)
+        wanted = read_exactly(source_fd, entry.size)
         os.lseek(source_fd, 0, os.SEEK_SET)
         return self.same_content(entry, wanted)
 
@@ -798,7 +612,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     named.append(operation.entry.path)
             except (OSError, PdiffcopyError) as error:
                 failures.append((operation.entry.path, _message(error)))
-                stopped = stops_writing(failures[-1][1])
+                stopped = bool(stop_cause(failures[-1][1])[0])  # a full or read-only file system
         if options.fsync and named:
             failures += self._flush_directories(named)
         return failures
@@ -960,15 +774,6 @@ def _make_directory(name: str, directory: Optional[int] = None) -> None:
             raise TreeFailure("exists and is not a directory") from None
 
 
-def _sweep(directory: int, name: str, path: str, swept: List[str]) -> None:
-    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.remove_if_abandoned`)."""
-    try:
-        if remove_if_abandoned(name, os.lstat(name, dir_fd=directory), directory):
-            swept.append(path)
-    except OSError:
-        pass  # gone meanwhile, or not ours to remove: housekeeping never fails a sync
-
-
 def _unlink_quietly(name: str, directory: int) -> None:
     try:
         os.unlink(name, dir_fd=directory)
@@ -976,16 +781,10 @@ def _unlink_quietly(name: str, directory: int) -> None:
         pass
 
 
-def stops_writing(message: str) -> bool:
-    """Whether a failure's ``message`` means no further write can succeed (a full or read-only file
-    system): a batch stops there, and the files after it are :data:`NOT_ATTEMPTED`."""
-    return bool(stop_cause(message)[0])
-
-
 def _message(error: BaseException) -> str:
     """A failure's reason in one line (the path is reported next to it)."""
     if isinstance(error, OSError):
-        return _why(error)
+        return why(error)
     return str(error)
 
 
@@ -996,148 +795,4 @@ def _check_kind(fd: int, entry: Entry) -> os.stat_result:
     return info
 
 
-def _read_exactly(fd: int, size: int, strict: bool = True) -> bytes:
-    """All of a file that must be ``size`` bytes long (strict: no more, no less)."""
-    data = os.read(fd, size + 1) if size < TRANSFER_CHUNK_SIZE else _read_all(fd, size + 1)
-    if len(data) != size:
-        if strict:
-            raise TreeFailure(f"changed while copying ({len(data)} bytes, expected {size})")
-        return b""
-    return data
-
-
-def _read_all(fd: int, limit: int) -> bytes:
-    pieces = []
-    total = 0
-    while total < limit:
-        piece = os.read(fd, min(TRANSFER_CHUNK_SIZE, limit - total))
-        if not piece:
-            break
-        pieces.append(piece)
-        total += len(piece)
-    return b"".join(pieces)
-
-
-#: Granularity of holes kept in files written from memory (sparse ones, and all with -S): the
-#: block of most file systems; a smaller run of zeros would only be written as zeros anyway.
-_HOLE_BLOCK = 4096
-
-
-def _write_data(fd: int, entry: Entry, data: bytes, zeros_to_holes: bool = False) -> None:
-    """Write a new file's ``data``; a sparse entry's (or with ``zeros_to_holes``, any) zero blocks stay holes."""
-    if len(data) != entry.size:
-        raise TreeFailure(f"got {len(data)} bytes, expected {entry.size}")
-    if entry.sparse or zeros_to_holes:
-        _write_sparse(fd, data, 0)
-        os.ftruncate(fd, len(data))
-        return
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _write_sparse(fd: int, data: "bytes | memoryview", offset: int) -> int:
-    """Write ``data`` at ``offset`` of a new file but its runs of whole zero blocks, which stay holes;
-    return the bytes written."""
-    return write_around_zeros(fd, data, offset, _HOLE_BLOCK)[1]
-
-
-def _copy_data(source_fd: int, target_fd: int, entry: Entry, zeros_to_holes: bool = False) -> int:
-    """Copy a whole file of ``entry.size`` bytes, keeping holes of a sparse one; return the bytes written.
-
-    One byte more than the size is asked for: getting it means the file grew.
-
-    :param zeros_to_holes: -S: the runs of zero blocks in the data become holes too (read and
-                           written here, not copied by the kernel, which would write them).
-    """
-    if zeros_to_holes:
-        written = _copy_zeros_as_holes(source_fd, target_fd, entry)
-        copied = entry.size + len(os.pread(source_fd, 1, entry.size))
-    elif entry.sparse:
-        written = _copy_sparse(source_fd, target_fd, entry.size)
-        copied = entry.size + len(os.pread(source_fd, 1, entry.size))
-    else:
-        copied = written = copy_available(source_fd, target_fd, 0, entry.size + 1, probe_last_byte=True)
-    if copied != entry.size:
-        raise TreeFailure(f"changed while copying ({'longer' if copied > entry.size else 'shorter'} "
-                          f"than {entry.size} bytes)")
-    return written
-
-
-def _copy_zeros_as_holes(source_fd: int, target_fd: int, entry: Entry) -> int:
-    """Copy a file's data (a sparse one's extents) into a new file, leaving its zero blocks holes;
-    return the bytes written."""
-    extents = data_extents(source_fd, 0, entry.size) if entry.sparse else [(0, entry.size)]
-    written = 0
-    for start, length in extents:
-        position, end = start, start + length
-        while position < end:
-            chunk = os.pread(source_fd, min(TRANSFER_CHUNK_SIZE, end - position), position)
-            if not chunk:
-                raise TreeFailure(f"changed while copying (shorter than {entry.size} bytes)")
-            written += _write_sparse(target_fd, chunk, position)
-            position += len(chunk)
-    os.ftruncate(target_fd, entry.size)
-    return written
-
-
-def _copy_sparse(source_fd: int, target_fd: int, size: int) -> int:
-    """Copy a sparse file's data extents into a new file; return the bytes copied."""
-    written = 0
-    for start, length in data_extents(source_fd, 0, size):
-        if copy_available(source_fd, target_fd, start, length) < length:
-            raise TreeFailure(f"changed while copying (shorter than {size} bytes)")
-        written += length
-    os.ftruncate(target_fd, size)
-    return written
-
-
-def remove_all(directory: int, name: str) -> None:
-    """Remove ``name`` in ``directory`` and, if it is a directory, all below it; no symlink followed.
-
-    Iterative (a frame per level being emptied), so a tree of any depth is
-    removed: recursion stopped at Python's limit of about 1,000 levels. An
-    entry that cannot be removed fails the whole call, after the rest below
-    its directory is gone.
-    """
-    try:
-        info = os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        os.unlink(name, dir_fd=directory)
-        return
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    top = os.open(name, flags, dir_fd=directory)
-    stack = [(directory, name, top, iter(os.listdir(top)))]
-    first_error: Optional[OSError] = None
-    try:
-        while stack:
-            parent, current, fd, children = stack[-1]
-            child = next(children, None)
-            if child is None:
-                stack.pop()
-                os.close(fd)
-                try:
-                    os.rmdir(current, dir_fd=parent)
-                except OSError as error:
-                    first_error = first_error or error
-                continue
-            try:
-                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
-                    below = os.open(child, flags, dir_fd=fd)
-                    stack.append((fd, child, below, iter(os.listdir(below))))
-                else:
-                    os.unlink(child, dir_fd=fd)
-            except FileNotFoundError:
-                continue  # gone meanwhile
-            except OSError as error:
-                first_error = first_error or error  # the rest still goes; the parents stay
-    finally:
-        for _, _, fd, _ in stack:
-            os.close(fd)
-    if first_error is not None:
-        raise first_error
-
-
-__all__ = ["LocalTree", "entry_from_stat", "remove_all"]
+__all__ = ["LocalTree"]

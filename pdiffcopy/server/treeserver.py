@@ -44,7 +44,8 @@ from pdiffcopy.errors import (
 )
 from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core import packedlisting
-from pdiffcopy.local.localtree import Directories, LocalTree
+from pdiffcopy.local.localtree import LocalTree
+from pdiffcopy.local.treewalk import Directories
 from pdiffcopy.server.context import server_state
 from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
