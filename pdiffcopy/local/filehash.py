@@ -12,7 +12,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.errors import storage_error
+from pdiffcopy.errors import StorageError, storage_error
 from pdiffcopy.local.descriptors import data_extents, fast_paths_enabled, read_chunks
 from pdiffcopy.core.hashing import READ_CHUNK_SIZE, finish, new_hasher, zero_digest
 from pdiffcopy.local.devices import descriptor_size
@@ -247,6 +247,37 @@ def cut_region(fd: int, offset: int, length: int, average: int) -> Iterator[List
             chunks.pop()
         position = chunks[-1].offset + chunks[-1].length
         yield chunks
+
+
+def cut_path(path: str, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+    """:func:`cut_ranges` of the file at ``path`` (run in a hashing process)."""
+    from pdiffcopy.local.confinement import open_regular_path  # (a FIFO is refused, never waited on)
+
+    fd = open_regular_path(path, os.O_RDONLY)
+    try:
+        return cut_open(fd, ranges, average, path)
+    finally:
+        os.close(fd)
+
+
+def cut_open(fd: int, ranges: Sequence[ByteRange], average: int, name: str) -> "List[cdc.Chunk]":
+    """:func:`cut_ranges` of an open file, its errors one line naming it ``name``."""
+    try:
+        return cut_ranges(fd, ranges, average)
+    except OSError as error:
+        raise storage_error(error, f"read {name}") from None
+    except EOFError:
+        raise StorageError(f"Cannot read {name}: it became shorter during the sync") from None
+
+
+def cut_ranges(fd: int, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
+    """The content-defined chunks of ``ranges`` of the open file ``fd``, in order.
+
+    :raises OSError: When reading fails.
+    :raises EOFError: When the file is shorter than a range.
+    """
+    return [chunk for offset, length in ranges
+            for window in cut_region(fd, offset, length, average) for chunk in window]
 
 
 def hash_file_ranges(path: str, ranges: Sequence[ByteRange], block_size: int, method: str,

@@ -28,7 +28,7 @@ from pdiffcopy.errors import FileMissing, NotAFile, StorageError, Unsupported, s
 from pdiffcopy.local import devices, directio
 from pdiffcopy.local.devicemaps import DeviceMap, device_map, write_back
 from pdiffcopy.local.descriptors import fast_paths_enabled, write_all, write_zeros
-from pdiffcopy.local.filehash import hash_file_ranges, hash_region, hole_blocks
+from pdiffcopy.local.filehash import cut_ranges, hash_file_ranges, hash_region, hole_blocks
 from pdiffcopy.local.localfile import LocalFile
 
 if TYPE_CHECKING:
@@ -389,8 +389,6 @@ def _cut_device(path: str, ranges: Sequence[ByteRange], average: int, drop_cache
                 ) -> "List[cdc.Chunk]":
     """The content-defined chunks of ranges of a device (run in a hashing process), dropped from
     the cache afterwards with ``drop_cache`` (the chunker reads a mapping: no direct I/O)."""
-    from pdiffcopy.local.localfile import cut_ranges
-
     fd = devices.open_device(path, os.O_RDONLY)
     try:
         chunks = cut_ranges(fd, ranges, average)

@@ -24,7 +24,6 @@ from pdiffcopy.engine.endpoints import (
     PartialFiles,
 )
 from pdiffcopy.errors import (
-    AccessDenied,
     Conflict,
     FileMissing,
     NotAFile,
@@ -55,10 +54,10 @@ from pdiffcopy.local.descriptors import (
     write_all,
     write_sparse,
 )
-from pdiffcopy.local.filehash import cut_region, hash_file_ranges, hash_region
+from pdiffcopy.local.filehash import cut_open, cut_path, hash_file_ranges, hash_region
 from pdiffcopy.local import writerlocks
 from pdiffcopy.core.protocol import is_temporary_name
-from pdiffcopy.local.confinement import Root, clean_relative_path, has_other_names, open_regular_path
+from pdiffcopy.local.confinement import Root, has_other_names, open_regular_path
 from pdiffcopy.local.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -173,6 +172,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         :param name: What messages call the file (default: its full path; a
                      server names the path its client asked for, not its root).
         """
+        from pdiffcopy.local.confinedfile import ConfinedFile  # (its module imports this one)
+
         return ConfinedFile(root, relative, pool, follow, name)
 
     # -- opening -----------------------------------------------------------
@@ -266,7 +267,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         return pool.submit(hash_file_ranges, self.path, ranges, block_size, method, self.drop_cache)
 
     def _submit_cut(self, pool: "Executor", ranges: List[ByteRange], average: int) -> "Future[List[cdc.Chunk]]":
-        return pool.submit(_cut_path, self.path, ranges, average)
+        return pool.submit(cut_path, self.path, ranges, average)
 
     def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
         """The block digests of some ranges, hashed in this thread from the open file."""
@@ -509,7 +510,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         """
         if self.pool is not None and ranges:
             return self._submit_cut(self.pool, list(ranges), average).result()
-        return _cut_open(self._reader(), ranges, average, self.path)
+        return cut_open(self._reader(), ranges, average, self.path)
 
     def can_copy_within(self, origin: FileEndpoint) -> bool:
         return isinstance(origin, LocalFile)
@@ -764,156 +765,6 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
                     os.close(fd)
                 except OSError:
                     pass
-
-
-class ConfinedFile(LocalFile):
-    """A :class:`LocalFile` beneath a root directory, opened only beneath it (:meth:`LocalFile.below`)."""
-
-    def __init__(self, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
-                 name: Optional[str] = None) -> None:
-        super().__init__(name if name is not None else os.path.join(root.directory, relative), pool)
-        self._root, self._relative, self._follow = root, relative, follow
-
-    def _open(self, flags: int, mode: int = 0o666) -> int:
-        return self._root.open_regular(self._relative, flags, mode, follow=self._follow)
-
-    def open_writer(self) -> "tuple[int, bool]":
-        try:
-            return self._open(os.O_WRONLY | os.O_CREAT | os.O_EXCL), True
-        except Conflict:  # it exists: update it in place
-            return self._open(os.O_WRONLY), False
-
-    def status(self) -> os.stat_result:
-        fd = self._root.open(self._relative, os.O_PATH | (0 if self._follow else os.O_NOFOLLOW))
-        try:
-            return os.fstat(fd)
-        finally:
-            os.close(fd)
-
-    def _name_status(self) -> os.stat_result:
-        return self.status()  # a sibling is never followed
-
-    def free_space(self) -> Optional[int]:
-        try:
-            directory, _ = self._directory_and_name()
-        except PdiffcopyError:
-            return None  # the root itself, or a directory gone: the sync says so where it matters
-        try:
-            stats = os.fstatvfs(directory)
-        except OSError:
-            return None
-        finally:
-            os.close(directory)
-        return stats.f_bavail * stats.f_frsize
-
-    def _directory_and_name(self) -> "tuple[Optional[int], str]":
-        """A descriptor of the file's directory (``O_RDONLY``: it can be flushed) and its name.
-
-        :raises AccessDenied: For the root itself, which has no name to rename or remove.
-        """
-        relative = clean_relative_path(self._relative, self._root.reserve)
-        if not relative:
-            raise AccessDenied("The root directory itself cannot be changed")
-        parent, _, name = relative.rpartition("/")
-        return self._root.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY), name
-
-    def sweep_temporaries(self) -> int:
-        directory, _ = self._directory_and_name()
-        try:
-            return sweep_stale_temporaries(f"/proc/self/fd/{directory}")
-        finally:
-            os.close(directory)
-
-    def _flush_directory(self) -> None:
-        directory, _ = self._directory_and_name()
-        assert directory is not None
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-    def exists(self) -> bool:
-        try:
-            os.close(self._root.open(self._relative, os.O_PATH | os.O_NOFOLLOW))
-        except FileMissing:
-            return False
-        return True
-
-    def _submit_hashes(self, pool: "Executor", ranges: List[ByteRange], block_size: int, method: str
-                       ) -> "Future[bytes]":
-        return pool.submit(_hash_below, self._root.directory, self._relative, ranges, block_size, method)
-
-    def _submit_cut(self, pool: "Executor", ranges: List[ByteRange], average: int) -> "Future[List[cdc.Chunk]]":
-        return pool.submit(_cut_below, self._root.directory, self._relative, ranges, average)
-
-    def _sibling(self, naming: Callable[[str], str],
-                 relative: Optional[str] = None) -> "tuple[LocalFile, Optional[str]]":
-        display: Optional[str] = relative
-        if relative is None:
-            head, sibling_name = self._relative.rpartition("/")[0], naming(os.path.basename(self.path))
-            relative = f"{head}/{sibling_name}" if head else sibling_name
-        sibling = ConfinedFile(self._root, relative, self.pool, name=display)
-        sibling.temporary = True
-        return sibling, display
-
-
-#: The roots a hashing process has opened, by directory (one descriptor each, kept).
-_roots: "dict[str, Root]" = {}
-
-
-def _cut_path(path: str, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
-    """:func:`cut_ranges` of the file at ``path`` (run in a hashing process)."""
-    fd = open_regular_path(path, os.O_RDONLY)
-    try:
-        return _cut_open(fd, ranges, average, path)
-    finally:
-        os.close(fd)
-
-
-def _cut_below(directory: str, relative: str, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
-    """:func:`cut_ranges` of a file confined beneath ``directory`` (run in a hashing process)."""
-    root = _roots.get(directory)
-    if root is None:
-        root = _roots[directory] = Root(directory, reserve=False)
-    fd = root.open_regular(relative, os.O_RDONLY, follow=False)
-    try:
-        return _cut_open(fd, ranges, average, relative)
-    finally:
-        os.close(fd)
-
-
-def _cut_open(fd: int, ranges: Sequence[ByteRange], average: int, name: str) -> "List[cdc.Chunk]":
-    try:
-        return cut_ranges(fd, ranges, average)
-    except OSError as error:
-        raise storage_error(error, f"read {name}") from None
-    except EOFError:
-        raise StorageError(f"Cannot read {name}: it became shorter during the sync") from None
-
-
-def _hash_below(directory: str, relative: str, ranges: Sequence[ByteRange], block_size: int,
-                method: str) -> bytes:
-    """:func:`hash_file_ranges` for a file confined beneath ``directory`` (run in a hashing process)."""
-    root = _roots.get(directory)
-    if root is None:
-        root = _roots[directory] = Root(directory, reserve=False)
-    fd = root.open_regular(relative, os.O_RDONLY, follow=False)
-    try:
-        return b"".join(hash_region(fd, offset, length, block_size, method) for offset, length in ranges)
-    except OSError as error:
-        raise storage_error(error, f"read {relative}") from None
-    finally:
-        os.close(fd)
-
-
-def cut_ranges(fd: int, ranges: Sequence[ByteRange], average: int) -> "List[cdc.Chunk]":
-    """The content-defined chunks of ``ranges`` of the open file ``fd``, in order.
-
-    :raises OSError: When reading fails.
-    :raises EOFError: When the file is shorter than a range.
-    """
-    return [chunk for offset, length in ranges
-            for window in cut_region(fd, offset, length, average) for chunk in window]
 
 
 def _lock_or_refuse(fd: int, path: str) -> None:
