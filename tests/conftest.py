@@ -289,6 +289,35 @@ def ends(request, tmp_path, unique) -> TreeEnds:
     return TreeEnds("push", tmp_path / "src", server.root / name, target_url=server.url(name))
 
 
+def device_bytes(device: str, length: int) -> bytes:
+    """The first ``length`` bytes of a device (or file), read through the page cache."""
+    with open(device, "rb") as handle:
+        return handle.read(length)
+
+
+def write_through_device(device: str, offset: int, data: bytes) -> None:
+    """Write ``data`` at ``offset`` through the device itself (its write counters see it), around the page cache."""
+    import mmap
+
+    fd = os.open(device, os.O_WRONLY | os.O_DIRECT)
+    try:
+        page = mmap.mmap(-1, len(data))
+        page.write(data)
+        os.pwritev(fd, [page], offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def one_line_error(done: subprocess.CompletedProcess) -> str:
+    """The one line a failed command printed (it failed, without a traceback)."""
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1, done.stderr
+    return lines[0]
+
+
 class LoopDevices:
     """Makes loop devices (``losetup``) over files in a test's directory; detaches every one."""
 

@@ -8,14 +8,13 @@ and the sync runs end to end on loop devices that stand for the two snapshots
 
 from __future__ import annotations
 
-import mmap
 import os
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import random_bytes, run_cli
+from conftest import device_bytes, random_bytes, run_cli, write_through_device
 from pdiffcopy import api
 from pdiffcopy.errors import Conflict, UsageError
 from pdiffcopy.local import devices
@@ -64,20 +63,8 @@ def sectors_read(device: str) -> int:
     return devices.counters(os.stat(device).st_rdev).sectors_read
 
 
-def device_bytes(device: str) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(SIZE)
 
 
-def write_device(device: str, offset: int, data: bytes) -> None:
-    fd = os.open(device, os.O_WRONLY | os.O_DIRECT)
-    try:
-        page = mmap.mmap(-1, len(data))
-        page.write(data)
-        os.pwritev(fd, [page], offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def test_thin_delta_on_restored_metadata_gives_exactly_the_differing_ranges(metadata):
@@ -111,14 +98,14 @@ def test_only_the_changed_ranges_are_read_and_moved(snapshots, tmp_path):
     old, new, target, pool = snapshots
     record = str(tmp_path / "target.digests")
     api.sync(old, target, digest_file=record, thin_pools=pool)
-    assert device_bytes(target) == device_bytes(old)
+    assert device_bytes(target, SIZE) == device_bytes(old, SIZE)
     source_before, target_before = sectors_read(new), sectors_read(target)
     result = api.sync(new, target, digest_file=record, changed_since=old, thin_pools=pool)
     # The 1 MiB blocks the three ranges touch (5, 11 and 15): hashed, and moved.
     assert (result.changed_blocks, result.bytes_moved) == (3, 3 * MiB)
     assert (sectors_read(new) - source_before) * 512 <= 6 * MiB
     assert (sectors_read(target) - target_before) * 512 <= 3 * MiB
-    assert device_bytes(target) == device_bytes(new)
+    assert device_bytes(target, SIZE) == device_bytes(new, SIZE)
 
 
 def test_what_the_pool_calls_the_same_is_trusted_until_verify_whole(snapshots, tmp_path):
@@ -126,25 +113,25 @@ def test_what_the_pool_calls_the_same_is_trusted_until_verify_whole(snapshots, t
     old, new, target, pool = snapshots
     record = str(tmp_path / "target.digests")
     api.sync(old, target, digest_file=record, thin_pools=pool)
-    write_device(new, 2 * MiB, random_bytes(4 * KiB, seed=55))
+    write_through_device(new, 2 * MiB, random_bytes(4 * KiB, seed=55))
     api.sync(new, target, digest_file=record, changed_since=old, thin_pools=pool)
-    assert device_bytes(target) != device_bytes(new)
+    assert device_bytes(target, SIZE) != device_bytes(new, SIZE)
     result = api.sync(new, target, digest_file=record, verify_whole=True, thin_pools=pool)
     assert result.changed_blocks == 1
-    assert device_bytes(target) == device_bytes(new)
+    assert device_bytes(target, SIZE) == device_bytes(new, SIZE)
 
 
 def test_changed_since_without_a_record_of_that_snapshot_is_refused(snapshots, tmp_path):
     old, new, target, pool = snapshots
     record = str(tmp_path / "target.digests")
-    before = device_bytes(target)
+    before = device_bytes(target, SIZE)
     with pytest.raises(UsageError, match="needs the digest record of the last sync"):
         api.sync(new, target, digest_file=record, changed_since=old, thin_pools=pool)
     api.sync(old, target, digest_file=record, thin_pools=MetadataFilePool(pool.metadata, {}))  # not known as thin
-    before = device_bytes(target)
+    before = device_bytes(target, SIZE)
     with pytest.raises(Conflict, match="was not made from .*snapshot --changed-since counts"):
         api.sync(new, target, digest_file=record, changed_since=old, thin_pools=pool)
-    assert device_bytes(target) == before
+    assert device_bytes(target, SIZE) == before
 
 
 def test_a_source_that_is_no_thin_volume_is_refused_in_one_line(snapshots, tmp_path):

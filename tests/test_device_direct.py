@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import random_bytes, run_cli
+from conftest import device_bytes, random_bytes, run_cli
 
 MiB = 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -35,9 +35,6 @@ def _pagecache():
 pagecache = _pagecache()
 
 
-def device_bytes(device: str, length: int) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(length)
 
 
 @contextlib.contextmanager

@@ -16,14 +16,21 @@ import time
 
 import pytest
 
-from conftest import free_port, held_lease, http_get, pdiffcopy_command, random_bytes, run_cli, start_server
+from conftest import (
+    device_bytes,
+    free_port,
+    held_lease,
+    http_get,
+    one_line_error,
+    pdiffcopy_command,
+    random_bytes,
+    run_cli,
+    start_server,
+)
 
 MiB = 1024 * 1024
 
 
-def device_bytes(device: str, length: int) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(length)
 
 
 def writes_of(device: str) -> int:
@@ -33,12 +40,6 @@ def writes_of(device: str) -> int:
         return int(handle.read().split()[4])
 
 
-def one_line_error(done) -> str:
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode != 0, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture

@@ -10,15 +10,12 @@ import socket
 import subprocess
 
 
-from conftest import pdiffcopy_command, random_bytes
+from conftest import device_bytes, pdiffcopy_command, random_bytes
 from test_ssh import over_ssh, serve_processes, sshd, wait_until  # noqa: F401 (sshd: the fixture)
 
 MiB = 1024 * 1024
 
 
-def device_bytes(device: str, length: int) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(length)
 
 
 def test_a_device_pushes_to_a_device_over_ssh_and_back(sshd, loop_devices, tmp_path):  # noqa: F811

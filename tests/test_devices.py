@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import random_bytes, run_cli
+from conftest import device_bytes, random_bytes, run_cli
 
 MiB = 1024 * 1024
 
@@ -25,9 +25,6 @@ def allocated(path) -> int:
     return os.stat(path).st_blocks * 512
 
 
-def device_bytes(device: str, length: int) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(length)
 
 
 def one_line_error(done) -> str:

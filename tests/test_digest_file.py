@@ -3,12 +3,11 @@ read the target; checked before it is relied on (loop devices over files in the 
 
 from __future__ import annotations
 
-import mmap
 import os
 
 import pytest
 
-from conftest import random_bytes, run_cli
+from conftest import device_bytes, one_line_error, random_bytes, run_cli, write_through_device
 import test_ssh
 from test_ssh import over_ssh
 from pdiffcopy.local import devices
@@ -24,29 +23,10 @@ def sectors_read(device: str) -> int:
     return devices.counters(os.stat(device).st_rdev).sectors_read
 
 
-def device_bytes(device: str, length: int = SIZE) -> bytes:
-    with open(device, "rb") as handle:
-        return handle.read(length)
 
 
-def write_device(device: str, offset: int, data: bytes) -> None:
-    """Write through the device (its counters see it), bypassing the page cache."""
-    fd = os.open(device, os.O_WRONLY | os.O_DIRECT)
-    try:
-        page = mmap.mmap(-1, len(data))
-        page.write(data)
-        os.pwritev(fd, [page], offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
-def one_line_error(done) -> str:
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode != 0, done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    assert len(lines) == 1, done.stderr
-    return lines[0]
 
 
 @pytest.fixture
@@ -58,7 +38,7 @@ def synced(loop_devices, tmp_path):
     done = run_cli("--digest-file", record, source, target)
     assert done.returncode == 0, done.stderr
     assert os.path.exists(record)
-    assert device_bytes(target) == device_bytes(source)
+    assert device_bytes(target, SIZE) == device_bytes(source, SIZE)
     assert [name for name in os.listdir(tmp_path) if "pdiffcopy" in name] == []  # renamed, nothing left
     return source, target, backing, record
 
@@ -76,14 +56,14 @@ def test_with_a_record_and_no_change_the_target_is_not_read(synced):
 def test_with_a_tenth_changed_only_that_moves_and_is_read_back(synced):
     source, target, _, record = synced
     change = random_bytes(2 * MiB, seed=43)
-    write_device(source, 5 * MiB, change[:MiB])
-    write_device(source, 11 * MiB, change[MiB:])
+    write_through_device(source, 5 * MiB, change[:MiB])
+    write_through_device(source, 11 * MiB, change[MiB:])
     target_before = sectors_read(target)
     done = run_cli("--stats", "--digest-file", record, source, target)
     assert done.returncode == 0, done.stderr
     assert "2 MiB moved, 2 of 16 blocks differed" in done.stderr, done.stderr
     assert (sectors_read(target) - target_before) * 512 <= 2 * MiB  # the read-back of what was written
-    assert device_bytes(target) == device_bytes(source)
+    assert device_bytes(target, SIZE) == device_bytes(source, SIZE)
     # The record was made again: the next sync trusts it too.
     target_before = sectors_read(target)
     assert run_cli("--digest-file", record, source, target).returncode == 0
@@ -92,21 +72,21 @@ def test_with_a_tenth_changed_only_that_moves_and_is_read_back(synced):
 
 def test_a_target_written_behind_the_records_back_is_refused(synced):
     source, target, _, record = synced
-    write_device(target, 3 * MiB, b"written by someone else!" * 4096)
-    written = device_bytes(target)
+    write_through_device(target, 3 * MiB, b"written by someone else!" * 4096)
+    written = device_bytes(target, SIZE)
     done = run_cli("--digest-file", record, source, target)
     line = one_line_error(done)
     assert "was written since the digest record" in line and "--verify-whole" in line, line
-    assert device_bytes(target) == written  # refused before anything was written
+    assert device_bytes(target, SIZE) == written  # refused before anything was written
     done = run_cli("--verify-whole", "--digest-file", record, source, target)
     assert done.returncode == 0, done.stderr
-    assert device_bytes(target) == device_bytes(source)
+    assert device_bytes(target, SIZE) == device_bytes(source, SIZE)
     assert run_cli("--digest-file", record, source, target).returncode == 0  # made again
 
 
 def test_a_record_of_another_device_or_block_size_is_refused(synced, loop_devices):
     source, target, _, record = synced
-    other, _ = loop_devices.new("other.img", SIZE, device_bytes(target))
+    other, _ = loop_devices.new("other.img", SIZE, device_bytes(target, SIZE))
     assert "made for another target" in one_line_error(run_cli("--digest-file", record, source, other))
     line = one_line_error(run_cli("-b", "512K", "--digest-file", record, source, target))
     assert "1048576-byte blocks" in line and "524288-byte" in line, line
@@ -127,7 +107,7 @@ def test_verify_whole_catches_a_write_below_the_device(synced):
     assert done.returncode == 0, done.stderr
     assert "1 block(s) of" in done.stderr and "differed from the digest record" in done.stderr, done.stderr
     assert (sectors_read(target) - before) * 512 >= SIZE
-    assert device_bytes(target) == device_bytes(source)
+    assert device_bytes(target, SIZE) == device_bytes(source, SIZE)
 
 
 def test_a_damaged_record_is_refused(synced):
@@ -169,7 +149,7 @@ def test_options_a_record_cannot_go_with_are_refused(tmp_path, options, said):
 
 def test_a_dry_run_with_a_record_reads_no_target_and_keeps_the_record(synced):
     source, target, _, record = synced
-    write_device(source, 4 * MiB, random_bytes(MiB, seed=46))
+    write_through_device(source, 4 * MiB, random_bytes(MiB, seed=46))
     kept = open(record, "rb").read()
     before = sectors_read(target)
     done = run_cli("-n", "--digest-file", record, source, target)
@@ -193,7 +173,7 @@ def test_a_pull_into_a_device_uses_the_record(server, loop_devices, tmp_path, un
     assert done.returncode == 0, done.stderr
     assert "1 of 16 blocks differed" in done.stderr, done.stderr
     assert (sectors_read(target) - before) * 512 <= MiB
-    assert device_bytes(target) == bytes(changed)
+    assert device_bytes(target, SIZE) == bytes(changed)
 
 
 def test_a_remote_target_is_refused():
@@ -216,4 +196,4 @@ def test_a_pull_over_ssh_into_a_device_reads_only_the_source(sshd, loop_devices,
     assert done.returncode == 0, done.stderr
     assert "0 of 16 blocks differed" in done.stderr, done.stderr
     assert sectors_read(target) == before
-    assert device_bytes(target) == data
+    assert device_bytes(target, SIZE) == data
