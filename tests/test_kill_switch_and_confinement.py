@@ -22,6 +22,7 @@ from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_s
 import pdiffcopy
 from pdiffcopy.local import descriptors
 from pdiffcopy.errors import AccessDenied, NotAFile
+from pdiffcopy.local.confinedfile import ConfinedFile
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.local.confinement import Root
 
@@ -175,16 +176,16 @@ def test_a_confined_file_stays_beneath_its_root_with_and_without_the_kill_switch
     (root_dir / "fifo").parent.mkdir(exist_ok=True)
     os.mkfifo(root_dir / "fifo")
     root = Root(str(root_dir), reserve=False)
-    assert b"".join(bytes(chunk) for _, chunk in LocalFile.below(root, "d/file").read_ranges([(0, 6)])) \
+    assert b"".join(bytes(chunk) for _, chunk in ConfinedFile(root, "d/file").read_ranges([(0, 6)])) \
         == b"inside"
     for name in ("out", "outdir/secret", "../outside/secret"):
         with pytest.raises((AccessDenied, NotAFile)):
-            list(LocalFile.below(root, name).read_ranges([(0, 6)]))
+            list(ConfinedFile(root, name).read_ranges([(0, 6)]))
     with pytest.raises(NotAFile):
-        list(LocalFile.below(root, "fifo").read_ranges([(0, 1)]))
+        list(ConfinedFile(root, "fifo").read_ranges([(0, 1)]))
     # Writing through a symlinked directory never creates anything outside.
     with pytest.raises(AccessDenied):
-        LocalFile.below(root, "outdir/new").prepare(10)
+        ConfinedFile(root, "outdir/new").prepare(10)
     assert sorted(os.listdir(outside)) == ["secret"]
 
 
@@ -336,7 +337,7 @@ def test_the_servers_file_views_open_files_only_through_a_confined_local_file():
         assert re.findall(r"root\.(open\w*)\(", source) == [], module
         for call in ("os.replace(", "os.unlink(", "copy_into(", "os.open("):
             assert call not in source, (module, call)
-    assert "LocalFile.below(" in (views / "requests.py").read_text()  # served(), which every view asks
+    assert "ConfinedFile(" in (views / "requests.py").read_text()  # served(), which every view asks
 
 
 def test_every_atomic_replace_goes_through_one_helper():
@@ -376,7 +377,7 @@ def test_a_confined_file_is_a_class_of_its_own(tmp_path):
     # ask which they are (no `_root is None` branches).
     from pdiffcopy.local import localfile
 
-    confined = LocalFile.below(Root(str(tmp_path), reserve=False), "a")
+    confined = ConfinedFile(Root(str(tmp_path), reserve=False), "a")
     assert isinstance(confined, LocalFile) and type(confined) is not LocalFile
     assert "_root is None" not in Path(localfile.__file__).read_text()
 

@@ -2,8 +2,10 @@
 
 Every open goes through :class:`~pdiffcopy.local.confinement.Root` (``openat2`` with
 ``RESOLVE_BENEATH``, ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
-removed through a descriptor of its directory (:meth:`LocalFile.below
-<pdiffcopy.local.localfile.LocalFile.below>` describes why).
+removed through a descriptor of its directory, so a directory swapped for a symlink after
+the tree was listed can never lead a read or a write out of it. The server's file views
+open every file they serve this way (with ``follow``: a symlink that stays in the root is
+served). Only regular files are opened (FIFOs and devices are refused, never waited on).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ if TYPE_CHECKING:
 
 
 class ConfinedFile(LocalFile):
-    """A :class:`LocalFile` beneath a root directory, opened only beneath it (:meth:`LocalFile.below`)."""
+    """The file at ``relative`` beneath ``root``, a :class:`LocalFile` opened only beneath it.
+
+    :param root: The directory the file must stay in (a tree's root, a server's).
+    :param relative: The file's path relative to ``root``.
+    :param follow: Follow a symlink in the last name if it stays beneath the
+                   root (a server's files); a tree's member is opened without.
+    :param name: What messages call the file (default: its full path; a
+                 server names the path its client asked for, not its root).
+    """
 
     def __init__(self, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
                  name: Optional[str] = None) -> None:

@@ -57,7 +57,7 @@ from pdiffcopy.local.descriptors import (
 from pdiffcopy.local.filehash import cut_open, cut_path, hash_file_ranges, hash_region
 from pdiffcopy.local import writerlocks
 from pdiffcopy.core.protocol import is_temporary_name
-from pdiffcopy.local.confinement import Root, has_other_names, open_regular_path
+from pdiffcopy.local.confinement import has_other_names, open_regular_path
 from pdiffcopy.local.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -120,8 +120,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     """A regular file on a local file system.
 
     ``LocalFile(path)`` is a file the user named: its path is resolved as
-    given, symlinks included. :meth:`below` makes a file confined beneath a
-    directory (a tree's member): every open goes through
+    given, symlinks included. :class:`~pdiffcopy.local.confinedfile.ConfinedFile` is a file
+    confined beneath a directory (a tree's member): every open goes through
     :class:`~pdiffcopy.local.confinement.Root` (``openat2`` with ``RESOLVE_BENEATH``,
     ``O_NOFOLLOW`` on the last name), and its temporary is made, renamed and
     removed through a descriptor of its directory, so a directory swapped
@@ -160,22 +160,6 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         #: The mode of the files made for this one that are not clones of it (:meth:`use_mode`).
         self._copies_mode: Optional[int] = None
 
-    @classmethod
-    def below(cls, root: Root, relative: str, pool: "Optional[Executor]" = None, follow: bool = False,
-              name: Optional[str] = None) -> "LocalFile":
-        """The file at ``relative`` beneath ``root``, opened only beneath it.
-
-        :param root: The directory the file must stay in (a tree's root, a server's).
-        :param relative: The file's path relative to ``root``.
-        :param follow: Follow a symlink in the last name if it stays beneath the
-                       root (a server's files); a tree's member is opened without.
-        :param name: What messages call the file (default: its full path; a
-                     server names the path its client asked for, not its root).
-        """
-        from pdiffcopy.local.confinedfile import ConfinedFile  # (its module imports this one)
-
-        return ConfinedFile(root, relative, pool, follow, name)
-
     # -- opening -----------------------------------------------------------
 
     def _open(self, flags: int, mode: int = 0o666) -> int:
@@ -196,7 +180,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         return self._open(os.O_WRONLY | os.O_CREAT), created
 
     def status(self) -> os.stat_result:
-        """The file's ``stat`` (whatever kind it is), symlinks followed as :meth:`below` says.
+        """The file's ``stat`` (whatever kind it is), symlinks followed (a confined file's as it says).
 
         :raises PdiffcopyError: :class:`~pdiffcopy.errors.FileMissing` when there is none.
         """

@@ -752,7 +752,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
         return isinstance(other, LocalTree)
 
     def file_endpoint(self, path: str) -> FileEndpoint:
-        from pdiffcopy.local.localfile import LocalFile
+        from pdiffcopy.local.confinedfile import ConfinedFile
 
         if self._devices_as_files:
             directory, name = self._parent(path)
@@ -762,7 +762,7 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
 
                 return LocalDevice(device)
         # Beneath the root, like every other access of the tree (docs/trees.rst).
-        return LocalFile.below(self.root, self._full(path))
+        return ConfinedFile(self.root, self._full(path))
 
 
 def _make_directory(name: str, directory: Optional[int] = None) -> None:

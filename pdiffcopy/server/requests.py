@@ -24,6 +24,7 @@ from pdiffcopy.errors import AccessDenied, BadRequest, Conflict, PayloadTooLarge
 from pdiffcopy.local import devices
 from pdiffcopy.local.confinement import Root
 from pdiffcopy.local.descriptors import etag, is_temporary_name
+from pdiffcopy.local.confinedfile import ConfinedFile
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.server.bodyreader import open_body
 from pdiffcopy.server.context import server_state
@@ -255,7 +256,7 @@ def refuse_export(path: str, what: str) -> None:
 
 
 def served(root: Root, path: str, follow: bool = True) -> LocalFile:
-    """The file a request names, confined beneath the root (:meth:`LocalFile.below`).
+    """The file a request names, confined beneath the root (:class:`~pdiffcopy.local.confinedfile.ConfinedFile`).
 
     Every view reaches its files this way: only regular files are opened
     (FIFOs and devices are refused with 409 without being opened or waited
@@ -267,7 +268,7 @@ def served(root: Root, path: str, follow: bool = True) -> LocalFile:
     value = request.headers.get(NO_FOLLOW_HEADER, "0")
     if value not in ("0", "1"):
         raise BadRequest(f"Header {NO_FOLLOW_HEADER} must be 0 or 1")
-    return LocalFile.below(root, path, follow=follow and value == "0", name=path)
+    return ConfinedFile(root, path, follow=follow and value == "0", name=path)
 
 
 def require_temporary(path: str) -> None:
