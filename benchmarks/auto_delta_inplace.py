@@ -217,13 +217,13 @@ def measure(tool: Tool, workload: Workload, direction: str, cache: str, run: Pat
 
 def build_tools(names: List[str], ours: benchlib.OursInstallation, baseline: Optional[benchlib.OursInstallation],
                 our_server, baseline_server, daemon, data: Path) -> List[Tool]:
-    """The tools of ``names``; pdiffcopy runs with -v --stats (the choice and the bytes, in its log)."""
+    """The tools of ``names``; pdiffcopy runs with -vv --stats (the choice and the bytes, in its log)."""
     tools = []
 
     def pdiffcopy(prefix: List[str], server, options: List[str]):
         def command(workload: Workload, direction: str, target: Path) -> List[str]:
             source = server.url(workload.source) if direction == "pull" else str(workload.source)
-            return prefix + ["-v", "--stats"] + options + [source, str(target)]
+            return prefix + ["-vv", "--stats"] + options + [source, str(target)]
         return command
 
     def rsync(workload: Workload, direction: str, target: Path) -> List[str]:
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
         if "baseline" in args.tools:
             baseline = benchlib.baseline_installation(args.baseline, dirs.root)
             header.append("baseline: %s" % baseline.description)
-        header += ["", "Rounds: %i; pdiffcopy runs with -v --stats; rsync -I --inplace --no-whole-file --stats "
+        header += ["", "Rounds: %i; pdiffcopy runs with -vv --stats; rsync -I --inplace --no-whole-file --stats "
                    "(pulled from an rsync daemon on 127.0.0.1); pdiffcopy pulls from its server on 127.0.0.1."
                    % args.rounds,
                    "Load average (1, 5, 15 min) at the start: %s" % benchlib.load_averages()]
