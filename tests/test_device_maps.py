@@ -6,6 +6,7 @@ devices are synced end to end over sparse files (the ``loop_devices`` fixture)."
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -347,6 +348,38 @@ def test_hashing_with_a_known_map_gives_the_digests_of_the_bytes(tmp_path, block
                 hash_region(fd, offset, length, block_size, "sha256")
     finally:
         os.close(fd)
+
+
+def read_requests(device: str) -> int:
+    """The read requests the device has completed since boot (``/sys/block/*/stat``, its first field)."""
+    with open(f"/sys/dev/block/{os.major(os.stat(device).st_rdev)}:{os.minor(os.stat(device).st_rdev)}/stat") as handle:
+        return int(handle.read().split()[0])
+
+
+def test_a_refined_block_of_a_device_with_a_map_is_read_in_few_requests(loop_devices, tmp_path):
+    """The refinement hashes a changed 1 MiB block in 4 KiB pieces; a device with a map has its
+    readahead off, so the pieces must be asked for together, not one request each (256)."""
+    from pdiffcopy.local.localdevice import LocalDevice
+
+    image = tmp_path / "image"
+    image.write_bytes(random_bytes(8 * MiB, seed=70))
+    device = loop_devices.over(image)
+    endpoint = LocalDevice(device)
+    try:
+        assert endpoint.device_map() is not None  # (a loop device: its file's map)
+        fd = os.open(device, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # nothing of it cached
+        finally:
+            os.close(fd)
+        before = read_requests(device)
+        digests = endpoint.hash_ranges([(3 * MiB, MiB)], 4096, "sha256")
+        requests = read_requests(device) - before
+    finally:
+        endpoint.close()
+    assert digests == b"".join(hashlib.sha256(image.read_bytes()[offset:offset + 4096]).digest()
+                               for offset in range(3 * MiB, 4 * MiB, 4096))
+    assert 0 < requests <= 32, requests
 
 
 # -- a map read once (the thin provider's) in a real sync --------------------------------

@@ -84,10 +84,16 @@ def hash_region(fd: int, offset: int, length: int, block_size: int, method: str,
             mapping.close()
 
 
+#: How far ahead of the block it hashes a device with a map asks for its data at least (its own
+#: readahead is off, as it would read the holes): a refinement's 4 KiB pieces are then asked for
+#: 256 at a time, not one (1 GiB, 10 % of its blocks changed: 0.02 s to refine, not 0.6 s).
+DEVICE_READ_AHEAD_BYTES = 1024 * 1024
+
+
 class _DevicePieces:
     """The data and hole pieces of a device's blocks, from its map: the holes are hashed as zeros
     and never read (a device reads them: no file system skips them), and the data of the next
-    block is asked for ahead (``POSIX_FADV_WILLNEED``: the mapping itself reads no further)."""
+    blocks are asked for ahead (``POSIX_FADV_WILLNEED``: the mapping itself reads no further)."""
 
     def __init__(self, fd: int, offset: int, available: int, block_size: int, extents: Sequence[ByteRange]) -> None:
         self.fd, self.offset, self.available, self.block_size = fd, offset, available, block_size
@@ -95,7 +101,7 @@ class _DevicePieces:
         self.extents = [(max(start, offset) - offset, min(start + size, offset + available) - offset)
                         for start, size in extents if start < offset + available and start + size > offset]
         self.index = 0
-        self.fetched = 0  # the blocks before this one were asked for
+        self.fetched = 0  # the bytes of the region before this one were asked for
         self.zeros = memoryview(bytes(min(block_size, READ_CHUNK_SIZE)))
 
     def _pieces(self, block: int) -> List[Tuple[int, int]]:
@@ -109,18 +115,25 @@ class _DevicePieces:
             index += 1
         return found
 
-    def _fetch(self, block: int) -> None:
-        if block < self.fetched or block * self.block_size >= self.available:
+    def _fetch(self, stop: int) -> None:
+        """Ask for the data of the region up to byte ``stop`` that was not asked for yet."""
+        stop = min(stop, self.available)
+        if stop <= self.fetched:
             return
-        self.fetched = block + 1
-        saved = self.index
-        for start, stop in self._pieces(block):
-            _prefetch(self.fd, self.offset + start, stop - start, limit=None)
-        self.index = saved
+        for start, end in self.extents[self.index:]:
+            if start >= stop:
+                break
+            start, end = max(start, self.fetched), min(end, stop)
+            if end > start:
+                _prefetch(self.fd, self.offset + start, end - start, limit=None)
+        self.fetched = stop
 
     def hash_block(self, hasher, view: memoryview, block: int) -> None:
-        self._fetch(block)
-        self._fetch(block + 1)
+        # The next block asked for, or more of the small blocks (a refinement's pieces), in steps
+        # of a quarter of that: few calls, and the device never idle.
+        ahead = max(self.block_size, DEVICE_READ_AHEAD_BYTES)
+        if (block + 1) * self.block_size + ahead - ahead // 4 > self.fetched:
+            self._fetch((block + 1) * self.block_size + ahead)
         position = block * self.block_size
         for start, stop in self._pieces(block) + [(min(position + self.block_size, self.available),) * 2]:
             while position < start:  # a hole in a block that has data
