@@ -25,7 +25,7 @@ from conftest import random_bytes
 from pdiffcopy.core.treeplan import LINK, Entry, Operation
 from pdiffcopy.core.treewire import TreeWireError, parse_operation
 from pdiffcopy.engine.treeendpoints import MetadataOptions
-from pdiffcopy.transport.urls import quote_path
+from pdiffcopy.core.locations import quote_path
 
 #: The filters of the scenarios: the first name of a group (in path order) and a
 #: directory holding another name are left out, in both tools' syntax.

@@ -178,6 +178,19 @@ def test_the_import_contracts_hold(lint_imports_available):
     assert "0 broken" in result.stdout
 
 
+def test_the_import_contracts_catch_the_command_line_going_around_the_api(lint_imports_available, tmp_path):
+    """The command line reaches the engine through pdiffcopy.api only: a lazy import around it is caught."""
+    import shutil
+
+    shutil.copytree(Path(pdiffcopy.__file__).resolve().parent, tmp_path / "pdiffcopy",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    reports = tmp_path / "pdiffcopy" / "cli" / "reports.py"
+    reports.write_text(reports.read_text() + "\n\ndef _around():\n    from pdiffcopy.engine.filejob import Progress  # noqa\n")
+    result = run_lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "pdiffcopy.cli.reports -> pdiffcopy.engine.filejob" in result.stdout
+
+
 def test_the_import_contracts_catch_a_core_module_importing_the_transport(lint_imports_available, tmp_path):
     import shutil
 

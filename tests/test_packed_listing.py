@@ -30,7 +30,7 @@ from pdiffcopy.core.treeplan import DIR, FILE, OTHER, SYMLINK, Entry
 from pdiffcopy.core.treewire import END_MARKER, TreeWireError, decode_files, digest, encode_files, parse_entry
 from pdiffcopy.engine.treeendpoints import MetadataOptions
 from pdiffcopy.transport import remotetree
-from pdiffcopy.transport.urls import quote_path
+from pdiffcopy.core.locations import quote_path
 from pdiffcopy.errors import AccessDenied, RemoteError
 
 #: The last revision of main whose server knows only the JSON listing.

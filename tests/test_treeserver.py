@@ -29,7 +29,7 @@ from pdiffcopy.errors import AccessDenied, AuthenticationFailed, RemoteError
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
 from pdiffcopy.transport.remote import RemoteFile
-from pdiffcopy.transport.urls import quote_path
+from pdiffcopy.core.locations import quote_path
 from pdiffcopy.transport.remotetree import RemoteTree
 from pdiffcopy.engine.treeendpoints import DELETE, METADATA, MKDIR, REMOVE, SYMLINK, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry

@@ -18,7 +18,6 @@ from typing import List, Optional, Tuple
 from pdiffcopy._version import __version__
 from pdiffcopy.core.sshform import SERVE_OPTION
 from pdiffcopy.core.locations import is_url
-from pdiffcopy.transport import counters
 from pdiffcopy.cli.logs import DEBUG_VERBOSITY, setup_logging
 from pdiffcopy.cli.options import build_parser
 from pdiffcopy.cli.reports import print_stats, show_progress, wants_stats
@@ -258,7 +257,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.device:
         raise UsageError("--device is a server option; a sync names a device as SOURCE or TARGET")
     handle_termination()
-    from pdiffcopy.local.descriptors import raise_open_file_limit
+    from pdiffcopy.api import raise_open_file_limit
 
     raise_open_file_limit()  # deep trees hold a descriptor per level
     if args.remove:
@@ -290,49 +289,34 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         require_extra(("executor",), "client", "The benchmark (-B)")
     if not over_ssh:
         return sync_locations(args, source, target, token)
-    from pdiffcopy.api import reached_over_ssh
+    from pdiffcopy.api import reached_with_local_hashing
     from pdiffcopy.cli.logs import NamedAsTyped
 
-    prehashed: dict = {}
-
-    def while_ssh_logs_in(session) -> None:
-        _prehash_local_file(args, source, target, prehashed, session.ssh_descriptors())
-        _import_sync_modules()
-
-    try:
-        with reached_over_ssh(source, target, rsh=args.rsh, remote_pdiffcopy=args.remote_pdiffcopy,
-                              timeout=args.timeout, wait=False, verbose=args.verbose >= DEBUG_VERBOSITY,
-                              quiet=args.quiet > 0, while_waiting=while_ssh_logs_in, direct=args.direct,
-                              direct_port=args.direct_port) as (source, target, session), \
-                NamedAsTyped(session):
-            if session.ca_file:  # --direct's pinned certificate
-                args.ca_file = session.ca_file
-            # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
-            return sync_locations(args, source, target, session.token, shown=session.shown, prepared=prehashed)
-    finally:
-        for endpoint in prehashed.values():  # (the sync takes the one it uses)
-            endpoint.close()
+    with reached_with_local_hashing(source, target, _prehash_options(args), hash_target=not args.digest_file,
+                                    while_waiting=lambda session: _import_sync_modules(), rsh=args.rsh,
+                                    remote_pdiffcopy=args.remote_pdiffcopy, timeout=args.timeout, wait=False,
+                                    verbose=args.verbose >= DEBUG_VERBOSITY, quiet=args.quiet > 0, direct=args.direct,
+                                    direct_port=args.direct_port) as (source, target, session, prehashed), \
+            NamedAsTyped(session):
+        if session.ca_file:  # --direct's pinned certificate
+            args.ca_file = session.ca_file
+        # The remote server's own token: the user's $PDIFFCOPY_TOKEN is not for it.
+        return sync_locations(args, source, target, session.token, shown=session.shown, prepared=prehashed)
 
 
-def _prehash_local_file(args: argparse.Namespace, source: str, target: str, prehashed: dict,
-                        ssh_descriptors: List[int]) -> None:
-    """Start hashing the local file of a file sync over ssh (:func:`pdiffcopy.api.prehash_local_files`).
-
-    :param ssh_descriptors: The pipes to ssh, which the hashing processes must not hold open.
-    """
-    if args.benchmark or args.digest_file:
-        return  # (with a digest record the local side is the target, which is not read)
-    from pdiffcopy.api import prehash_local_files
-    from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-    from pdiffcopy.engine.options import file_options
+def _prehash_options(args: argparse.Namespace):
+    """The file sync's options, for hashing the local file while ssh logs in; None where it would not
+    (:func:`pdiffcopy.api.prehash_local_files`): a benchmark, or options the sync will refuse."""
+    if args.benchmark:
+        return None
+    from pdiffcopy.api import DEFAULT_HASH_METHOD, file_options
 
     try:
-        options = file_options(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
-                               whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
-                               partial=args.partial, delta=args.delta, piece_size=args.piece_size)
+        return file_options(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
+                            whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
+                            partial=args.partial, delta=args.delta, piece_size=args.piece_size)
     except PdiffcopyError:
-        return  # the sync says what is wrong
-    prehashed.update(prehash_local_files(source, target, options, ssh_descriptors))
+        return None  # the sync says what is wrong
 
 
 def _import_sync_modules() -> None:
@@ -343,7 +327,7 @@ def _import_sync_modules() -> None:
 
 
 def _rsh_without_remote(rsh: str) -> str:
-    from pdiffcopy.transport.sshlaunch import looks_like_regex
+    from pdiffcopy.api import looks_like_regex
 
     if looks_like_regex(rsh):
         return (f"-e {rsh}: -e is --rsh, the ssh command for a HOST:PATH, as in rsync; the regex filter "
@@ -359,18 +343,19 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
     :param prepared: Endpoints already made for some locations (a local file hashing ahead):
                      the file sync takes the one it syncs; this function closes the others.
     """
-    from pdiffcopy.cli.treecli import Probes, resolve
+    from pdiffcopy.api import LocationProbes, resolve_locations
 
-    with Probes(token, args) as probes:  # a URL is probed once, here: the file sync takes its endpoint
+    wire = dict(token=token, concurrency=args.concurrency, timeout=args.timeout, ca_file=args.ca_file,
+                bwlimit=args.bwlimit, compress=args.compress)
+    with LocationProbes(**wire) as probes:  # a URL is probed once, here: the file sync takes its endpoint
         if prepared:
             probes.endpoints.update(prepared)
             prepared.clear()
         given_target = target
-        source, target, is_tree = resolve(source, target, probes)
+        source, target, is_tree = resolve_locations(source, target, probes, delete=args.delete)
         if not is_tree and target != given_target and given_target.endswith("/") \
                 and probes.kind(given_target) is None and not (args.dry_run or args.diff or args.benchmark):
-            from pdiffcopy.api import make_directory
-            from pdiffcopy.cli.treecli import parent_location
+            from pdiffcopy.api import make_directory, parent_location
 
             # TARGET/ names a directory, which rsync makes (its parents with --mkpath only).
             make_directory(parent_location(target), parents=args.mkpath, token=token, timeout=args.timeout,
@@ -385,7 +370,7 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
 
             probes.close()
             return run_tree(source, target, args, token, shown)
-        from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
+        from pdiffcopy.api import DEFAULT_HASH_METHOD
 
         options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,
                        whole_file=args.whole_file, concurrency=args.concurrency, atomic=args.atomic,
@@ -405,7 +390,9 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
             return 0
         if args.diff:
             args.dry_run = True
-        started, wire_before = time.monotonic(), counters.totals()
+        from pdiffcopy.api import wire_totals
+
+        started, wire_before = time.monotonic(), wire_totals()
         from pdiffcopy.cli.treecli import file_metadata
 
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
@@ -476,8 +463,7 @@ def require_extra(modules, extra: str, what: str) -> None:
 
 def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
     """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
-    from pdiffcopy.api import sync
-    from pdiffcopy.engine.filejob import Progress
+    from pdiffcopy.api import Progress, sync
 
     progress = Progress()
     if not show_progress:

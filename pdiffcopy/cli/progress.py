@@ -14,9 +14,10 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, List, Optional, TextIO, Tuple
 
-from pdiffcopy.engine.filejob import Progress
+if TYPE_CHECKING:
+    from pdiffcopy.api import Progress
 
 #: Seconds between redraws: often enough to look alive, rarely enough to cost nothing.
 REFRESH_SECONDS = 0.25

@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Optional, Tuple
 
-from pdiffcopy.transport import counters
 
 
 def wants_stats(args: argparse.Namespace) -> bool:
@@ -22,13 +21,15 @@ def print_stats(moved: int, files: Optional[int], seconds: float, remote: bool,
     :param files: Files copied or updated (tree syncs), or None (a single file).
     :param seconds: Elapsed time of the whole sync.
     :param remote: Whether a server took part: then the bytes on the wire are shown, counted
-                   by :mod:`pdiffcopy.transport.counters` since ``wire_before``.
+                   by :func:`pdiffcopy.api.wire_totals` since ``wire_before``.
     """
     from pdiffcopy.cli.humanize import format_size
 
     parts = [f"stats: moved {moved} bytes" + ("" if files is None else
                                                  f" in {files} file{'' if files == 1 else 's'}")]
-    sent, received = (now - before for now, before in zip(counters.totals(), wire_before))
+    from pdiffcopy.api import wire_totals
+
+    sent, received = (now - before for now, before in zip(wire_totals(), wire_before))
     if remote and (sent or received):
         parts.append(f"{sent} bytes sent and {received} bytes received on the wire")
     seconds = max(seconds, 1e-6)

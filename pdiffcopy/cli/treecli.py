@@ -1,7 +1,8 @@
-"""The command line's tree half: what SOURCE and TARGET mean, running and reporting a tree sync.
+"""The command line's tree half: a tree sync and ``--remove``, run and reported.
 
-:mod:`pdiffcopy.cli.command` parses the options and calls :func:`resolve`; a
-directory SOURCE comes here, a file SOURCE stays with the single-file sync.
+:mod:`pdiffcopy.cli.command` parses the options and asks :func:`pdiffcopy.api.resolve_locations`
+what SOURCE and TARGET are; a directory SOURCE comes here, a file SOURCE stays with the
+single-file sync.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ import logging
 import os
 import sys
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
-from pdiffcopy.transport import counters
 from pdiffcopy.core.locations import is_url
-from pdiffcopy.errors import FileMissing, NotAFile, PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
-from pdiffcopy.engine.treeendpoints import TreeEndpoint
+from pdiffcopy.errors import PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
 from pdiffcopy.core.treeplan import printable
 from pdiffcopy.core.treestops import VANISHED, stop_cause
 
@@ -24,154 +23,6 @@ logger = logging.getLogger("pdiffcopy")
 
 #: Failures listed one per line before the rest are counted only.
 MAX_FAILURES_LISTED = 50
-
-
-class Probes:
-    """The remote files SOURCE and TARGET were looked at through, kept for the file sync.
-
-    A URL is resolved once: its endpoint (a 1.0.1 server found out on the way)
-    is made here, with the sync's connections, and handed to :func:`pdiffcopy.api.sync`
-    (:meth:`take`) instead of another being made and probed there. What is not
-    taken is closed at the end of the ``with`` block.
-    """
-
-    def __init__(self, token: Optional[str], args: argparse.Namespace) -> None:
-        self.token = token
-        self.args = args
-        self.endpoints: dict = {}
-        #: What :meth:`kind` found, by location.
-        self.kinds: dict = {}
-
-    def kind(self, location: str) -> Optional[str]:
-        """"file", "directory", "other" or None (missing), following a symlink at the top; asked once."""
-        if location not in self.kinds:
-            self.kinds[location] = self._kind(location)
-        return self.kinds[location]
-
-    def _kind(self, location: str) -> Optional[str]:
-        if is_url(location):
-            from pdiffcopy.api import file_endpoint, wire_settings
-            from pdiffcopy.engine.options import check_concurrency
-            from pdiffcopy.transport.urls import split_server_url
-
-            if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
-                return "directory"  # the server's root
-            # Made as api.sync would make it (its --bwlimit and -z too): the file sync takes it.
-            endpoint = self.endpoints.get(location) or file_endpoint(
-                location.rstrip("/"), **wire_settings(
-                    token=self.token, concurrency=check_concurrency(self.args.concurrency),
-                    timeout=self.args.timeout, ca_file=self.args.ca_file, bwlimit=self.args.bwlimit,
-                    compress=self.args.compress))
-            try:
-                info = endpoint.stat()
-            except BaseException:
-                endpoint.close()
-                raise
-            if location.endswith("/"):
-                endpoint.close()  # not the name a file sync would open
-            else:
-                self.endpoints[location] = endpoint
-            return info.kind if info is not None else None
-        if os.path.isdir(location):
-            return "directory"
-        if os.path.lexists(location):  # a dangling symlink too: -a makes it a symlink
-            return "file"
-        return None
-
-    def take(self, location: str):
-        """The endpoint made for ``location`` (the caller closes it now), else ``location`` itself."""
-        return self.endpoints.pop(location, location)
-
-    def close(self) -> None:
-        for endpoint in self.endpoints.values():
-            endpoint.close()
-        self.endpoints.clear()
-
-    def __enter__(self) -> "Probes":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-
-def resolve(source: str, target: str, probes: Probes) -> Tuple[str, str, bool]:
-    """What to sync to what: ``(source, target, is_tree)``.
-
-    A directory SOURCE is a tree (rsync's trailing-slash rule decides where it
-    goes); a file SOURCE with an existing directory TARGET goes into it, as
-    with cp; anything else is the single-file sync, unchanged.
-    """
-    if is_url(source) and is_url(target):
-        return source, target, False  # the single-file sync says why not
-    source_kind = probes.kind(source)
-    if source_kind == "directory":
-        target_kind = probes.kind(target)
-        if target_kind is not None and target_kind != "directory":
-            raise NotAFile(f"Cannot sync the directory {source} onto {target}: it is not a directory")
-        source_tree, target_tree = tree_locations(source, target)
-        check_not_nested(source_tree, target_tree)
-        return source_tree, target_tree, True
-    if source_kind is None and (source.endswith("/") or probes.args.delete):
-        raise FileMissing(f"Source does not exist: {source}")
-    if source_kind is not None and (probes.kind(target) == "directory" or target.endswith("/")):
-        return source, join_location(target, last_name(source)), False
-    return source, target, False
-
-
-# -- what SOURCE and TARGET mean -------------------------------------------
-
-
-def tree_locations(source: str, target: str) -> Tuple[str, str]:
-    """rsync's convention: ``SRC/`` syncs the contents of SRC into TARGET,
-    ``SRC`` syncs the directory itself into TARGET (as TARGET/SRC).
-
-    :returns: The source and target tree locations to sync.
-    """
-    name = last_name(source)
-    if source.endswith("/") or name in ("", ".", ".."):  # "." has no name to go by
-        return source.rstrip("/") + "/", target
-    return source + "/", join_location(target, name)
-
-
-def last_name(location: str) -> str:
-    """The last component of a path or URL (percent-decoded, bytes kept as file names keep them)."""
-    if is_url(location):
-        from urllib.parse import unquote_to_bytes, urlsplit
-
-        return os.fsdecode(unquote_to_bytes(urlsplit(location).path.rstrip("/").rpartition("/")[2]))
-    return os.path.basename(location.rstrip("/"))
-
-
-def parent_location(location: str) -> str:
-    """The directory holding a path or URL (the inverse of :func:`join_location`)."""
-    if is_url(location):
-        return location.rstrip("/").rpartition("/")[0] + "/"
-    return os.path.dirname(location.rstrip("/")) or "."
-
-
-def join_location(directory: str, name: str) -> str:
-    """``directory/name`` for a path or a URL (the name percent-encoded)."""
-    if is_url(directory):
-        from pdiffcopy.transport.urls import quote_path
-
-        return directory.rstrip("/") + "/" + quote_path(name)
-    return os.path.join(directory, name)
-
-
-def check_not_nested(source: str, target: str) -> None:
-    """Refuse a local target inside its local source (it would copy itself forever)."""
-    if is_url(source) or is_url(target):
-        return
-    source_real = os.path.realpath(source)
-    target_real = os.path.realpath(target)
-    if target_real == source_real or target_real.startswith(source_real.rstrip("/") + "/"):
-        raise UsageError(f"The target {target} is inside the source {source}")
-
-
-def tree_endpoint(location: str, args: argparse.Namespace, token: Optional[str], concurrency: int) -> TreeEndpoint:
-    from pdiffcopy.api import tree_endpoint as endpoint
-
-    return endpoint(location, token=token, concurrency=concurrency, timeout=args.timeout, ca_file=args.ca_file)
 
 
 def keeps_owner(args: argparse.Namespace) -> bool:
@@ -193,7 +44,7 @@ def file_metadata(args: argparse.Namespace) -> dict:
 def tree_options(args: argparse.Namespace):
     """The command line's tree options; :class:`~pdiffcopy.engine.options.TreeOptions` checks them."""
     from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
-    from pdiffcopy.engine.options import TreeOptions
+    from pdiffcopy.api import TreeOptions
 
     owner = keeps_owner(args)
     return TreeOptions(
@@ -218,14 +69,14 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     :param shown: What a location is called in the report (``HOST:PATH`` for the forwarded URL).
     """
     from pdiffcopy.api import sync_tree
-    from pdiffcopy.engine.treesync import TreeProgress
+    from pdiffcopy.api import TreeProgress, wire_totals
 
     if args.benchmark:
         raise UsageError("--benchmark works on a file, not on a directory")
 
     options = tree_options(args)
     progress = TreeProgress(options.concurrency)
-    started, wire_before = time.monotonic(), counters.totals()
+    started, wire_before = time.monotonic(), wire_totals()
     with _display(progress, args):
         result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
                            progress=progress, report_line=_print,
@@ -255,43 +106,19 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
 
 def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
     """``--remove PATH...``: delete trees (or single files) in parallel."""
-    from pdiffcopy.engine.treeendpoints import DELETE, Operation
-    from pdiffcopy.core.treeplan import FILE, Entry
-    from pdiffcopy.engine.treesync import TreeProgress, TreeResult, remove_tree
-    from pdiffcopy.local.processes import die_with_parent
+    from pdiffcopy.api import TreeProgress, remove
 
     if not args.paths:
         raise UsageError("--remove needs at least one PATH")
     options = tree_options(args)
     status = 0
     for location in args.paths:
-        with Probes(token, args) as probes:
-            kind = probes.kind(location)
-        if kind is None:
-            raise FileMissing(f"Nothing to remove: {location} does not exist")
-        if kind != "directory":
-            parent, _, name = location.rstrip("/").rpartition("/")
-            tree = tree_endpoint(parent or ".", args, token, options.concurrency)
-            try:
-                if args.dry_run:
-                    _print(f"{'delete':<10} {FILE:<7} {location}")
-                    continue
-                result = TreeResult(location, location)
-                result.failures = tree.apply([Operation(DELETE, Entry(name, FILE, 0, 0, 0))],
-                                             options.metadata)
-            finally:
-                tree.close()
-        else:
-            tree = tree_endpoint(location, args, token, options.concurrency)
-            progress = TreeProgress(options.concurrency)
-            try:
-                with _display(progress, args):
-                    result = remove_tree(tree, options, progress, report_line=_print,
-                                         on_worker_start=die_with_parent)
-            finally:
-                tree.close()
-            if not args.dry_run:
-                logger.info("Removed %d entries of %s", result.deleted, location)
+        progress = TreeProgress(options.concurrency)
+        with _display(progress, args):
+            result = remove(location, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
+                            progress=progress, report_line=_print)
+        if result.deleted and not args.dry_run:
+            logger.info("Removed %d entries of %s", result.deleted, location)
         try:
             _finish(result, f"{result.deleted} deleted")
         except PdiffcopyError as error:

@@ -488,7 +488,7 @@ class HttpClient:
         message = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))[:500]
         path = _request_path(target)
         if path:
-            from pdiffcopy.transport.urls import quote_path
+            from pdiffcopy.core.locations import quote_path
 
             # The path as a word of the message: after a space, before a space or punctuation.
             pattern = r"(?:(?<=\s)|^)" + re.escape(path) + r"(?=[\s:;,)]|$)"

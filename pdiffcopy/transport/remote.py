@@ -74,7 +74,8 @@ from pdiffcopy.transport.httpclient import (
     is_json,
     media_type,
 )
-from pdiffcopy.transport.urls import parse_url, quote_path
+from pdiffcopy.core.locations import quote_path
+from pdiffcopy.transport.urls import parse_url
 
 #: The binary entries of the shift-tolerant delta's requests (docs/protocol.rst): a range of
 #: a chunk list request (offset, length) and a move of a copy request (from, to, length).

@@ -29,7 +29,8 @@ from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.transport.compressionpolicy import Compression, compressing_cores
 from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT, HttpClient
 from pdiffcopy.transport.remote import RemoteFile
-from pdiffcopy.transport.urls import quote_path, split_server_url
+from pdiffcopy.core.locations import quote_path
+from pdiffcopy.transport.urls import split_server_url
 from pdiffcopy.engine.treeendpoints import (
     LINK,
     Failure,

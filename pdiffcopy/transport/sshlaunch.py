@@ -50,7 +50,7 @@ from pdiffcopy.core.sshform import (
     read_handshake,
 )
 from pdiffcopy.errors import RemoteProgramMissing, RemoteProtocolError, SshFailed, SshStartFailed, UsageError
-from pdiffcopy.transport.urls import quote_path
+from pdiffcopy.core.locations import quote_path
 
 logger = logging.getLogger(__name__)
 

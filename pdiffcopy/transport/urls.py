@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from typing import Tuple
-from urllib.parse import quote, unquote_to_bytes, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from pdiffcopy.errors import UsageError
 
@@ -48,8 +48,3 @@ def parse_url(url: str) -> Tuple[str, str]:
     if not path or path.endswith("/"):
         raise UsageError(f"Invalid URL {url!r}: it names no file (expected http://HOST:PORT/path)")
     return base, path
-
-
-def quote_path(path: str) -> str:
-    """``path`` percent-encoded for a URL, byte for byte (the inverse of :func:`split_server_url`)."""
-    return quote(os.fsencode(path), safe="/")

@@ -14,103 +14,24 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
-from pdiffcopy.core.ratelimit import bandwidth_limit
-from pdiffcopy.engine.forkshared import Throttle
-from pdiffcopy.core.locations import is_url
+from pdiffcopy.core.locations import is_url, parent_location, quote_path
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
 from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, file_options
+from pdiffcopy.api.endpoints import bwlimit_bucket, check_locations, file_endpoint, tree_endpoint, wire_settings
+from pdiffcopy.api.locations import LocationProbes, check_not_nested, remove, resolve_locations
+from pdiffcopy.api.ssh import (PREHASH_MIN_BYTES, over_ssh, prehash_local_files, prehashed_file, reached_over_ssh,
+                               reached_with_local_hashing)
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.filejob import Progress, SyncResult
     from pdiffcopy.engine.onefile import KeptMetadata
-    from pdiffcopy.engine.treeendpoints import TreeEndpoint
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
     from pdiffcopy.local.thindelta import ThinPools
-
-
-def check_locations(source: str, target: str) -> None:
-    """Refuse two URLs: this process moves the bytes, so one side must be on this machine.
-
-    :raises UsageError: When both are URLs.
-    """
-    if is_url(source) and is_url(target):
-        raise UsageError("SOURCE and TARGET cannot both be URLs; one must be a local path")
-
-
-def bwlimit_bucket(bwlimit: "int | str | None", shared: bool = False) -> Optional[Throttle]:
-    """The one token bucket every connection of a sync takes its bytes from (``--bwlimit``); None: no limit.
-
-    :param bwlimit: Bytes per second, or rsync's syntax (``"50M"``).
-    :param shared: In shared memory, for a tree sync's worker processes (make it before they fork).
-    :raises UsageError: For a limit :func:`~pdiffcopy.core.ratelimit.bandwidth_limit` refuses.
-    """
-    rate = bandwidth_limit(bwlimit)
-    return Throttle(rate, shared=shared) if rate else None
-
-
-def wire_settings(*, token: Optional[str], concurrency: int, timeout: Optional[float], ca_file: Optional[str],
-                  bwlimit: "int | str | None", compress: "str | int") -> dict:
-    """The keyword arguments of :func:`file_endpoint` for one file sync: one ``--bwlimit`` bucket for all."""
-    return dict(token=token, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
-                rate_limit=bwlimit_bucket(bwlimit), compress=compress)
-
-
-def file_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
-                  rate_limit: Optional[Throttle] = None, compress: "str | int" = "auto") -> FileEndpoint:
-    """The endpoint of one file: a :class:`~pdiffcopy.transport.remote.RemoteFile` for a URL, else a local file.
-
-    For a URL the server is asked once, here, whether it is a pdiffcopy 1.0.1 server (then the
-    endpoint is a :class:`~pdiffcopy.transport.legacyremote.LegacyRemoteFile`); the answer
-    serves the endpoint's first ``stat()``, whose errors it also keeps for then.
-
-    :param token: The server's shared secret (None: send none).
-    :param concurrency: Connections the remote file may open at once.
-    :param rate_limit: For a URL: the bucket of ``--bwlimit`` (:func:`bwlimit_bucket`), shared with
-                       the sync's other endpoint. A local file moves nothing over a network:
-                       it ignores it, as rsync does.
-    :param compress: For a URL: ``-z``'s mode or level, as :func:`sync` takes it.
-    :raises UsageError: For a path that names no file or a URL that names no server.
-    """
-    if is_url(location):
-        from pdiffcopy.transport.legacyremote import remote_file
-        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
-
-        # One request decides: a file of a pdiffcopy 1.0.1 server speaks its old API.
-        return remote_file(location, token=token, concurrency=concurrency,
-                           timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
-                           rate_limit=rate_limit, compress=compress)
-    from pdiffcopy.local.localdevice import endpoint_for
-
-    if not location or location.endswith("/"):
-        raise UsageError(f"Not a file name: {location!r}")
-    return endpoint_for(location)
-
-
-def tree_endpoint(location: str, *, token: Optional[str] = None, concurrency: int = 1,
-                  timeout: Optional[float] = None, ca_file: Optional[str] = None,
-                  rate_limit: Optional[Throttle] = None, compress: "str | int" = "auto") -> "TreeEndpoint":
-    """The endpoint of a directory tree: a :class:`~pdiffcopy.transport.remotetree.RemoteTree` for a URL, else local.
-
-    ``rate_limit`` (shared: :func:`bwlimit_bucket` with ``shared=True``) and ``compress`` as for
-    :func:`file_endpoint`.
-    """
-    if is_url(location):
-        from pdiffcopy.transport.httpclient import DEFAULT_TIMEOUT
-        from pdiffcopy.transport.remotetree import RemoteTree
-
-        return RemoteTree(location, token=token, concurrency=concurrency,
-                          timeout=timeout or DEFAULT_TIMEOUT, ca_file=ca_file,
-                          rate_limit=rate_limit, compress=compress)
-    from pdiffcopy.local.localtree import LocalTree
-
-    return LocalTree(location)
 
 
 def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
@@ -230,25 +151,14 @@ def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_si
         _close_given(source, target)
         raise
     recording = dict(digest_file=digest_file, changed_since=changed_since, thin_pools=thin_pools)
-    if any(_over_ssh(location) for location in (source, target)):
-        prehashed: dict = {}
-
-        def prehash_local_side(session) -> None:  # while ssh logs in
-            # (a target with a digest record is not read)
-            prehashed.update(prehash_local_files(source, None if digest_file else target, options,
-                                                 session.ssh_descriptors()))
-
-        try:
-            with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
-                                  direct=direct, direct_port=direct_port,
-                                  while_waiting=prehash_local_side) as (source, target, session):
-                source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
-                                  for location in (source, target))
-                return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
-                                  progress, keep, mkpath, **recording)
-        finally:
-            for endpoint in prehashed.values():  # (not taken: the sync failed to start)
-                endpoint.close()
+    if any(over_ssh(location) for location in (source, target)):
+        with reached_with_local_hashing(source, target, options, hash_target=digest_file is None, rsh=rsh,
+                                        remote_pdiffcopy=remote_pdiffcopy, timeout=timeout, direct=direct,
+                                        direct_port=direct_port) as (source, target, session, prehashed):
+            source, target = (prehashed.pop(location, location) if isinstance(location, str) else location
+                              for location in (source, target))
+            return _sync_with(source, target, options, session.token, timeout, session.ca_file or ca_file,
+                              progress, keep, mkpath, **recording)
     return _sync_with(source, target, options, token, timeout, ca_file, progress, keep, mkpath, **recording)
 
 
@@ -486,7 +396,7 @@ def _sync_as_tree_of_one(source: FileEndpoint, target: FileEndpoint, options: Fi
 def _parent_and_name(location: str) -> "tuple[str, str]":
     """The directory holding a file's path or URL (as a path or URL), and the file's name in it."""
     if is_url(location):
-        from pdiffcopy.transport.urls import quote_path, split_server_url
+        from pdiffcopy.transport.urls import split_server_url
 
         base, path = split_server_url(location)
         parent, _, name = path.rstrip("/").rpartition("/")
@@ -495,119 +405,6 @@ def _parent_and_name(location: str) -> "tuple[str, str]":
 
     parent, name = os.path.split(location)
     return parent or ".", name
-
-
-#: Files smaller than this are not hashed while ssh logs in: their hash takes milliseconds.
-PREHASH_MIN_BYTES = 16 * 1024 * 1024
-
-#: Segments hashed at most while ssh logs in: the login takes about a second, and a file of
-#: terabytes must not get hundreds of thousands of requests queued.
-PREHASH_SEGMENTS = 64
-
-
-def prehash_local_files(source, target, options: FileOptions,
-                        close_in_workers: "Sequence[int]" = ()) -> "Dict[str, FileEndpoint]":
-    """The local files among ``source`` and ``target`` (a sync over ssh), each already hashing
-    (:func:`prehashed_file`), by location; the caller hands them to the sync or closes them."""
-    prehashed = {}
-    for location, is_target in ((source, False), (target, True)):
-        if isinstance(location, str) and not _over_ssh(location) and not is_url(location):
-            endpoint = prehashed_file(location, options, is_target, close_in_workers)
-            if endpoint is not None:
-                prehashed[location] = endpoint
-    return prehashed
-
-
-def prehashed_file(path: str, options: FileOptions, is_target: bool,
-                   close_in_workers: "Sequence[int]" = ()) -> "Optional[FileEndpoint]":
-    """The local file of a sync over ssh, already hashing its blocks while ssh logs in; None where it cannot pay.
-
-    The sync's first request for those digests gets them (:mod:`pdiffcopy.local.prehash`).
-    Not for a file smaller than :data:`PREHASH_MIN_BYTES`, nor when the sync will not hash
-    its blocks in place: ``--whole-file``, ``--delta chunks``, or a target written into a
-    new temporary (``--atomic``, ``--partial``). The caller hands the endpoint to :func:`sync`
-    (which then owns it) or closes it.
-
-    :param close_in_workers: Descriptors its hashing processes close (``SshSession.ssh_descriptors``).
-    """
-    import os
-    import stat
-
-    if options.whole_file or options.delta == "chunks" or (is_target and (options.atomic or options.partial)):
-        return None
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None  # (the sync says what is wrong with it)
-    if not stat.S_ISREG(info.st_mode) or info.st_size < PREHASH_MIN_BYTES:
-        return None
-    import itertools
-
-    from pdiffcopy.core.blocks import BlockPlan
-    from pdiffcopy.engine.segments import DataWalk
-    from pdiffcopy.local.localfile import LocalFile
-
-    endpoint = LocalFile(path)
-    # The first segments with data, as the sync will ask for them: it hashes a bounded window
-    # ahead and never asks for a segment that is all hole, so more would only be held.
-    walk = DataWalk(endpoint, info.st_size)
-    ranges = [(segment.offset, segment.length) for segment in itertools.islice(
-        (segment for segment in BlockPlan(info.st_size, options.block_size).segment_sequence()
-         if walk.has_data(segment)), PREHASH_SEGMENTS)]
-    if not ranges:  # all hole: the sync asks for nothing but its data map (the first segment stands in)
-        ranges = [(0, BlockPlan(info.st_size, options.block_size).segment(0).length)]
-    if not endpoint.start_prehash(ranges, options.block_size, options.hash_method, options.concurrency,
-                                  close_in_workers):
-        return None
-    return endpoint
-
-
-def _over_ssh(location) -> bool:
-    from pdiffcopy.core.sshform import parse_ssh_location
-
-    return isinstance(location, str) and parse_ssh_location(location) is not None
-
-
-@contextlib.contextmanager
-def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffcopy: Optional[str] = None,
-                     timeout: Optional[float] = None, wait: bool = True, **session_options):
-    """``(source, target, session)`` with a ``HOST:PATH`` replaced by the URL of a server started on HOST.
-
-    The server (:mod:`pdiffcopy.transport.sshlaunch`) lives until the ``with`` block ends;
-    ``session.token`` is its token, ``session.shown`` names its URL as the ``HOST:PATH``.
-    An error in the block is told in the ``HOST:PATH``'s terms.
-
-    :param wait: After the block succeeded, wait for the remote server to stop (the command
-                 line does not: only the remote clean-up is left, and ssh ends on its own).
-    :param session_options: For :class:`~pdiffcopy.transport.sshlaunch.SshSession`
-                            (``verbose``, ``while_waiting``, ``direct``, ``direct_port``).
-
-    :raises UsageError: When both sides are remote.
-    """
-    from pdiffcopy.core.sshform import parse_ssh_location
-    from pdiffcopy.transport.sshlaunch import SshSession
-
-    locations = [source, target]
-    remote = [(index, parse_ssh_location(location)) for index, location in enumerate(locations)
-              if isinstance(location, str)]
-    remote = [(index, location) for index, location in remote if location is not None]
-    if len(remote) != 1 or any(isinstance(location, str) and is_url(location) for location in locations):
-        raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
-    index, location = remote[0]
-    session = SshSession(location, rsh=rsh, remote_program=remote_pdiffcopy, timeout=timeout, **session_options)
-    session.start()
-    try:
-        locations[index] = session.url
-        try:
-            yield locations[0], locations[1], session
-        except PdiffcopyError as error:
-            error.args = (session.shown_message(str(error)),)
-            raise
-    except BaseException:
-        wait = True  # after a failure, ssh's last words are worth waiting for
-        raise
-    finally:
-        session.close(wait=wait)
 
 
 def _location(location: "str | FileEndpoint") -> str:
@@ -639,7 +436,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
               files are in its ``failures``.
     :raises PdiffcopyError: When the sync cannot start.
     """
-    if _over_ssh(source) or _over_ssh(target):
+    if over_ssh(source) or over_ssh(target):
         with reached_over_ssh(source, target, rsh=rsh, remote_pdiffcopy=remote_pdiffcopy, timeout=timeout,
                               direct=direct, direct_port=direct_port) as (source, target, session):
             return sync_tree(source, target, options, token=session.token, timeout=timeout,
@@ -667,8 +464,28 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             tree.close()
 
 
-__all__ = ["PREHASH_MIN_BYTES", "bwlimit_bucket", "check_locations", "file_endpoint", "make_directory",
-           "prehash_local_files",
-           "prehashed_file",
-           "reached_over_ssh", "sync", "sync_tree",
-           "tree_endpoint"]
+#: What a front end (the command line) uses of the layers below, by name here: (module, name),
+#: imported when first asked for, so that a command that only prints its help imports none of it.
+_FOR_FRONT_ENDS = {
+    "Progress": ("pdiffcopy.engine.filejob", "Progress"),
+    "TreeProgress": ("pdiffcopy.engine.treesync", "TreeProgress"),
+    "wire_totals": ("pdiffcopy.transport.counters", "totals"),  # bytes sent and received so far
+    "raise_open_file_limit": ("pdiffcopy.local.descriptors", "raise_open_file_limit"),
+    "looks_like_regex": ("pdiffcopy.transport.sshlaunch", "looks_like_regex"),
+}
+
+
+def __getattr__(name: str):
+    if name in _FOR_FRONT_ENDS:
+        import importlib
+
+        module, attribute = _FOR_FRONT_ENDS[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DEFAULT_HASH_METHOD", "LocationProbes", "PREHASH_MIN_BYTES", "Progress", "TreeOptions", "TreeProgress",
+           "bwlimit_bucket", "check_locations", "check_not_nested", "file_endpoint", "file_options",
+           "looks_like_regex", "make_directory", "parent_location", "prehash_local_files", "prehashed_file",
+           "raise_open_file_limit", "reached_over_ssh", "reached_with_local_hashing", "remove", "resolve_locations",
+           "sync", "sync_tree", "tree_endpoint", "wire_totals"]
