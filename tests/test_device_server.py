@@ -27,6 +27,7 @@ from conftest import (
     run_cli,
     start_server,
 )
+from pdiffcopy.local.descriptors import data_extents
 
 MiB = 1024 * 1024
 
@@ -87,6 +88,41 @@ def test_a_device_pulls_to_a_file_and_to_a_device(loop_devices, serve, tmp_path)
     assert done.returncode == 0, done.stderr
     assert device_bytes(target, 8 * MiB) == data
     assert "1 of 8 blocks differed" in done.stderr, done.stderr
+
+
+def bytes_read(device: str) -> int:
+    """The bytes the device has read since boot (its sysfs counters: sectors read x 512)."""
+    rdev = os.stat(device).st_rdev
+    with open(f"/sys/dev/block/{os.major(rdev)}:{os.minor(rdev)}/stat") as handle:
+        return int(handle.read().split()[2]) * 512
+
+
+def test_a_pulled_sparse_backed_device_is_read_only_where_it_holds_data(loop_devices, serve, tmp_path):
+    """The server hashes and maps an exported device by its own data map: its holes are never read."""
+    size, pieces = 256 * MiB, [(0, 2 * MiB), (100 * MiB, 3 * MiB), (255 * MiB, MiB)]
+    backing = tmp_path / "source.img"
+    with open(backing, "wb") as handle:
+        handle.truncate(size)
+        for index, (offset, length) in enumerate(pieces):
+            handle.seek(offset)
+            handle.write(random_bytes(length, seed=90 + index))
+    mapped = sum(length for _, length in pieces)
+    source = loop_devices.over(backing)
+    server = serve(f"vm1={source}")
+    for name in ("copy.img", "again.img"):  # a new file, then an old copy with one block changed
+        copy = tmp_path / name
+        if name == "again.img":
+            copy.write_bytes(backing.read_bytes())
+            with open(copy, "r+b") as handle:
+                handle.seek(100 * MiB + 5)
+                handle.write(b"changed")
+        before = bytes_read(source)
+        done = run_cli(server.url("vm1"), str(copy))
+        read = bytes_read(source) - before
+        assert done.returncode == 0, done.stderr
+        # Each extent hashed once and, where it differs, sent once: never the 250 MiB of holes.
+        assert read <= 2 * mapped + MiB, (name, done.stderr)
+        assert subprocess.run(["cmp", source, str(copy)]).returncode == 0
 
 
 def test_the_server_reports_a_device_with_its_size_and_write_counters(loop_devices, serve):
@@ -364,7 +400,7 @@ def test_archive_mode_syncs_a_local_device_s_bytes_both_ways(loop_devices, tmp_p
 
 
 def test_requests_past_a_device_s_end_are_refused_never_a_server_error(loop_devices, serve):
-    device, _ = loop_devices.new("device.img", MiB, b"old")
+    device, backing = loop_devices.new("device.img", MiB, b"old")
     server = serve(f"disk={device}:rw")
     end = MiB
     for method, path, body, headers in (
@@ -380,5 +416,10 @@ def test_requests_past_a_device_s_end_are_refused_never_a_server_error(loop_devi
         status, _, answer = request(server, method, path, body, headers)
         assert status == 416, (method, path, status, answer)
     status, _, answer = request(server, "GET", f"/.pdiffcopy/datamap/disk?offset=0&length={1 << 40}")
-    assert status == 200 and answer == (0).to_bytes(8, "little") + end.to_bytes(8, "little"), answer
+    # The device's own map (its backing file's), within the device: nothing past its end.
+    with open(backing, "rb") as handle:
+        mapped = data_extents(handle.fileno(), 0, end)
+    assert mapped and mapped[-1][0] + mapped[-1][1] <= end
+    assert status == 200 and answer == b"".join(start.to_bytes(8, "little") + size.to_bytes(8, "little")
+                                                for start, size in mapped), answer
     assert device_bytes(device, 3) == b"old"

@@ -185,7 +185,8 @@ def test_the_import_contracts_catch_the_command_line_going_around_the_api(lint_i
     shutil.copytree(Path(pdiffcopy.__file__).resolve().parent, tmp_path / "pdiffcopy",
                     ignore=shutil.ignore_patterns("__pycache__"))
     reports = tmp_path / "pdiffcopy" / "cli" / "reports.py"
-    reports.write_text(reports.read_text() + "\n\ndef _around():\n    from pdiffcopy.engine.filejob import Progress  # noqa\n")
+    around = "\n\ndef _around():\n    from pdiffcopy.engine.filejob import Progress  # noqa\n"
+    reports.write_text(reports.read_text() + around)
     result = run_lint_imports(tmp_path)
     assert result.returncode != 0
     assert "pdiffcopy.cli.reports -> pdiffcopy.engine.filejob" in result.stdout

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, 
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.engine.endpoints import (
     Chunk,
     ContentChunks,
@@ -415,7 +416,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
 
     def data_map(self, offset: int, length: int) -> List[ByteRange]:
         try:
-            return data_extents(self._reader(), offset, length)
+            return data_extents(self._reader(), offset, length, limit=MAX_DATA_MAP_EXTENTS)
         except OSError as error:
             raise storage_error(error, f"read {self.path}") from None
 

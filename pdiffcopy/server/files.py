@@ -18,7 +18,6 @@ from flask import Blueprint, Response, jsonify, request
 
 from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, ByteRange
-from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.core.hashing import digest_size, validate_method
 from pdiffcopy.core.protocol import LEASE_HEADER
 from pdiffcopy.errors import (
@@ -33,9 +32,8 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import copy_available, data_extents, process_umask, punch_ranges, resize, \
-    start_writeback
-from pdiffcopy.local.filehash import cut_region, hash_region
+from pdiffcopy.local.descriptors import copy_available, process_umask, punch_ranges, start_writeback
+from pdiffcopy.local.filehash import cut_region
 from pdiffcopy.server.leasetable import LEASE_SECONDS
 from pdiffcopy.server.context import (
     API_PREFIX,
@@ -127,9 +125,9 @@ def hashes(path: str):
         raise BadRequest(f"This server does not accept the hash method {method!r} (it accepts "
                          f"{', '.join(state.config.hash_methods)}); choose one with -m")
     block_size = int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
-    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
+    file = file_or_device(path)
     try:
-        found = seen(fd, path)
+        found = seen(file.read_descriptor(), path)
         check_preconditions(found)
         renew(found.info, path)
         ranges = hash_ranges(block_size, found.size)
@@ -141,15 +139,13 @@ def hashes(path: str):
                              f"retry in {HASH_RETRY_AFTER_SECONDS} s", HASH_RETRY_AFTER_SECONDS)
         state.metrics.hash_jobs.inc()
         try:
-            digests = b"".join(_hash_range(fd, offset, length, block_size, method, found.kind == "device")
-                               for offset, length in ranges)
-        except OSError as error:
-            raise storage_error(error, f"read {path}") from None
+            # (a device's holes, where it knows them, are not read; what is read leaves the cache)
+            digests = file.hash_ranges(ranges, block_size, method)
         finally:
             state.metrics.hash_jobs.dec()
             state.hash_slots.release(client)
     finally:
-        os.close(fd)
+        file.close()
     response = Response(digests, mimetype="application/octet-stream")
     response.headers["X-Digest-Size"] = str(digest_size(method))
     response.headers["ETag"] = found.etag
@@ -286,17 +282,14 @@ def data_map(path: str):
     """
     offset = int_arg("offset", 0, MAX_FILE_SIZE)
     length = int_arg("length", 0, MAX_FILE_SIZE)
-    fd = file_or_device(path).open_descriptor(os.O_RDONLY)
+    file = file_or_device(path)
     try:
-        found = seen(fd, path)
+        found = seen(file.read_descriptor(), path)
         check_preconditions(found)
         renew(found.info, path)
-        try:
-            extents = data_extents(fd, offset, length, limit=MAX_DATA_MAP_EXTENTS)
-        except OSError as error:
-            raise storage_error(error, f"read {path}") from None
+        extents = file.data_map(offset, length)  # (a device's own map, where it has one)
     finally:
-        os.close(fd)
+        file.close()
     response = Response(b"".join(EXTENT_ENTRY.pack(start, size) for start, size in extents),
                         mimetype="application/octet-stream")
     response.headers["ETag"] = found.etag
@@ -366,10 +359,10 @@ def resize_file(path: str):
                 except OSError as error:
                     raise storage_error(error, f"set the mode of {path}") from None
             with state.leases.writing(os.fstat(fd), None if created else lease_of_request(), path):
-                try:
-                    resize(fd, size, data_bytes)
-                except OSError as error:
-                    raise storage_error(error, f"resize {path}") from None
+                if data_bytes is None:
+                    file.prepare(size)
+                else:
+                    file.prepare_sparse(size, data_bytes)
             return jsonify(describe(seen(fd, path)))
         except BaseException:
             if created:  # a refused resize leaves no new empty file behind
@@ -497,14 +490,6 @@ def _chunks_body(fd: int, ranges: List[ByteRange], average: int, path: str) -> I
         return
     if pending:
         yield cdc.encode(pending)
-
-
-def _hash_range(fd: int, offset: int, length: int, block_size: int, method: str, device: bool) -> bytes:
-    """The digests of one range; a device's pages read are dropped from the cache after (the VMs')."""
-    digests = hash_region(fd, offset, length, block_size, method)
-    if device:
-        drop_cached(fd, offset, length)
-    return digests
 
 
 def _resize_device(device: ExportedDevice, path: str, size: int):
