@@ -61,6 +61,22 @@ def test_the_views_live_in_blueprints(tmp_path):
     assert any(rule.endpoint.startswith("trees.") for rule in app.url_map.iter_rules())
 
 
+def test_the_file_views_hash_map_punch_and_resize_through_the_file_they_open():
+    """Not over raw descriptors: the endpoint's rules and errors hold, and an exported device's
+    own data map (its holes never read)."""
+    import ast
+    from pathlib import Path
+
+    import pdiffcopy.server
+
+    tree = ast.parse((Path(pdiffcopy.server.__file__).parent / "files.py").read_text())
+    called = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module in ("pdiffcopy.local.descriptors", "pdiffcopy.local.filehash")
+              for alias in node.names}
+    # Left: the umask query, the copy-ranges view's kernel copy, and the chunk list's streamed cut.
+    assert called <= {"process_umask", "copy_available", "start_writeback", "cut_region"}, called
+
+
 def test_the_server_moves_file_bytes_through_local_file():
     # Reads and writes of file data go through LocalFile (its loops, its errors): no
     # pread or write loop of the server's own.

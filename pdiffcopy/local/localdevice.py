@@ -263,6 +263,10 @@ class LocalDevice(LocalFile):
             raise storage_error(error, f"write {self.path}") from None
         return done
 
+    def punch_holes(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> bool:
+        ranges = list(ranges)
+        return self.punch_ranges(ranges, write_zeros) == sum(length for _, length in ranges)
+
     def write_ranges(self, ranges: Iterable[ByteRange], chunks: Iterator[Chunk]) -> int:
         ranges = list(ranges)
         written = super().write_ranges(ranges, chunks)

@@ -421,12 +421,17 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             raise storage_error(error, f"read {self.path}") from None
 
     def punch_ranges(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> int:
+        holes = self.punch_holes(ranges, write_zeros)
+        return sum(length for _, length in ranges) if holes or write_zeros else 0
+
+    def punch_holes(self, ranges: Sequence[ByteRange], write_zeros: bool = True) -> bool:
+        """:meth:`punch_ranges`, saying whether every range became a hole (False: zeros were
+        written somewhere, or, without ``write_zeros``, a range was left as it was)."""
         fd = self._writer()
         try:
-            holes = punch_ranges(fd, ranges, self.path, zeros=write_zeros)
+            return punch_ranges(fd, ranges, self.path, zeros=write_zeros)
         except OSError as error:
             raise storage_error(error, f"write {self.path}") from None
-        return sum(length for _, length in ranges) if holes or write_zeros else 0
 
     def write_sparse(self, enabled: bool) -> None:
         self.sparse_zeros = enabled

@@ -32,7 +32,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import copy_available, process_umask, punch_ranges, start_writeback
+from pdiffcopy.local.descriptors import copy_available, process_umask, start_writeback
 from pdiffcopy.local.filehash import cut_region
 from pdiffcopy.server.leasetable import LEASE_SECONDS
 from pdiffcopy.server.context import (
@@ -316,16 +316,10 @@ def punch_file(path: str):
         refuse_hard_links(found.info, path, state.config.write_hard_links)
         check_disjoint(ranges, found.size, ordered=True)
         with state.leases.writing(found.info, lease_of_request(), path):
-            if file.is_device:
-                # Discarded with -S (the client says sparse=1: a thin volume stays thin), else zeroed
-                # by the device's own command; with zeros=0 (zeros already) left as they are.
-                file.write_sparse(request.args.get("sparse") == "1")
-                holes = file.punch_ranges(ranges, write_zeros=zeros) == sum(length for _, length in ranges)
-            else:
-                try:
-                    holes = punch_ranges(fd, ranges, path, zeros=zeros)
-                except OSError as error:
-                    raise storage_error(error, f"write {path}") from None
+            # A device's are discarded with -S (the client says sparse=1: a thin volume stays thin),
+            # else zeroed by its own command; with zeros=0 (zeros already) left as they are.
+            file.write_sparse(request.args.get("sparse") == "1")
+            holes = file.punch_holes(ranges, write_zeros=zeros)
     finally:
         file.close()
     return jsonify(punched=sum(length for _, length in ranges), holes=holes)
