@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import device_bytes, random_bytes, run_cli
+from conftest import device_bytes, random_bytes, run_cli, start_server
 
 MiB = 1024 * 1024
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -158,3 +158,24 @@ def test_cache_keep_leaves_what_a_device_sync_read_in_the_cache(loop_devices):
         kept = pagecache.resident_bytes(source)
     assert kept == size
     assert device_bytes(target_device, size) == data
+
+
+def test_a_device_a_server_exports_leaves_none_of_its_pages_in_the_cache(loop_devices, tmp_path):
+    """Hashed and read by the server for a pull, and then dropped: the host's cache is its VMs'."""
+    size = 64 * MiB
+    data = random_bytes(size, seed=95)
+    source, _ = loop_devices.new("source.img", size, data)
+    root = tmp_path / "root"
+    root.mkdir()
+    server = start_server(root, tmp_path / "server.log", extra=("--device", f"vm1={source}"))
+    try:
+        copy = tmp_path / "copy.img"
+        copy.write_bytes(data[: size // 2] + bytes(size // 2))  # half to hash and match, half to send
+        with held_open(source):
+            done = run_cli(server.url("vm1"), str(copy))
+            assert done.returncode == 0, done.stderr
+            left = pagecache.resident_bytes(source)
+    finally:
+        server.stop()
+    assert copy.read_bytes() == data
+    assert left == 0

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, Iterable, Iterator, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
-from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.records import dataclass
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, UsageError
-from pdiffcopy.engine.endpoints import Chunk
 from pdiffcopy.local import devices
-from pdiffcopy.local.descriptors import TRANSFER_CHUNK_SIZE, fast_paths_enabled
+from pdiffcopy.local.descriptors import fast_paths_enabled
 from pdiffcopy.local.localdevice import LocalDevice
 
 #: What a NAME may be: one path component of plain characters, not hidden (no temporary's
@@ -129,12 +127,6 @@ class ExportedDevice(LocalDevice):
         except PdiffcopyError as error:
             error.args = (str(error).replace(self.export.path, self.export.name),)
             raise
-
-    def read_copies(self, ranges: Iterable[ByteRange], chunk_size: int = TRANSFER_CHUNK_SIZE) -> Iterator[Chunk]:
-        """:meth:`LocalFile.read_copies`, the pages read dropped from the cache: it is the VMs'."""
-        for offset, length in ranges:
-            yield from super().read_copies([(offset, length)], chunk_size)
-            drop_cached(self.read_descriptor(), offset, length)
 
 
 def drop_cached(fd: int, offset: int, length: int) -> None:
