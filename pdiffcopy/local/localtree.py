@@ -62,6 +62,7 @@ from pdiffcopy.local.treenodes import (
     block_device_path,
     check_device_read,
     make_node,
+    replace_with_new,
     set_node_metadata,
 )
 from pdiffcopy.local.treedata import TreeFailure, copy_data, read_exactly, write_data
@@ -641,16 +642,8 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
             if options.owner and _IS_ROOT and (not made or self._needs_chown(directory, entry)):
                 os.chown(name, entry.uid, entry.gid, dir_fd=directory, follow_symlinks=False)
         elif operation.name == SYMLINK:
-            temporary = temporary_name(name)
-            try:
-                os.symlink(entry.target, temporary, dir_fd=directory)
-                replace_atomically(temporary, name, directory, directory, flush=False)
-            except BaseException:
-                try:
-                    os.unlink(temporary, dir_fd=directory)
-                except OSError:
-                    pass  # not created, or already renamed
-                raise
+            replace_with_new(directory, name, lambda temporary: os.symlink(entry.target, temporary,
+                                                                           dir_fd=directory))
             self.set_metadata(entry, options)
         elif operation.name == MKNOD:
             make_node(directory, name, entry, self.make_devices)
@@ -693,15 +686,10 @@ class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
                     return  # already a name of that file (a rename would then do nothing)
             except FileNotFoundError:
                 pass
-            temporary = temporary_name(name)
-            try:
-                # linkat(2) of a descriptor by its /proc name, AT_SYMLINK_FOLLOW: the file
-                # opened above, whatever its name is now (AT_EMPTY_PATH would need a capability).
-                os.link(f"/proc/self/fd/{source}", temporary, dst_dir_fd=directory, follow_symlinks=True)
-                replace_atomically(temporary, name, directory, directory, flush=False)
-            except BaseException:
-                _unlink_quietly(temporary, directory)  # not made, or already renamed: fine
-                raise
+            # linkat(2) of a descriptor by its /proc name, AT_SYMLINK_FOLLOW: the file opened
+            # above, whatever its name is now (AT_EMPTY_PATH would need a capability).
+            replace_with_new(directory, name, lambda temporary: os.link(
+                f"/proc/self/fd/{source}", temporary, dst_dir_fd=directory, follow_symlinks=True))
         finally:
             os.close(source)
 

@@ -29,6 +29,21 @@ class NodeFailure(PdiffcopyError):
     """A node could not be made or changed (one path's failure; the batch goes on)."""
 
 
+def replace_with_new(directory: int, name: str, make: Callable[[str], None]) -> None:
+    """Make a new entry under a temporary name beside ``name`` (``make(temporary)``) and rename it
+    over ``name`` in one step: the name is never missing, and a failure leaves no temporary."""
+    temporary = temporary_name(name)
+    try:
+        make(temporary)
+        replace_atomically(temporary, name, directory, directory, flush=False)
+    except BaseException:
+        try:
+            os.unlink(temporary, dir_fd=directory)
+        except OSError:
+            pass  # not made, or already renamed
+        raise
+
+
 def make_node(directory: int, name: str, entry: Entry, devices_allowed: bool) -> None:
     """Make the node ``entry`` describes as ``name`` in ``directory``, replacing in one rename
     whatever else (not a directory) has the name.
@@ -48,16 +63,8 @@ def make_node(directory: int, name: str, entry: Entry, devices_allowed: bool) ->
         if not devices_allowed:
             raise NodeFailure("device nodes are not made here (root makes them, for clients it trusts)")
         rdev = os.makedev(*numbers)
-    temporary = temporary_name(name)
-    try:
-        os.mknod(temporary, stat.S_IFMT(entry.mode) | _NEW_NODE_PERMISSIONS, rdev, dir_fd=directory)
-        replace_atomically(temporary, name, directory, directory, flush=False)
-    except BaseException:
-        try:
-            os.unlink(temporary, dir_fd=directory)
-        except OSError:
-            pass  # not made, or already renamed
-        raise
+    replace_with_new(directory, name, lambda temporary: os.mknod(
+        temporary, stat.S_IFMT(entry.mode) | _NEW_NODE_PERMISSIONS, rdev, dir_fd=directory))
 
 
 def set_node_metadata(directory: int, name: str, entry: Entry, options: MetadataOptions, notices: Set[str],
