@@ -525,7 +525,7 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             except OSError as error:
                 raise storage_error(error, f"copy {origin.path} to {self.path}") from None
             if copied < move.length:
-                raise StorageError(f"Cannot read {origin.path}: it became shorter during the sync")
+                raise Conflict(f"{origin.path} became shorter during the sync; run again")
             start_writeback(fd, move.source_offset, move.length)
             written += move.length
         return written

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import stat as stat_module
 import struct
 from typing import Iterator, List, Optional
 
@@ -22,7 +21,6 @@ from pdiffcopy.core.hashing import digest_size, validate_method
 from pdiffcopy.core.protocol import LEASE_HEADER
 from pdiffcopy.errors import (
     BadRequest,
-    Conflict,
     FileMissing,
     PayloadTooLarge,
     PdiffcopyError,
@@ -32,7 +30,7 @@ from pdiffcopy.errors import (
     storage_error,
 )
 from pdiffcopy.local.confinement import refuse_hard_links
-from pdiffcopy.local.descriptors import copy_available, process_umask, start_writeback
+from pdiffcopy.local.descriptors import process_umask
 from pdiffcopy.local.filehash import cut_region
 from pdiffcopy.server.leasetable import LEASE_SECONDS
 from pdiffcopy.server.context import (
@@ -211,35 +209,28 @@ def copy_ranges(path: str):
     origin_path = path_arg("from")
     moves = [(offset, to, length) for offset, to, length
              in COPY_MOVE_ENTRY.iter_unpack(binary_body(COPY_MOVE_ENTRY.size, MAX_COPY_MOVES))]
-    origin_fd = served(state.root, origin_path).open_descriptor(os.O_RDONLY)
+    origin = served(state.root, origin_path)
     try:
-        fd = served(state.root, path, follow=False).open_descriptor(os.O_WRONLY)
+        origin_size = os.fstat(origin.read_descriptor()).st_size
+        temporary = served(state.root, path, follow=False)
         try:
-            info, origin = os.fstat(fd), os.fstat(origin_fd)
+            info = os.fstat(temporary.write_in_place())
             refuse_hard_links(info, path, state.config.write_hard_links)
             # Read from anywhere in the old file (twice, even); written once each, inside the file.
-            check_disjoint([(offset, length) for offset, _, length in moves], origin.st_size, ordered=False,
+            check_disjoint([(offset, length) for offset, _, length in moves], origin_size, ordered=False,
                            overlap=True)
             # The ranges written must not overlap (nor leave the file: writes never grow it).
             check_disjoint([(to, length) for _, to, length in moves], info.st_size, ordered=False)
             if sum(length for _, _, length in moves) > MAX_COPY_REQUEST_BYTES:
                 raise PayloadTooLarge(f"At most {MAX_COPY_REQUEST_BYTES} bytes per copy request")
             with state.leases.writing(info, lease_of_request(), path):
-                # The new version keeps the old one's mode, as a clone of it would.
-                os.fchmod(fd, stat_module.S_IMODE(origin.st_mode))
-                for offset, to, length in moves:
-                    try:
-                        copied = copy_available(origin_fd, fd, offset, length, target_offset=to)
-                    except OSError as error:
-                        raise storage_error(error, f"copy {origin_path} to {path}") from None
-                    if copied < length:
-                        raise Conflict(f"{origin_path} became shorter during the copy")
-                    start_writeback(fd, to, length)
+                # (it takes the old version's mode, as a clone of it would)
+                copied = temporary.copy_within(origin, [cdc.Copy(to, offset, length) for offset, to, length in moves])
         finally:
-            os.close(fd)
+            temporary.close()
     finally:
-        os.close(origin_fd)
-    return jsonify(copied=sum(length for _, _, length in moves))
+        origin.close()
+    return jsonify(copied=copied)
 
 
 @files.route("/<path:path>", methods=["GET", "HEAD"])
