@@ -223,3 +223,61 @@ def test_a_connection_the_server_closed_keeps_its_holder_alive_one_the_client_cl
         served.close()
     finally:
         listener.close()
+
+
+
+def test_a_holder_one_read_of_the_tcp_table_skips_is_not_taken_for_gone(tmp_path, monkeypatch):
+    """The kernel's table, read while other connections come and go, can skip one that stays open:
+    neither a lease nor a temporary's writer lock is let go on one such miss."""
+    import ipaddress
+    import socket
+
+    from pdiffcopy.errors import Locked
+    from pdiffcopy.local import tcptable, writerlocks
+    from pdiffcopy.server import holds
+    from pdiffcopy.server.leasetable import LeaseTable
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    try:
+        here, there = served.getsockname(), served.getpeername()
+        mine = ((ipaddress.ip_address(here[0]), here[1]), (ipaddress.ip_address(there[0]), there[1]))
+        real_rows, skip = tcptable.rows, []
+
+        def rows_skipping_it_once(*args):
+            rows = list(real_rows(*args))
+            if skip:
+                skip.pop()
+                return [row for row in rows if (row.local, row.remote) != mine]
+            return rows
+
+        monkeypatch.setattr(tcptable, "rows", rows_skipping_it_once)
+        # A lease its holder took on this connection: another client is refused.
+        (tmp_path / "leases").mkdir()
+        leases = LeaseTable(str(tmp_path / "leases"))
+        holds.watch_leases(leases)
+        leases.request_connection = lambda: holds.connection_text(mine)
+        target = tmp_path / "target"
+        target.write_bytes(b"x")
+        info = os.stat(target)
+        leases.acquire(info, "target")
+        leases.request_connection = lambda: None
+        skip.append(1)
+        with pytest.raises(Locked):
+            leases.acquire(info, "target")
+        # A temporary's writer lock kept for this connection: still kept after a tick.
+        keeper = writerlocks.HoldKeeper(60, tick=3600)
+        keeper.open_connections = holds.open_connections
+        temporary = tmp_path / "t.pdiffcopy-0001"
+        temporary.write_bytes(b"x")
+        fd = os.open(temporary, os.O_RDONLY)
+        keeper.keep(writerlocks.hold_descriptor(fd), mine)
+        os.close(fd)
+        skip.append(1)
+        keeper.expire()
+        assert len(keeper) == 1
+    finally:
+        client.close()
+        served.close()
+        listener.close()

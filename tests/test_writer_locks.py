@@ -247,3 +247,35 @@ def test_a_temporary_a_push_just_made_is_never_swept_by_another_push(server, uni
         sweeper.join(timeout=30)
     assert len(swept) > 0
     assert lost == [], f"{len(lost)} of 300 new temporaries were swept under their writer"
+
+
+def test_a_temporary_made_again_after_a_sweep_removed_it_holds_its_own_lock(tmp_path, monkeypatch):
+    """A sweep can remove a new temporary between its making and its lock: the writer makes it
+    again, and that one must be locked too (the lock of the removed one was kept instead once,
+    and the next sweep removed the new file under its writer)."""
+    from pdiffcopy.local import writerlocks
+    from pdiffcopy.local.descriptors import temporary_name
+    from pdiffcopy.local.localfile import LocalFile
+
+    path = tmp_path / temporary_name("image.img")
+    real, swept = writerlocks.hold_descriptor, []
+
+    def swept_before_the_first_lock(fd):
+        if not swept:
+            swept.append(path)
+            os.unlink(path)  # as a sweep that found it unlocked does
+        return real(fd)
+
+    monkeypatch.setattr(writerlocks, "hold_descriptor", swept_before_the_first_lock)
+    temporary = LocalFile(str(path))
+    try:
+        temporary.held_writer()
+        assert swept and path.exists()
+        directory = os.open(tmp_path, os.O_RDONLY)
+        try:
+            state, _ = writerlocks.probe_writer(path.name, directory, os.lstat(path))
+        finally:
+            os.close(directory)
+        assert state == writerlocks.HELD
+    finally:
+        temporary.close()

@@ -384,9 +384,15 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
             return True
         try:
             self._hold_fd = writerlocks.hold_descriptor(fd)
-            return self._hold_fd is None or writerlocks.still_named(self._hold_fd)
+            if self._hold_fd is None or writerlocks.still_named(self._hold_fd):
+                return True
         except OSError as error:
             raise storage_error(error, f"lock {self.path}") from None
+        # A sweep removed it before it was held: that lock is of no file, and the file made
+        # again must get its own (a lock left here once let the next one go unheld, and swept).
+        os.close(self._hold_fd)
+        self._hold_fd = None
+        return False
 
     def _end_hold(self, renamed_or_removed: bool) -> None:
         """Drop the writer lock, or hand it to the process's keeper (a server keeps it for its client)."""

@@ -53,6 +53,12 @@ DIRECTORY_PREFIX = "pdiffcopy-leases-"
 #: killed client then keeps others out for at most that long.
 LEASE_SECONDS = 60
 
+#: Reads of the host's TCP table a holder's connections must all be missing from before it is
+#: taken for gone: the kernel lists the table a page at a time and resumes by position, so one
+#: read while other connections come and go (a busy host's TIME-WAIT ones expire all the time)
+#: can skip a connection that stays open; two in a row do not.
+TABLE_READS = 2
+
 #: Seconds a request waits for the lease file's lock before it is refused.
 #: The lock is held for a read and a write of a few bytes, except by writes
 #: without a lease, which hold it shared while their body arrives: a lease
@@ -178,8 +184,11 @@ class LeaseTable:
         connections = record.get("connections")
         if not connections or self.open_connections is None or (record.get("writes", 0) and not still_writing):
             return False
-        open_now = self.open_connections()
-        return open_now is not None and not set(connections) & open_now
+        for _ in range(TABLE_READS):  # (one read of the kernel's table can skip an open connection)
+            open_now = self.open_connections()
+            if open_now is None or set(connections) & open_now:
+                return False
+        return True
 
     def _refusal(self, record: dict, path: str) -> Locked:
         left = math.ceil(max(0.0, float(record.get("expires", 0)) - time.monotonic()))
