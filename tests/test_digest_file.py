@@ -197,3 +197,19 @@ def test_a_pull_over_ssh_into_a_device_reads_only_the_source(sshd, loop_devices,
     assert "0 of 16 blocks differed" in done.stderr, done.stderr
     assert sectors_read(target) == before
     assert device_bytes(target, SIZE) == data
+
+
+def test_a_flush_of_the_target_is_no_write_the_record_refuses(synced):
+    """``fsync`` (``blockdev --flushbufs``, a VM's flush) counts as a write request of no sector:
+    the record still describes the target, and the next sync trusts it."""
+    source, target, _, record = synced
+    fd = os.open(target, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    target_before = sectors_read(target)
+    done = run_cli("--stats", "--digest-file", record, source, target)
+    assert done.returncode == 0, done.stderr
+    assert "0 of 16 blocks differed" in done.stderr, done.stderr
+    assert sectors_read(target) == target_before

@@ -179,7 +179,8 @@ def identity(fd: int) -> str:
     or when it is another device or resized: a device has no mtime to tell."""
     rdev = os.fstat(fd).st_rdev
     seen = counters(rdev)
-    written = f"{seen.writes:x}-{seen.sectors_written:x}" if seen is not None else "?"
+    # Sectors, not requests: a flush (fsync) is a write request of no sector, and changes nothing.
+    written = f"{seen.sectors_written:x}" if seen is not None else "?"
     return f'"dev{os.major(rdev)}:{os.minor(rdev)}-{device_size(fd):x}-{written}"'
 
 

@@ -40,8 +40,9 @@ CHECKSUM_BYTES = 32
 
 #: The fields of a device's identity that say which device it is (another one: another target).
 _DEVICE_NAMES = ("rdev", "backing", "dm_uuid")
-#: The fields that move when it is written.
-_DEVICE_WRITES = ("writes", "sectors_written", "discards", "sectors_discarded")
+#: The fields that move when it is written: sectors, not requests (a flush, ``fsync``, is a
+#: write request of no sector, and changes nothing).
+_DEVICE_WRITES = ("sectors_written", "sectors_discarded")
 
 
 def _sysfs(rdev: int, name: str) -> Optional[str]:
@@ -84,7 +85,7 @@ def target_identity(path: str) -> Optional[dict]:
     finally:
         os.close(fd)
     fields = (_sysfs(rdev, "stat") or "").split()
-    counted = [int(fields[index]) if len(fields) > index else -1 for index in (4, 6, 11, 13)]
+    counted = [int(fields[index]) if len(fields) > index else -1 for index in (6, 13)]
     backing = _sysfs(rdev, "loop/backing_file")
     if backing is not None:  # a loop device keeps its number and counters when attached to another file
         try:
