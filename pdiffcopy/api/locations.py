@@ -53,7 +53,7 @@ class LocationProbes:
             if not split_server_url(location)[1].strip("/"):  # (which also checks the URL)
                 return "directory"  # the server's root
             # Made as api.sync would make it (its --bwlimit and -z too): the file sync takes it.
-            wire = dict(dict(bwlimit=None, compress="auto"), **self.wire)
+            wire = {"bwlimit": None, "compress": "auto", **self.wire}
             wire["concurrency"] = check_concurrency(wire.get("concurrency"))
             endpoint = self.endpoints.get(location) or file_endpoint(location.rstrip("/"), **wire_settings(**wire))
             try:

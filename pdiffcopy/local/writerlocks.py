@@ -207,8 +207,8 @@ class HoldKeeper:
         judged = self.open_connections is not None and any(held[2] for _, held in holds)
         still_open = self.open_connections() if judged else None  # one read for every hold
         if still_open is not None and any(held[2] and not held[2] & still_open for _, held in holds):
-            # Looked again before a client is taken for gone: one read of the kernel's table can
-            # skip a connection that stays open (server.leasetable.TABLE_READS).
+            # Looked again before a client is taken for gone: the kernel lists the table a page at
+            # a time, and one read while others come and go can skip a connection that stays open.
             again = self.open_connections()
             still_open = None if again is None else still_open | again
         for key, (fd, used, connections) in holds:

@@ -12,10 +12,12 @@ with the ssh user's rights (:func:`ssh_export`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
+from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.records import dataclass
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, UsageError
@@ -108,8 +110,22 @@ class ExportedDevice(LocalDevice):
     def _open(self, flags: int, mode: int = 0o666) -> int:
         if flags & (os.O_WRONLY | os.O_RDWR) and not self.export.writable:
             raise AccessDenied(f"{self.export.name} is exported read-only: writing it is refused")
-        try:
+        with self._named():
             return super()._open(flags, mode)
+
+    def hash_ranges(self, ranges: Sequence[ByteRange], block_size: int, method: str) -> bytes:
+        with self._named():
+            return super().hash_ranges(ranges, block_size, method)
+
+    def data_map(self, offset: int, length: int) -> List[ByteRange]:
+        with self._named():
+            return super().data_map(offset, length)
+
+    @contextlib.contextmanager
+    def _named(self):
+        """Its errors name the export, as its client asked for it: never the device node."""
+        try:
+            yield
         except PdiffcopyError as error:
             error.args = (str(error).replace(self.export.path, self.export.name),)
             raise
@@ -122,11 +138,8 @@ class ExportedDevice(LocalDevice):
         """
         if not self.export.writable:
             raise AccessDenied(f"{self.export.name} is exported read-only: writing it is refused")
-        try:
+        with self._named():
             os.close(devices.claim(self.export.path))
-        except PdiffcopyError as error:
-            error.args = (str(error).replace(self.export.path, self.export.name),)
-            raise
 
 
 def drop_cached(fd: int, offset: int, length: int) -> None:
