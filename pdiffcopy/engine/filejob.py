@@ -43,7 +43,8 @@ from pdiffcopy.errors import (
     UsageError,
     VerificationFailed,
 )
-from pdiffcopy.engine.workfile import open_work, prepare_work
+from pdiffcopy.engine.interrupts import held_back
+from pdiffcopy.engine.workfile import WorkFile, open_work, prepare_work
 from pdiffcopy.engine.segments import (
     TRANSFER_REQUEST_BYTES,
     DataWalk,
@@ -232,13 +233,16 @@ class _SyncJob:
         # only before it is read back (below): a lease outlives a killed client by a minute,
         # and the next run would wait for it.
         late = atomic and options.partial and not clone and self.target.leases_stop_other_writers()
-        workfile = open_work(self.target, in_place=not atomic, partial=options.partial, clone=clone,
-                             lease_partial_now=not late)
-        work, resumed = workfile.endpoint, workfile.resumed
-        self.work = self.steps.work = work
-        if options.sparse:
-            work.write_sparse(True)
+        workfile: Optional[WorkFile] = None
         try:
+            # Held back until the temporary is ours to remove: a Ctrl-C in between left it behind.
+            with held_back():
+                workfile = open_work(self.target, in_place=not atomic, partial=options.partial, clone=clone,
+                                     lease_partial_now=not late)
+            work, resumed = workfile.endpoint, workfile.resumed
+            self.work = self.steps.work = work
+            if options.sparse:
+                work.write_sparse(True)
             self._use_record(plan)  # (after the lease: nobody else claims the target from here on)
             self.transfers = ThreadPoolExecutor(options.concurrency, thread_name_prefix="transfer")
             if options.whole_file or (target_info is None and not resumed):
@@ -277,10 +281,12 @@ class _SyncJob:
             # Stop every transfer first: one still running could write into
             # (or re-create) the temporary file after its removal.
             self._stop_transfers()
+            if workfile is None:
+                raise
             # A partial file is kept for the next run, whatever stopped this one (Ctrl-C,
             # a lost connection, a full disk): it resumes from what is there.
             workfile.give_up()
-            if work is self.target and self.prepared:
+            if workfile.endpoint is self.target and self.prepared:
                 logger.warning("%s was being updated in place and may now be partly synchronised; "
                                "run again to finish%s", self.target.location,
                                " with --verify-whole (its digest record no longer says what it holds)"
@@ -411,12 +417,15 @@ class _SyncJob:
     def _new_chunked_work(self, plan: BlockPlan) -> FileEndpoint:
         """The new, empty temporary the chunked delta builds, sized to the source."""
         self._sweep_temporaries()
-        workfile = open_work(self.target, in_place=False)
-        work = self.work = workfile.endpoint
+        workfile: Optional[WorkFile] = None
         try:
+            with held_back():  # (as in _run)
+                workfile = open_work(self.target, in_place=False)
+            work = self.work = workfile.endpoint
             workfile.prepare(plan.size, self.source_data, self.options.sparse)
         except BaseException:
-            workfile.give_up()
+            if workfile is not None:
+                workfile.give_up()
             self.work = None
             raise
         self.prepared = True

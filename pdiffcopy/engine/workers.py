@@ -23,12 +23,11 @@ import threading
 import time
 from typing import BinaryIO, Callable, Iterator, List, Optional, Tuple
 
+from pdiffcopy.engine.interrupts import STOP_SIGNALS  # after which the workers stop after the unit in hand
+
 #: What a forked worker does first, given its parent's process id (read before the fork).
 WorkerStart = Callable[[int], None]
 
-#: Signals after which the workers stop after the unit in hand: Ctrl-C, and
-#: what the command line treats like it (cli.CLEAN_UP_SIGNALS).
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 #: Seconds workers asked to stop (SIGTERM) get to finish their unit before they are killed.
 STOP_GRACE_SECONDS = 10.0

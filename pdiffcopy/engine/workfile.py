@@ -27,6 +27,7 @@ from typing import Optional, Tuple
 
 from pdiffcopy.core.records import dataclass
 from pdiffcopy.engine.endpoints import FileEndpoint
+from pdiffcopy.engine.interrupts import let_through
 from pdiffcopy.errors import Locked, PdiffcopyError, Unsupported
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,8 @@ def open_work(target: FileEndpoint, *, in_place: bool, partial: bool = False, cl
     :param lease_partial_now: Lease a new partial file at once (else :meth:`WorkFile.take_late_lease`).
     """
     if in_place:
-        target.take_lease()
+        with let_through():  # nothing made yet: an interrupted request needs no cleaning up
+            target.take_lease()
         return WorkFile(target, target, temporary=False)
     if partial:
         work, resumed, is_partial = open_partial(target, clone, lease=lease_partial_now)
@@ -120,7 +122,8 @@ def open_partial(target: FileEndpoint, clone: bool, lease: bool = True) -> "Tupl
         return target.create_temporary(clone=clone), False, False
     try:
         if resumed or lease:
-            lease_partial(partial, resumed, target.location)
+            with let_through():  # may wait a minute for a killed run's lease; kept when interrupted
+                lease_partial(partial, resumed, target.location)
     except BaseException:
         partial.close()  # kept: it is the other run's, or the next one's
         raise

@@ -56,6 +56,7 @@ from pdiffcopy.local.descriptors import (
     write_sparse,
 )
 from pdiffcopy.local.filehash import cut_open, cut_path, hash_file_ranges, hash_region
+from pdiffcopy.engine.interrupts import let_through
 from pdiffcopy.local import writerlocks
 from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.local.confinement import has_other_names, open_regular_path
@@ -651,15 +652,17 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
         """Give a new sibling this file's data (with ``clone``) and mode; remove it on failure."""
         temporary._write_fd = fd
         try:
-            source = self._reader() if clone else None
-            if source is not None:
-                if os.fstat(source).st_size > free_space(fd):
-                    raise StorageError(f"Cannot copy {self.path}: not enough free space")
-                from pdiffcopy.local.fastcopy import copy_into
+            # A copy may take long: Ctrl-C acts at once, the except below cleaning up.
+            with let_through():
+                source = self._reader() if clone else None
+                if source is not None:
+                    if os.fstat(source).st_size > free_space(fd):
+                        raise StorageError(f"Cannot copy {self.path}: not enough free space")
+                    from pdiffcopy.local.fastcopy import copy_into
 
-                # A reflink where the file system can (milliseconds, no new
-                # blocks), else the fastest copy the kernel offers.
-                temporary.clone_method = copy_into(source, fd, os.fstat(source).st_size, cache="keep")
+                    # A reflink where the file system can (milliseconds, no new
+                    # blocks), else the fastest copy the kernel offers.
+                    temporary.clone_method = copy_into(source, fd, os.fstat(source).st_size, cache="keep")
             # The final file gets the old file's mode, else the one the sync gave (use_mode),
             # else the usual default.
             if source is not None:

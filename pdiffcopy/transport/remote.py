@@ -37,6 +37,7 @@ from pdiffcopy.core.byteranges import (
     read_parts,
 )
 from pdiffcopy.core.compression import FRAMES_TYPE, CompressionError
+from pdiffcopy.engine.interrupts import let_through
 from pdiffcopy.engine.endpoints import (
     Chunk,
     ContentChunks,
@@ -528,7 +529,8 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
     def create_temporary(self, clone: bool) -> "RemoteFile":
         temporary = self._sibling(temporary_name, self.follow)
         try:
-            self._fill(temporary, clone)
+            with let_through():  # the server may copy for long; this cleans up by itself
+                self._fill(temporary, clone)
         except BaseException:
             # Interrupted while the server made it (Ctrl-C, SIGTERM): the caller never gets
             # the endpoint to clean up, so the temporary is removed here.
