@@ -156,6 +156,43 @@ def test_sync_tree_takes_paths_and_urls_from_the_top_level(server, tmp_path):
         pdiffcopy.sync_tree(server.url("layers-tree") + "/", server.url("layers-tree2"))
 
 
+
+def modules_a_string_passes(argv, value: str, until: str):
+    """The package's modules whose functions are handed ``value`` (alone, or in a list) while the
+    command line runs ``argv``, in order of first call, until a function of ``until`` is called."""
+    from pdiffcopy.cli.command import main
+
+    passed = []
+
+    def carries(argument) -> bool:
+        return argument == value or isinstance(argument, (list, tuple)) and value in argument
+
+    def watch(frame, event, arg):
+        module = frame.f_globals.get("__name__", "")
+        if event != "call" or not module.startswith("pdiffcopy") or (passed and passed[-1] == until):
+            return
+        code = frame.f_code
+        names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        if module == until or module not in passed and any(carries(frame.f_locals.get(name)) for name in names):
+            passed.append(module)
+
+    sys.setprofile(watch)
+    try:
+        status = main(argv)
+    finally:
+        sys.setprofile(None)
+    assert status == 0
+    return passed
+
+
+def test_a_pulled_location_passes_at_most_ten_modules_before_the_engine(server, tmp_path):
+    # Issue 33's measure: on a5d9ac4 the location passed 18 modules (calling back up 16 times).
+    (server.root / "layers-path.img").write_bytes(random_bytes(100_000))
+    url = server.url("layers-path.img")
+    passed = modules_a_string_passes([url, str(tmp_path / "copy.img")], url, until="pdiffcopy.engine.filejob")
+    assert passed[-1] == "pdiffcopy.engine.filejob", passed
+    assert len(passed) - 1 <= 10, passed
+    assert (tmp_path / "copy.img").read_bytes() == (server.root / "layers-path.img").read_bytes()
 def run_lint_imports(package_parent: Path) -> subprocess.CompletedProcess:
     """import-linter's contracts (pyproject.toml) over the package found in ``package_parent``."""
     script = Path(sys.executable).with_name("lint-imports")
