@@ -790,6 +790,11 @@ def measure(args, work: Path, loops: Loops, ours, blocksync, logs: Path):
                                                  net if direction != "local" else None, work, ours, blocksync, logs)
                                 if sample.error:
                                     log("  failed: %s" % sample.error)
+                                else:  # as it goes: a run stopped early still says what it measured
+                                    log("  %.2f s, wire %s, read source %s, target %s" % (
+                                        sample.seconds, benchlib.format_size(sample.wire),
+                                        benchlib.format_size(sample.read_source),
+                                        benchlib.format_size(sample.read_target)))
                                 results.setdefault((link, kind, case, direction, tool), Cell()).samples.append(sample)
     return results, mapped
 
