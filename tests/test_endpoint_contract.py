@@ -21,6 +21,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+import pdiffcopy
+
 from pdiffcopy.engine.endpoints import (
     CAPABILITIES,
     ContentChunks,
@@ -32,6 +34,7 @@ from pdiffcopy.engine.endpoints import (
     PartialFiles,
     PriorityHashing,
 )
+from pdiffcopy.engine.capabilities import without
 from pdiffcopy.errors import AccessDenied, Conflict, FileMissing, Locked, NotAFile, PdiffcopyError, Unsupported
 from pdiffcopy.core.hashing import SERVER_HASH_METHODS, available_methods, digest_bytes
 from pdiffcopy.local.localfile import LocalFile
@@ -1170,44 +1173,74 @@ def test_pin_keeps_a_file_until_it_changes(any_files):
 # -- capabilities: what each kind declares, and that every operation of each has a case above
 
 
-#: The capabilities each kind declares by what it inherits. A 1.0.1 server's file is a server's
-#: file: what 1.0.1 cannot do it answers at run time, as the cases above assert.
+#: The capabilities each kind names. A 1.0.1 server's file has no holes; what else 1.0.1
+#: cannot do it answers at run time, as the cases above assert.
 DECLARED = {LocalFile: {HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, Leases},
             RemoteFile: {PriorityHashing, Holes, ContentChunks, PartialFiles, Leases},
-            LegacyRemoteFile: {PriorityHashing, Holes, ContentChunks, PartialFiles, Leases}}
+            LegacyRemoteFile: {PriorityHashing, ContentChunks, PartialFiles, Leases}}
 
 
 @pytest.mark.parametrize("kind", list(DECLARED), ids=lambda kind: kind.__name__)
 def test_each_kind_declares_its_capabilities(kind):
-    assert {capability for capability in CAPABILITIES if issubclass(kind, capability)} == DECLARED[kind]
+    assert set(kind.capabilities) == DECLARED[kind]
+    for capability in DECLARED[kind]:  # whole (the class could not be made otherwise)
+        assert all(getattr(kind, name) is not getattr(capability, name) for name in capability.operations())
 
 
 def check_grouping(interface: type, capabilities: tuple, ungrouped: set) -> None:
-    """Every optional operation of ``interface`` (but ``ungrouped``) is in exactly one capability, with
-    a fallback the engine can call, and a case in this suite."""
+    """Every optional operation of ``interface`` (but ``ungrouped``) is stated once, in one capability,
+    whose body is the fallback the engine gets; and each has a case in this suite."""
     own = {name for name, value in vars(interface).items() if callable(value) and not name.startswith("_")}
-    grouped = [name for capability in capabilities for name in capability.__abstractmethods__]
+    grouped = [name for capability in capabilities for name in capability.operations()]
     assert len(grouped) == len(set(grouped)), "an operation in two capabilities"
-    assert own - interface.__abstractmethods__ - set(grouped) == ungrouped
-    assert set(grouped) <= own, "a capability without a fallback the engine can call"
+    assert not own & set(grouped), "an operation stated twice: in the interface and in a capability"
+    assert own - interface.__abstractmethods__ == ungrouped
+    assert all(issubclass(interface, capability) for capability in capabilities), "a capability without fallbacks"
     source = Path(__file__).read_text()
     missing = sorted(name for name in set(grouped) | ungrouped - {"close"} if f".{name}(" not in source)
     assert not missing, f"no contract case calls {missing}"
 
 
 def test_every_optional_file_operation_belongs_to_one_capability_and_has_a_case_here():
-    """The interface stays small: its required operations, three checks, and capabilities' fallbacks."""
+    """The interface stays small: its required operations, three checks, and its capabilities."""
     check_grouping(FileEndpoint, CAPABILITIES, {"exists", "close", "is_same_file", "check_readable", "pin",
                                                 "use_mode"})
     assert len(FileEndpoint.__abstractmethods__) <= 10
 
 
 def test_a_capability_is_declared_whole():
-    """A kind that inherits a capability must implement every operation of it, or cannot be made."""
+    """A kind that names a capability must implement every operation of it, or cannot be made."""
     methods = {name: (lambda self, *args: None) for name in FileEndpoint.__abstractmethods__ | {"data_map"}}
-    half = type("HalfHoles", (Holes, FileEndpoint), methods)
-    with pytest.raises(TypeError, match="punch_ranges"):
-        half()
+    with pytest.raises(TypeError, match="HalfHoles has Holes but does not implement .*punch_ranges"):
+        type("HalfHoles", (FileEndpoint,), dict(methods, capabilities=(Holes,)))
+    with pytest.raises(TypeError, match="not a capability"):
+        type("Foreign", (FileEndpoint,), dict(methods, capabilities=(WalkedHere,)))
+
+
+def test_a_capability_switched_off_by_name_gives_its_fallbacks(tmp_path):
+    """rclone's Features.Disable: a local file without its holes is all data to the engine, and a
+    sync from it writes the zeros (still the same bytes)."""
+    mib = 1024 * 1024
+    source = tmp_path / "sparse.img"
+    with open(source, "wb") as handle:
+        handle.truncate(8 * mib)
+        handle.seek(3 * mib)
+        handle.write(random_bytes(mib))
+    endpoint = LocalFile(str(source))
+    try:
+        assert endpoint.data_map(0, 8 * mib) == [(3 * mib, mib)]
+        without(endpoint, "Holes")
+        without(endpoint, "KernelCopies")  # (a kernel copy would skip the holes by itself)
+        assert endpoint.data_map(0, 8 * mib) == [(0, 8 * mib)]
+        assert Holes not in endpoint.capabilities and Holes in LocalFile.capabilities
+        target = tmp_path / "copy.img"
+        pdiffcopy.sync(endpoint, str(target))
+        assert target.read_bytes() == source.read_bytes()
+        assert os.stat(target).st_blocks * 512 >= 8 * mib  # dense: nothing told it of the holes
+        with pytest.raises(ValueError, match="no capability Holes"):
+            without(endpoint, "Holes")
+    finally:
+        endpoint.close()
 
 
 # -- trees: capabilities
@@ -1358,7 +1391,7 @@ TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes}, RemoteTree
 
 @pytest.mark.parametrize("kind", list(TREE_DECLARED), ids=lambda kind: kind.__name__)
 def test_each_tree_kind_declares_its_capabilities(kind):
-    assert {capability for capability in TREE_CAPABILITIES if issubclass(kind, capability)} == TREE_DECLARED[kind]
+    assert set(kind.capabilities) == TREE_DECLARED[kind]
 
 
 def test_every_optional_tree_operation_belongs_to_one_capability_and_has_a_case_here():

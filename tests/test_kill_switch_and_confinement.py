@@ -20,7 +20,7 @@ import pytest
 
 from conftest import http_get, pdiffcopy_command, random_bytes, run_cli, start_server
 import pdiffcopy
-from pdiffcopy.local import descriptors
+from pdiffcopy.local import descriptors, sweep
 from pdiffcopy.errors import AccessDenied, NotAFile
 from pdiffcopy.local.confinedfile import ConfinedFile
 from pdiffcopy.local.localfile import LocalFile
@@ -268,7 +268,7 @@ def test_every_temporary_any_path_makes_is_one_the_sweep_recognises(tmp_path):
     # And the sweep takes each of them for a leftover once it is old (and its maker gone).
     for name in set(names):
         info = os.stat_result((0o100600, 0, 0, 1, 0, 0, 0, 0, 0, 0))
-        assert descriptors.is_stale_temporary(name, info, now=descriptors.STALE_TEMPORARY_SECONDS + 1)
+        assert sweep.is_stale_temporary(name, info, now=sweep.STALE_TEMPORARY_SECONDS + 1)
 
 
 def test_one_temporary_name_generator(tmp_path):

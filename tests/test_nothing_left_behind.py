@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import pdiffcopy_command, process_stats, random_bytes, run_cli, start_server
-from pdiffcopy.local import descriptors
 from pdiffcopy.local.descriptors import is_temporary_name
+from pdiffcopy.local.sweep import ORPHAN_TEMPORARY_SECONDS, STALE_TEMPORARY_SECONDS
 from pdiffcopy.local.writerlocks import create_held
 from test_interrupt import session_processes
 
@@ -21,8 +21,6 @@ from test_interrupt import session_processes
 BIG_SIZE = 128 * 1024 * 1024
 
 # (read with defaults, so that these tests run, and fail, on code without the sweep too)
-ORPHAN_TEMPORARY_SECONDS = getattr(descriptors, "ORPHAN_TEMPORARY_SECONDS", 15 * 60)
-STALE_TEMPORARY_SECONDS = getattr(descriptors, "STALE_TEMPORARY_SECONDS", 24 * 3600)
 
 #: How long a client's processes may outlive it.
 SURVIVAL_LIMIT = 2.0

@@ -13,6 +13,7 @@ import pytest
 from conftest import pdiffcopy_command, random_bytes, run_cli, start_server
 from pdiffcopy.api import sync
 from pdiffcopy.local import descriptors
+from pdiffcopy.local.sweep import STALE_TEMPORARY_SECONDS
 
 #: The file every interrupted sync moves: with BWLIMIT it takes seconds, so the
 #: kill lands in the middle, where the partial file's content says it is.
@@ -20,7 +21,6 @@ SIZE = 32 * 1024 * 1024
 BWLIMIT = "8M"
 BLOCK = 1024 * 1024
 
-STALE_TEMPORARY_SECONDS = getattr(descriptors, "STALE_TEMPORARY_SECONDS", 24 * 3600)
 
 
 def partial_of(path: Path) -> Path:

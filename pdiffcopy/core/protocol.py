@@ -56,7 +56,7 @@ def temporary_name(name: str) -> str:
     :func:`is_temporary_name` and the leftovers sweep know them all. The 12
     hex digits hold the process id (above a 24-bit serial), so a later run
     can tell a temporary of a dead process
-    (:func:`pdiffcopy.local.descriptors.is_stale_temporary`).
+    (:func:`pdiffcopy.local.sweep.is_stale_temporary`).
     """
     return f".{name}.pdiffcopy-{unique_suffix(next(_temporary_serials))}"
 

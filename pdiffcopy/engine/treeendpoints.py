@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from pdiffcopy.core.records import dataclass
 from typing import Callable, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from pdiffcopy.engine.capabilities import Capability, check_declared
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Unsupported
 # The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
@@ -91,11 +92,117 @@ class ListingStream:
     close: Callable[[], None]
 
 
-class TreeEndpoint(ABC):
-    """A directory tree that can be listed, read and changed in batches."""
+# -- capabilities: each operation's contract, and (its body) what a tree without it gives
+
+
+class WalkedHere(Capability):
+    """A tree on this machine: walked and written by this process and its forked workers."""
+
+    def walks_here(self) -> bool:
+        """Whether :meth:`TreeEndpoint.list` walks a file system in this process (then a forked
+        child can walk it beside another tree's walk). Without it: no, a server lists it."""
+        return False
+
+    def enter_worker(self) -> None:
+        """Prepare a forked worker process of the sync for this tree. Without it: nothing to prepare."""
+
+    def sweep_while_listing(self) -> None:
+        """Have :meth:`TreeEndpoint.list` also remove the temporaries that killed runs left.
+
+        Without it: nothing, a server sweeps its own root when it starts."""
+
+    def same_content(self, entry: Entry, data: bytes) -> bool:
+        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot
+        tell cheaply (always, without it)."""
+        return False
+
+    def list_devices_as_files(self) -> bool:
+        """Have :meth:`TreeEndpoint.list` describe each block device as a regular file of the device's
+        size, and :meth:`TreeEndpoint.read_files` and :meth:`TreeEndpoint.file_endpoint` read its
+        contents (``--copy-devices``); True. Without it: False, devices are listed as what they are."""
+        return False
+
+
+class TreeCopies(Capability):
+    """Files copied from another tree without passing through this process (two local trees: the kernel copies)."""
+
+    def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
+        """Whether :meth:`copy_files_from` can take files from ``other``. Without it: never."""
+        return False
+
+    def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
+                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
+        """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
+
+        :raises Unsupported: Unless :meth:`can_copy_files_from` says yes (always, without it).
+        """
+        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
+
+
+class ServedTree(Capability):
+    """A tree behind a server: its traffic counted across forked workers, its root the server's own."""
+
+    def traffic(self) -> "Tuple[int, int]":
+        """Bytes this process has sent and received on the wire for trees of this kind.
+
+        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
+        Without it: (0, 0), nothing on a wire.
+        """
+        return (0, 0)
+
+    def add_traffic(self, sent: int, received: int) -> None:
+        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`).
+
+        Without it: nothing to count."""
+
+    def may_change_root(self) -> bool:
+        """Whether a sync may set the root directory's own permissions and times (not a server's root).
+
+        Without it: yes."""
+        return True
+
+
+class KeptAttributes(Capability):
+    """Extended attributes and ACLs listed and kept (-X, -A), and what could not be kept said once."""
+
+    def list_attributes(self, options: MetadataOptions) -> None:
+        """Have :meth:`TreeEndpoint.list` give each entry the extended attributes and ACLs ``options``
+        ask for. Without it: none are listed."""
+
+    def take_notices(self) -> List[str]:
+        """What this tree could not keep since the last call (one line per kind), to be said once.
+
+        Without it: none."""
+        return []
+
+    def not_kept(self) -> FrozenSet[str]:
+        """What this tree has said, once its listing has begun, that it will not set of what a sync
+        sends: ``"owner"`` (user and group), ``"xattrs"`` (security.* and trusted.* attributes).
+
+        A sync does not count such differences as changes: setting them would change nothing.
+        Without it: nothing, the tree keeps what it is sent.
+        """
+        return frozenset()
+
+    def makes_nodes(self) -> FrozenSet[str]:
+        """The nodes this tree makes, once its listing has begun (``-D``): ``"devices"`` (character
+        and block devices, as root) and ``"specials"`` (fifos, unix sockets). A sync skips the
+        others with a warning. Without it: none."""
+        return frozenset()
+
+
+class TreeEndpoint(WalkedHere, TreeCopies, ServedTree, KeptAttributes, ABC):
+    """A directory tree that can be listed, read and changed in batches; what only some trees can do
+    comes in capabilities (:mod:`pdiffcopy.engine.capabilities`), named in :attr:`capabilities`."""
 
     #: The path or URL the user gave, for messages.
     location: str
+    #: The capabilities this kind implements (the others are their fallbacks).
+    capabilities: Tuple[type, ...] = ()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        check_declared(cls, TREE_CAPABILITIES)
 
     @abstractmethod
     def list(self) -> Listing:
@@ -141,152 +248,6 @@ class TreeEndpoint(ABC):
 
     def close(self) -> None:
         """Release connections and descriptors."""
-
-    # -- the fallbacks of the capabilities below, for a tree that lacks them -----------------
-
-    def walks_here(self) -> bool:
-        """:meth:`WalkedHere.walks_here`; without it, no: a server lists it."""
-        return False
-
-    def enter_worker(self) -> None:
-        """:meth:`WalkedHere.enter_worker`; without it, nothing to prepare."""
-
-    def sweep_while_listing(self) -> None:
-        """:meth:`WalkedHere.sweep_while_listing`; without it, nothing: a server sweeps its own root when it starts."""
-
-    def same_content(self, entry: Entry, data: bytes) -> bool:
-        """:meth:`WalkedHere.same_content`; without it, False: it cannot tell cheaply."""
-        return False
-
-    def can_copy_files_from(self, other: "TreeEndpoint") -> bool:
-        """:meth:`TreeCopies.can_copy_files_from`; without it, never."""
-        return False
-
-    def copy_files_from(self, other: "TreeEndpoint", entries: Iterable[Entry], options: MetadataOptions,
-                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
-        """:meth:`TreeCopies.copy_files_from`; without it, :class:`Unsupported`."""
-        raise Unsupported(f"Cannot copy files from {other.location} into {self.location} directly")
-
-    def traffic(self) -> "Tuple[int, int]":
-        """:meth:`ServedTree.traffic`; without it, (0, 0): nothing on a wire."""
-        return (0, 0)
-
-    def add_traffic(self, sent: int, received: int) -> None:
-        """:meth:`ServedTree.add_traffic`; without it, nothing to count."""
-
-    def may_change_root(self) -> bool:
-        """:meth:`ServedTree.may_change_root`; without it, yes."""
-        return True
-
-    def list_attributes(self, options: MetadataOptions) -> None:
-        """:meth:`KeptAttributes.list_attributes`; without it, no attributes are listed."""
-
-    def take_notices(self) -> List[str]:
-        """:meth:`KeptAttributes.take_notices`; without it, none."""
-        return []
-
-    def not_kept(self) -> FrozenSet[str]:
-        """:meth:`KeptAttributes.not_kept`; without it, nothing: the tree keeps what it is sent."""
-        return frozenset()
-
-    def makes_nodes(self) -> FrozenSet[str]:
-        """:meth:`KeptAttributes.makes_nodes`; without it, none."""
-        return frozenset()
-
-    def list_devices_as_files(self) -> bool:
-        """:meth:`WalkedHere.list_devices_as_files`; without it, False: devices are listed as what they are."""
-        return False
-
-
-# -- capabilities: a tree inherits those it has, and implements all of their methods
-
-
-class WalkedHere(ABC):
-    """A tree on this machine: walked and written by this process and its forked workers."""
-
-    @abstractmethod
-    def walks_here(self) -> bool:
-        """Whether :meth:`TreeEndpoint.list` walks a file system in this process (then a forked
-        child can walk it beside another tree's walk)."""
-
-    @abstractmethod
-    def enter_worker(self) -> None:
-        """Prepare a forked worker process of the sync for this tree."""
-
-    @abstractmethod
-    def sweep_while_listing(self) -> None:
-        """Have :meth:`TreeEndpoint.list` also remove the temporaries that killed runs left."""
-
-    @abstractmethod
-    def same_content(self, entry: Entry, data: bytes) -> bool:
-        """Whether this tree's file at ``entry.path`` holds exactly ``data``; False when it cannot tell cheaply."""
-
-    @abstractmethod
-    def list_devices_as_files(self) -> bool:
-        """Have :meth:`TreeEndpoint.list` describe each block device as a regular file of the device's
-        size, and :meth:`TreeEndpoint.read_files` and :meth:`TreeEndpoint.file_endpoint` read its
-        contents (``--copy-devices``); True."""
-
-
-class TreeCopies(ABC):
-    """Files copied from another tree without passing through this process (two local trees: the kernel copies)."""
-
-    @abstractmethod
-    def can_copy_files_from(self, other: TreeEndpoint) -> bool:
-        """Whether :meth:`copy_files_from` can take files from ``other``."""
-
-    @abstractmethod
-    def copy_files_from(self, other: TreeEndpoint, entries: Iterable[Entry], options: MetadataOptions,
-                        compare: bool = False, fresh: bool = False) -> Tuple[List[Failure], int, int]:
-        """Copy files of ``other`` into this tree directly: (failures, bytes moved, files copied).
-
-        :raises Unsupported: Unless :meth:`can_copy_files_from` says yes.
-        """
-
-
-class ServedTree(ABC):
-    """A tree behind a server: its traffic counted across forked workers, its root the server's own."""
-
-    @abstractmethod
-    def traffic(self) -> "Tuple[int, int]":
-        """Bytes this process has sent and received on the wire for trees of this kind.
-
-        A forked worker hands its figures to the parent, which counts them with :meth:`add_traffic`.
-        """
-
-    @abstractmethod
-    def add_traffic(self, sent: int, received: int) -> None:
-        """Count bytes a forked worker of this process moved on the wire (see :meth:`traffic`)."""
-
-    @abstractmethod
-    def may_change_root(self) -> bool:
-        """Whether a sync may set the root directory's own permissions and times (not a server's root)."""
-
-
-class KeptAttributes(ABC):
-    """Extended attributes and ACLs listed and kept (-X, -A), and what could not be kept said once."""
-
-    @abstractmethod
-    def list_attributes(self, options: MetadataOptions) -> None:
-        """Have :meth:`TreeEndpoint.list` give each entry the extended attributes and ACLs ``options`` ask for."""
-
-    @abstractmethod
-    def take_notices(self) -> List[str]:
-        """What this tree could not keep since the last call (one line per kind), to be said once."""
-
-    @abstractmethod
-    def not_kept(self) -> FrozenSet[str]:
-        """What this tree has said, once its listing has begun, that it will not set of what a sync
-        sends: ``"owner"`` (user and group), ``"xattrs"`` (security.* and trusted.* attributes).
-
-        A sync does not count such differences as changes: setting them would change nothing.
-        """
-
-    @abstractmethod
-    def makes_nodes(self) -> FrozenSet[str]:
-        """The nodes this tree makes, once its listing has begun (``-D``): ``"devices"`` (character
-        and block devices, as root) and ``"specials"`` (fifos, unix sockets). A sync skips the
-        others with a warning."""
 
 
 #: Every capability interface of a tree, for the contract suite.

@@ -17,7 +17,7 @@ from pdiffcopy.core import chunks as cdc
 from pdiffcopy.core.blocks import ByteRange
 from pdiffcopy.errors import AccessDenied, Conflict, FileMissing, PdiffcopyError, storage_error
 from pdiffcopy.local.confinement import Root, clean_relative_path
-from pdiffcopy.local.descriptors import sweep_stale_temporaries
+from pdiffcopy.local.sweep import sweep_stale_temporaries
 from pdiffcopy.local.filehash import cut_open, hash_region
 from pdiffcopy.local.localfile import LocalFile
 

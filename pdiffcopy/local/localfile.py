@@ -50,12 +50,12 @@ from pdiffcopy.local.descriptors import (
     replace_atomically,
     resize,
     start_writeback,
-    sweep_stale_temporaries,
     temporary_name,
     write_all,
     write_sparse,
 )
 from pdiffcopy.local.filehash import cut_open, cut_path, hash_file_ranges, hash_region
+from pdiffcopy.local.sweep import sweep_stale_temporaries
 from pdiffcopy.engine.interrupts import let_through
 from pdiffcopy.local import writerlocks
 from pdiffcopy.core.protocol import is_temporary_name
@@ -118,7 +118,7 @@ def start_hash_pool(concurrency: int, close_in_workers: "Sequence[int]" = ()) ->
     return pool
 
 
-class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, Leases, FileEndpoint):
+class LocalFile(FileEndpoint):
     """A regular file on a local file system.
 
     ``LocalFile(path)`` is a file the user named: its path is resolved as
@@ -133,6 +133,8 @@ class LocalFile(HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, L
     served). Either way only regular files are opened for reading or
     writing (FIFOs and devices are refused, never waited on).
     """
+
+    capabilities = (HashingHere, KernelCopies, Holes, ContentChunks, PartialFiles, Leases)
 
     #: A block device (:class:`~pdiffcopy.local.localdevice.LocalDevice`): no kernel file copies.
     is_device = False

@@ -85,8 +85,10 @@ _DEVICES_AND_SPECIALS: FrozenSet[str] = frozenset({NODES_DEVICES, NODES_SPECIALS
 _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 
 
-class LocalTree(WalkedHere, TreeCopies, KeptAttributes, TreeEndpoint):
+class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
+
+    capabilities = (WalkedHere, TreeCopies, KeptAttributes)
 
     #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
     sweep = False

@@ -17,7 +17,8 @@ from pdiffcopy.core.entries import FILE, OTHER, Entry, device_target, is_device,
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
 from pdiffcopy.engine.treeendpoints import Failure, MetadataOptions
 from pdiffcopy.local.confinement import link_group
-from pdiffcopy.local.descriptors import is_temporary_name, remove_if_abandoned
+from pdiffcopy.local.descriptors import is_temporary_name
+from pdiffcopy.local.sweep import remove_if_abandoned
 from pdiffcopy.local.treenodes import device_as_file
 from pdiffcopy.local.xattrs import read_attributes
 
@@ -204,7 +205,7 @@ def scan(fd: int, relative: str, entries: List[Entry], failures: List[Failure],
 
 
 def sweep_temporary(directory: int, name: str, path: str, swept: List[str]) -> None:
-    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.descriptors.remove_if_abandoned`)."""
+    """Remove a temporary file an earlier run left (:func:`~pdiffcopy.local.sweep.remove_if_abandoned`)."""
     try:
         if remove_if_abandoned(name, os.lstat(name, dir_fd=directory), directory):
             swept.append(path)

@@ -31,7 +31,7 @@ from typing import Callable, Dict, Optional, Set, Tuple
 _FLOCK = struct.Struct("@hhqqi4x")
 
 #: errno values with which a file system says it cannot lock (some network file systems):
-#: there the sweeps fall back to the age rules (local/descriptors.py ``is_stale_temporary``).
+#: there the sweeps fall back to the age rules (local/sweep.py ``is_stale_temporary``).
 NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP),
                       errno.EINVAL, errno.ENOSYS})
 

@@ -310,10 +310,10 @@ def sweep_root(root: str) -> int:
     """Remove the stale temporaries (of pushes whose client was killed, say) below ``root``.
 
     Before the workers start, so none of this server's writes is in flight;
-    bounded by :data:`~pdiffcopy.local.descriptors.SWEEP_MAX_ENTRIES` and
-    :data:`~pdiffcopy.local.descriptors.SWEEP_MAX_SECONDS`.
+    bounded by :data:`~pdiffcopy.local.sweep.SWEEP_MAX_ENTRIES` and
+    :data:`~pdiffcopy.local.sweep.SWEEP_MAX_SECONDS`.
     """
-    from pdiffcopy.local.descriptors import sweep_stale_temporaries
+    from pdiffcopy.local.sweep import sweep_stale_temporaries
 
     removed = sweep_stale_temporaries(root, recursive=True)
     if removed:

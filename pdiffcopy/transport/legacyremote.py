@@ -25,7 +25,16 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tupl
 from urllib.parse import urlencode
 
 from pdiffcopy.core.blocks import ByteRange
-from pdiffcopy.engine.endpoints import Chunk, FileEndpoint, FileInfo
+from pdiffcopy.engine.endpoints import (
+    Chunk,
+    ContentChunks,
+    FileEndpoint,
+    FileInfo,
+    Holes,
+    Leases,
+    PartialFiles,
+    PriorityHashing,
+)
 from pdiffcopy.errors import RemoteProtocolError, Unsupported
 from pdiffcopy.core.hashing import digest_bytes, finish, new_hasher
 from pdiffcopy.engine.forkshared import Throttle
@@ -84,6 +93,10 @@ def remote_file(url: str, token: Optional[str] = None, concurrency: int = 4,
 class LegacyRemoteFile(RemoteFile):
     """A file on a pdiffcopy 1.0.1 server (made by :func:`remote_file` when it finds one)."""
 
+    #: A server's, less the holes: 1.0.1 has no data map and cannot punch. The rest it does
+    #: not know (chunks, partial files, leases) it answers at run time, as its server would.
+    capabilities = (PriorityHashing, ContentChunks, PartialFiles, Leases)
+
     def __init__(self, url: str, concurrency: int = 4, timeout: float = DEFAULT_TIMEOUT,
                  ca_file: Optional[str] = None, rate_limit: Optional[Throttle] = None) -> None:
         super().__init__(url, token=None, concurrency=concurrency, timeout=timeout, ca_file=ca_file,
@@ -126,8 +139,10 @@ class LegacyRemoteFile(RemoteFile):
                            "token, TLS or atomic rename (upgrade it, see docs/migration.rst)", self.base)
         return FileInfo("file", size, 0, "")
 
-    # Behind the whole-file hashing of submit_hashes, never RemoteFile's request that 1.0.1 does not know.
-    submit_hashes_first = FileEndpoint.submit_hashes_first
+    def submit_hashes_first(self, ranges: Sequence[ByteRange], block_size: int, method: str
+                            ) -> "Future[bytes]":
+        # Behind the whole-file hashing of submit_hashes, never RemoteFile's request that 1.0.1 does not know.
+        return self.submit_hashes(ranges, block_size, method)
 
     def hashes_pieces_cheaply(self) -> bool:
         return False  # a whole-file hash list per piece size, or the data itself (see _legacy_hashes)
@@ -209,10 +224,10 @@ class LegacyRemoteFile(RemoteFile):
         self._body(self.request("POST", self._legacy("resize", size=size)))
 
     # A 1.0.1 server has no data map and cannot punch: every byte is data, holes are written as zeros.
-    data_map = FileEndpoint.data_map
-    punch_ranges = FileEndpoint.punch_ranges
-    prepare_sparse = FileEndpoint.prepare_sparse
-    write_sparse = FileEndpoint.write_sparse
+    data_map = Holes.data_map
+    punch_ranges = Holes.punch_ranges
+    prepare_sparse = Holes.prepare_sparse
+    write_sparse = Holes.write_sparse
 
     def read_ranges(self, ranges: Iterable[ByteRange]) -> Iterator[Chunk]:
         for offset, length in ranges:
@@ -244,8 +259,9 @@ class LegacyRemoteFile(RemoteFile):
     def can_copy_within(self, origin: FileEndpoint) -> bool:
         return False  # 1.0.1 cannot copy between files, nor rename a temporary
 
-    # "Unsupported", not RemoteFile's request that 1.0.1 does not know.
-    copy_within = FileEndpoint.copy_within
+    def copy_within(self, origin: FileEndpoint, moves) -> int:
+        # Not RemoteFile's request, which 1.0.1 does not know.
+        raise Unsupported(f"{self.base} is a pdiffcopy 1.0.1 server, which cannot copy between files")
 
     def flush(self) -> None:
         pass  # 1.0.1 cannot fsync; its writes reach the disk when its kernel decides

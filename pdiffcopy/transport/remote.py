@@ -123,7 +123,7 @@ class _RangesBody:
             yield closing_delimiter(self.boundary)
 
 
-class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, FileEndpoint):
+class RemoteFile(FileEndpoint):
     """A file on a pdiffcopy server, named by its URL.
 
     With ``follow=False`` (a tree's member) every request asks the server not
@@ -131,6 +131,8 @@ class RemoteFile(PriorityHashing, Holes, ContentChunks, PartialFiles, Leases, Fi
     such a file is refused with :class:`~pdiffcopy.errors.NotAFile`, as a
     local tree's member is.
     """
+
+    capabilities = (PriorityHashing, Holes, ContentChunks, PartialFiles, Leases)
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,

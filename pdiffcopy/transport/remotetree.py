@@ -79,7 +79,7 @@ SIZED_WRITE_BYTES = 16 * 1024 * 1024
 LISTING_BATCH_ENTRIES = 2048
 
 
-class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
+class RemoteTree(TreeEndpoint):
     """The tree at a directory URL (``http(s)://HOST:PORT/some/dir``, with or without a final slash).
 
     :param rate_limit: The bucket every byte on the wire is taken from (``--bwlimit``): one
@@ -88,6 +88,8 @@ class RemoteTree(ServedTree, KeptAttributes, TreeEndpoint):
                      :class:`~pdiffcopy.transport.compressionpolicy.Compression` to share, as
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
     """
+
+    capabilities = (ServedTree, KeptAttributes)
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
