@@ -23,6 +23,8 @@ class PdiffcopyError(Exception):
     exit_code = 1
     #: HTTP status the server answers with for this kind of error.
     http_status = 500
+    #: What that status means in the server's API document (set on the kinds it answers with).
+    served_as = ""
 
 
 class UsageError(PdiffcopyError):
@@ -35,17 +37,21 @@ class UsageError(PdiffcopyError):
 class BadRequest(UsageError):
     """A request to the server is malformed or out of bounds."""
 
+    served_as = "Malformed or out-of-bounds request"
+
 
 class ClientTooSlow(BadRequest):
     """A client sent its request (or read its answer) slower than the server allows."""
 
     http_status = 408
+    served_as = "The request body came too slowly; the connection is closed"
 
 
 class RangeNotSatisfiable(BadRequest):
     """A byte range lies outside the file."""
 
     http_status = 416
+    served_as = "A byte range or offset lies outside the file"
 
     def __init__(self, message: str, size: Optional[int] = None) -> None:
         super().__init__(message)
@@ -58,6 +64,7 @@ class PayloadTooLarge(BadRequest):
     """A request body is larger than the operation allows."""
 
     http_status = 413
+    served_as = "The request body is larger than the operation allows"
 
 
 class AccessDenied(PdiffcopyError):
@@ -67,6 +74,7 @@ class AccessDenied(PdiffcopyError):
     exit_code = 3
 
     http_status = 403
+    served_as = "Path outside the root or reserved, or access refused"
 
 
 class ForeignUser(AccessDenied):
@@ -79,6 +87,7 @@ class AuthenticationFailed(PdiffcopyError):
     exit_code = 5
 
     http_status = 401
+    served_as = "Missing or wrong token"
 
 
 class FileMissing(PdiffcopyError):
@@ -87,6 +96,7 @@ class FileMissing(PdiffcopyError):
     exit_code = 3
 
     http_status = 404
+    served_as = "The file or a directory on its path does not exist"
 
 
 class NotAFile(PdiffcopyError):
@@ -96,6 +106,7 @@ class NotAFile(PdiffcopyError):
     exit_code = 3
 
     http_status = 409
+    served_as = "Not a regular file, or a non-directory on the path"
 
 
 class Conflict(PdiffcopyError):
@@ -108,12 +119,14 @@ class Conflict(PdiffcopyError):
     exit_code = 23
 
     http_status = 412
+    served_as = "If-Match failed, or the file exists already"
 
 
 class Locked(PdiffcopyError):
     """Another client is writing the file (it holds the write lease, or a lock on a local file)."""
 
     http_status = 423
+    served_as = "Another client holds the file's write lease"
 
 
 class PartialTransfer(PdiffcopyError):
@@ -134,6 +147,7 @@ class StorageError(PdiffcopyError):
     exit_code = 11
 
     http_status = 507
+    served_as = "Reading or writing failed: no space left, an I/O error"
 
 
 class RemoteError(PdiffcopyError):
@@ -178,6 +192,7 @@ class ServerBusy(RemoteError):
 
     exit_code = 5
     http_status = 503
+    served_as = "Too many hash requests at once: retry after Retry-After seconds"
 
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)

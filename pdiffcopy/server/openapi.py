@@ -20,6 +20,7 @@ import copy
 import json
 from typing import Any, Dict, List, Optional
 
+from pdiffcopy import errors
 from pdiffcopy._version import __version__
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
@@ -47,26 +48,36 @@ OPENAPI_VERSION = "3.0.3"
 #: can never hide a file called ``openapi.json`` at the top of the root.
 DOCUMENT_PATH = "/.pdiffcopy/openapi.json"
 
-#: The status code of every kind of error and the sentence describing it
-#: (the classes in pdiffcopy/errors.py, plus 405 from the framework).
-ERROR_STATUSES: Dict[int, str] = {
-    400: "Malformed or out-of-bounds request (BadRequest), or malformed HTTP",
-    401: "Missing or wrong token (AuthenticationFailed)",
-    403: "Path outside the root or reserved, or access refused (AccessDenied)",
-    404: "The file or a directory on its path does not exist (FileMissing)",
+#: What the HTTP layer answers by itself, and what the API adds to an error's own sentence.
+_FRAMEWORK_STATUSES = {
     405: "The endpoint does not support this method",
-    409: "Not a regular file, or a non-directory on the path (NotAFile)",
-    412: "If-Match failed, or the file exists already (Conflict)",
-    413: "The request body is larger than the operation allows (PayloadTooLarge): 64 MiB of JSON, "
-         "65,536 ranges of a chunk list, 16,384 moves or 1 GiB of a copy",
     414: "The request line is too long (from the HTTP layer)",
-    416: "A byte range or offset lies outside the file (RangeNotSatisfiable)",
-    408: "The request body came too slowly (ClientTooSlow); the connection is closed",
-    423: "Another client holds the file's write lease (Locked)",
     431: "The headers are too many or too long (from the HTTP layer)",
-    503: "Too many hash requests at once: retry after Retry-After seconds (ServerBusy)",
-    507: "Reading or writing failed: no space left, an I/O error (StorageError)",
 }
+_ALSO = {
+    400: ", or malformed HTTP",
+    413: ": 64 MiB of JSON, 65,536 ranges of a chunk list, 16,384 moves or 1 GiB of a copy",
+}
+
+
+def _error_statuses() -> Dict[int, str]:
+    """Every status the server answers an error with, and its sentence: from the error kinds of
+    pdiffcopy/errors.py that say what they are served as, plus the HTTP layer's own."""
+    kinds: List[type] = []
+    pending: List[type] = [errors.PdiffcopyError]
+    while pending:
+        kind = pending.pop(0)
+        kinds.append(kind)
+        pending += kind.__subclasses__()
+    statuses: Dict[int, str] = dict(_FRAMEWORK_STATUSES)
+    for kind in kinds:
+        if vars(kind).get("served_as"):
+            statuses[kind.http_status] = f"{kind.served_as} ({kind.__name__}){_ALSO.get(kind.http_status, '')}"
+    return dict(sorted(statuses.items()))
+
+
+#: The status code of every kind of error and the sentence describing it.
+ERROR_STATUSES: Dict[int, str] = _error_statuses()
 
 #: Errors every request can meet: malformed HTTP, a missing token, a request
 #: line or headers beyond the HTTP layer's limits.
