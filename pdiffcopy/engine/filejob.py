@@ -582,13 +582,15 @@ class _SyncJob:
 
     def _use_record(self, plan: BlockPlan) -> None:
         """Decide how the digest record serves this sync (:func:`~pdiffcopy.engine.recorded.choose_use`):
-        trusted, its target is read only where written, and refinement (which reads it) is off."""
+        trusted, its target is read only where written. Refinement reads it there too, before it is
+        written: on for a source across a network (a tenth of a block moves, not the block), off
+        for a local one (nothing to save but local writes)."""
         if self.record is None:
             return
         self.record_use, self.record_mismatch = recorded.choose_use(
             self.record, plan.size, plan.block_size, self.options.hash_method, self.options.verify_whole,
             self.options.dry_run)
-        if self.record_use == recorded.TRUST:
+        if self.record_use == recorded.TRUST and self.source.hashes_here():
             self.steps.piece_size = 0
         logger.debug("%s: digest record %s %s", self.target.location, self.record.location,
                      "trusted" if self.record_use == recorded.TRUST else "rebuilt from the whole target")
