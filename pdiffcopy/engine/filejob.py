@@ -582,9 +582,7 @@ class _SyncJob:
 
     def _use_record(self, plan: BlockPlan) -> None:
         """Decide how the digest record serves this sync (:func:`~pdiffcopy.engine.recorded.choose_use`):
-        trusted, its target is read only where written. Refinement reads it there too, before it is
-        written: on for a source across a network (a tenth of a block moves, not the block), off
-        for a local one (nothing to save but local writes)."""
+        trusted, its target is read only where written; refined there only from a source across a network."""
         if self.record is None:
             return
         self.record_use, self.record_mismatch = recorded.choose_use(
@@ -608,12 +606,8 @@ class _SyncJob:
         if self.record is None:
             return
         self.record.save(plan.size, plan.block_size, self.options.hash_method, digests)
-        if self.record_differences:
-            logger.warning("%d block(s) of %s differed from the digest record %s although nothing showed "
-                           "that the target was written (a write below the device, or damage); they were "
-                           "synced again", self.record_differences, self.target.location, self.record.location)
-        elif self.record_mismatch is not None:
-            logger.info("%s; made it again from the whole target", self.record_mismatch)
+        recorded.tell_what_the_check_found(self.record, self.target.location, self.record_differences,
+                                           self.record_mismatch)
 
     def _prepare_once(self, work: FileEndpoint, size: int) -> None:
         """Resize the target just before its first change, not earlier.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import logging
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
@@ -25,6 +26,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, List, Optional, 
 from pdiffcopy.core.blocks import BlockPlan, ByteRange, Segment, split_digests
 from pdiffcopy.core.hashing import digest_size
 from pdiffcopy.errors import Conflict, UsageError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.segments import SegmentSteps
@@ -207,5 +210,17 @@ def count_differences(record: DigestRecord, segment: Segment, read: Sequence[byt
     return sum(1 for ours, theirs in zip(read, recorded) if ours != theirs)
 
 
+def tell_what_the_check_found(record: DigestRecord, location: str, differences: int,
+                              mismatch: Optional[str]) -> None:
+    """After a sync that checked the record against the target (:data:`REBUILD`): say what it found."""
+    if differences:
+        logger.warning("%d block(s) of %s differed from the digest record %s although nothing showed "
+                       "that the target was written (a write below the device, or damage); they were "
+                       "synced again", differences, location, record.location)
+    elif mismatch is not None:
+        logger.info("%s; made it again from the whole target", mismatch)
+
+
 __all__ = ["REBUILD", "TRUST", "DigestRecord", "RecordedSegments", "changed_blocks_of", "choose_use",
-           "count_differences", "partly_hashed", "recorded_stream", "trusted_streams"]
+           "count_differences", "partly_hashed", "recorded_stream", "tell_what_the_check_found",
+           "trusted_streams"]
