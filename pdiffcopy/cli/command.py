@@ -52,15 +52,23 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
     args = parser.parse_args(argv)
     if args.partial_progress:  # -P: rsync's --partial --progress
         args.partial = args.progress = True
-    setup_logging(args.verbose - args.quiet)
+    args.events = None
+    if args.paths and not args.remove and (args.json or args.metrics_file):
+        from pdiffcopy.cli.events import Events
+
+        args.events = Events(sys.stdout if args.json else None)
+    # --json: the human lines off (the summary is an event), the warnings and errors kept.
+    setup_logging(args.verbose - args.quiet, summary=not (args.json and args.paths))
+    error_line = ""
     try:
         status = run(parser, args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except PdiffcopyError as error:
         logger.error("%s", error)
-        status = error.exit_code
+        status, error_line = error.exit_code, str(error)
     except KeyboardInterrupt as interrupt:
         status = _report_interrupt(interrupt)
+        error_line = "interrupted"
     except Exception as error:
         behind = _interrupt_behind(error)
         if behind is not None:
@@ -74,8 +82,26 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
         else:  # a bug: still one line, the details with -v
             logger.debug("Unexpected error", exc_info=True)
             logger.error("Unexpected error: %s: %s (run with -vv for details)", type(error).__name__, error)
-            status = 1
+            status, error_line = 1, f"Unexpected error: {type(error).__name__}: {error}"
+    if args.events is not None:
+        status = _end_events(args, status, error_line)
     return status, bool(args.paths)
+
+
+def _end_events(args: argparse.Namespace, status: int, error_line: str) -> int:
+    """The last event (``--json``) and the metrics file: the status, or 1 when the file cannot be written."""
+    events = args.events
+    if status == 0:
+        events.finished()
+    else:
+        events.failed(status, error_line or f"exit status {status}")
+    if args.metrics_file:
+        try:
+            events.write_metrics(args.metrics_file, status)
+        except OSError as error:
+            logger.error("Cannot write the metrics file %s: %s", args.metrics_file, error.strerror or error)
+            return status or 1
+    return status
 
 
 def _exit_without_teardown(status: int) -> None:
@@ -345,6 +371,8 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
     """
     from pdiffcopy.api import LocationProbes, resolve_locations
 
+    if args.events is not None:
+        args.events.started(shown(source), shown(target), dry_run=bool(args.dry_run or args.diff))
     wire = dict(token=token, concurrency=args.concurrency, timeout=args.timeout, ca_file=args.ca_file,
                 bwlimit=args.bwlimit, compress=args.compress)
     with LocationProbes(**wire) as probes:  # a URL is probed once, here: the file sync takes its endpoint
@@ -397,7 +425,11 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
 
         result = run_sync(probes.take(source), probes.take(target), dry_run=args.dry_run,
                           show_progress=show_progress(args), keep_last=args.progress, **options,
-                          **file_metadata(args), mkpath=args.mkpath, **recording)
+                          **file_metadata(args), mkpath=args.mkpath, **recording, events=args.events)
+    if args.events is not None:
+        _count_file(args.events, result, shown)
+        if args.json:
+            return 0
     report(result, shown)
     if wants_stats(args) and not result.dry_run:
         print_stats(result.bytes_moved, None, time.monotonic() - started,
@@ -461,17 +493,33 @@ def require_extra(modules, extra: str, what: str) -> None:
                                  f"python3 -m pip install 'pdiffcopy[{extra}]=={__version__}'") from None
 
 
-def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, **options):
-    """Sync with an optional progress display (``keep_last``: leave its final state on screen)."""
+def run_sync(source: str, target: str, show_progress: bool, keep_last: bool = False, events=None, **options):
+    """Sync with an optional progress display (``keep_last``: leave its final state on screen), or
+    the progress events of ``--json`` (``events``)."""
     from pdiffcopy.api import Progress, sync
 
     progress = Progress()
+    if events is not None and events.stream is not None:
+        with events.progress(progress):
+            return sync(source, target, progress=progress, **options)
     if not show_progress:
         return sync(source, target, progress=progress, **options)
     from pdiffcopy.cli.progress import ProgressDisplay
 
     with ProgressDisplay(progress, keep_last=keep_last):
         return sync(source, target, progress=progress, **options)
+
+
+def _count_file(events, result, shown) -> None:
+    """A single file's ``file`` event and counts (``--json``, ``--metrics-file``)."""
+    changed = bool(result.changed_blocks or result.bytes_moved or result.symlink) and not result.dry_run
+    if changed or result.dry_run:
+        events.file(shown(result.target), "symlink" if result.symlink else "file", size=result.size,
+                    bytes_moved=result.bytes_moved, changed_blocks=result.changed_blocks,
+                    total_blocks=result.total_blocks, dry_run=result.dry_run)
+    events.count(bytes_moved=result.bytes_moved, files_copied=int(changed), unchanged=int(not changed),
+                 deleted=0, failures=0, changed_blocks=result.changed_blocks, total_blocks=result.total_blocks,
+                 verified=result.verified)
 
 
 def report(result, shown=lambda location: location) -> None:

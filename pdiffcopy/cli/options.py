@@ -170,6 +170,13 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--stats", action="store_true",
                       help="end with a line of figures: bytes moved, bytes on the wire (remote "
                            "syncs), elapsed time and rate (also with -v)")
+    sync.add_argument("--json", action="store_true",
+                      help="print what the sync does as JSON lines on stdout, one object per event "
+                           "(started, progress, file, finished or failed, with the exit status and "
+                           "the summary's counts), instead of the summary and the progress line")
+    sync.add_argument("--metrics-file", metavar="PATH", default=None,
+                      help="when done, write the summary as Prometheus text to PATH (for "
+                           "node_exporter's textfile collector), replaced atomically")
     sync.add_argument("--timeout", metavar="SECONDS", type=_timeout, default=None,
                       help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,

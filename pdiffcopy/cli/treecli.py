@@ -77,10 +77,15 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     options = tree_options(args)
     progress = TreeProgress(options.concurrency)
     started, wire_before = time.monotonic(), wire_totals()
+    events, changes = args.events, []
+    listed = changes.append if events is not None else _print if args.verbose and not options.dry_run else None
     with _display(progress, args):
         result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
-                           progress=progress, report_line=_print,
-                           transfer_line=_print if args.verbose and not options.dry_run else None)
+                           progress=progress, report_line=_listing(args), transfer_line=listed)
+    if events is not None:
+        _count_tree(events, result, changes)
+        if args.json:
+            return _finish(result, f"{result.files_copied} file(s) copied, {result.unchanged} unchanged")
     if options.dry_run:
         if not args.diff:
             _summarise_dry_run(result)
@@ -129,6 +134,25 @@ def run_remove(args: argparse.Namespace, token: Optional[str]) -> int:
 
 def _print(line: str) -> None:
     sys.stdout.write(line + "\n")
+
+
+def _listing(args: argparse.Namespace) -> Callable[[str], None]:
+    """Where a dry run's or a diff's lines go: stdout, or (``--json``) ``listing`` events."""
+    if args.json and args.events is not None:
+        return lambda line: args.events.emit("listing", line=line)
+    return _print
+
+
+def _count_tree(events, result, changes) -> None:
+    """A tree's ``file`` events (what it changed, but for the paths that failed) and counts."""
+    failed = {path for path, _ in result.failures}
+    if not result.dry_run:
+        for item in changes:
+            if item.path not in failed:
+                events.file(item.path, item.change, **({"to": item.detail} if item.detail else {}))
+    events.count(bytes_moved=result.bytes_moved, files_copied=result.files_copied, unchanged=result.unchanged,
+                 deleted=result.deleted, directories_made=result.directories_made, linked=result.linked,
+                 nodes_made=result.nodes_made, failures=len(result.failures), not_synced=result.not_synced)
 
 
 def _summarise_dry_run(result) -> None:
@@ -181,7 +205,9 @@ class _display:
         self.display = None
         from pdiffcopy.cli.reports import show_progress
 
-        if show_progress(args) and not (args.dry_run or args.diff):
+        if args.json and args.events is not None:
+            self.display = args.events.progress(progress)
+        elif show_progress(args) and not (args.dry_run or args.diff):
             from pdiffcopy.cli.progress import TreeProgressDisplay
 
             self.display = TreeProgressDisplay(progress, keep_last=args.progress)

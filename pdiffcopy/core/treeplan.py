@@ -362,24 +362,44 @@ class Difference:
         return f"{text}  ({self.details})" if self.details else text
 
 
-def transfer_listing(plan: TreePlan) -> List[str]:
+class TransferItem(str):
+    """One line of :func:`transfer_listing`, as rsync's ``-v`` prints it, that also says what it is.
+
+    :ivar path: The path below the root.
+    :ivar change: ``"delete"``, ``"directory"``, ``"file"``, ``"symlink"``, ``"link"`` (a hard link) or ``"node"``.
+    :ivar detail: A symlink's target or a hard link's leader, else "".
+    """
+
+    path: str
+    change: str
+    detail: str
+
+    def __new__(cls, line: str, path: str, change: str, detail: str = "") -> "TransferItem":
+        item = super().__new__(cls, line)
+        item.path, item.change, item.detail = path, change, detail
+        return item
+
+
+def transfer_listing(plan: TreePlan) -> List[TransferItem]:
     """What a sync of ``plan`` changes, a line per path in path order, as rsync's ``-v`` lists it.
 
     The directories it makes (``NAME/``), the files it copies or updates, the symlinks
     (``NAME -> TARGET``) and hard links (``NAME => LEADER``) it makes, and
     ``deleting NAME`` for what it deletes or replaces. Changes of metadata alone are not listed.
     """
-    lines: List[Tuple[str, str]] = []
+    items: List[TransferItem] = []
     for entry in plan.removals + plan.deletions:
-        lines.append((entry.path, f"deleting {printable(entry.path)}{'/' if entry.kind == DIR else ''}"))
-    lines += [(entry.path, printable(entry.path) + "/") for entry in plan.directories]
-    lines += [(action.source.path, printable(action.source.path)) for action in plan.files]
-    lines += [(entry.path, f"{printable(entry.path)} -> {printable(entry.target or '')}")
-              for entry, _ in plan.symlinks]
-    lines += [(link.path, f"{printable(link.path)} => {printable(link.leader)}") for link in plan.links]
-    lines += [(entry.path, printable(entry.path)) for entry, _ in plan.nodes]
-    lines.sort(key=lambda line: line[0])
-    return [line for _, line in lines]
+        items.append(TransferItem(f"deleting {printable(entry.path)}{'/' if entry.kind == DIR else ''}",
+                                  entry.path, "delete"))
+    items += [TransferItem(printable(entry.path) + "/", entry.path, "directory") for entry in plan.directories]
+    items += [TransferItem(printable(action.source.path), action.source.path, "file") for action in plan.files]
+    items += [TransferItem(f"{printable(entry.path)} -> {printable(entry.target or '')}", entry.path, "symlink",
+                           entry.target or "") for entry, _ in plan.symlinks]
+    items += [TransferItem(f"{printable(link.path)} => {printable(link.leader)}", link.path, "link", link.leader)
+              for link in plan.links]
+    items += [TransferItem(printable(entry.path), entry.path, "node") for entry, _ in plan.nodes]
+    items.sort(key=lambda item: item.path)
+    return items
 
 
 def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = None
@@ -477,7 +497,7 @@ def removal_order(entries: Iterable[Entry]) -> Tuple[List[Entry], List[Entry]]:
 __all__ = [
     "DIR", "FILE", "OTHER", "SYMLINK", "Difference", "Entry", "FileAction", "LinkAction", "MetadataFix",
     "PathFilter", "PlanOptions", "TreePlan", "describe_plan", "is_under", "kind_of", "plan_tree",
-    "transfer_listing",
+    "TransferItem", "transfer_listing",
     "printable",
     "removal_order",
     "Failure",
