@@ -12,8 +12,13 @@ import time
 import pytest
 
 from conftest import pdiffcopy_command, random_bytes, run_cli
+import test_ssh
+from test_ssh import over_ssh
 
 MiB = 1024 * 1024
+
+#: The ssh tests' sshd, for a push over ssh.
+sshd = test_ssh.sshd
 
 
 def events_of(stdout: str) -> list:
@@ -77,6 +82,19 @@ def test_a_pushed_tree_has_an_event_per_change_and_counts_the_disk_agrees_with(s
     assert last["files_copied"] == len(on_disk) == 12
     assert last["bytes_moved"] == sum((target / path).stat().st_size for path in on_disk)
     assert last["failures"] == 0 and last["directories_made"] == 3
+
+
+def test_over_ssh_the_events_name_the_locations_as_typed(sshd, tmp_path):
+    data = random_bytes(MiB + 3, seed=85)
+    (tmp_path / "src.img").write_bytes(data)
+    typed = f"127.0.0.1:{tmp_path}/pushed.img"
+    done = over_ssh(sshd, "--json", str(tmp_path / "src.img"), typed)
+    assert done.returncode == 0, done.stderr
+    events = events_of(done.stdout)
+    last = check_frame(events, 0)
+    assert events[0]["target"] == typed
+    assert [event["path"] for event in events if event["event"] == "file"] == [typed]
+    assert last["bytes_moved"] == len(data) and (tmp_path / "pushed.img").read_bytes() == data
 
 
 def test_a_failed_sync_ends_with_its_exit_status_and_one_error_line(tmp_path):
