@@ -471,6 +471,7 @@ _FOR_FRONT_ENDS = {
     "TreeProgress": ("pdiffcopy.engine.treesync", "TreeProgress"),
     "wire_totals": ("pdiffcopy.transport.counters", "totals"),  # bytes sent and received so far
     "raise_open_file_limit": ("pdiffcopy.local.descriptors", "raise_open_file_limit"),
+    "replace_atomically": ("pdiffcopy.local.descriptors", "replace_atomically"),  # the one atomic replace
     "looks_like_regex": ("pdiffcopy.transport.sshlaunch", "looks_like_regex"),
 }
 
@@ -487,5 +488,6 @@ def __getattr__(name: str):
 __all__ = ["DEFAULT_HASH_METHOD", "LocationProbes", "PREHASH_MIN_BYTES", "Progress", "TreeOptions", "TreeProgress",
            "bwlimit_bucket", "check_locations", "check_not_nested", "file_endpoint", "file_options",
            "looks_like_regex", "make_directory", "parent_location", "prehash_local_files", "prehashed_file",
-           "raise_open_file_limit", "reached_over_ssh", "reached_with_local_hashing", "remove", "resolve_locations",
+           "raise_open_file_limit", "reached_over_ssh", "reached_with_local_hashing", "remove", "replace_atomically",
+           "resolve_locations",
            "sync", "sync_tree", "tree_endpoint", "wire_totals"]

@@ -94,13 +94,15 @@ class Events:
         for name, about, key in METRICS:
             if values.get(key) is not None:
                 lines += [f"# HELP {name} {about}.", f"# TYPE {name} gauge", f"{name} {values[key]}"]
+        from pdiffcopy.api import replace_atomically
+
         directory, base = os.path.split(os.path.abspath(path))
         temporary = os.path.join(directory, f".{base}.{os.getpid()}.tmp")
         try:
             with open(temporary, "w", encoding="utf-8") as handle:
                 handle.write("\n".join(lines) + "\n")
             os.chmod(temporary, 0o644)  # read by node_exporter, which runs as another user
-            os.replace(temporary, path)
+            replace_atomically(temporary, path)
         except BaseException:
             try:
                 os.unlink(temporary)
