@@ -162,3 +162,17 @@ def test_a_metrics_file_that_cannot_be_written_fails_the_run_in_one_line(tmp_pat
 def test_json_is_a_sync_option():
     done = run_cli("--json", "--listen", "127.0.0.1:1")
     assert done.returncode == 1 and "--json" in done.stderr
+
+
+@pytest.mark.parametrize("option", ["--json", "--metrics-file"])
+@pytest.mark.parametrize("other", ["--remove", "-B"])
+def test_what_is_not_a_sync_is_refused_in_one_line_before_anything_is_done(tmp_path, option, other):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "a.img").write_bytes(b"data")
+    metrics = tmp_path / "m.prom"
+    given = [option] + ([str(metrics)] if option == "--metrics-file" else [])
+    paths = [str(tmp_path / "x")] if other == "--remove" else ["2", str(tmp_path / "a.img"), str(tmp_path / "b.img")]
+    done = run_cli(*given, other, *paths)
+    assert done.returncode == 1 and option in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and done.stdout == ""
+    assert (tmp_path / "x").is_dir() and not (tmp_path / "b.img").exists() and not metrics.exists()

@@ -53,7 +53,7 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
     if args.partial_progress:  # -P: rsync's --partial --progress
         args.partial = args.progress = True
     args.events = None
-    if args.paths and not args.remove and (args.json or args.metrics_file):
+    if args.paths and not (args.remove or args.benchmark) and (args.json or args.metrics_file):
         from pdiffcopy.cli.events import Events
 
         args.events = Events(sys.stdout if args.json else None)
@@ -282,6 +282,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
     if args.device:
         raise UsageError("--device is a server option; a sync names a device as SOURCE or TARGET")
+    for given, name in ((args.json, "--json"), (args.metrics_file, "--metrics-file")):
+        if given and (args.remove or args.benchmark):
+            raise UsageError(f"{name} reports a sync; {'--remove' if args.remove else '--benchmark'} "
+                             f"prints its own lines")
     handle_termination()
     from pdiffcopy.api import raise_open_file_limit
 
