@@ -68,8 +68,9 @@ def ranged_response(file: LocalFile, found: Seen, metrics: Optional[ServerMetric
     ranges: List[ByteRange] = [(0, size)]
     status = 200
     boundary = new_boundary()
-    if header and (not request.headers.get("If-Range")
-                   or request.headers.get("If-Range") == headers["ETag"]):
+    # HEAD ignores Range (its document says so): the whole file's headers, never a 416.
+    if header and request.method != "HEAD" and (not request.headers.get("If-Range")
+                                                or request.headers.get("If-Range") == headers["ETag"]):
         ranges = parse_range_header(header, size)
         status = 206
         if len(ranges) > 1:
