@@ -75,10 +75,11 @@ def pdiffcopy_command(*args: str) -> List[str]:
     return [sys.executable, "-m", "pdiffcopy", *args]
 
 
-def start_server(root: Path, log: Path, token: Optional[str] = None, extra=(), env_extra=None,
+def start_server(root: Optional[Path], log: Path, token: Optional[str] = None, extra=(), env_extra=None,
                  wrapper=()) -> Server:
     """Start ``pdiffcopy --root ROOT --listen 127.0.0.1:PORT`` and wait until it answers.
 
+    :param root: None: no ``--root`` (a server whose ``extra`` has ``--config``).
     :param env_extra: Variables added to the server's environment.
     :param wrapper: A command the server runs under (``strace -f ...``).
     """
@@ -90,7 +91,8 @@ def start_server(root: Path, log: Path, token: Optional[str] = None, extra=(), e
         env["PDIFFCOPY_TOKEN"] = token
     handle = open(log, "wb")
     process = subprocess.Popen(
-        [*wrapper, *pdiffcopy_command("--root", str(root), "--listen", f"127.0.0.1:{port}", "-c", "2", *extra)],
+        [*wrapper, *pdiffcopy_command(*(("--root", str(root)) if root is not None else ()),
+                                      "--listen", f"127.0.0.1:{port}", "-c", "2", *extra)],
         stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = Server(root=root, port=port, process=process, token=token, log=log)
     deadline = time.monotonic() + START_TIMEOUT

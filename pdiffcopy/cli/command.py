@@ -260,7 +260,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         require_extra(("flask", "gunicorn", "prometheus_client"), "server", "The server")
         from pdiffcopy.server.service import DEFAULT_LISTEN, ServerOptions, run_server
 
-        run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root, token=token,
+        if args.config:
+            refuse_beside_config(args, token)
+        run_server(ServerOptions(listen=args.listen or DEFAULT_LISTEN, root=args.root or ".", token=token,
+                                 config=args.config,
                                  insecure=args.insecure, workers=args.concurrency,
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
@@ -282,6 +285,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--max-rate is a server option; a sync limits its own rate with --bwlimit")
     if args.device:
         raise UsageError("--device is a server option; a sync names a device as SOURCE or TARGET")
+    if args.config:
+        raise UsageError("--config is a server option; it makes no sense with SOURCE and TARGET")
     for given, name in ((args.json, "--json"), (args.metrics_file, "--metrics-file")):
         if given and (args.remove or args.benchmark):
             raise UsageError(f"{name} reports a sync; {'--remove' if args.remove else '--benchmark'} "
@@ -439,6 +444,25 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
         print_stats(result.bytes_moved, None, time.monotonic() - started,
                     remote=is_url(source) or is_url(target), wire_before=wire_before)
     return 0
+
+
+def refuse_beside_config(args: argparse.Namespace, token: Optional[str]) -> None:
+    """Refuse the shorthand's options with ``--config``, whose exports say all of that.
+
+    A token the operator set would otherwise be silently ignored, and the exports it was
+    meant to guard left to the file's tokens.
+    """
+    from pdiffcopy.core.protocol import TOKEN_VARIABLE
+
+    given = [name for name, value in (("--root", args.root), ("--device", args.device),
+                                      ("--trust-clients", args.trust_clients), ("--legacy-api", args.legacy_api))
+             if value]
+    if given:
+        raise UsageError(f"{given[0]} does not go with --config: its exports name their paths, devices and "
+                         f"rules (--legacy-api: 1.0.1's clients need the one --root)")
+    if token:
+        raise UsageError(f"--config lists each export's tokens (NAME:sha256:HEX); a token from "
+                         f"{'--token-file' if args.token_file else '$' + TOKEN_VARIABLE} does not go with it")
 
 
 def refuse_sync_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -290,8 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     server = parser.add_argument_group("server options")
     server.add_argument("-l", "--listen", metavar="ADDRESS", default=None,
                         help="PORT, HOST:PORT or [IPv6]:PORT to listen on (default 127.0.0.1:8080)")
-    server.add_argument("--root", metavar="DIR", default=".",
+    server.add_argument("--root", metavar="DIR", default=None,
                         help="directory the server serves and is confined to (default: .)")
+    server.add_argument("--config", metavar="FILE", default=None,
+                        help="serve the exports this TOML file names, each at /EXPORT/... with its "
+                             "own path, tokens, networks and rules (docs/exports.rst), instead of "
+                             "--root, --device and one token")
     server.add_argument("--device", metavar="NAME=PATH", action="append", default=[],
                         help="also serve the block device PATH at /NAME, read-only (NAME=PATH:rw: "
                              "writable too), updated in place under the same leases as files; "

@@ -15,10 +15,8 @@ every request goes through (the token, the metrics, the log, the error handler).
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
-import weakref
 from typing import Optional
 
 from flask import Flask, Response, g, jsonify, request
@@ -26,16 +24,14 @@ from werkzeug.exceptions import HTTPException, NotFound
 
 from pdiffcopy._version import __version__
 from pdiffcopy.core.compression import FRAMES_TYPE
-from pdiffcopy.core.protocol import TOKEN_VARIABLE
 from pdiffcopy.errors import (
     AuthenticationFailed,
-    ForeignUser,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
     storage_error,
 )
-from pdiffcopy.local.peers import peer_uid
+from pdiffcopy.server.admission import Admission
 from pdiffcopy.server.context import API_PREFIX, ServerConfig, ServerState
 from pdiffcopy.server import holds
 from pdiffcopy.server.files import files
@@ -54,15 +50,6 @@ PATCH_TYPES = f"application/octet-stream, multipart/byteranges, {FRAMES_TYPE}"
 #: Liveness: the one request answered without the token (a probe has none),
 #: and it says nothing but that the server answers.
 HEALTH_PATH = f"{API_PREFIX}/health"
-
-
-def _user_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def create_app(config: ServerConfig) -> Flask:
@@ -85,26 +72,8 @@ def create_app(config: ServerConfig) -> Flask:
     state.install(app)
     holds.install(app)
     holds.watch_leases(state.leases)
-    expected = config.token.encode() if config.token else None
     document = render_document()
-    owner_only = expected is None and not config.serve_anyone
-    owner = _user_name(config.owner_uid)
-    #: The peer's uid, looked up once per connection (a kept-alive one keeps its socket).
-    peer_uids: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-    def check_peer_is_the_owner() -> None:
-        connection = request.environ.get("gunicorn.socket")
-        uid = None
-        if connection is not None:
-            uid = peer_uids.get(connection)
-            if uid is None:
-                uid = peer_uid(connection)
-                if uid is not None:
-                    peer_uids[connection] = uid
-        if uid not in (config.owner_uid, 0):
-            raise ForeignUser(
-                f"This server has no token, so it serves only its own user ({owner}) "
-                f"and root on its host; its owner can share it by starting it with ${TOKEN_VARIABLE} set")
+    admission = Admission(state.exports, config.owner_uid)
 
     def metrics_answer() -> Response:
         body, content_type = state.metrics.render()
@@ -121,20 +90,7 @@ def create_app(config: ServerConfig) -> Flask:
             return metrics_answer()
         if request.path == HEALTH_PATH:
             return None
-        if owner_only:
-            check_peer_is_the_owner()
-            return None
-        if expected is None:
-            return None
-        # "Bearer TOKEN", the scheme in any case (RFC 9110, section 11.1).
-        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-        supplied = credentials.lstrip(" ").encode("latin-1", "replace")
-        # Constant-time comparison: the time to refuse says nothing about the
-        # token. Both checks run always, so neither shortens the other.
-        token_matches = hmac.compare_digest(supplied, expected)
-        scheme_matches = scheme.lower() == "bearer"
-        if not (token_matches and scheme_matches):
-            raise AuthenticationFailed("Missing or wrong token (send Authorization: Bearer ...)")
+        admission.admit()
         return None
 
     @app.url_value_preprocessor
@@ -150,6 +106,14 @@ def create_app(config: ServerConfig) -> Flask:
                                                if request.url_rule else UNMATCHED)
         state.metrics.count_request(endpoint, response.status_code)
         return response
+
+    @app.after_request
+    def count_out(response: Response) -> Response:
+        return admission.count_out_when_sent(response)
+
+    @app.teardown_request
+    def count_out_unanswered(_error: Optional[BaseException]) -> None:
+        admission.count_out_now()  # (none left once an answer was made: count_out took it)
 
     @app.after_request
     def accept_patch(response: Response) -> Response:
@@ -214,7 +178,11 @@ def create_app(config: ServerConfig) -> Flask:
 
     @app.route("/", methods=["GET", "HEAD"])
     def index():
-        return jsonify(server="pdiffcopy", version=__version__)
+        """Who we are, and with ``--config`` the exports this client may open (rsync lists its modules)."""
+        if state.exports.default is not None:
+            return jsonify(server="pdiffcopy", version=__version__)
+        return jsonify(server="pdiffcopy", version=__version__,
+                       exports=state.exports.opened_by(g.token_digest, request.remote_addr or ""))
 
     app.register_blueprint(files)
     app.register_blueprint(trees)

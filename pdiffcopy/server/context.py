@@ -7,6 +7,7 @@ application; the blueprints' views (files, trees, the legacy API) reach it with
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -16,9 +17,10 @@ from flask import Flask, current_app
 from pdiffcopy.core.hashing import accepted_methods
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
-from pdiffcopy.local.confinement import Root
+from pdiffcopy.core.exportconfig import ExportRules
+from pdiffcopy.local.devices import is_block_device
 from pdiffcopy.server.leasetable import LeaseTable
-from pdiffcopy.server.exports import DeviceExport, Exports
+from pdiffcopy.server.exports import DeviceExport, Export, ExportTable
 from pdiffcopy.server.metrics import ServerMetrics
 from pdiffcopy.server.slots import FairSlots
 
@@ -98,6 +100,9 @@ class ServerConfig:
     max_rate: Optional[int] = None
     #: ``--device NAME=PATH[:rw]``: the block devices served by NAME (checked at start).
     devices: Tuple[DeviceExport, ...] = ()
+    #: ``--config``: the exports, each at ``/NAME/...``; empty: the one-export shorthand,
+    #: ``root`` (with ``token`` and ``trust_clients``) at ``/...`` and ``devices`` by name.
+    export_rules: Tuple[ExportRules, ...] = ()
 
 
 @dataclass
@@ -105,8 +110,8 @@ class ServerState:
     """What an application makes once, before gunicorn forks its workers (or per worker, as said)."""
 
     config: ServerConfig
-    #: The directory served; every file is opened beneath it.
-    root: Root
+    #: What is served, by name: every file is opened beneath one export's directory.
+    exports: ExportTable
     #: Per worker process: every child gets its own copy, with all its slots free.
     hash_slots: FairSlots
     #: Shared by every worker process.
@@ -114,25 +119,46 @@ class ServerState:
     metrics: ServerMetrics
     #: ``--max-rate``, in shared memory: one cap for every worker process.
     rate_limit: Optional[Throttle]
-    #: The block devices served by name (``--device``), looked up before the root.
-    exports: Exports = field(default_factory=Exports)
 
     @classmethod
     def start(cls, config: ServerConfig) -> "ServerState":
         return cls(
             config=config,
-            root=Root(config.root),
+            exports=export_table(config),
             hash_slots=FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS),
             leases=LeaseTable(config.lease_directory),
             metrics=ServerMetrics(config.metrics_directory),
             # A bucket per worker would let N workers move N times the rate.
             rate_limit=Throttle(config.max_rate, shared=True) if config.max_rate else None,
-            exports=Exports(config.devices),
         )
 
     def install(self, app: Flask) -> None:
         app.extensions[STATE_KEY] = self
         app.extensions["pdiffcopy.server.metrics"] = self.metrics  # for gunicorn's child_exit hook (service.py)
+
+
+def export_table(config: ServerConfig) -> ExportTable:
+    """The exports of ``config``: its config file's, or the shorthand's root and devices.
+
+    The shorthand's one token (if any) opens all of them, named ``token`` in the logs.
+    """
+    if config.export_rules:
+        return ExportTable([Export(rules, _device_of(rules), index, config.serve_anyone)
+                            for index, rules in enumerate(config.export_rules, start=1)])
+    tokens = (("token", hashlib.sha256(config.token.encode()).hexdigest()),) if config.token else ()
+    root = Export(ExportRules("", config.root, read_only=False, tokens=tokens, trust_clients=config.trust_clients),
+                  serve_anyone=config.serve_anyone)
+    devices = [Export(ExportRules(device.name, device.path, read_only=not device.writable, tokens=tokens),
+                      device, index, config.serve_anyone)
+               for index, device in enumerate(config.devices, start=1)]
+    return ExportTable(devices, default=root)
+
+
+def _device_of(rules: ExportRules) -> Optional[DeviceExport]:
+    """The device an export's path names, if it is one (else the export is a directory)."""
+    if not is_block_device(rules.path):
+        return None
+    return DeviceExport(rules.name, rules.path, writable=not rules.read_only)
 
 
 def server_state() -> ServerState:

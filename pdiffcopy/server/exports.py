@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pdiffcopy.core.blocks import ByteRange
+from pdiffcopy.core.exportconfig import NAME_PATTERN, ExportRules, parse_config
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.core.records import dataclass
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, UsageError
 from pdiffcopy.local import devices
+from pdiffcopy.local.confinement import Root
 from pdiffcopy.local.descriptors import fast_paths_enabled
 from pdiffcopy.local.localdevice import LocalDevice
-
-#: What a NAME may be: one path component of plain characters, not hidden (no temporary's
-#: or partial file's name, not the reserved name), so that it reads the same in a URL.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]{0,254}")
 
 #: The suffixes of PATH that say how it is exported (read-only without one).
 WRITABLE_SUFFIX, READ_ONLY_SUFFIX = ":rw", ":ro"
@@ -79,6 +76,34 @@ def check_exports(exports: Sequence[DeviceExport], root: str) -> None:
                 os.close(devices.open_device(export.path, flags))
             except PdiffcopyError as error:
                 raise UsageError(f"{option}: {error}") from None
+
+
+def load_config(file_name: str) -> Tuple[ExportRules, ...]:
+    """The exports ``--config`` names, each path checked as the server will use it.
+
+    :raises UsageError: One line: the file, the export and what is wrong (a path that does
+            not exist, is neither a directory nor a block device, or a device this user
+            cannot open as the export asks).
+    """
+    try:
+        with open(file_name, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"Cannot read --config {file_name}: {getattr(error, 'strerror', None) or error}") from None
+    exports = parse_config(text, file_name)
+    for rules in exports:
+        where = f"{file_name}: [export.{rules.name}]"
+        if devices.is_block_device(rules.path):
+            for flags in (os.O_RDONLY,) if rules.read_only else (os.O_RDONLY, os.O_WRONLY):
+                try:
+                    os.close(devices.open_device(rules.path, flags))
+                except PdiffcopyError as error:
+                    raise UsageError(f"{where}: {error}") from None
+        elif not os.path.isdir(rules.path):
+            problem = ("is neither a directory nor a block device" if os.path.lexists(rules.path)
+                       else "does not exist")
+            raise UsageError(f"{where}: path {rules.path} {problem}")
+    return exports
 
 
 def ssh_export(typed_path: str, home: str) -> Optional[DeviceExport]:
@@ -153,26 +178,104 @@ def drop_cached(fd: int, offset: int, length: int) -> None:
         pass
 
 
-class Exports:
-    """The exports of one server, by NAME."""
+class Export:
+    """One export, as a request reaches it: its rules, and its directory (a confined
+    :class:`~pdiffcopy.local.confinement.Root`) or its block device.
 
-    def __init__(self, exports: Iterable[DeviceExport] = ()) -> None:
-        self.by_name: Dict[str, DeviceExport] = {export.name: export for export in exports}
+    ``name`` is the first component of its URLs' paths; the ``--root`` shorthand's export
+    has the empty name, and its URLs are the paths below the root as they always were.
+    """
 
-    def __bool__(self) -> bool:
-        return bool(self.by_name)
+    def __init__(self, rules: ExportRules, device: Optional[DeviceExport] = None, index: int = 0,
+                 serve_anyone: bool = False) -> None:
+        self.name = rules.name
+        self.rules = rules
+        self.device = device
+        self.root: Optional[Root] = None if device is not None else Root(rules.path)
+        #: The hex SHA-256 of each token that opens it.
+        self.digests = frozenset(digest for _, digest in rules.tokens)
+        #: Without a token: only the server's own user and root on its host (``--insecure``: anyone).
+        self.owner_only = not rules.tokens and not serve_anyone
+        self.open_to_anyone = not rules.tokens and serve_anyone
+        #: Its slot in the shared counts of requests in progress (``max_connections``).
+        self.index = index
 
-    def find(self, path: str) -> Optional[DeviceExport]:
-        """The export a request's path names (compared once cleaned: ``./NAME``, ``NAME/``), if any."""
-        if not self.by_name or path.startswith("/"):
-            return None  # (an absolute path is refused as such by the root)
-        cleaned = "/".join(part for part in path.split("/") if part not in ("", "."))
-        return self.by_name.get(cleaned)
+    def __repr__(self) -> str:
+        return f"Export({self.name!r}, {self.rules.path!r})"
 
-    def open(self, path: str) -> Optional[ExportedDevice]:
-        export = self.find(path)
-        return ExportedDevice(export) if export is not None else None
+    @property
+    def shown(self) -> str:
+        """How messages name it."""
+        return f"the export {self.name}" if self.name else "the root"
+
+    def refuse_writes(self) -> None:
+        """Refuse a write to a read-only export, before anything is touched.
+
+        :raises AccessDenied: Naming the export (a client's message shows its URL there).
+        """
+        raise AccessDenied(f"{self.name or 'The root'} is exported read-only: writing it is refused")
+
+    def directory(self, path: str) -> Root:
+        """Its root directory, to open ``path`` below it; a device export has none.
+
+        :raises AccessDenied: For a device: it is written in place, never replaced, and has no entries.
+        """
+        if self.root is None:
+            raise AccessDenied(f"Cannot use {path} as a file of a directory: it is a block device, "
+                               f"updated in place and never replaced")
+        return self.root
 
 
-__all__ = ["DeviceExport", "ExportedDevice", "Exports", "NAME_PATTERN", "check_exports", "drop_cached",
-           "parse_device_option", "ssh_export"]
+class ExportTable:
+    """The exports of one server: found by the first component of a request's path.
+
+    With ``--config`` every URL path starts with an export's name. The ``--root``
+    shorthand has one export without a name (``default``), and its ``--device`` exports
+    are names looked up before it, as they always were.
+    """
+
+    def __init__(self, exports: Sequence[Export], default: Optional[Export] = None) -> None:
+        self.by_name: Dict[str, Export] = {export.name: export for export in exports}
+        self.default = default
+        #: Every token's hex SHA-256, and the name the config gives it.
+        self.token_names: Dict[str, str] = {}
+        for export in (*exports, *([default] if default else [])):
+            self.token_names.update((digest, name) for name, digest in export.rules.tokens)
+        everything = (*exports, *([default] if default else []))
+        self.any_owner_only = any(export.owner_only for export in everything)
+        self.any_open_to_anyone = any(export.open_to_anyone for export in everything)
+
+    def __iter__(self):
+        return iter((*([self.default] if self.default else []), *self.by_name.values()))
+
+    def __len__(self) -> int:
+        return len(self.by_name) + (self.default is not None)
+
+    def locate(self, path: str) -> Tuple[Optional[Export], str]:
+        """The export ``path`` (a request's, as sent) names and the path within it, or (None, path).
+
+        A device is found by its exact name (``./NAME``, ``NAME/`` too); a directory export by
+        its name as the first component; the shorthand's root takes every other path whole.
+        """
+        if path.startswith("/"):
+            return self.default, path  # (refused as absolute by the root, or found in no export)
+        first, _, rest = path.partition("/")
+        export = self.by_name.get(first)
+        if export is not None and export.device is None:
+            return export, rest
+        if self.by_name:
+            cleaned = "/".join(part for part in path.split("/") if part not in ("", "."))
+            device = self.by_name.get(cleaned)
+            if device is not None:
+                return device, ""
+        return self.default, path
+
+    def opened_by(self, digest: Optional[str], address: str) -> List[str]:
+        """The names of the exports a client at ``address`` with a token (its hex SHA-256)
+        may use, or that need none (a client asking was admitted to those)."""
+        return [export.name for export in self.by_name.values()
+                if (digest in export.digests or not export.digests) and export.rules.allows_address(address)]
+
+
+__all__ = ["DeviceExport", "Export", "ExportTable", "ExportedDevice", "NAME_PATTERN", "check_exports", "drop_cached",
+           "load_config", "parse_device_option", "ssh_export"]

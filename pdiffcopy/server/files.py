@@ -52,6 +52,7 @@ from pdiffcopy.server.requests import (
     hash_ranges,
     int_arg,
     lease_of_request,
+    located,
     one_line,
     path_arg,
     refuse_export,
@@ -209,10 +210,10 @@ def copy_ranges(path: str):
     origin_path = path_arg("from")
     moves = [(offset, to, length) for offset, to, length
              in COPY_MOVE_ENTRY.iter_unpack(binary_body(COPY_MOVE_ENTRY.size, MAX_COPY_MOVES))]
-    origin = served(state.root, origin_path)
+    origin = served(origin_path)
     try:
         origin_size = os.fstat(origin.read_descriptor()).st_size
-        temporary = served(state.root, path, follow=False)
+        temporary = served(path, follow=False)
         try:
             info = os.fstat(temporary.write_in_place())
             refuse_hard_links(info, path, state.config.write_hard_links)
@@ -381,11 +382,10 @@ def fsync_file(path: str):
 @files.post(f"{API_PREFIX}/clone/<path:path>")
 def clone_file(path: str):
     """Create the temporary file ``path`` as a copy of ``from`` (reflink where possible)."""
-    state = server_state()
     require_temporary(path)
-    origin = served(state.root, path_arg("from"))
+    origin = served(path_arg("from"))
     try:
-        temporary = origin.create_temporary(clone=True, relative=path)
+        temporary = origin.create_temporary(clone=True, relative=located(path)[1])
         temporary.close()
     finally:
         origin.close()
@@ -399,7 +399,7 @@ def rename_file(path: str):
     require_temporary(path)
     destination = path_arg("to")
     refuse_export(destination, "replace")
-    temporary, target = served(state.root, path), served(state.root, destination, follow=False)
+    temporary, target = served(path), served(destination, follow=False)
     try:
         replaced: Optional[os.stat_result] = target.status()  # the name itself, not where it leads
     except FileMissing:
@@ -453,9 +453,8 @@ def sweep_beside(path: str):
 @files.delete(f"{API_PREFIX}/temporary/<path:path>")
 def delete_temporary(path: str):
     """Remove a temporary file left by an aborted atomic sync."""
-    state = server_state()
     require_temporary(path)
-    served(state.root, path, follow=False).unlink()
+    served(path, follow=False).unlink()
     return jsonify(removed=True)
 
 

@@ -26,7 +26,6 @@ from pdiffcopy.core.protocol import is_temporary_name
 from pdiffcopy.errors import PdiffcopyError
 from pdiffcopy.local import tcptable, writerlocks
 from pdiffcopy.server.leasetable import LEASE_SECONDS, LeaseTable
-from pdiffcopy.server.context import server_state
 from pdiffcopy.server.requests import served
 
 #: How often a worker looks whether the clients whose temporaries it holds are still connected:
@@ -95,7 +94,7 @@ def connection_text(connection: Optional[Connection]) -> Optional[str]:
 def hold(path: str, keeper: writerlocks.HoldKeeper) -> None:
     """Keep (or renew) a writer lock on the temporary ``path`` for the requesting client."""
     try:
-        fd = served(server_state().root, path, follow=False).open_descriptor(os.O_RDONLY | os.O_NONBLOCK)
+        fd = served(path, follow=False).open_descriptor(os.O_RDONLY | os.O_NONBLOCK)
     except (PdiffcopyError, OSError):
         return  # renamed or removed by this request: nothing to hold
     try:

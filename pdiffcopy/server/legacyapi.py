@@ -118,7 +118,7 @@ legacy = Blueprint("legacy", __name__)
 
 
 def _info(path: str) -> Response:
-    fd = served(server_state().root, path).open_descriptor(os.O_RDONLY)
+    fd = served(path).open_descriptor(os.O_RDONLY)
     try:
         return jsonify(size=os.fstat(fd).st_size)
     finally:
@@ -135,7 +135,7 @@ def _hashes(path: str) -> Response:
     block_size = (int_arg("block_size", MIN_BLOCK_SIZE, MAX_BLOCK_SIZE)
                   if "block_size" in request.args else LEGACY_DEFAULT_BLOCK_SIZE)
     # 1.0.1's concurrency parameter is ignored: hash slots are the server's to share.
-    fd = served(state.root, path).open_descriptor(os.O_RDONLY)
+    fd = served(path).open_descriptor(os.O_RDONLY)
     client = request.remote_addr or ""
     if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
         os.close(fd)
@@ -169,7 +169,7 @@ def _hashes(path: str) -> Response:
 def _read_block(path: str) -> Response:
     offset = int_arg("offset", 0, MAX_FILE_SIZE)
     wanted = int_arg("size", 0, MAX_FILE_SIZE)
-    file = served(server_state().root, path)
+    file = served(path)
     try:
         # Short at the end, as 1.0.1 read.
         length = max(0, min(wanted, os.fstat(file.read_descriptor()).st_size - offset))
@@ -196,7 +196,7 @@ def _write_block(path: str) -> Response:
     length = request.content_length
     if length is None:
         raise BadRequest("Missing Content-Length")
-    file = served(state.root, path)
+    file = served(path)
     try:
         info = os.fstat(file.write_in_place())
         refuse_hard_links(info, path, state.config.write_hard_links)
@@ -235,7 +235,12 @@ def legacy_request() -> Optional[Response]:
     state = server_state()
     if not state.config.legacy_api:
         raise BadRequest(REFUSAL)
-    path = legacy_relative_path(path_arg(LEGACY_PARAMETER), state.root.directory)
+    shorthand = state.exports.default
+    # (--config refuses --legacy-api: 1.0.1 names files by their path on the host, not by export)
+    if shorthand is None or shorthand.root is None:
+        raise BadRequest(REFUSAL)
+    path = legacy_relative_path(path_arg(LEGACY_PARAMETER), shorthand.root.directory)
+    g.export = shorthand  # admitted to the server's (its routes are not the files'), so to its one root
     method = "GET" if request.method == "HEAD" else request.method
     return _VIEWS[f"{method} {request.path}"](path)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 import stat as stat_module
-from typing import List, Optional
+from typing import List, Optional, Tuple
 from urllib.parse import parse_qs
 
-from flask import request
+from flask import g, request
 from werkzeug.http import unquote_etag
 from werkzeug.routing import PathConverter
 
@@ -28,6 +28,7 @@ from pdiffcopy.local.confinedfile import ConfinedFile
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.server.bodyreader import open_body
 from pdiffcopy.server.context import server_state
+from pdiffcopy.server.exports import Export, ExportedDevice
 
 #: Largest region one hash request may cover. A client asks per segment
 #: (64 MiB by default); 1 GiB leaves room for large blocks and still bounds
@@ -237,30 +238,51 @@ def check_disjoint(ranges: List[ByteRange], size: int, ordered: bool, overlap: b
         raise BadRequest("The ranges overlap")
 
 
+def located(path: str) -> Tuple[Export, str]:
+    """The export a path of this request names (its own, or a ``from``/``to`` argument's), and
+    the path within it: only the export the request was admitted to
+    (:mod:`~pdiffcopy.server.admission`), so that no argument crosses into another.
+
+    :raises AccessDenied: For a path of another export (a device's NAME in the shorthand).
+    """
+    export, relative = server_state().exports.locate(path)
+    admitted = g.get("export")
+    if export is None or export is not admitted:
+        shown = admitted.shown if admitted is not None else "no export"
+        raise AccessDenied(f"{path} is not in {shown}, which this request uses: a request stays in one export")
+    return export, relative
+
+
 def file_or_device(path: str, follow: bool = True) -> LocalFile:
     """The file a request names: an exported device (:mod:`~pdiffcopy.server.exports`) by its
-    NAME, else a regular file beneath the root (:func:`served`).
+    NAME, else a regular file of the export (:func:`served`).
 
     The views that read or write bytes in place use it; those that make, rename or remove
-    files (temporaries, trees) reach the root only.
+    files (temporaries, trees) reach directories only.
     """
-    state = server_state()
-    device = state.exports.open(path)
-    return device if device is not None else served(state.root, path, follow)
+    export, _ = located(path)
+    return ExportedDevice(export.device) if export.device is not None else served(path, follow)
 
 
 def refuse_export(path: str, what: str) -> None:
     """Refuse to make, replace or remove what a device's NAME names: a device is written in place."""
-    if server_state().exports.find(path) is not None:
+    if located(path)[0].device is not None:
         raise AccessDenied(f"Cannot {what} {path}: it is a block device, updated in place and never replaced")
 
 
-def served(root: Root, path: str, follow: bool = True) -> LocalFile:
-    """The file a request names, confined beneath the root (:class:`~pdiffcopy.local.confinedfile.ConfinedFile`).
+def export_root(path: str) -> Tuple[Root, str]:
+    """The directory of the export ``path`` is in, and the path below it."""
+    export, relative = located(path)
+    return export.directory(path), relative
+
+
+def served(path: str, follow: bool = True) -> LocalFile:
+    """The file a request names, confined beneath its export's directory
+    (:class:`~pdiffcopy.local.confinedfile.ConfinedFile`).
 
     Every view reaches its files this way: only regular files are opened
     (FIFOs and devices are refused with 409 without being opened or waited
-    on), nothing outside the root, and a symlink in the last name only when
+    on), nothing outside the export, and a symlink in the last name only when
     it stays inside (``follow``), and never when the request says
     :data:`~pdiffcopy.core.protocol.NO_FOLLOW_HEADER` (a tree's member, which is
     a file only if it is one). Messages name the path the client sent.
@@ -268,7 +290,8 @@ def served(root: Root, path: str, follow: bool = True) -> LocalFile:
     value = request.headers.get(NO_FOLLOW_HEADER, "0")
     if value not in ("0", "1"):
         raise BadRequest(f"Header {NO_FOLLOW_HEADER} must be 0 or 1")
-    return ConfinedFile(root, path, follow=follow and value == "0", name=path)
+    root, relative = export_root(path)
+    return ConfinedFile(root, relative, follow=follow and value == "0", name=path)
 
 
 def require_temporary(path: str) -> None:

@@ -15,6 +15,7 @@ from pdiffcopy.errors import CannotListen, UsageError
 from pdiffcopy.core.protocol import TOKEN_VARIABLE
 
 if TYPE_CHECKING:
+    from pdiffcopy.core.exportconfig import ExportRules
     from pdiffcopy.server.exports import DeviceExport
 
 logger = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class ServerOptions:
     wrap_app: Optional[Callable] = None
     #: ``--device NAME=PATH[:rw]``, as given: the block devices served by NAME (checked at start).
     devices: Sequence[str] = ()
+    #: ``--config``: the file naming the exports (instead of ``root``, ``token`` and ``devices``).
+    config: Optional[str] = None
     #: Exports made already (serve-over-ssh's named device), not checked against the root:
     #: such an export is the entry of the root it names.
     exports: Sequence["DeviceExport"] = ()
@@ -102,15 +105,21 @@ def run_server(options: ServerOptions) -> None:
                         address without a token (unless ``insecure``).
     """
     host, port = parse_listen_address(options.listen)
-    root = os.path.abspath(options.root)
-    if not os.path.isdir(root):
+    from pdiffcopy.server.exports import check_exports, load_config, parse_device_option
+
+    export_rules = load_config(options.config) if options.config else ()
+    root = "" if options.config else os.path.abspath(options.root)
+    if not options.config and not os.path.isdir(root):
         raise UsageError(f"Root directory does not exist: {root}")
     if options.unix_socket:
         host = "localhost"  # (not listened on: the socket's mode keeps others out)
-    if not options.token and not is_loopback(host) and not options.insecure:
+    open_exports = [rules.name for rules in export_rules if not rules.tokens]
+    if not is_loopback(host) and not options.insecure and (open_exports if options.config else not options.token):
         raise UsageError(
             f"Refusing to listen on {host} without a token: anyone on the network could read and "
-            f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure."
+            f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure." if not options.config else
+            f"Refusing to listen on {host} with the export {open_exports[0]} without tokens: anyone on the "
+            f"network could use it. List its tokens in {options.config}, or pass --insecure."
         )
     if bool(options.certfile) != bool(options.keyfile):
         raise UsageError("TLS needs both --certfile and --keyfile")
@@ -119,8 +128,6 @@ def run_server(options: ServerOptions) -> None:
             raise UsageError(f"Cannot read {name}")
     if options.certfile:
         check_certificate(options.certfile, options.keyfile)
-    from pdiffcopy.server.exports import check_exports, parse_device_option
-
     exports = [parse_device_option(value) for value in options.devices]
     check_exports(exports, root)
     exports += options.exports
@@ -160,11 +167,13 @@ def run_server(options: ServerOptions) -> None:
                                   write_hard_links=options.write_hard_links, hash_methods=hash_methods,
                                   metrics_directory=metrics_directory, metrics_port=metrics_port,
                                   legacy_api=options.legacy_api, max_rate=options.max_rate,
-                                  devices=tuple(exports)))
+                                  devices=tuple(exports), export_rules=export_rules))
     metrics = app.extensions["pdiffcopy.server.metrics"]
     if options.wrap_app:
         app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
-    if not options.token and options.insecure:
+    if options.config:
+        log_exports(options.config, export_rules, options.insecure)
+    elif not options.token and options.insecure:
         logger.warning("No token and --insecure: every local user (and anyone who can reach %s) may read "
                        "and write %s", bind, root)
     elif not options.token and not options.unix_socket:
@@ -230,14 +239,32 @@ def run_server(options: ServerOptions) -> None:
     # walks hold one per level; the workers inherit the limit.
     raise_open_file_limit()
     if not options.unix_socket and options.listen_descriptor is None:  # (serve-over-ssh's "/")
-        sweep_root(root)
+        for directory in [root] if root else [rules.path for rules in export_rules]:
+            if os.path.isdir(directory):  # (not a device export's)
+                sweep_root(directory)
     scheme = "https" if options.certfile else "http"
-    logger.info("Serving %s on %s://%s with %d workers", root, scheme, bind, workers)
+    logger.info("Serving %s on %s://%s with %d workers", root or f"the exports of {options.config}", scheme,
+                bind, workers)
     if options.max_rate:
         logger.info("File data limited to %d bytes per second, all clients together", options.max_rate)
     if metrics_port is not None:
         logger.info("Metrics without the token on %s://%s%s", scheme, binds[1], SCRAPE_PATH)
     Application().run()
+
+
+def log_exports(config: str, exports: Sequence["ExportRules"], insecure: bool) -> None:
+    """One line per export: what it serves, to whom, and how."""
+    for rules in exports:
+        access = (f"{len(rules.tokens)} token(s)" if rules.tokens else
+                  "no token: anyone who can connect" if insecure else "no token: only this user and root")
+        limits = [f"from {', '.join(map(str, rules.allow))}"] if rules.allow else []
+        if rules.max_connections:
+            limits.append(f"at most {rules.max_connections} requests at once")
+        logger.info("Export %s: %s, %s, %s%s", rules.name, rules.path, "read-only" if rules.read_only else "writable",
+                    access, "".join(f", {limit}" for limit in limits))
+    if insecure and any(not rules.tokens for rules in exports):
+        logger.warning("--insecure: the exports without tokens in %s serve every local user (and anyone who can "
+                       "reach the server)", config)
 
 
 def check_certificate(certfile: str, keyfile: str) -> None:

@@ -28,7 +28,7 @@ import os
 import stat
 from typing import AbstractSet, Any, Callable, Iterator, List, Optional, Sequence, Set, Tuple
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
 from pdiffcopy.core import compression
 from pdiffcopy.server.bodyreader import open_body
@@ -47,6 +47,7 @@ from pdiffcopy.core import packedlisting
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.local.treewalk import Directories
 from pdiffcopy.server.context import server_state
+from pdiffcopy.server.requests import export_root, located
 from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
@@ -181,14 +182,20 @@ def storage_failures(view: Callable) -> Callable:
     return wrapper
 
 
-def open_tree(root: Root, path: str, write_hard_links: bool = False) -> LocalTree:
-    """The tree at a request's path, confined beneath the root; the caller closes it."""
-    relative = clean_relative_path(path)
+def open_tree(path: str) -> LocalTree:
+    """The tree at a request's path, confined beneath its export's directory; the caller closes it."""
+    root, relative = export_root(path)
+    relative = clean_relative_path(relative)
     check_confined(root, relative)
     tree = LocalTree.below(root, relative)
-    tree.write_hard_links = write_hard_links
+    tree.write_hard_links = server_state().config.write_hard_links
     tree.entries_from_client = True
     return tree
+
+
+def client_policy() -> "_Policy":
+    """What the export lets its clients set (``trust_clients``)."""
+    return _Policy(g.export.rules.trust_clients)
 
 
 def check_confined(root: Root, relative: str) -> None:
@@ -436,11 +443,12 @@ trees = Blueprint("trees", __name__)
 @storage_failures
 def tree_list(path: str = ""):
     """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
-    state = server_state()
-    tree = open_tree(state.root, path, state.config.write_hard_links)
+    tree = open_tree(path)
     # -X/-A: every attribute asked for is listed, security.* and trusted.* too
     # (what a client may read, as it reads owners and content); applying them is the policy's.
     tree.list_attributes(metadata_options())
+    if flag_arg("sweep") and g.export.rules.read_only:  # (a push's first request)
+        g.export.refuse_writes()
     if flag_arg("sweep"):  # a push's target: remove what writers that are gone left (docs/design.rst)
         tree.sweep_while_listing()
     if flag_arg("root_link"):  # a single file pulled with -a: a symlink is listed as one
@@ -460,7 +468,7 @@ def tree_list(path: str = ""):
     response = Response(_ClosingBody(listing_stream(tree, top, directories, packed), release),
                         mimetype=packedlisting.PACKED_LISTING_TYPE if packed else "application/json")
     response.headers[TREE_ORDER_HEADER] = TREE_ORDER_WALK  # LocalTree.walk's order
-    policy = _Policy(state.config.trust_clients)
+    policy = client_policy()
     not_kept = policy.not_kept()
     if not_kept:
         response.headers[NOT_KEPT_HEADER] = ", ".join(not_kept)
@@ -481,7 +489,7 @@ def tree_read(path: str = ""):
     else:
         entries = json_list("entries", MAX_BATCH_FILES, parse_entry)
     check_files_to_read(entries)
-    tree = open_tree(state.root, path, state.config.write_hard_links)
+    tree = open_tree(path)
 
     def stream() -> Iterator[bytes]:
         # Runs after the view has returned; closes the tree when the
@@ -519,10 +527,10 @@ def tree_read(path: str = ""):
 def tree_write(path: str = ""):
     """Write the files of the treewire stream in the body, each whole or not at all."""
     state = server_state()
-    policy = _Policy(state.config.trust_clients)
+    policy = client_policy()
     metrics, rate_limit = state.metrics, state.rate_limit
     options, ignored = policy.options(metadata_options())
-    tree = open_tree(state.root, path, state.config.write_hard_links)
+    tree = open_tree(path)
     body = open_body(request.environ, request.content_length)
     coding = (request.headers.get("Content-Encoding") or "").strip().lower()
     if coding not in ("", "identity", compression.ENCODING):
@@ -572,14 +580,13 @@ def tree_write(path: str = ""):
 @storage_failures
 def tree_apply(path: str = ""):
     """Run the operations of the body in order; report the ones that failed."""
-    state = server_state()
-    policy = _Policy(state.config.trust_clients)
+    policy = client_policy()
     options, ignored = policy.options(metadata_options())
     operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
                   for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
-    if not clean_relative_path(path):
+    if not clean_relative_path(located(path)[1]):
         check_server_root_kept(operations)
-    tree = open_tree(state.root, path, state.config.write_hard_links)
+    tree = open_tree(path)
     tree.make_devices = NODES_DEVICES in policy.nodes()
     try:
         failures = tree.apply(operations, options)
