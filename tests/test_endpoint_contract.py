@@ -1305,6 +1305,17 @@ def test_sweep_while_listing_removes_abandoned_temporaries(trees):
     assert not stale.exists()
 
 
+def test_expect_writes_changes_nothing_where_nothing_is_refused(trees):
+    """Saying what a sync will ask (a server's export may refuse it: tests/test_exports.py) keeps
+    the listing whole where nothing is refused."""
+    build_tree(trees.directory / "tree")
+    expected = sorted(entry.path for entry in trees.open("tree").list().entries)
+    tree = trees.open("tree")
+    tree.sweep_while_listing()
+    tree.expect_writes(("delete", "owner", "hard-links", "xattrs", "acls", "devices"))
+    assert sorted(entry.path for entry in tree.list().entries) == expected != []
+
+
 def test_same_content_tells_where_it_is_cheap(trees):
     build_tree(trees.directory / "tree")
     tree = trees.open("tree")

@@ -114,8 +114,8 @@ ENDPOINTS = [
     ("POST", "/.pdiffcopy/rename/{e}/.disk.img.pdiffcopy-0123456789ab", "?to={e}/disk.img", b"", True),
     ("DELETE", "/.pdiffcopy/temporary/{e}/.disk.img.pdiffcopy-0123456789ab", "", b"", True),
     ("POST", "/.pdiffcopy/copy-ranges/{e}/.disk.img.pdiffcopy-0123456789ab", "?from={e}/disk.img", b"", True),
-    ("POST", "/.pdiffcopy/tree-apply/{e}/tree", "", b'{"operations": [["delete", ["a.txt", "file", 0, 0, 33188]]]}',
-     True),
+    ("POST", "/.pdiffcopy/tree-apply/{e}/tree", "",
+     b'{"operations": [["delete", ["a.txt", "file", 0, 0, 33188, 0, 0, "", 1, 0]]]}', True),
     ("POST", "/.pdiffcopy/tree-write/{e}/tree", "", b"", True),
     ("GET", "/.pdiffcopy/tree/{e}/tree", "?sweep=1", b"", True),
 ]
@@ -292,7 +292,7 @@ def test_max_connections_answers_busy_beyond_the_limit(tmp_path):
     ('[export.a]\npath = "/tmp"\nallow = ["10.0.0.300/8"]\n', "is not a network"),
     ('[export.a]\npath = "/tmp"\nread_only = "no"\n', "read_only must be true or false"),
     ('[export.a]\npath = "/tmp"\nmax_connections = 0\n', "max_connections must be a whole number"),
-    ('[export.a]\npath = "/tmp"\nrefuse = ["delete"]\n', "unknown key 'refuse'"),
+    ('[export.a]\npath = "/tmp"\nrefuse = ["everything"]\n', "refuse: 'everything' is not one of"),
     ('[export.a]\npath = "/tmp"\nwritable = true\n', "unknown key 'writable'"),
     ('[export."../x"]\npath = "/tmp"\n', "the name must be one path component"),
     ("[server]\n", "unknown table or key 'server'"),
@@ -345,5 +345,40 @@ def test_an_export_without_tokens_serves_only_the_servers_user(tmp_path):
             status, answer = plain_request("127.0.0.1", server.port, method, path, body)  # root: served
             assert status not in (401, 403), (method, path, status, answer)
         assert (shared / "secret").read_bytes() == b"the owner's secret\n"
+    finally:
+        server.stop()
+
+
+def test_an_export_refuses_what_its_refuse_names(tmp_path):
+    """refuse = ["delete", "hard-links"]: a push asking for them fails before it copies anything
+    (one line, the target unchanged); one that does not is served; a raw delete is refused too."""
+    keep = tmp_path / "keep"
+    (keep / "tree").mkdir(parents=True)
+    (keep / "tree" / "kept.txt").write_text("the target's own\n")
+    config = tmp_path / "exports.toml"
+    config.write_text(f'[export.keep]\npath = "{keep}"\nread_only = false\nrefuse = ["delete", "hard-links"]\n')
+    server = start_server(None, tmp_path / "server.log", extra=("--config", str(config)))
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "new.bin").write_bytes(random_bytes(50_000, seed=4))
+    url = f"http://127.0.0.1:{server.port}/keep/tree/"
+    try:
+        before = snapshot(keep)
+        for option, message in (("--delete", "keep refuses to delete what the source does not have"),
+                                ("-H", "keep refuses to make hard links")):
+            done = run_cli(option, f"{source}/", url)
+            assert done.returncode != 0 and message in one_line_error(done), done.stderr
+            assert snapshot(keep) == before  # refused before anything was copied
+        done = run_cli(f"{source}/", url)
+        assert done.returncode == 0, done.stderr
+        assert sorted(os.listdir(keep / "tree")) == ["kept.txt", "new.bin"]
+        body = json.dumps({"operations": [["delete", ["kept.txt", "file", 0, 0, 33188, 0, 0, "", 1, 0]]]}).encode()
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request("POST", "/.pdiffcopy/tree-apply/keep/tree", body=body,
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 403 and b"refuses to delete" in response.read()
+        connection.close()
+        assert (keep / "tree" / "kept.txt").exists()
     finally:
         server.stop()

@@ -9,6 +9,7 @@ The file is TOML, one table per export (rsync calls them modules)::
     allow = ["10.0.0.0/8", "127.0.0.1/32"] # client networks (default: all)
     max_connections = 20                   # requests at once (default: no limit)
     trust_clients = false                  # owners and set-id bits from clients
+    refuse = ["delete"]                    # what clients may not do to its files
 
 Everything here is pure: the server (:mod:`pdiffcopy.server.exports`) looks at the
 paths and opens them. Every mistake is one line that names the file, the export and
@@ -31,8 +32,20 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+@-]{0,254}")
 #: A token as the file lists it: its name, the hash function and the hash of the token.
 TOKEN_PATTERN = re.compile(r"(?P<name>[A-Za-z0-9_][A-Za-z0-9_.+@-]{0,63}):sha256:(?P<digest>[0-9a-fA-F]{64})")
 
+#: What an export may refuse (``refuse = [...]``), as rsync's ``refuse options``: a
+#: client's writes that would do it are refused, and a push that says it will is refused
+#: before it copies anything.
+REFUSABLE = {
+    "delete": "delete what the source does not have (--delete)",
+    "owner": "set owners and groups (-o, -g, -a)",
+    "hard-links": "make hard links (-H)",
+    "xattrs": "write extended attributes (-X)",
+    "acls": "write ACLs (-A)",
+    "devices": "make device nodes and special files (-D, --devices, --specials)",
+}
+
 #: The keys an export's table may have.
-EXPORT_KEYS = ("path", "read_only", "tokens", "allow", "max_connections", "trust_clients")
+EXPORT_KEYS = ("path", "read_only", "tokens", "allow", "max_connections", "trust_clients", "refuse")
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class ExportRules:
     allow: Tuple[Any, ...] = ()
     max_connections: Optional[int] = None
     trust_clients: bool = False
+    #: Names of :data:`REFUSABLE`.
+    refuse: Tuple[str, ...] = ()
 
     def allows_address(self, address: str) -> bool:
         """Whether a client at ``address`` may use the export (always, without ``allow``)."""
@@ -107,6 +122,7 @@ def _export(name: str, table: Any, source: str) -> ExportRules:
         allow=tuple(_network(value, where) for value in _strings(table, "allow", where)),
         max_connections=_positive(table, "max_connections", where),
         trust_clients=_boolean(table, "trust_clients", False, where),
+        refuse=tuple(_refusal(value, where) for value in _strings(table, "refuse", where)),
     )
 
 
@@ -149,6 +165,12 @@ def _network(value: str, where: str):
         raise UsageError(f"{where}: allow: {value!r} is not a network (ADDRESS or ADDRESS/BITS)") from None
 
 
+def _refusal(value: str, where: str) -> str:
+    if value not in REFUSABLE:
+        raise UsageError(f"{where}: refuse: {value!r} is not one of {', '.join(sorted(REFUSABLE))}")
+    return value
+
+
 def _check_token_names(exports: Tuple[ExportRules, ...], source: str) -> None:
     """One name per token and one token per name: a log line's token name must say which was used."""
     name_of: Dict[str, str] = {}
@@ -163,4 +185,4 @@ def _check_token_names(exports: Tuple[ExportRules, ...], source: str) -> None:
                                  f"give each its own name")
 
 
-__all__ = ["EXPORT_KEYS", "ExportRules", "NAME_PATTERN", "TOKEN_PATTERN", "parse_config"]
+__all__ = ["EXPORT_KEYS", "ExportRules", "NAME_PATTERN", "REFUSABLE", "TOKEN_PATTERN", "parse_config"]

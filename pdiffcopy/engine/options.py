@@ -139,6 +139,13 @@ class TreeOptions(FileOptions):
     mkpath: bool = False
 
     @property
+    def asked_writes(self) -> Tuple[str, ...]:
+        """What this sync asks of its target that an export may refuse (core.exportconfig's REFUSABLE)."""
+        asked = {"delete": self.delete, "owner": self.owner, "hard-links": self.hard_links, "xattrs": self.xattrs,
+                 "acls": self.acls, "devices": self.devices or self.specials}
+        return tuple(name for name, wanted in asked.items() if wanted)
+
+    @property
     def metadata(self) -> MetadataOptions:
         return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
                                acls=self.acls, numeric_ids=self.numeric_ids, sparse=self.sparse)

@@ -155,6 +155,12 @@ class ServedTree(Capability):
 
         Without it: nothing to count."""
 
+    def expect_writes(self, asked: Tuple[str, ...]) -> None:
+        """Say, before the listing, what the sync will ask of this target (``TreeOptions.asked_writes``),
+        so that a server whose export refuses some of it refuses the sync before it copies.
+
+        Without it: nothing, a local tree refuses nothing."""
+
     def may_change_root(self) -> bool:
         """Whether a sync may set the root directory's own permissions and times (not a server's root).
 

@@ -116,6 +116,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()
+        target.expect_writes(options.asked_writes)
     if options.metadata.attributes:
         for tree in (source, target):
             tree.list_attributes(options.metadata)

@@ -260,6 +260,8 @@ def log_exports(config: str, exports: Sequence["ExportRules"], insecure: bool) -
         limits = [f"from {', '.join(map(str, rules.allow))}"] if rules.allow else []
         if rules.max_connections:
             limits.append(f"at most {rules.max_connections} requests at once")
+        if rules.refuse:
+            limits.append(f"refusing {', '.join(rules.refuse)}")
         logger.info("Export %s: %s, %s, %s%s", rules.name, rules.path, "read-only" if rules.read_only else "writable",
                     access, "".join(f", {limit}" for limit in limits))
     if insecure and any(not rules.tokens for rules in exports):

@@ -51,7 +51,8 @@ from pdiffcopy.server.requests import export_root, located
 from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
-from pdiffcopy.engine.treeendpoints import DELETE, METADATA, REMOVE, Failure, MetadataOptions, Operation
+from pdiffcopy.core.exportconfig import REFUSABLE
+from pdiffcopy.engine.treeendpoints import DELETE, LINK, METADATA, MKNOD, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS
@@ -191,6 +192,23 @@ def open_tree(path: str) -> LocalTree:
     tree.write_hard_links = server_state().config.write_hard_links
     tree.entries_from_client = True
     return tree
+
+
+#: What an export's ``refuse`` names of a tree's operations and metadata flags.
+REFUSED_OPERATIONS = {DELETE: "delete", LINK: "hard-links", MKNOD: "devices"}
+REFUSED_FLAGS = ("owner", "xattrs", "acls")
+
+
+def check_refused(options: MetadataOptions, operations: Sequence[Operation] = (), asked: Sequence[str] = ()) -> None:
+    """Refuse (403) a tree request that would do what its export refuses, before it does anything."""
+    refused = g.export.rules.refuse
+    if not refused:
+        return
+    wanted = {*asked, *(flag for flag in REFUSED_FLAGS if getattr(options, flag)),
+              *(REFUSED_OPERATIONS.get(operation.name) for operation in operations)}
+    hit = sorted(wanted.intersection(refused))
+    if hit:
+        raise AccessDenied(f"{g.export.name} refuses to {REFUSABLE[hit[0]]}")
 
 
 def client_policy() -> "_Policy":
@@ -449,6 +467,8 @@ def tree_list(path: str = ""):
     tree.list_attributes(metadata_options())
     if flag_arg("sweep") and g.export.rules.read_only:  # (a push's first request)
         g.export.refuse_writes()
+    if flag_arg("sweep"):  # a push's target: what it says it will ask
+        check_refused(metadata_options(), asked=request.args.get("asking", "").split(","))
     if flag_arg("sweep"):  # a push's target: remove what writers that are gone left (docs/design.rst)
         tree.sweep_while_listing()
     if flag_arg("root_link"):  # a single file pulled with -a: a symlink is listed as one
@@ -529,6 +549,7 @@ def tree_write(path: str = ""):
     state = server_state()
     policy = client_policy()
     metrics, rate_limit = state.metrics, state.rate_limit
+    check_refused(metadata_options())
     options, ignored = policy.options(metadata_options())
     tree = open_tree(path)
     body = open_body(request.environ, request.content_length)
@@ -584,6 +605,7 @@ def tree_apply(path: str = ""):
     options, ignored = policy.options(metadata_options())
     operations = [Operation(operation.name, policy.entry(operation.entry, ignored))
                   for operation in json_list("operations", MAX_BATCH_OPERATIONS, parse_operation)]
+    check_refused(metadata_options(), operations)
     if not clean_relative_path(located(path)[1]):
         check_server_root_kept(operations)
     tree = open_tree(path)

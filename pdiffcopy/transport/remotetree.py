@@ -112,6 +112,8 @@ class RemoteTree(TreeEndpoint):
         self._attributes: Optional[MetadataOptions] = None
         #: The listing removes the temporaries of writers that are gone (:meth:`sweep_while_listing`).
         self._sweep = False
+        #: What the sync will ask of this target (:meth:`expect_writes`): sent with the listing.
+        self._asked: Tuple[str, ...] = ()
         #: The server sent a packed listing, so it takes packed record headers too (before: JSON only).
         self._server_packs = False
         #: The listing describes a root that is a symlink as the link (:meth:`describe_root_link`).
@@ -156,6 +158,8 @@ class RemoteTree(TreeEndpoint):
             target += _attribute_flags(self._attributes, "?")
         if self._sweep:  # an older server ignores it
             target += ("&" if "?" in target else "?") + "sweep=1"
+        if self._asked:  # an older server ignores it
+            target += ("&" if "?" in target else "?") + "asking=" + ",".join(self._asked)
         if self._root_link:  # an older server ignores it: it follows the link
             target += ("&" if "?" in target else "?") + "root_link=1"
         # The packed form when the server knows it; an older one answers JSON, as it always did.
@@ -417,6 +421,9 @@ class RemoteTree(TreeEndpoint):
 
     def describe_root_link(self) -> None:
         self._root_link = True
+
+    def expect_writes(self, asked: Tuple[str, ...]) -> None:
+        self._asked = tuple(asked)
 
     def sweep_while_listing(self) -> None:
         """Have the server remove the temporaries of writers that are gone as it lists the tree."""
