@@ -237,19 +237,15 @@ class ExportTable:
     def __init__(self, exports: Sequence[Export], default: Optional[Export] = None) -> None:
         self.by_name: Dict[str, Export] = {export.name: export for export in exports}
         self.default = default
+        self.everything: Tuple[Export, ...] = (*([default] if default else []), *exports)
         #: Every token's hex SHA-256, and the name the config gives it.
-        self.token_names: Dict[str, str] = {}
-        for export in (*exports, *([default] if default else [])):
-            self.token_names.update((digest, name) for name, digest in export.rules.tokens)
-        everything = (*exports, *([default] if default else []))
-        self.any_owner_only = any(export.owner_only for export in everything)
-        self.any_open_to_anyone = any(export.open_to_anyone for export in everything)
-
-    def __iter__(self):
-        return iter((*([self.default] if self.default else []), *self.by_name.values()))
+        self.token_names: Dict[str, str] = {digest: name for export in self.everything
+                                            for name, digest in export.rules.tokens}
+        self.any_owner_only = any(export.owner_only for export in self.everything)
+        self.any_open_to_anyone = any(export.open_to_anyone for export in self.everything)
 
     def __len__(self) -> int:
-        return len(self.by_name) + (self.default is not None)
+        return len(self.everything)
 
     def locate(self, path: str) -> Tuple[Optional[Export], str]:
         """The export ``path`` (a request's, as sent) names and the path within it, or (None, path).

@@ -260,8 +260,8 @@ def file_or_device(path: str, follow: bool = True) -> LocalFile:
     The views that read or write bytes in place use it; those that make, rename or remove
     files (temporaries, trees) reach directories only.
     """
-    export, _ = located(path)
-    return ExportedDevice(export.device) if export.device is not None else served(path, follow)
+    export, relative = located(path)
+    return ExportedDevice(export.device) if export.device is not None else _confined(export, relative, path, follow)
 
 
 def refuse_export(path: str, what: str) -> None:
@@ -287,11 +287,14 @@ def served(path: str, follow: bool = True) -> LocalFile:
     :data:`~pdiffcopy.core.protocol.NO_FOLLOW_HEADER` (a tree's member, which is
     a file only if it is one). Messages name the path the client sent.
     """
+    return _confined(*located(path), path, follow)
+
+
+def _confined(export: Export, relative: str, path: str, follow: bool) -> LocalFile:
     value = request.headers.get(NO_FOLLOW_HEADER, "0")
     if value not in ("0", "1"):
         raise BadRequest(f"Header {NO_FOLLOW_HEADER} must be 0 or 1")
-    root, relative = export_root(path)
-    return ConfinedFile(root, relative, follow=follow and value == "0", name=path)
+    return ConfinedFile(export.directory(path), relative, follow=follow and value == "0", name=path)
 
 
 def require_temporary(path: str) -> None:

@@ -113,14 +113,15 @@ def run_server(options: ServerOptions) -> None:
         raise UsageError(f"Root directory does not exist: {root}")
     if options.unix_socket:
         host = "localhost"  # (not listened on: the socket's mode keeps others out)
-    open_exports = [rules.name for rules in export_rules if not rules.tokens]
-    if not is_loopback(host) and not options.insecure and (open_exports if options.config else not options.token):
-        raise UsageError(
-            f"Refusing to listen on {host} without a token: anyone on the network could read and "
-            f"write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure." if not options.config else
-            f"Refusing to listen on {host} with the export {open_exports[0]} without tokens: anyone on the "
-            f"network could use it. List its tokens in {options.config}, or pass --insecure."
-        )
+    if not is_loopback(host) and not options.insecure:
+        open_exports = [rules.name for rules in export_rules if not rules.tokens]
+        if open_exports:
+            raise UsageError(f"Refusing to listen on {host} with the export {open_exports[0]} without tokens: "
+                             f"anyone on the network could use it. List its tokens in {options.config}, or pass "
+                             f"--insecure.")
+        if not options.config and not options.token:
+            raise UsageError(f"Refusing to listen on {host} without a token: anyone on the network could read "
+                             f"and write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure.")
     if bool(options.certfile) != bool(options.keyfile):
         raise UsageError("TLS needs both --certfile and --keyfile")
     for name in (options.certfile, options.keyfile):

@@ -461,15 +461,16 @@ trees = Blueprint("trees", __name__)
 @storage_failures
 def tree_list(path: str = ""):
     """Everything below the tree (symlinks listed, not followed), and what could not be listed."""
+    pushed_to = flag_arg("sweep")  # a push's target: refused here, before it copies, if it may not write
+    if pushed_to:
+        if g.export.rules.read_only:
+            g.export.refuse_writes()
+        check_refused(metadata_options(), asked=request.args.get("asking", "").split(","))
     tree = open_tree(path)
     # -X/-A: every attribute asked for is listed, security.* and trusted.* too
     # (what a client may read, as it reads owners and content); applying them is the policy's.
     tree.list_attributes(metadata_options())
-    if flag_arg("sweep") and g.export.rules.read_only:  # (a push's first request)
-        g.export.refuse_writes()
-    if flag_arg("sweep"):  # a push's target: what it says it will ask
-        check_refused(metadata_options(), asked=request.args.get("asking", "").split(","))
-    if flag_arg("sweep"):  # a push's target: remove what writers that are gone left (docs/design.rst)
+    if pushed_to:  # remove what writers that are gone left (docs/design.rst)
         tree.sweep_while_listing()
     if flag_arg("root_link"):  # a single file pulled with -a: a symlink is listed as one
         tree.describe_root_link()
