@@ -44,14 +44,23 @@ SERVE_BOUND = 5.0
 BIG_FILE = 24 * 1024 * 1024
 
 
-@pytest.fixture
-def guarded(tmp_path, monkeypatch):
+@pytest.fixture(params=["root", "export"])
+def guarded(tmp_path, monkeypatch, request):
+    """A --root server, or one with --config whose export (with a max_connections count each
+    request enters) serves the same files at /e/...: ``server.prefix``."""
     for name, value in LIMITS.items():
         monkeypatch.setenv(name, value)
     root = tmp_path / "root"
     root.mkdir()
     (root / "small.img").write_bytes(random_bytes(100000))
-    server = start_server(root, tmp_path / "server.log")
+    if request.param == "root":
+        server = start_server(root, tmp_path / "server.log")
+        server.prefix = ""
+    else:
+        config = tmp_path / "exports.toml"
+        config.write_text(f'[export.e]\npath = "{root}"\nread_only = false\nmax_connections = 60\n')
+        server = start_server(None, tmp_path / "server.log", extra=("--config", str(config)))
+        server.root, server.prefix = root, "/e"
     yield server
     server.stop()
 
@@ -72,7 +81,7 @@ def assert_served(server, tls_context=None) -> None:
         connection = http.client.HTTPSConnection("127.0.0.1", server.port, timeout=SERVE_BOUND,
                                                  context=tls_context)
     try:
-        connection.request("GET", "/small.img")
+        connection.request("GET", f"{getattr(server, 'prefix', '')}/small.img")
         response = connection.getresponse()
         assert response.status == 200
         assert response.read() == (server.root / "small.img").read_bytes()
@@ -111,7 +120,7 @@ def test_one_byte_connections_neither_stop_the_server_nor_stay_open(guarded, tmp
     for sock in socks:
         sock.sendall(b"G")
     assert_served(guarded)
-    completed = run_cli(guarded.url("small.img"), str(tmp_path / "copy.img"), "--no-progress",
+    completed = run_cli(f"{guarded.base}{guarded.prefix}/small.img", str(tmp_path / "copy.img"), "--no-progress",
                         "--timeout", str(SERVE_BOUND), timeout=3 * SERVE_BOUND)
     assert completed.returncode == 0, completed.stderr
     assert (tmp_path / "copy.img").read_bytes() == (guarded.root / "small.img").read_bytes()
@@ -142,7 +151,7 @@ def test_silent_connections_neither_stall_the_server_nor_stay_open(guarded):
 def test_a_request_line_trickled_byte_by_byte_is_cut_off(guarded):
     started = time.monotonic()
     socks = [connect(guarded.port) for _ in range(48)]
-    request = b"GET /small.img HTTP/1.1\r\nHost: x\r\n"
+    request = b"GET %s/small.img HTTP/1.1\r\nHost: x\r\n" % guarded.prefix.encode()
     for byte in range(4):  # slowloris: a byte now and then, never the blank line
         for sock in socks:
             sock.sendall(request[byte:byte + 1])
@@ -156,7 +165,7 @@ def test_slow_readers_of_a_ranged_get_are_cut_off(guarded):
     started = time.monotonic()
     socks = [connect(guarded.port, receive_buffer=4096) for _ in range(48)]
     for sock in socks:
-        sock.sendall(b"GET /big.img HTTP/1.1\r\nHost: x\r\nRange: bytes=0-\r\n\r\n")
+        sock.sendall(b"GET %s/big.img HTTP/1.1\r\nHost: x\r\nRange: bytes=0-\r\n\r\n" % guarded.prefix.encode())
     time.sleep(0.5)  # the server's writes fill the buffers and block; nobody reads
     assert_served(guarded)
     # Reading now would make a slow reader of the attacker, whom the server
@@ -167,14 +176,16 @@ def test_slow_readers_of_a_ranged_get_are_cut_off(guarded):
 
 @pytest.mark.parametrize("kind", ["patch", "tree-write", "json"])
 def test_trickled_bodies_are_cut_off(guarded, kind):
+    prefix = guarded.prefix.encode()
     heads = {
-        "patch": b"PATCH /target.img HTTP/1.1\r\nHost: x\r\nContent-Range: bytes 0-1048575/*\r\n"
+        "patch": b"PATCH %s/target.img HTTP/1.1\r\nHost: x\r\nContent-Range: bytes 0-1048575/*\r\n"
                  b"Content-Type: application/octet-stream\r\nContent-Length: 1048576\r\n\r\n",
-        "tree-write": b"POST /.pdiffcopy/tree-write/ HTTP/1.1\r\nHost: x\r\n"
+        "tree-write": b"POST /.pdiffcopy/tree-write%s/ HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
-        "json": b"POST /.pdiffcopy/tree-read/ HTTP/1.1\r\nHost: x\r\n"
+        "json": b"POST /.pdiffcopy/tree-read%s/ HTTP/1.1\r\nHost: x\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
     }
+    heads = {name: head % prefix for name, head in heads.items()}
     (guarded.root / "target.img").write_bytes(bytes(2 * 1024 * 1024))
     trickle = {"patch": b"x", "tree-write": b"1\r\nx\r\n", "json": b" "}
     started = time.monotonic()
@@ -190,6 +201,20 @@ def test_trickled_bodies_are_cut_off(guarded, kind):
         time.sleep(0.2)
     assert_served(guarded)
     assert_closed(socks, started)
+    if guarded.prefix:  # the export answers after the attack (each cut request left its count)
+        answered = [http_status(guarded, f"{guarded.prefix}/small.img") for _ in range(3)]
+        assert answered == [200] * 3
+
+
+def http_status(server, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=SERVE_BOUND)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        response.read()
+        return response.status
+    finally:
+        connection.close()
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")

@@ -69,6 +69,9 @@ KNOWN_PATHS = [
     "static/x", "openapi.json",
 ]
 
+#: The file beside the root: no answer may hold it (an error message may say "outside the root").
+SECRET = b"a secret beside the served root: 5d41402a"
+
 #: Counts what the fuzzer did, for the final check.
 requests_made = {"count": 0}
 
@@ -80,7 +83,7 @@ def fuzz_tree(tmp_path_factory):
     root, outside = base / "root", base / "outside"
     (root / "db").mkdir(parents=True)
     outside.mkdir()
-    (outside / "secret.txt").write_bytes(b"outside the root")
+    (outside / "secret.txt").write_bytes(SECRET)
     (base / "neighbour.txt").write_bytes(b"next to the root")
     (root / "db" / "big.ibd").write_bytes(os.urandom(300_000))
     (root / TEMPORARY).write_bytes(os.urandom(5000))
@@ -146,7 +149,7 @@ def _operations():
             for method in item]
 
 
-def _adjust(data, case) -> None:
+def _adjust(data, case, known_paths) -> None:
     """Sometimes point the case at a name that exists, escapes or is a temporary file.
 
     And keep resizes small: a resize is bounded only by the free space (a
@@ -157,10 +160,10 @@ def _adjust(data, case) -> None:
     if isinstance(size, int) and not isinstance(size, bool) and MAX_RESIZE < size <= 2 ** 50:
         case.query["size"] = size % MAX_RESIZE
     if "path" in (case.path_parameters or {}) and data.draw(st.booleans(), label="known path"):
-        case.path_parameters["path"] = data.draw(st.sampled_from(KNOWN_PATHS), label="path")
+        case.path_parameters["path"] = data.draw(st.sampled_from(known_paths), label="path")
     for name in ("from", "to"):
         if name in (case.query or {}) and data.draw(st.booleans(), label=f"known {name}"):
-            case.query[name] = data.draw(st.sampled_from(KNOWN_PATHS), label=name)
+            case.query[name] = data.draw(st.sampled_from(known_paths), label=name)
 
 
 # schemathesis's own pytest integration (schema.parametrize) does not work with
@@ -170,6 +173,12 @@ def _adjust(data, case) -> None:
 @pytest.mark.parametrize("mode", ["positive", "negative"], ids=["valid", "invalid"])
 @pytest.mark.parametrize("method,path", _operations(), ids=[f"{m} {p}" for m, p in _operations()])
 def test_generated_requests_get_documented_answers(api_schema, fuzz_server, method, path, mode):
+    fuzz_operation(api_schema, fuzz_server, method, path, mode, KNOWN_PATHS, (SECRET,))
+
+
+def fuzz_operation(api_schema, fuzz_server, method: str, path: str, mode: str, known_paths, forbidden) -> None:
+    """Send FUZZ_EXAMPLES generated requests of one operation; check each answer (which holds
+    none of ``forbidden``)."""
     operation = api_schema[path][method]
     if mode == "negative" and not any(operation.iter_parameters()) and not operation.body:
         pytest.skip("nothing to make invalid: the operation takes no parameters")
@@ -180,12 +189,13 @@ def test_generated_requests_get_documented_answers(api_schema, fuzz_server, meth
     @given(data=st.data())
     def one_request(data):
         case = data.draw(strategy, label="case")
-        _adjust(data, case)
+        _adjust(data, case, known_paths)
         response = case.call(base_url=fuzz_server.base, timeout=REQUEST_TIMEOUT,
                              headers={"Authorization": f"Bearer {TOKEN}"})
         requests_made["count"] += 1
         request = case.as_curl_command(headers={"Authorization": f"Bearer {TOKEN}"})
         assert response.status_code != 500, (request, response.text[:300])
+        assert not any(secret in response.content for secret in forbidden), (request, response.content[:300])
         if routed_operation(response.request.url, method) == path:
             case.validate_response(response, checks=CHECKS)
         if response.status_code >= 400 and method != "HEAD":
@@ -206,6 +216,105 @@ def test_nothing_outside_the_root_changed(fuzz_tree, fuzz_server, outside_before
     assert outside_state(fuzz_tree) == outside_before
     assert fuzz_server.process.poll() is None, "the server died"
     log = fuzz_server.log.read_text()
+    assert "Traceback" not in log and "Unexpected error" not in log, log[-3000:]
+
+
+# -- the same, through exports ---------------------------------------------------------
+
+#: The token of export b, which the fuzzer does not send: b is another team's.
+OTHER_TOKEN = "fuzz-token-of-b"
+
+#: Export a's known names, and ways to name export b from a request admitted to a.
+CROSSING_PATHS = [
+    "b/small.txt", "b/db/big.ibd", "a/../b/small.txt", "a/%2e%2e/b/small.txt", "a/%2Fb/small.txt",
+    "a/link-b/small.txt", "a/db/../../b/small.txt", "b", "c/x", "a//b/small.txt", "./b/small.txt",
+    "b/db/.big.ibd.pdiffcopy-1a2b3c4d5e6f", "a/link-out/secret.txt",
+]
+#: As likely to cross as not.
+KNOWN_EXPORT_PATHS = [f"a/{path}" for path in KNOWN_PATHS] + CROSSING_PATHS * (len(KNOWN_PATHS) // len(CROSSING_PATHS))
+
+#: What no answer of export a's may hold: export b's files, the file outside both.
+NOT_IN_A = (b"hello from b", b"a secret beside every export: 7d793037")
+
+
+@pytest.fixture(scope="module")
+def export_tree(tmp_path_factory):
+    """base/a and base/b (two exports), base/outside (neither) and links from a to both."""
+    base = tmp_path_factory.mktemp("fuzz-exports")
+    for export in ("a", "b"):
+        (base / export / "db").mkdir(parents=True)
+        (base / export / "db" / "big.ibd").write_bytes(os.urandom(300_000))
+        (base / export / "small.txt").write_bytes(f"hello from {export}\n".encode())
+    (base / "a" / TEMPORARY).write_bytes(os.urandom(5000))
+    (base / "outside").mkdir()
+    (base / "outside" / "secret.txt").write_bytes(NOT_IN_A[1])
+    (base / "a" / "link-out").symlink_to(base / "outside")
+    (base / "a" / "link-b").symlink_to(base / "b")
+    (base / "a" / "db" / "link-secret").symlink_to(base / "outside" / "secret.txt")
+    return base
+
+
+@pytest.fixture(scope="module")
+def export_server(export_tree, tmp_path_factory):
+    import hashlib
+
+    def listed(token: str) -> str:
+        return f'"fuzzer:sha256:{hashlib.sha256(token.encode()).hexdigest()}"'
+
+    config = export_tree / "exports.toml"
+    config.write_text(f'[export.a]\npath = "{export_tree / "a"}"\nread_only = false\ntokens = [{listed(TOKEN)}]\n'
+                      f'[export.b]\npath = "{export_tree / "b"}"\nread_only = false\n'
+                      f'tokens = [{listed(OTHER_TOKEN).replace("fuzzer", "other")}]\n')
+    running = start_server(None, tmp_path_factory.mktemp("fuzz-exports-log") / "server.log",
+                           extra=("--config", str(config)))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def beside_export_a(export_tree, export_server):
+    """Everything but export a (export b included), before the first generated request."""
+    return beside(export_tree, "a")
+
+
+def beside(base: Path, export: str) -> dict:
+    kept = str(base / export)
+    return {path: state for path, state in snapshot(base).items()
+            if path != kept and not path.startswith(kept + os.sep)}
+
+
+@pytest.fixture(scope="module")
+def export_schema(export_server, beside_export_a):
+    return schemathesis.openapi.from_url(f"{export_server.base}{DOCUMENT_PATH}",
+                                         headers={"Authorization": f"Bearer {TOKEN}"},
+                                         timeout=REQUEST_TIMEOUT)
+
+
+export_requests = {"count": 0}
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative"], ids=["valid", "invalid"])
+@pytest.mark.parametrize("method,path", _operations(), ids=[f"{m} {p}" for m, p in _operations()])
+def test_generated_requests_to_an_export_get_documented_answers(export_schema, export_server, method, path,
+                                                                mode):
+    """With the token of export a only: paths in a, and ones that try to reach b or out."""
+    before = requests_made["count"]
+    fuzz_operation(export_schema, export_server, method, path, mode, KNOWN_EXPORT_PATHS, NOT_IN_A)
+    export_requests["count"] += requests_made["count"] - before
+
+
+def test_nothing_beside_the_export_changed(export_tree, export_server, beside_export_a):
+    if export_requests["count"] == 0:
+        pytest.skip("runs after test_generated_requests_to_an_export_get_documented_answers")
+    assert beside(export_tree, "a") == beside_export_a
+    assert (export_tree / "b" / "small.txt").read_bytes() == b"hello from b\n"
+    of_b = (export_tree / "b" / "db" / "big.ibd").read_bytes()
+    for path in (export_tree / "a").rglob("*"):
+        if path.is_file() and not path.is_symlink():  # nothing of b's or outside's copied into a
+            data = path.read_bytes()
+            assert not any(secret in data for secret in NOT_IN_A) and of_b[:4096] not in data, path
+    assert export_server.process.poll() is None, "the server died"
+    log = export_server.log.read_text()
     assert "Traceback" not in log and "Unexpected error" not in log, log[-3000:]
 
 

@@ -314,6 +314,11 @@ def test_tree_push_fsync_is_honoured_by_the_server(tmp_path):
     assert (root / "flushed" / "a" / "f1").read_bytes() == (source / "a" / "f1").read_bytes()
 
 
+def lease_files(directory) -> list:
+    """The lease files of a lease directory (not the directories of the server's other state)."""
+    return [name for name in os.listdir(directory) if not os.path.isdir(os.path.join(directory, name))]
+
+
 def test_lease_files_do_not_pile_up(tmp_path):
     """Every write consults a lease file; an empty one is removed, so months of writes leave none."""
     from pdiffcopy.server.app import ServerConfig, create_app
@@ -324,9 +329,9 @@ def test_lease_files_do_not_pile_up(tmp_path):
     (root / "a.img").write_bytes(b"\0" * 8192)
     client = create_app(ServerConfig(root=str(root), lease_directory=str(leases), serve_anyone=True)).test_client()
     answer = client.patch("/a.img", data=b"x" * 10, headers={"Content-Range": "bytes 0-9/*"})
-    assert answer.status_code == 200 and os.listdir(leases) == []
+    assert answer.status_code == 200 and lease_files(leases) == []
     lease = client.post("/.pdiffcopy/lease/a.img").get_json()["lease"]
-    assert len(os.listdir(leases)) == 1
+    assert len(lease_files(leases)) == 1
     refused = client.patch("/a.img", data=b"y" * 10, headers={"Content-Range": "bytes 0-9/*"})
     assert refused.status_code == 423 and refused.get_json()["status"] == 423
     assert client.post("/.pdiffcopy/lease/a.img").status_code == 423
@@ -334,7 +339,7 @@ def test_lease_files_do_not_pile_up(tmp_path):
                                                              "X-Pdiffcopy-Lease": lease})
     assert answer.status_code == 200
     assert client.delete("/.pdiffcopy/lease/a.img", headers={"X-Pdiffcopy-Lease": lease}).status_code == 200
-    assert os.listdir(leases) == []
+    assert lease_files(leases) == []
     # Ended: the old id no longer writes, and says why.
     stale = client.patch("/a.img", data=b"w" * 10, headers={"Content-Range": "bytes 0-9/*",
                                                             "X-Pdiffcopy-Lease": lease})

@@ -50,13 +50,14 @@ def test_each_request_is_logged_once(server, unique):
 
 def test_the_views_live_in_blueprints(tmp_path):
     # Files, trees and 1.0.1's API each in a blueprint of their own; the application
-    # itself keeps only what says who it is (health, version, metrics, its document).
+    # itself keeps only what says who it is (health, version, metrics, its document) and the
+    # end of a client's sync (for its transfer log).
     from pdiffcopy.server.app import ServerConfig, create_app
 
     app = create_app(ServerConfig(root=str(tmp_path), lease_directory=str(tmp_path / "leases")))
     assert set(app.blueprints) == {"files", "trees", "legacy"}
     own = {rule.endpoint for rule in app.url_map.iter_rules() if "." not in rule.endpoint}
-    assert own == {"health", "version", "metrics", "openapi", "index"}
+    assert own == {"health", "version", "metrics", "openapi", "index", "sync_done"}
     assert any(rule.endpoint.startswith("files.") for rule in app.url_map.iter_rules())
     assert any(rule.endpoint.startswith("trees.") for rule in app.url_map.iter_rules())
 
@@ -84,9 +85,10 @@ def test_the_server_moves_file_bytes_through_local_file():
 
     import pdiffcopy.server
 
-    # (The lease table's records are its own small files in its own directory, never served data.)
+    # (The lease table's records and the transfer log's are their own small files in their own
+    # directories, never served data.)
     sources = {path.name: path.read_text() for path in Path(pdiffcopy.server.__file__).parent.glob("*.py")
-               if path.name != "leasetable.py"}
+               if path.name not in ("leasetable.py", "audit.py")}
     own_loops = sorted(name for name, text in sources.items()
                        if "os.pread(" in text or "write_all(" in text or "os.pwrite(" in text)
     assert own_loops == []

@@ -54,6 +54,6 @@ def test_a_push_counts_its_bytes_a_batch_at_a_time(tmp_path):
         os.killpg(server.process.pid, signal.SIGTERM)
         server.process.wait(timeout=30)
     assert sorted(os.listdir(root / "dst")) == sorted(os.listdir(source))
-    received = re.search(r"^pdiffcopy_received_bytes_total (\S+)$", metrics, re.MULTILINE)
+    received = re.search(r'^pdiffcopy_received_bytes_total\{export=""\} (\S+)$', metrics, re.MULTILINE)
     assert received and float(received.group(1)) == sizes
     assert during < FILES // 4, f"{during} getpid calls for {FILES} files"

@@ -415,7 +415,8 @@ def _compressed_sent(server) -> float:
 
     status, _, body = http_get(f"http://127.0.0.1:{server.metrics_port}/metrics")
     assert status == 200, body
-    found = re.search(r'^pdiffcopy_compressed_bytes_total\{direction="sent"\} (\S+)$', body.decode(), re.MULTILINE)
+    found = re.search(r'^pdiffcopy_compressed_bytes_total\{direction="sent",export=""\} (\S+)$', body.decode(),
+                      re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 
 

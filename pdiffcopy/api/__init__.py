@@ -14,7 +14,8 @@ or a token file (the command line does, see :mod:`pdiffcopy.cli.command`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+import functools
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
 from pdiffcopy.core.locations import is_url, parent_location, quote_path
@@ -33,7 +34,23 @@ if TYPE_CHECKING:
     from pdiffcopy.engine.treesync import TreeProgress, TreeResult
     from pdiffcopy.local.thindelta import ThinPools
 
+Call = TypeVar("Call", bound=Callable)
 
+
+def _one_sync(function: Call) -> Call:
+    """A sync from start to end: the servers' transfer logs are told when it is over
+    (:func:`pdiffcopy.transport.syncs.one_sync`)."""
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        from pdiffcopy.transport.syncs import one_sync
+
+        with one_sync():
+            return function(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
+
+
+@_one_sync
 def sync(source: "str | FileEndpoint", target: "str | FileEndpoint", *, block_size: "int | str" = DEFAULT_BLOCK_SIZE,
          hash_method: str = DEFAULT_HASH_METHOD, whole_file: bool = False,
          concurrency: Optional[int] = None, dry_run: bool = False, atomic: bool = False,
@@ -411,6 +428,7 @@ def _location(location: "str | FileEndpoint") -> str:
     return location.location if isinstance(location, FileEndpoint) else location
 
 
+@_one_sync
 def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None, *,
               token: Optional[str] = None, timeout: Optional[float] = None, ca_file: Optional[str] = None,
               progress: "Optional[TreeProgress]" = None,
@@ -473,6 +491,8 @@ _FOR_FRONT_ENDS = {
     "raise_open_file_limit": ("pdiffcopy.local.descriptors", "raise_open_file_limit"),
     "replace_atomically": ("pdiffcopy.local.descriptors", "replace_atomically"),  # the one atomic replace
     "looks_like_regex": ("pdiffcopy.transport.sshlaunch", "looks_like_regex"),
+    # --client-cert: the one certificate every TLS connection of this process presents
+    "use_client_certificate": ("pdiffcopy.transport.httpclient", "use_client_certificate"),
 }
 
 

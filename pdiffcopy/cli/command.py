@@ -58,7 +58,8 @@ def _run_command(argv: Optional[List[str]]) -> Tuple[int, bool]:
 
         args.events = Events(sys.stdout if args.json else None)
     # --json: the human lines off (the summary is an event), the warnings and errors kept.
-    setup_logging(args.verbose - args.quiet, summary=not (args.json and args.paths))
+    setup_logging(args.verbose - args.quiet, summary=not (args.json and args.paths),
+                  json_lines=args.log_format == "json" and not args.paths)
     error_line = ""
     try:
         status = run(parser, args)
@@ -268,7 +269,7 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  trust_clients=args.trust_clients,
                                  write_hard_links=args.write_hard_links,
                                  legacy_api=args.legacy_api,
-                                 certfile=args.certfile, keyfile=args.keyfile,
+                                 certfile=args.certfile, keyfile=args.keyfile, client_ca=args.client_ca,
                                  hash_methods=args.hash_methods, metrics_listen=args.metrics_listen,
                                  max_rate=args.max_rate, devices=args.device,
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
@@ -287,6 +288,16 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         raise UsageError("--device is a server option; a sync names a device as SOURCE or TARGET")
     if args.config:
         raise UsageError("--config is a server option; it makes no sense with SOURCE and TARGET")
+    if args.log_format:
+        raise UsageError("--log-format is a server option; a sync's own output can be JSON with --json")
+    if args.client_ca:
+        raise UsageError("--client-ca is a server option; a sync sends its certificate with --client-cert")
+    if args.client_key and not args.client_cert:
+        raise UsageError("--client-key goes with --client-cert (the certificate it is the key of)")
+    if args.client_cert:
+        from pdiffcopy.api import use_client_certificate
+
+        use_client_certificate(args.client_cert, args.client_key)
     for given, name in ((args.json, "--json"), (args.metrics_file, "--metrics-file")):
         if given and (args.remove or args.benchmark):
             raise UsageError(f"{name} reports a sync; {'--remove' if args.remove else '--benchmark'} "

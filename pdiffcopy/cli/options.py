@@ -181,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how long any network call may wait, in seconds above 0 (default 60)")
     sync.add_argument("--ca-file", metavar="FILE", default=None,
                       help="CA bundle to verify an https:// server with")
+    sync.add_argument("--client-cert", metavar="FILE", default=None,
+                      help="present this certificate (PEM, with its key unless --client-key) to an "
+                           "https:// server that verifies clients (its --client-ca)")
+    sync.add_argument("--client-key", metavar="FILE", default=None,
+                      help="the private key of --client-cert (PEM)")
     sync.add_argument("--bwlimit", metavar="RATE", type=_bwlimit, default=None,
                       help="at most RATE bytes per second on the network, both directions and all "
                            "connections together, in rsync's units: a bare number is KiB/s, K/M/G "
@@ -295,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--config", metavar="FILE", default=None,
                         help="serve the exports this TOML file names, each at /EXPORT/... with its "
                              "own path, tokens, networks and rules (docs/exports.rst), instead of "
-                             "--root, --device and one token")
+                             "--root, --device and one token; SIGHUP rereads it")
     server.add_argument("--device", metavar="NAME=PATH", action="append", default=[],
                         help="also serve the block device PATH at /NAME, read-only (NAME=PATH:rw: "
                              "writable too), updated in place under the same leases as files; "
@@ -305,9 +310,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve https with this certificate (PEM); needs --keyfile")
     server.add_argument("--keyfile", metavar="FILE", default=None,
                         help="the private key of --certfile (PEM)")
+    server.add_argument("--client-ca", metavar="FILE", default=None,
+                        help="verify client certificates with this CA bundle (PEM); a certificate opens "
+                             "the exports whose certificates list it, as a token does (needs --config)")
     server.add_argument("--hash-methods", metavar="LIST", default=None,
                         help="hash methods the server accepts, comma-separated, or 'all' "
                              "(default: the fast ones: xxh*, blake3, sha256, sha1)")
+    server.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="the server's log: lines of text (the default) or one JSON object a line, "
+                             "the transfer log's fields included (docs/exports.rst)")
     server.add_argument("--metrics-listen", metavar="ADDRESS", default=None,
                         help="also answer GET /metrics (Prometheus) on this PORT or HOST:PORT, without "
                              "the token: keep it on loopback or a private network")

@@ -6,6 +6,7 @@ The file is TOML, one table per export (rsync calls them modules)::
     path = "/srv/vms"
     read_only = false                      # default true: writable only on purpose
     tokens = ["ops:sha256:9f86d0...08"]    # NAME:sha256:HEX of the token, never the token
+    certificates = ["ci:sha256:3a7f...c2"] # NAME:sha256:HEX of a client certificate (--client-ca)
     allow = ["10.0.0.0/8", "127.0.0.1/32"] # client networks (default: all)
     max_connections = 20                   # requests at once (default: no limit)
     trust_clients = false                  # owners and set-id bits from clients
@@ -45,7 +46,8 @@ REFUSABLE = {
 }
 
 #: The keys an export's table may have.
-EXPORT_KEYS = ("path", "read_only", "tokens", "allow", "max_connections", "trust_clients", "refuse")
+EXPORT_KEYS = ("path", "read_only", "tokens", "certificates", "allow", "max_connections", "trust_clients",
+               "refuse")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class ExportRules:
     read_only: bool = True
     #: (token name, lowercase hex SHA-256 of the token), in the file's order.
     tokens: Tuple[Tuple[str, str], ...] = ()
+    #: (name, lowercase hex SHA-256 of a client certificate, DER), as tokens are.
+    certificates: Tuple[Tuple[str, str], ...] = ()
     #: The client networks served; empty: all.
     allow: Tuple[Any, ...] = ()
     max_connections: Optional[int] = None
@@ -119,6 +123,7 @@ def _export(name: str, table: Any, source: str) -> ExportRules:
         path=path,
         read_only=_boolean(table, "read_only", True, where),
         tokens=tuple(_token(value, where) for value in _strings(table, "tokens", where)),
+        certificates=tuple(_certificate(value, where) for value in _strings(table, "certificates", where)),
         allow=tuple(_network(value, where) for value in _strings(table, "allow", where)),
         max_connections=_positive(table, "max_connections", where),
         trust_clients=_boolean(table, "trust_clients", False, where),
@@ -158,6 +163,14 @@ def _token(value: str, where: str) -> Tuple[str, str]:
     return match["name"], match["digest"].lower()
 
 
+def _certificate(value: str, where: str) -> Tuple[str, str]:
+    match = TOKEN_PATTERN.fullmatch(value)
+    if match is None:
+        raise UsageError(f"{where}: a certificate must be NAME:sha256:HEX, the SHA-256 of the certificate in hex "
+                         f"(openssl x509 -in CERT -noout -fingerprint -sha256), not {value!r}")
+    return match["name"], match["digest"].lower()
+
+
 def _network(value: str, where: str):
     try:
         return ipaddress.ip_network(value, strict=False)
@@ -172,17 +185,19 @@ def _refusal(value: str, where: str) -> str:
 
 
 def _check_token_names(exports: Tuple[ExportRules, ...], source: str) -> None:
-    """One name per token and one token per name: a log line's token name must say which was used."""
+    """One name per token (or certificate) and one token per name: a log line's token name
+    must say which was used."""
     name_of: Dict[str, str] = {}
     digest_of: Dict[str, str] = {}
     for export in exports:
-        for name, digest in export.tokens:
-            if name_of.setdefault(digest, name) != name:
-                raise UsageError(f"{source}: [export.{export.name}]: one token is named both "
-                                 f"{name_of[digest]!r} and {name!r}; give it one name")
-            if digest_of.setdefault(name, digest) != digest:
-                raise UsageError(f"{source}: [export.{export.name}]: two tokens are named {name!r}; "
-                                 f"give each its own name")
+        for kind, listed in (("token", export.tokens), ("certificate", export.certificates)):
+            for name, digest in listed:
+                if name_of.setdefault(f"{kind} {digest}", name) != name:
+                    raise UsageError(f"{source}: [export.{export.name}]: one {kind} is named both "
+                                     f"{name_of[f'{kind} {digest}']!r} and {name!r}; give it one name")
+                if digest_of.setdefault(name, f"{kind} {digest}") != f"{kind} {digest}":
+                    raise UsageError(f"{source}: [export.{export.name}]: two tokens or certificates are named "
+                                     f"{name!r}; give each its own name")
 
 
 __all__ = ["EXPORT_KEYS", "ExportRules", "NAME_PATTERN", "REFUSABLE", "TOKEN_PATTERN", "parse_config"]

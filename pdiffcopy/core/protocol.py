@@ -30,6 +30,15 @@ LEASE_HEADER = "X-Pdiffcopy-Lease"
 #: symlink that stays beneath the root.
 NO_FOLLOW_HEADER = "X-Pdiffcopy-No-Follow"
 
+#: The header of a server's answers naming the rules (the generation of its exports) the
+#: request was admitted under; a client sends the first it got back with the rest of its
+#: sync, which then finishes under those rules though the server reloads meanwhile.
+RULES_HEADER = "X-Pdiffcopy-Rules"
+
+#: The header naming the sync a request belongs to: a random id per run of a client, so the
+#: server's transfer log has one line per file or tree synced (echoed where it keeps one).
+SYNC_HEADER = "X-Pdiffcopy-Sync"
+
 #: The environment variable holding the shared secret, read by the command
 #: line only (server and client): the library takes ``token=``.
 TOKEN_VARIABLE = "PDIFFCOPY_TOKEN"
@@ -78,6 +87,14 @@ def partial_name(name: str) -> str:
     return f".{name}{PARTIAL_SUFFIX}"
 
 
+def written_name(name: str) -> str:
+    """The name a temporary (:func:`temporary_name`, :func:`partial_name`) is written for;
+    any other name as it is."""
+    if _TEMPORARY_NAME.match(name) or _PARTIAL_NAME.match(name):
+        return name[1:name.rindex(".pdiffcopy-")]
+    return name
+
+
 def is_partial_name(name: str) -> bool:
     """Whether ``name`` (a last path component) is one :func:`partial_name` makes."""
     return bool(_PARTIAL_NAME.match(name))
@@ -88,6 +105,6 @@ def is_temporary_name(name: str) -> bool:
     return bool(_TEMPORARY_NAME.match(name) or _PARTIAL_NAME.match(name))
 
 
-__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "PARTIAL_SUFFIX", "RESERVED_NAME",
-           "TOKEN_VARIABLE", "TRANSFER_CHUNK_SIZE", "is_partial_name", "is_temporary_name", "partial_name",
-           "temporary_name", "unique_suffix"]
+__all__ = ["LEASE_HEADER", "MAX_PATH_LENGTH", "NO_FOLLOW_HEADER", "PARTIAL_SUFFIX", "RESERVED_NAME", "RULES_HEADER",
+           "SYNC_HEADER", "TOKEN_VARIABLE", "TRANSFER_CHUNK_SIZE", "is_partial_name", "is_temporary_name",
+           "partial_name", "temporary_name", "unique_suffix", "written_name"]

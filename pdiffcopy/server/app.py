@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
+from typing import Optional, Tuple
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException, NotFound
@@ -26,16 +26,19 @@ from pdiffcopy._version import __version__
 from pdiffcopy.core.compression import FRAMES_TYPE
 from pdiffcopy.errors import (
     AuthenticationFailed,
+    BadRequest,
     PdiffcopyError,
     RangeNotSatisfiable,
     ServerBusy,
     storage_error,
 )
-from pdiffcopy.server.admission import Admission
-from pdiffcopy.server.context import API_PREFIX, ServerConfig, ServerState
+from pdiffcopy.core.protocol import SYNC_HEADER, written_name
+from pdiffcopy.server.admission import READING_VIEWS, Admission, when_sent
+from pdiffcopy.server.audit import sync_of_request, transfer_key
+from pdiffcopy.server.context import API_PREFIX, ServerConfig, ServerState, export_label, request_metrics
 from pdiffcopy.server import holds
 from pdiffcopy.server.files import files
-from pdiffcopy.server.legacyapi import legacy
+from pdiffcopy.server.legacyapi import LEGACY_PARAMETER, is_legacy_request, legacy
 from pdiffcopy.server.metrics import METRICS_PATH, SCRAPE_PATH, UNMATCHED
 from pdiffcopy.server.openapi import DOCUMENT_PATH, render_document
 from pdiffcopy.server.requests import AnyPathConverter, one_line, undecoded_path
@@ -73,7 +76,7 @@ def create_app(config: ServerConfig) -> Flask:
     holds.install(app)
     holds.watch_leases(state.leases)
     document = render_document()
-    admission = Admission(state.exports, config.owner_uid)
+    admission = Admission(state.generations, config.owner_uid)
 
     def metrics_answer() -> Response:
         body, content_type = state.metrics.render()
@@ -104,12 +107,46 @@ def create_app(config: ServerConfig) -> Flask:
         # Without the blueprint's name: the labels stay what they were before the blueprints.
         endpoint = g.get("endpoint_label") or (request.url_rule.endpoint.rpartition(".")[2]
                                                if request.url_rule else UNMATCHED)
-        state.metrics.count_request(endpoint, response.status_code)
+        state.metrics.count_request(endpoint, response.status_code, export_label() if "exports" in g else "")
         return response
 
     @app.after_request
     def count_out(response: Response) -> Response:
         return admission.count_out_when_sent(response)
+
+    @app.after_request
+    def name_the_rules(response: Response) -> Response:
+        return admission.ticket(response)
+
+    @app.after_request
+    def log_the_transfer(response: Response) -> Response:
+        sync = sync_of_request()
+        if sync:
+            # Whatever the request: the client learns that this server keeps a transfer log,
+            # and tells it when its sync is over (its lines come at once).
+            response.headers[SYNC_HEADER] = sync
+        export = g.get("export")
+        if export is None:
+            return response  # (refused before it reached an export, or the server's own)
+        address = request.remote_addr or ""
+        key = transfer_key(sync, g.get("identity"), address)
+        path, writes = _transfer_of_request()
+        tally, status, token = request_metrics().tally, response.status_code, g.get("token_name")
+        return when_sent(response, lambda: state.transfers.add(key, export.name, token, address, path, writes,
+                                                               tally, status))
+
+    @app.post(f"{API_PREFIX}/done")
+    def sync_done():
+        """A client's sync is over: the lines of its transfers go to the log."""
+        sync = sync_of_request()
+        if not sync:
+            raise BadRequest(f"Name the sync that is over ({SYNC_HEADER}: up to 64 letters, digits, - and _)")
+        outcome = request.args.get("result", "ok")
+        if outcome not in ("ok", "failed"):
+            raise BadRequest(f"result must be ok or failed, not {one_line(outcome)[:40]!r}")
+        ended = state.transfers.end(transfer_key(sync, g.get("identity"), request.remote_addr or ""),
+                                    failed=outcome == "failed")
+        return jsonify(ended=ended)
 
     @app.teardown_request
     def count_out_unanswered(_error: Optional[BaseException]) -> None:
@@ -179,13 +216,25 @@ def create_app(config: ServerConfig) -> Flask:
     @app.route("/", methods=["GET", "HEAD"])
     def index():
         """Who we are, and with ``--config`` the exports this client may open (rsync lists its modules)."""
-        if state.exports.default is not None:
+        if g.exports.default is not None:
             return jsonify(server="pdiffcopy", version=__version__)
         return jsonify(server="pdiffcopy", version=__version__,
-                       exports=state.exports.opened_by(g.token_digest, request.remote_addr or ""))
+                       exports=g.exports.opened_by(g.token_digest, g.certificate, request.remote_addr or ""))
 
     app.register_blueprint(files)
     app.register_blueprint(trees)
     # Last: its hooks run after the token check (1.0.1 requests need the token too).
     app.register_blueprint(legacy)
     return app
+
+
+def _transfer_of_request() -> Tuple[str, bool]:
+    """The path of the current request's transfer within its export, and whether it writes."""
+    if is_legacy_request():
+        return request.args.get(LEGACY_PARAMETER, ""), request.method == "POST"
+    path = g.exports.locate((request.view_args or {}).get("path", ""))[1]
+    # One transfer per file, whether a request names it, its temporary or ./it/.
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if parts:
+        parts[-1] = written_name(parts[-1])
+    return "/".join(parts), request.endpoint not in READING_VIEWS

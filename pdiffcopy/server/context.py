@@ -12,16 +12,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-from flask import Flask, current_app
+from flask import Flask, current_app, g
 
 from pdiffcopy.core.hashing import accepted_methods
 from pdiffcopy.core.protocol import RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.core.exportconfig import ExportRules
-from pdiffcopy.local.devices import is_block_device
 from pdiffcopy.server.leasetable import LeaseTable
-from pdiffcopy.server.exports import DeviceExport, Export, ExportTable
-from pdiffcopy.server.metrics import ServerMetrics
+from pdiffcopy.server.exports import DeviceExport, Export, ExportTable, config_table
+from pdiffcopy.server.audit import TransferLog, make_transfer_directory
+from pdiffcopy.server.generations import ExportGenerations, first_slots, make_snapshot_directory
+from pdiffcopy.server.metrics import RequestMetrics, RequestTally, ServerMetrics
 from pdiffcopy.server.slots import FairSlots
 
 #: The prefix of the server's own endpoints.
@@ -110,8 +111,9 @@ class ServerState:
     """What an application makes once, before gunicorn forks its workers (or per worker, as said)."""
 
     config: ServerConfig
-    #: What is served, by name: every file is opened beneath one export's directory.
-    exports: ExportTable
+    #: What is served, by name (every file is opened beneath one export's directory): the
+    #: exports in force, and those of before a reload that syncs in flight still use.
+    generations: ExportGenerations
     #: Per worker process: every child gets its own copy, with all its slots free.
     hash_slots: FairSlots
     #: Shared by every worker process.
@@ -119,22 +121,34 @@ class ServerState:
     metrics: ServerMetrics
     #: ``--max-rate``, in shared memory: one cap for every worker process.
     rate_limit: Optional[Throttle]
+    #: The transfers in progress, shared by every worker process, one log line each.
+    transfers: TransferLog
 
     @classmethod
     def start(cls, config: ServerConfig) -> "ServerState":
+        leases = LeaseTable(config.lease_directory)
         return cls(
             config=config,
-            exports=export_table(config),
+            generations=export_generations(config, leases),
             hash_slots=FairSlots(MAX_CONCURRENT_HASHES, MAX_HASHES_PER_CLIENT, HASH_CONTENTION_SECONDS),
-            leases=LeaseTable(config.lease_directory),
+            leases=leases,
             metrics=ServerMetrics(config.metrics_directory),
             # A bucket per worker would let N workers move N times the rate.
             rate_limit=Throttle(config.max_rate, shared=True) if config.max_rate else None,
+            transfers=TransferLog(make_transfer_directory(leases.directory)),
         )
 
     def install(self, app: Flask) -> None:
         app.extensions[STATE_KEY] = self
         app.extensions["pdiffcopy.server.metrics"] = self.metrics  # for gunicorn's child_exit hook (service.py)
+
+
+def export_generations(config: ServerConfig, leases: LeaseTable) -> ExportGenerations:
+    """The exports of ``config``; with a config file, reloadable (their snapshots beside the leases)."""
+    if not config.export_rules:
+        return ExportGenerations(export_table(config))
+    return ExportGenerations(export_table(config), make_snapshot_directory(leases.directory),
+                             first_slots(config.export_rules), config.serve_anyone)
 
 
 def export_table(config: ServerConfig) -> ExportTable:
@@ -143,8 +157,7 @@ def export_table(config: ServerConfig) -> ExportTable:
     The shorthand's one token (if any) opens all of them, named ``token`` in the logs.
     """
     if config.export_rules:
-        return ExportTable([Export(rules, _device_of(rules), index, config.serve_anyone)
-                            for index, rules in enumerate(config.export_rules, start=1)])
+        return config_table(config.export_rules, first_slots(config.export_rules), config.serve_anyone)
     tokens = (("token", hashlib.sha256(config.token.encode()).hexdigest()),) if config.token else ()
     root = Export(ExportRules("", config.root, read_only=False, tokens=tokens, trust_clients=config.trust_clients),
                   serve_anyone=config.serve_anyone)
@@ -154,11 +167,22 @@ def export_table(config: ServerConfig) -> ExportTable:
     return ExportTable(devices, default=root)
 
 
-def _device_of(rules: ExportRules) -> Optional[DeviceExport]:
-    """The device an export's path names, if it is one (else the export is a directory)."""
-    if not is_block_device(rules.path):
-        return None
-    return DeviceExport(rules.name, rules.path, writable=not rules.read_only)
+def request_metrics() -> RequestMetrics:
+    """The metrics as the current request counts them: its export's labels, its tally."""
+    made = g.get("request_metrics")
+    if made is None:
+        made = g.request_metrics = server_state().metrics.of_request(export_label(), RequestTally())
+    return made
+
+
+def export_label() -> str:
+    """The metrics' ``export`` label of the current request: a config file's export by name; empty
+    for the ``--root`` shorthand, its ``--device`` exports (whose names the metrics never told)
+    and the server's own requests."""
+    export = g.get("export")
+    if export is None or g.exports.default is not None:
+        return ""
+    return export.name
 
 
 def server_state() -> ServerState:

@@ -85,6 +85,12 @@ def load_config(file_name: str) -> Tuple[ExportRules, ...]:
             not exist, is neither a directory nor a block device, or a device this user
             cannot open as the export asks).
     """
+    return read_config(file_name)[1]
+
+
+def read_config(file_name: str) -> Tuple[str, Tuple[ExportRules, ...]]:
+    """The text of ``--config`` and its exports (:func:`load_config`): a reload hands the
+    workers the very text that was checked, not the file, which may change again."""
     try:
         with open(file_name, encoding="utf-8") as handle:
             text = handle.read()
@@ -103,7 +109,7 @@ def load_config(file_name: str) -> Tuple[ExportRules, ...]:
             problem = ("is neither a directory nor a block device" if os.path.lexists(rules.path)
                        else "does not exist")
             raise UsageError(f"{where}: path {rules.path} {problem}")
-    return exports
+    return text, exports
 
 
 def ssh_export(typed_path: str, home: str) -> Optional[DeviceExport]:
@@ -192,11 +198,13 @@ class Export:
         self.rules = rules
         self.device = device
         self.root: Optional[Root] = None if device is not None else Root(rules.path)
-        #: The hex SHA-256 of each token that opens it.
+        #: The hex SHA-256 of each token that opens it, and of each client certificate.
         self.digests = frozenset(digest for _, digest in rules.tokens)
-        #: Without a token: only the server's own user and root on its host (``--insecure``: anyone).
-        self.owner_only = not rules.tokens and not serve_anyone
-        self.open_to_anyone = not rules.tokens and serve_anyone
+        self.certificates = frozenset(digest for _, digest in rules.certificates)
+        #: Without a token or certificate: only the server's own user and root on its host
+        #: (``--insecure``: anyone).
+        self.owner_only = not rules.tokens and not rules.certificates and not serve_anyone
+        self.open_to_anyone = not rules.tokens and not rules.certificates and serve_anyone
         #: Its slot in the shared counts of requests in progress (``max_connections``).
         self.index = index
 
@@ -241,6 +249,9 @@ class ExportTable:
         #: Every token's hex SHA-256, and the name the config gives it.
         self.token_names: Dict[str, str] = {digest: name for export in self.everything
                                             for name, digest in export.rules.tokens}
+        #: Every client certificate's hex SHA-256, and its name.
+        self.certificate_names: Dict[str, str] = {digest: name for export in self.everything
+                                                  for name, digest in export.rules.certificates}
         self.any_owner_only = any(export.owner_only for export in self.everything)
         self.any_open_to_anyone = any(export.open_to_anyone for export in self.everything)
 
@@ -266,12 +277,26 @@ class ExportTable:
                 return device, ""
         return self.default, path
 
-    def opened_by(self, digest: Optional[str], address: str) -> List[str]:
-        """The names of the exports a client at ``address`` with a token (its hex SHA-256)
-        may use, or that need none (a client asking was admitted to those)."""
+    def opened_by(self, digest: Optional[str], certificate: Optional[str], address: str) -> List[str]:
+        """The names of the exports a client at ``address`` with a token and a client certificate
+        (their hex SHA-256) may use, or that need neither (a client asking was admitted to those)."""
         return [export.name for export in self.by_name.values()
-                if (digest in export.digests or not export.digests) and export.rules.allows_address(address)]
+                if (digest in export.digests or certificate in export.certificates
+                    or not (export.digests or export.certificates)) and export.rules.allows_address(address)]
 
 
-__all__ = ["DeviceExport", "Export", "ExportTable", "ExportedDevice", "NAME_PATTERN", "check_exports", "drop_cached",
-           "load_config", "parse_device_option", "ssh_export"]
+def config_table(exports: Sequence[ExportRules], slots: Dict[str, int], serve_anyone: bool) -> ExportTable:
+    """The table of a config file's exports; ``slots`` gives each name its place in the
+    shared counts of requests in progress, the same one in every generation of the file."""
+    return ExportTable([Export(rules, _device_of(rules), slots[rules.name], serve_anyone) for rules in exports])
+
+
+def _device_of(rules: ExportRules) -> Optional[DeviceExport]:
+    """The device an export's path names, if it is one (else the export is a directory)."""
+    if not devices.is_block_device(rules.path):
+        return None
+    return DeviceExport(rules.name, rules.path, writable=not rules.read_only)
+
+
+__all__ = ["DeviceExport", "Export", "ExportTable", "ExportedDevice", "NAME_PATTERN", "check_exports", "config_table",
+           "drop_cached", "load_config", "read_config", "parse_device_option", "ssh_export"]

@@ -39,6 +39,7 @@ from pdiffcopy.server.context import (
     HASH_SLOT_WAIT_SECONDS,
     MAX_CONCURRENT_HASHES,
     MAX_HASHES_PER_CLIENT,
+    request_metrics,
     server_state,
 )
 from pdiffcopy.server.exports import ExportedDevice, drop_cached
@@ -140,6 +141,7 @@ def hashes(path: str):
         try:
             # (a device's holes, where it knows them, are not read; what is read leaves the cache)
             digests = file.hash_ranges(ranges, block_size, method)
+            request_metrics().bytes_compared.inc(sum(length for _, length in ranges))
         finally:
             state.metrics.hash_jobs.dec()
             state.hash_slots.release(client)
@@ -172,6 +174,7 @@ def chunks_of_file(path: str):
         ranges = [(offset, length) for offset, length in CHUNK_RANGE_ENTRY.iter_unpack(asked)] \
             if asked else ([(0, found.size)] if found.size else [])
         check_disjoint(ranges, found.size, ordered=True)
+        request_metrics().bytes_compared.inc(sum(length for _, length in ranges))
         client = request.remote_addr or ""
         # Cutting is CPU and disk work, as hashing is: it takes one of the same slots.
         if not state.hash_slots.acquire(client, timeout=HASH_SLOT_WAIT_SECONDS):
@@ -242,7 +245,7 @@ def read_file(path: str):
     try:
         found = seen(file.read_descriptor(), path)
         check_preconditions(found)
-        return ranged_response(file, found, state.metrics, state.rate_limit)
+        return ranged_response(file, found, request_metrics(), state.rate_limit)
     except BaseException:
         file.close()
         raise
@@ -258,7 +261,7 @@ def write_ranges(path: str):
         check_preconditions(found)
         refuse_hard_links(found.info, path, state.config.write_hard_links)
         with state.leases.writing(found.info, lease_of_request(), path):
-            written = receive_ranges(file, found.size, state.metrics, state.rate_limit,
+            written = receive_ranges(file, found.size, request_metrics(), state.rate_limit,
                                      sparse=request.args.get("sparse") == "1")
     finally:
         file.close()

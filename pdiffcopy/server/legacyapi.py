@@ -41,7 +41,7 @@ from pdiffcopy.errors import AccessDenied, BadRequest, ServerBusy, StorageError,
 from pdiffcopy.local.confinement import refuse_hard_links
 from pdiffcopy.local.filehash import hash_region
 from pdiffcopy.server.bodyreader import open_body
-from pdiffcopy.server.context import HASH_RETRY_AFTER_SECONDS, HASH_SLOT_WAIT_SECONDS, server_state
+from pdiffcopy.server.context import HASH_RETRY_AFTER_SECONDS, HASH_SLOT_WAIT_SECONDS, request_metrics, server_state
 from pdiffcopy.server.files import resize_file
 from pdiffcopy.server.requests import MAX_FILE_SIZE, int_arg, path_arg, served
 from pdiffcopy.server.streaming import body_chunks, check_inside
@@ -184,7 +184,7 @@ def _read_block(path: str) -> Response:
         except StorageError:
             return  # the file shrank: the client sees a short body
 
-    response = Response(ClosingIterator(server_state().metrics.served(chunks()), [file.close]),
+    response = Response(ClosingIterator(request_metrics().served(chunks()), [file.close]),
                         mimetype="application/octet-stream", direct_passthrough=True)
     response.headers["Content-Length"] = str(length)
     return response
@@ -210,7 +210,7 @@ def _write_block(path: str) -> Response:
                     body, offset, length, "The request body ended before its Content-Length"))
             finally:
                 body.finish()
-            state.metrics.bytes_received.inc(length)
+            request_metrics().bytes_received.inc(length)
     finally:
         file.close()
     return jsonify(written=length)
@@ -235,7 +235,7 @@ def legacy_request() -> Optional[Response]:
     state = server_state()
     if not state.config.legacy_api:
         raise BadRequest(REFUSAL)
-    shorthand = state.exports.default
+    shorthand = g.exports.default
     # (--config refuses --legacy-api: 1.0.1 names files by their path on the host, not by export)
     if shorthand is None or shorthand.root is None:
         raise BadRequest(REFUSAL)

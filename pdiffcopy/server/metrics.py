@@ -92,17 +92,22 @@ class ServerMetrics:
             values.ValueClass = values.MultiProcessValue()
         self.directory = directory
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("pdiffcopy_requests", "Requests answered, by endpoint (the view) and status",
-                                ["endpoint", "status"], registry=self.registry)
+        # The export label: a config file's export by name; "" the --root shorthand's and the
+        # server's own requests (Prometheus reads an empty label as none).
+        self.requests = Counter("pdiffcopy_requests", "Requests answered, by endpoint (the view), status and export",
+                                ["endpoint", "status", "export"], registry=self.registry)
         self.bytes_served = Counter("pdiffcopy_served_bytes", "File bytes sent to clients (GET, tree reads)",
-                                    registry=self.registry)
+                                    ["export"], registry=self.registry)
         self.bytes_received = Counter("pdiffcopy_received_bytes",
                                       "File bytes received from clients and written (PATCH, tree writes)",
-                                      registry=self.registry)
+                                      ["export"], registry=self.registry)
+        self.bytes_compared = Counter("pdiffcopy_compared_bytes",
+                                      "File bytes hashed to compare them with a client's (hashes, chunks)",
+                                      ["export"], registry=self.registry)
         self.compressed_bytes = Counter("pdiffcopy_compressed_bytes",
                                         "File bytes that crossed the wire zstd-compressed, by direction "
                                         "(sent: GET answers; received: PATCH bodies)",
-                                        ["direction"], registry=self.registry)
+                                        ["direction", "export"], registry=self.registry)
         # livesum: the running jobs of the live workers; a worker that died
         # (its file removed by worker_exited) runs none.
         self.hash_jobs = Gauge("pdiffcopy_hash_jobs_running", "Hash requests being computed now",
@@ -111,15 +116,15 @@ class ServerMetrics:
                             "Requests refused with 503 because the server was busy (Retry-After)",
                             registry=self.registry)
 
-    def count_request(self, endpoint: str, status: int) -> None:
+    def count_request(self, endpoint: str, status: int, export: str = "") -> None:
         """Count one answered request; a 503 is also counted as a refusal."""
-        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.requests.labels(endpoint=endpoint, status=str(status), export=export).inc()
         if status == 503:
             self.busy.inc()
 
-    def served(self, chunks: Iterable[T], size=len) -> Iterator[T]:
-        """``chunks`` as they are, counting ``size(chunk)`` bytes served as they go out (:meth:`counted`)."""
-        return self.counted(chunks, self.bytes_served, size)
+    def of_request(self, export: str, tally: "RequestTally") -> "RequestMetrics":
+        """The metrics as one request of ``export`` counts them, its bytes added to ``tally`` too."""
+        return RequestMetrics(self, export, tally)
 
     @staticmethod
     def counted(chunks: Iterable[T], counter, size=len) -> Iterator[T]:
@@ -161,4 +166,56 @@ class ServerMetrics:
             multiprocess.mark_process_dead(pid, self.directory)
 
 
-__all__ = ["METRICS_PATH", "SCRAPE_PATH", "ServerMetrics", "make_directory"]
+class RequestTally:
+    """The file bytes one request moved and compared (its transfer's line in the audit log)."""
+
+    __slots__ = ("sent", "received", "compared")
+
+    def __init__(self) -> None:
+        self.sent = self.received = self.compared = 0
+
+
+class _Tallying:
+    """A counter of one export that also adds to a request's tally."""
+
+    __slots__ = ("_counter", "_tally", "_field")
+
+    def __init__(self, counter, tally: RequestTally, field: str) -> None:
+        self._counter, self._tally, self._field = counter, tally, field
+
+    def inc(self, amount: float = 1) -> None:
+        self._counter.inc(amount)
+        setattr(self._tally, self._field, getattr(self._tally, self._field) + int(amount))
+
+
+class _OfExport:
+    """A labelled counter with the export's label already given (``.labels(direction)``)."""
+
+    __slots__ = ("_counter", "_export")
+
+    def __init__(self, counter, export: str) -> None:
+        self._counter, self._export = counter, export
+
+    def labels(self, direction: str):
+        return self._counter.labels(direction=direction, export=self._export)
+
+
+class RequestMetrics:
+    """The server's metrics as one request counts them: labelled by its export, its bytes
+    added to its :class:`RequestTally`. The views hand it where they handed the metrics."""
+
+    def __init__(self, metrics: ServerMetrics, export: str, tally: RequestTally) -> None:
+        self.tally = tally
+        self.bytes_served = _Tallying(metrics.bytes_served.labels(export=export), tally, "sent")
+        self.bytes_received = _Tallying(metrics.bytes_received.labels(export=export), tally, "received")
+        self.bytes_compared = _Tallying(metrics.bytes_compared.labels(export=export), tally, "compared")
+        self.compressed_bytes = _OfExport(metrics.compressed_bytes, export)
+
+    counted = staticmethod(ServerMetrics.counted)
+
+    def served(self, chunks: Iterable[T], size=len) -> Iterator[T]:
+        """``chunks`` as they are, counting ``size(chunk)`` bytes served as they go out (:meth:`counted`)."""
+        return self.counted(chunks, self.bytes_served, size)
+
+
+__all__ = ["METRICS_PATH", "RequestMetrics", "RequestTally", "SCRAPE_PATH", "ServerMetrics", "make_directory"]

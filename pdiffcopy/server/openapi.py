@@ -25,7 +25,7 @@ from pdiffcopy._version import __version__
 from pdiffcopy.core.blocks import MAX_BLOCK_SIZE, MIN_BLOCK_SIZE
 from pdiffcopy.core.datamap import MAX_DATA_MAP_EXTENTS
 from pdiffcopy.server.metrics import METRICS_PATH
-from pdiffcopy.core.protocol import NO_FOLLOW_HEADER
+from pdiffcopy.core.protocol import NO_FOLLOW_HEADER, SYNC_HEADER
 from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS
 from pdiffcopy.engine.treeendpoints import OPERATIONS
 from pdiffcopy.core.packedlisting import PACKED_LISTING_TYPE
@@ -264,6 +264,8 @@ def _components() -> Dict[str, Any]:
                      "properties": {"released": {"type": "boolean", "enum": [True]}}},
         "Removed": {"type": "object", "required": ["removed"],
                     "properties": {"removed": {"type": "boolean", "enum": [True]}}},
+        "Ended": {"type": "object", "required": ["ended"],
+                  "properties": {"ended": {**_INTEGER, "description": "How many transfers of the sync it ended"}}},
         "Swept": {"type": "object", "required": ["removed"],
                   "properties": {"removed": {**_INTEGER, "description": "How many temporaries were removed"}}},
         "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
@@ -379,6 +381,13 @@ def _components() -> Dict[str, Any]:
                            "holds a lease.",
             "schema": string,
         },
+        "Sync": {
+            "name": SYNC_HEADER, "in": "header", "required": True,
+            "description": "The client's sync: a random id sent with its every request (the server "
+                           "echoes it), which the server's transfer log groups requests by.",
+            "schema": string,
+            "example": "5f0c3a9e1b7d4c2a8e6f0b1d3c5a7e9f",
+        },
         "NoFollow": {
             "name": NO_FOLLOW_HEADER, "in": "header", "required": False,
             "description": "1: a symlink in the file's last name is not followed (a stat "
@@ -430,6 +439,11 @@ def _paths() -> Dict[str, Dict[str, Any]]:
                                 "bytes served and received, hash jobs running, 503 refusals",
                  "content": {"text/plain": {"schema": {"type": "string"},
                                             "example": "pdiffcopy_served_bytes_total 1.048576e+06\n"}}}})
+    done = _operation("syncDone", "Say that a sync is over: the transfer log writes its transfers' lines",
+                      {"200": _json_answer("Ended", "Ended")},
+                      parameters=[_ref("parameters", "Sync"),
+                                  _query("result", "The sync's outcome as the client saw it",
+                                         {"type": "string", "enum": ["ok", "failed"]}, required=False)])
     stat = _operation("stat", "Describe a file: type, size, mtime, mode and ETag",
                       {"200": _json_answer("The description", "FileDescription")},
                       errors=_PATH_ERRORS, parameters=[path, no_follow])
@@ -654,6 +668,7 @@ def _paths() -> Dict[str, Dict[str, Any]]:
             "get": document, "head": _head_of(document, "openapiHeaders", "Document headers")},
         METRICS_PATH: {
             "get": metrics, "head": _head_of(metrics, "metricsHeaders", "Metrics headers")},
+        "/.pdiffcopy/done": {"post": done},
         "/.pdiffcopy/stat/{path}": {
             "get": stat, "head": _head_of(stat, "statHeaders", "Stat headers")},
         "/.pdiffcopy/hashes/{path}": {

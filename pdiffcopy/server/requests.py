@@ -27,7 +27,6 @@ from pdiffcopy.local.descriptors import etag, is_temporary_name
 from pdiffcopy.local.confinedfile import ConfinedFile
 from pdiffcopy.local.localfile import LocalFile
 from pdiffcopy.server.bodyreader import open_body
-from pdiffcopy.server.context import server_state
 from pdiffcopy.server.exports import Export, ExportedDevice
 
 #: Largest region one hash request may cover. A client asks per segment
@@ -245,7 +244,7 @@ def located(path: str) -> Tuple[Export, str]:
 
     :raises AccessDenied: For a path of another export (a device's NAME in the shorthand).
     """
-    export, relative = server_state().exports.locate(path)
+    export, relative = g.exports.locate(path)
     admitted = g.get("export")
     if export is None or export is not admitted:
         shown = admitted.shown if admitted is not None else "no export"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import errno
 import json
 import logging
@@ -17,6 +18,7 @@ from pdiffcopy.core.protocol import TOKEN_VARIABLE
 if TYPE_CHECKING:
     from pdiffcopy.core.exportconfig import ExportRules
     from pdiffcopy.server.exports import DeviceExport
+    from pdiffcopy.server.generations import ExportGenerations
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,9 @@ class ServerOptions:
     devices: Sequence[str] = ()
     #: ``--config``: the file naming the exports (instead of ``root``, ``token`` and ``devices``).
     config: Optional[str] = None
+    #: ``--client-ca``: the CA bundle client certificates are verified with (they open the
+    #: exports that list them, as tokens do).
+    client_ca: Optional[str] = None
     #: Exports made already (serve-over-ssh's named device), not checked against the root:
     #: such an export is the entry of the root it names.
     exports: Sequence["DeviceExport"] = ()
@@ -113,12 +118,8 @@ def run_server(options: ServerOptions) -> None:
         raise UsageError(f"Root directory does not exist: {root}")
     if options.unix_socket:
         host = "localhost"  # (not listened on: the socket's mode keeps others out)
+    refuse_open_exports(host, export_rules, options)
     if not is_loopback(host) and not options.insecure:
-        open_exports = [rules.name for rules in export_rules if not rules.tokens]
-        if open_exports:
-            raise UsageError(f"Refusing to listen on {host} with the export {open_exports[0]} without tokens: "
-                             f"anyone on the network could use it. List its tokens in {options.config}, or pass "
-                             f"--insecure.")
         if not options.config and not options.token:
             raise UsageError(f"Refusing to listen on {host} without a token: anyone on the network could read "
                              f"and write {root}. Set ${TOKEN_VARIABLE} or --token-file, or pass --insecure.")
@@ -129,6 +130,7 @@ def run_server(options: ServerOptions) -> None:
             raise UsageError(f"Cannot read {name}")
     if options.certfile:
         check_certificate(options.certfile, options.keyfile)
+    check_client_ca(options, export_rules)
     exports = [parse_device_option(value) for value in options.devices]
     check_exports(exports, root)
     exports += options.exports
@@ -162,6 +164,7 @@ def run_server(options: ServerOptions) -> None:
     # Before the application (and prometheus-client) is loaded, and before gunicorn forks.
     metrics_directory = make_directory()
     from pdiffcopy.server.app import ServerConfig, create_app
+    from pdiffcopy.server.context import STATE_KEY
 
     app = create_app(ServerConfig(root=root, token=options.token, serve_anyone=options.insecure,
                                   trust_clients=options.trust_clients,
@@ -170,6 +173,11 @@ def run_server(options: ServerOptions) -> None:
                                   legacy_api=options.legacy_api, max_rate=options.max_rate,
                                   devices=tuple(exports), export_rules=export_rules))
     metrics = app.extensions["pdiffcopy.server.metrics"]
+    transfers = app.extensions[STATE_KEY].transfers
+    main_process = os.getpid()
+    # Before the directory goes (atexit runs the last registered first): the lines of the
+    # transfers left, unfinished unless their client ended them.
+    atexit.register(lambda: transfers.finish_all() if os.getpid() == main_process else None)
     if options.wrap_app:
         app.wsgi_app = options.wrap_app(app.wsgi_app)  # type: ignore[method-assign]
     if options.config:
@@ -212,6 +220,12 @@ def run_server(options: ServerOptions) -> None:
     }
     if options.certfile:
         settings.update(certfile=options.certfile, keyfile=options.keyfile)
+    if options.client_ca:
+        import ssl
+
+        # Optional: a client may still come with a token; one that sends a certificate the CA
+        # did not sign fails the handshake.
+        settings.update(ca_certs=options.client_ca, cert_reqs=ssl.CERT_OPTIONAL)
     if options.unix_socket or options.when_ready:
         def when_ready(arbiter) -> None:
             if options.unix_socket:
@@ -224,6 +238,8 @@ def run_server(options: ServerOptions) -> None:
 
     settings["logger_class"] = server_logger_class()
 
+    generations = app.extensions[STATE_KEY].generations
+
     class Application(BaseApplication):  # gunicorn's documented embedding API
         def load_config(self) -> None:
             for key, value in settings.items():
@@ -232,6 +248,20 @@ def run_server(options: ServerOptions) -> None:
 
         def load(self):
             return app
+
+        def run(self) -> None:
+            from gunicorn.arbiter import Arbiter
+
+            class ServerArbiter(Arbiter):
+                def handle_hup(self) -> None:
+                    # Not gunicorn's reload, which restarts every worker and so cuts the syncs
+                    # in flight after graceful_timeout: the workers stay, the exports change.
+                    reload_exports(options, host, generations)
+
+            try:
+                ServerArbiter(self).run()
+            except RuntimeError as error:  # (as BaseApplication.run)
+                raise CannotListen(str(error)) from None
 
     answer_protocol_errors_in_json()
     from pdiffcopy.local.descriptors import raise_open_file_limit
@@ -253,10 +283,44 @@ def run_server(options: ServerOptions) -> None:
     Application().run()
 
 
+def refuse_open_exports(host: str, export_rules: Sequence["ExportRules"], options: ServerOptions) -> None:
+    """Refuse an export without tokens on an address others can reach, unless ``--insecure``.
+
+    :raises UsageError: Naming the export (at start, and for a reload).
+    """
+    if is_loopback(host) or options.insecure:
+        return
+    open_exports = [rules.name for rules in export_rules if not rules.tokens and not rules.certificates]
+    if open_exports:
+        raise UsageError(f"Refusing to listen on {host} with the export {open_exports[0]} without tokens: "
+                         f"anyone on the network could use it. List its tokens in {options.config}, or pass "
+                         f"--insecure.")
+
+
+def reload_exports(options: ServerOptions, host: str, generations: "ExportGenerations") -> None:
+    """SIGHUP: put the exports of ``--config`` as it is now in force, or refuse it in one line."""
+    if not generations.reloadable:
+        logger.info("SIGHUP: nothing to reload without --config; the server goes on as it was")
+        return
+    try:
+        generation, export_rules = generations.reload(
+            options.config, lambda rules: refuse_open_exports(host, rules, options))
+    except UsageError as error:
+        logger.error("Reload refused, the exports stay as they were: %s", error)
+        return
+    except OSError as error:
+        logger.error("Reload refused, the exports stay as they were: cannot save them: %s", error.strerror or error)
+        return
+    logger.info("Reloaded %s: its exports are in force from now on (generation %d); syncs in flight "
+                "finish under the ones they started with", options.config, generation)
+    log_exports(options.config, export_rules, options.insecure)
+
+
 def log_exports(config: str, exports: Sequence["ExportRules"], insecure: bool) -> None:
     """One line per export: what it serves, to whom, and how."""
     for rules in exports:
-        access = (f"{len(rules.tokens)} token(s)" if rules.tokens else
+        access = (f"{len(rules.tokens)} token(s), {len(rules.certificates)} certificate(s)" if rules.certificates else
+                  f"{len(rules.tokens)} token(s)" if rules.tokens else
                   "no token: anyone who can connect" if insecure else "no token: only this user and root")
         limits = [f"from {', '.join(map(str, rules.allow))}"] if rules.allow else []
         if rules.max_connections:
@@ -265,9 +329,35 @@ def log_exports(config: str, exports: Sequence["ExportRules"], insecure: bool) -
             limits.append(f"refusing {', '.join(rules.refuse)}")
         logger.info("Export %s: %s, %s, %s%s", rules.name, rules.path, "read-only" if rules.read_only else "writable",
                     access, "".join(f", {limit}" for limit in limits))
-    if insecure and any(not rules.tokens for rules in exports):
+    if insecure and any(not rules.tokens and not rules.certificates for rules in exports):
         logger.warning("--insecure: the exports without tokens in %s serve every local user (and anyone who can "
                        "reach the server)", config)
+
+
+def check_client_ca(options: ServerOptions, export_rules: Sequence["ExportRules"]) -> None:
+    """Refuse, before the server listens, client certificates that could not be checked.
+
+    :raises UsageError: For ``--client-ca`` without TLS, without ``--config``, or not a CA
+            bundle; and for an export that lists certificates without ``--client-ca``.
+    """
+    listing = [rules.name for rules in export_rules if rules.certificates]
+    if not options.client_ca:
+        if listing:
+            raise UsageError(f"The export {listing[0]} lists client certificates: give --client-ca, the CA "
+                             f"bundle they are verified with")
+        return
+    if not options.certfile:
+        raise UsageError("--client-ca needs TLS: --certfile and --keyfile")
+    if not options.config:
+        raise UsageError("--client-ca needs --config: its exports list the certificates that open them")
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_verify_locations(cafile=options.client_ca)
+    except ssl.SSLError as error:
+        raise UsageError(f"--client-ca {options.client_ca}: not a CA bundle (PEM): {error.reason or error}") from None
+    except OSError as error:
+        raise UsageError(f"Cannot read --client-ca {options.client_ca}: {error.strerror or error}") from None
 
 
 def check_certificate(certfile: str, keyfile: str) -> None:

@@ -46,7 +46,7 @@ from pdiffcopy.core.jsonstream import JsonStream
 from pdiffcopy.core import packedlisting
 from pdiffcopy.local.localtree import LocalTree
 from pdiffcopy.local.treewalk import Directories
-from pdiffcopy.server.context import server_state
+from pdiffcopy.server.context import request_metrics, server_state
 from pdiffcopy.server.requests import export_root, located
 from pdiffcopy.local.confinement import Root, clean_relative_path
 from pdiffcopy.core.protocol import RESERVED_NAME
@@ -504,7 +504,7 @@ def tree_list(path: str = ""):
 def tree_read(path: str = ""):
     """The files the body lists, whole, as a treewire stream (unreadable ones as error records)."""
     state = server_state()
-    metrics, rate_limit = state.metrics, state.rate_limit
+    metrics, rate_limit = request_metrics(), state.rate_limit
     if packedlisting.media_type(request.headers.get("Content-Type")) == packedlisting.PACKED_LISTING_TYPE:
         entries = packed_entries(MAX_BATCH_FILES)
     else:
@@ -549,7 +549,7 @@ def tree_write(path: str = ""):
     """Write the files of the treewire stream in the body, each whole or not at all."""
     state = server_state()
     policy = client_policy()
-    metrics, rate_limit = state.metrics, state.rate_limit
+    metrics, rate_limit = request_metrics(), state.rate_limit
     check_refused(metadata_options())
     options, ignored = policy.options(metadata_options())
     tree = open_tree(path)

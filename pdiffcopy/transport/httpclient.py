@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from pdiffcopy.core.addresses import is_loopback
 from pdiffcopy.core.compression import FRAMES_TYPE
+from pdiffcopy.core.protocol import RULES_HEADER, SYNC_HEADER
 from pdiffcopy.engine.forkshared import Throttle
 from pdiffcopy.core.sshform import PINNED_CERTIFICATE_PREFIX
 from pdiffcopy.errors import (
@@ -44,6 +45,7 @@ from pdiffcopy.errors import (
     UsageError,
 )
 from pdiffcopy.transport import counters
+from pdiffcopy.transport.syncs import current_sync
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,13 @@ MAX_IDLE_SECONDS = 20.0
 #: absolute path, and ``/`` always exists. Sent only after an error answer
 #: that is not our JSON, so syncs with a current server never pay for it.
 LEGACY_PROBE = "/info?filename=%2F"
+
+#: Where a client says its sync is over, for the server's transfer log.
+DONE_PATH = "/.pdiffcopy/done"
+
+#: Seconds the client waits for the server to take note that a sync is over: the sync's
+#: outcome is known already, so a server that stopped answering costs little.
+DONE_TIMEOUT = 5.0
 
 #: What a user told of a 1.0.1 server can do (docs/migration.rst says more).
 LEGACY_ADVICE = ("it speaks an older API, with which only single files sync (without a token); "
@@ -151,6 +160,8 @@ class Connection:
                     reason = _tls_reason(error) if isinstance(error, ssl.SSLError) else \
                         (error.strerror or _reason(error))
                     raise UsageError(f"Cannot use the CA file {self.ca_file}: {reason}") from None
+                if _client_certificate is not None:
+                    context.load_cert_chain(*_client_certificate)
                 connection: http.client.HTTPConnection = http.client.HTTPSConnection(
                     self.host, self.port, timeout=CONNECT_TIMEOUT, context=context)
             else:
@@ -300,6 +311,9 @@ class HttpClient:
             warn_about_plain_token(base)
         #: Whether the server takes compressed PATCH bodies (its ``Accept-Patch`` says so).
         self.patch_frames = False
+        #: The rules this client's sync started under (the server's first ``RULES_HEADER``),
+        #: sent with every later request: a reload of the server does not change them midway.
+        self.rules_ticket: Optional[str] = None
         self._local = threading.local()
         self._forget_connections()
 
@@ -355,6 +369,9 @@ class HttpClient:
                            this thread's by default.
         """
         all_headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if self.rules_ticket:
+            all_headers[RULES_HEADER] = self.rules_ticket
+        all_headers[SYNC_HEADER] = current_sync.id
         all_headers.update(headers or {})
         for retry in range(MAX_BUSY_RETRIES + 1):
             response = self._send(method, target, all_headers, body, replayable,
@@ -409,6 +426,10 @@ class HttpClient:
         accepted = raw.headers.get("Accept-Patch")
         if accepted is not None:
             self.patch_frames = FRAMES_TYPE in accepted
+        if self.rules_ticket is None:
+            self.rules_ticket = raw.headers.get(RULES_HEADER)
+        if raw.headers.get(SYNC_HEADER) == current_sync.id:
+            current_sync.logged_by(self.base, self._say_sync_is_over)
         return Response(raw, connection, self.rate_limit)
 
     def _transport_error(self, error: BaseException, connected: bool) -> PdiffcopyError:
@@ -497,6 +518,17 @@ class HttpClient:
                 return kind(named)  # the URL says whose file it is
         return kind(f"Server {self.base}: {message}")
 
+    def _say_sync_is_over(self, failed: bool) -> None:
+        """Tell the server's transfer log that this process's sync is over (best effort)."""
+        connection = Connection(self.base, DONE_TIMEOUT, self.ca_file)
+        try:
+            self.request("POST", f"{DONE_PATH}?result={'failed' if failed else 'ok'}", expected=(200, 404),
+                         connection=connection)
+        except PdiffcopyError as error:  # (the sync's outcome is known already: this is the server's log)
+            logger.debug("Could not tell %s the sync is over: %s", self.base, error)
+        finally:
+            connection.close()
+
     def close(self) -> None:
         """Close every connection of this process (other threads' too)."""
         if self._pid != os.getpid():
@@ -507,6 +539,30 @@ class HttpClient:
                 connection.close()
             self._connections.clear()
             self._idle.clear()
+
+
+#: The certificate (and key) every TLS connection presents (``--client-cert``), if any.
+_client_certificate: Optional[tuple] = None
+
+
+def use_client_certificate(certificate: str, key: Optional[str] = None) -> None:
+    """Present ``certificate`` (PEM; its key in it, or in ``key``) on every TLS connection from
+    now on, to servers that verify clients: one identity per process, as an ssh key is.
+
+    :raises UsageError: When the files cannot be read or the key is not the certificate's.
+    """
+    global _client_certificate
+    import ssl
+
+    try:
+        ssl.create_default_context().load_cert_chain(certificate, key)
+    except ssl.SSLError as error:
+        raise UsageError(f"--client-cert {certificate}: cannot use it ({_tls_reason(error)}); is the key "
+                         f"in it, or given with --client-key?") from None
+    except OSError as error:
+        raise UsageError(f"Cannot read --client-cert {certificate}"
+                         f"{f' or --client-key {key}' if key else ''}: {error.strerror or error}") from None
+    _client_certificate = (certificate, key)
 
 
 def _request_path(target: Optional[str]) -> Optional[str]:
