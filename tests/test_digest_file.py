@@ -173,8 +173,10 @@ def test_a_pull_into_a_device_uses_the_record(server, loop_devices, tmp_path, un
     done = run_cli("--stats", "--digest-file", record, server.url(unique), target)
     assert done.returncode == 0, done.stderr
     assert "1 of 16 blocks differed" in done.stderr, done.stderr
-    # Only the changed block is read: its pieces hashed (refinement), then read back.
-    assert (sectors_read(target) - before) * 512 <= 2 * MiB
+    # Only the changed block is read: its pieces hashed (refinement), then read back. Up to
+    # twice that: where the cache lost the device's pages (a busy machine), the kernel's
+    # readahead around those reads reaches the device too (3 MiB once in a full run).
+    assert (sectors_read(target) - before) * 512 <= 4 * MiB
     # Refined across the network: a piece of the block moves, not the whole block.
     moved = int(re.search(r"moved (\d+) bytes", done.stdout).group(1))
     assert 10 <= moved <= MiB // 8, done.stdout

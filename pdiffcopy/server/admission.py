@@ -4,15 +4,18 @@ A request that names a path (the files' and trees' endpoints) is admitted to the
 the path names (:meth:`~pdiffcopy.server.exports.ExportTable.locate`), in this order:
 
 1. the client's address must be in the export's ``allow`` networks (else 403);
-2. its token must be one the export lists (401 without one or with an unknown one, 403
-   with the token of another export); an export without tokens serves the server's own
-   user and root on its host, or anyone with ``--insecure``;
+2. its token, or its client certificate (``--client-ca``), must be one the export lists
+   (401 without one or with an unknown one, 403 with another export's); an export without
+   tokens or certificates serves the server's own user and root on its host, or anyone
+   with ``--insecure``;
 3. a view that writes (any but :data:`READING_VIEWS`) is refused on a read-only export (403);
 4. the export's ``max_connections`` requests may run at once, over every worker (503).
 
-The views then reach only that export's files (:func:`~pdiffcopy.server.requests.located`).
-The server's own requests (its version, metrics, API document, index) need a token of
-any export, or the owner where an export needs none.
+The exports are those of the generation the request is admitted under
+(:mod:`~pdiffcopy.server.generations`: its sync's ticket, or the one in force). The views
+then reach only that export's files (:func:`~pdiffcopy.server.requests.located`). The
+server's own requests (its version, metrics, API document, index, a sync's end) need a
+token or certificate of any export, or the owner where an export needs neither.
 """
 
 from __future__ import annotations
