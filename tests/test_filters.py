@@ -55,6 +55,13 @@ RSYNC_CASES = [
     ["--include", "*.bin", "--include", "*/", "--exclude", "*"],
     ["--include", "/sub/", "--include", "/sub/**", "--exclude", "*"],
     ["--include", "d.txt", "--exclude", "*.txt", "--exclude", "/x/"],
+    # A leading **/ may stand for no directory (issue 35): the top level's names match too;
+    # anchored, or in the middle, it stands for one directory or more, as in rsync.
+    ["--exclude", "**/*.bin"],
+    ["--exclude", "**/sub/"],
+    ["--exclude", "/**/a.txt"],
+    ["--exclude", "x/**/sub/"],
+    ["--exclude", "**/x/**/*.txt"],
 ]
 
 

@@ -28,7 +28,9 @@ def glob_to_regex(pattern: str) -> Tuple["re.Pattern[str]", bool]:
     ``sub/a.o`` and ``x/sub/a.o``, as in rsync). A trailing ``/`` matches
     directories only, ``*`` and ``?`` never cross ``/``, ``**`` does,
     ``[...]`` is a character class (``[!...]`` negated) and a trailing
-    ``/***`` matches a directory and everything in it.
+    ``/***`` matches a directory and everything in it. A leading ``**/`` of a
+    pattern that is not anchored may stand for no directory (``**/*.o``
+    matches ``x.o``); anywhere else ``**/`` stands for one directory or more.
     """
     dir_only = pattern.endswith("/") and pattern != "/"
     body = pattern.rstrip("/") if dir_only else pattern
@@ -39,6 +41,9 @@ def glob_to_regex(pattern: str) -> Tuple["re.Pattern[str]", bool]:
         body = body[:-4]
     out = []
     i = 0
+    if not anchored and body.startswith("**/"):
+        out.append("(?:.*/)?")  # rsync: a leading **/ may stand for no directory at all
+        i = 3
     while i < len(body):
         char = body[i]
         if body.startswith("**", i):
