@@ -129,12 +129,3 @@ def test_progress_on_a_tree(tmp_path):
     done = run_cli("-P", f"{tmp_path / 'src'}/", str(tmp_path / "dst"), env_extra={"COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert "1 of 1 files" in done.stderr
-
-
-@pytest.mark.parametrize("count, shown", [(88.7804189463045, "89 bytes"), (1.2, "1 byte"), (0.4, "0 bytes"),
-                                          (1000, "1000 bytes"), (1536.0, "1.5 KiB")])
-def test_a_rate_below_a_kib_is_whole_bytes(count, shown):
-    """rsync's test suite saw --stats print "88.7804189463045 bytes/s" (issue 35, bug 5)."""
-    from pdiffcopy.cli.humanize import format_size
-
-    assert format_size(count, binary=True) == shown

@@ -26,8 +26,7 @@ def format_size(num_bytes: float, binary: bool = False) -> str:
         divider, symbol = (binary_divider, binary_symbol) if binary else (decimal_divider, decimal_symbol)
         if num_bytes >= divider:
             return f"{_round(float(num_bytes) / divider)} {symbol}"
-    count = round(num_bytes)  # (a rate below 1 KiB/s is a float: whole bytes, as humanfriendly says them)
-    return f"{count} {'byte' if count == 1 else 'bytes'}"
+    return f"{num_bytes} {'byte' if float(num_bytes) == 1.0 else 'bytes'}"
 
 
 def format_timespan(seconds: float) -> str:
