@@ -129,3 +129,19 @@ def test_progress_on_a_tree(tmp_path):
     done = run_cli("-P", f"{tmp_path / 'src'}/", str(tmp_path / "dst"), env_extra={"COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     assert "1 of 1 files" in done.stderr
+
+
+def test_a_slow_rate_is_shown_in_whole_bytes(monkeypatch):
+    """As the stats line's: "89 bytes/s", never "88.7804189463045 bytes/s"."""
+    monkeypatch.setenv("COLUMNS", "200")
+    clock = FakeClock()
+    progress = Progress()
+    progress.hash_total, progress.move_total = GiB, GiB
+    shown = display(progress, clock)
+    clock.now += 1.0025
+    progress.moved = 89
+    assert " 89 bytes/s" in shown.render(), shown.render()
+    tree, tree_clock, tree_shown = copying_tree(monkeypatch, 10, 100 * MiB)
+    tree_clock.now += 3
+    tree.add(0, 1, 100)
+    assert " 33 bytes/s" in tree_shown.render(), tree_shown.render()

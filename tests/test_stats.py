@@ -77,3 +77,14 @@ def test_tree_syncs_print_stats_local_and_remote(tmp_path, server, unique):
 def test_stats_is_a_sync_option(tmp_path):
     done = run_cli("--stats", "--root", tmp_path)
     assert done.returncode == 1 and "--stats" in done.stderr
+
+
+@pytest.mark.parametrize("moved, seconds, shown", [(89, 1.0025, "89 bytes/s"), (1, 3.0, "0 bytes/s"),
+                                                    (1536, 1.0, "1.5 KiB/s")])
+def test_a_slow_rate_is_printed_in_whole_bytes(capsys, moved, seconds, shown):
+    """A rate below 1 KiB/s was once printed as a raw float: "88.7804189463045 bytes/s"."""
+    from pdiffcopy.cli.reports import print_stats
+
+    print_stats(moved, None, seconds, remote=False)
+    line = capsys.readouterr().out.strip()
+    assert line.endswith(f", {shown}"), line

@@ -94,7 +94,7 @@ class ProgressDisplay:
         p: Progress = self.progress
         rate = self._moved_rate.update(p.moved)
         parts = [f"{p.phase}:", f"moved {_size(p.moved)} of {_size(p.move_total)},",
-                 f"{_size(rate)}/s" if rate is not None else "-/s"]
+                 f"{_size(round(rate))}/s" if rate is not None else "-/s"]
         if rate and p.move_total > p.moved:
             parts.append(f"ETA {_eta(int((p.move_total - p.moved) / rate))}")
         parts.append(f"(hashed {_size(p.hashed)} of {_size(p.hash_total)})")
@@ -124,7 +124,7 @@ class TreeProgressDisplay(ProgressDisplay):
         rate = self._moved_rate.update(p.bytes_moved)
         done_rate = self._done_rate.update(done)
         parts = [f"{p.phase}:", f"{_size(done)} of {_size(p.bytes_total)},",
-                 f"{_size(rate)}/s" if rate is not None else "-/s"]
+                 f"{_size(round(rate))}/s" if rate is not None else "-/s"]
         if done_rate and p.bytes_total > done:
             parts.append(f"ETA {_eta(int((p.bytes_total - done) / done_rate))}")
         parts.append(f"({p.files_done} of {p.files_total} files)")
