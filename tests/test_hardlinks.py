@@ -255,3 +255,35 @@ def test_a_server_refuses_links_that_leave_its_root(server, tree_dir, outside): 
     assert os.stat(tree_dir / "sub-less").st_ino == os.stat(tree_dir / "inside").st_ino
     assert sorted(os.listdir(tree_dir)) == ["inside", "link-out", "sub-less", "to-secret"]
     tree.close()
+
+
+@pytest.mark.parametrize("options", ["-aH", "-a"])
+def test_a_link_broken_in_the_source_is_broken_in_the_target(ends, tmp_path, monkeypatch, options):
+    """Once, ``b`` made its own file in the source kept sharing ``a``'s in the target: its mode
+    and time were set on the shared file, so ``a`` changed too, and no run ever converged."""
+    small_engine(monkeypatch)
+    source = ends.source
+    source.mkdir(parents=True, exist_ok=True)
+    for name, size in (("a", 5000), ("big-a", 3 * 1024 * 1024)):
+        (source / name).write_bytes(random_bytes(size, seed=size))
+        os.utime(source / name, ns=(PAST, PAST))
+        os.link(source / name, source / name.replace("a", "b"))
+    reference = tmp_path / "rsync"
+    rsync_reference(source, reference)
+    sync("-aH", ends.source_arg(), ends.target_arg)
+    assert linked(link_groups(ends.target)) == {frozenset({"a", "b"}), frozenset({"big-a", "big-b"})}
+    for name in ("b", "big-b"):  # its own file now: the same bytes, another mode and time
+        shutil.copyfile(source / name, source / f"{name}.new")
+        os.replace(source / f"{name}.new", source / name)
+        os.chmod(source / name, 0o600)
+        os.utime(source / name, ns=(PAST + 10 ** 9,) * 2)
+    subprocess.run(["rsync", options, f"{source}/", str(reference)], check=True)
+    sync(options, ends.source_arg(), ends.target_arg)
+    assert_same_as_rsync(ends.target, reference, source)
+    assert not linked(link_groups(ends.target))
+    # Converged: nothing left to do, and another run changes nothing.
+    diff = sync(options, "--diff", ends.source_arg(), ends.target_arg)
+    assert diff.stdout.strip() == "", diff.stdout
+    before = snapshot(ends.target, times=True)
+    sync(options, ends.source_arg(), ends.target_arg)
+    assert snapshot(ends.target, times=True) == before

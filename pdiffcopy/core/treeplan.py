@@ -38,6 +38,8 @@ REASON_SIZE = "size"  # sizes differ: the content must change
 REASON_TIME = "time"  # same size, other mtime: compare the content, move what differs
 REASON_CONTENT = "content"  # --checksum: compare the content whatever the times say
 REASON_TYPE = "type"  # something else (a symlink, a special file) stands in the way
+#: The target's file has other names that must not change with it: a new file takes this name.
+REASON_SHARED = "shared"
 
 
 @dataclass(frozen=True)
@@ -252,14 +254,17 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
         if entry.nlink > 1 and not linked:
             plan.hard_links.append(entry)
         reason = _file_reason(entry, current, options)
+        changes = () if current is None else _metadata_changes(entry, current, options)
+        # Same size: the content may match, and only the metadata would change, in place.
+        if reason in (None, REASON_TIME, REASON_CONTENT) and current is not None \
+                and not _keeps_its_file(entry, current, options, groups, changes):
+            reason = REASON_SHARED
         if linked:  # the group's first name: copied like any file, the others linked to it
             groups[entry.link] = _Group(entry.path, reason is not None,
                                         current.link if current is not None else "")
         if reason is not None:
             plan.files.append(FileAction(entry, current, reason))
             return True
-        assert current is not None
-        changes = _metadata_changes(entry, current, options)
         if changes:
             plan.metadata.append(MetadataFix(entry, changes))
         else:
@@ -289,6 +294,11 @@ def node_label(entry: Entry) -> Tuple[str, str]:
     return kind, kind
 
 
+#: In a plan's groups (-H), the key prefix of a target file's link group that a source group
+#: changes in place; the value's ``leader`` is that source group's link.
+_CLAIMED = "target "
+
+
 class _Group(NamedTuple):
     """A hard-link group met in the source (-H): its first name, and what the others need."""
 
@@ -305,6 +315,25 @@ def _plan_follower(plan: TreePlan, entry: Entry, current: Optional[Entry], group
         return False
     plan.links.append(LinkAction(entry, group.leader, current))
     return True
+
+
+def _keeps_its_file(entry: Entry, current: Entry, options: PlanOptions, groups: Dict[str, "_Group"],
+                    changes: Tuple[str, ...]) -> bool:
+    """Whether the target's file at ``entry``'s name may stay, with ``changes`` made in place.
+
+    A change to a file with several names shows in every name. That is right
+    only when the source has this name as one of a file with as many names;
+    and with -H a target file serves one of the source's groups only. A link
+    broken in the source, or names the source does not share, get a new file
+    here, as rsync's copy through a temporary gives them.
+    """
+    if not current.link:
+        return True
+    if options.hard_links and entry.link:
+        claimant = groups.setdefault(_CLAIMED + current.link, _Group(entry.link, False, current.link))
+        if claimant.leader != entry.link:
+            return False
+    return not changes or (bool(entry.link) and entry.nlink == current.nlink)
 
 
 def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -> Optional[str]:
@@ -432,6 +461,8 @@ def describe_plan(plan: TreePlan, content_differs: Optional[Dict[str, bool]] = N
             how.append("content")
         if source.permissions != target.permissions:
             how.append(f"mode {target.permissions:04o} -> {source.permissions:04o}")
+        if action.reason == REASON_SHARED:
+            how.append("a file of its own")
         if not how:
             if differs is False:
                 continue  # compared by content (--checksum) and the same: no difference

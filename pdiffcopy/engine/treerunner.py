@@ -372,10 +372,10 @@ class Runner:
         try:
             source = self.source.file_endpoint(action.path)
             target = self.target.file_endpoint(action.path)
-            # A target with other names gets a new file (-H): written in place it would
-            # change names outside its group too (and a server refuses that).
+            # A target with other names gets a new file: written in place it would change
+            # the other names too (and a server refuses that).
             temporary = not delta or self.options.atomic or \
-                (self.options.hard_links and action.target is not None and action.target.nlink > 1)
+                (action.target is not None and action.target.nlink > 1)
             # In place, nobody else may write it until its last part is checked, or the blocks
             # it leaves alone could change unseen. A partial file is leased from the start (its
             # segments are read back by several workers as they finish): a killed push's next

@@ -35,6 +35,7 @@ from pdiffcopy.core.treeplan import (
     Difference,
     Entry,
     FileAction,
+    REASON_SHARED,
 )
 
 
@@ -189,7 +190,8 @@ class UnitWorker:
         actions: Sequence[FileAction] = unit.items
         fresh = {a.path for a in actions if a.target is None}
         # A dense old version of a sparse file is written again, holes and all, whatever its bytes.
-        compare = {a.path for a in actions if a.target is not None
+        # So is one whose target file has other names that must not change with it.
+        compare = {a.path for a in actions if a.target is not None and a.reason != REASON_SHARED
                    and a.target.size == a.source.size and not (a.source.sparse and not a.target.sparse)}
         source, target = self.runner.source, self.runner.target
         if target.can_copy_files_from(source):
