@@ -156,3 +156,39 @@ def test_remove_takes_glob_filters(tmp_path):
     tree = small_tree(tmp_path / "src")
     sync("--remove", "--exclude", "*.txt", tree)
     assert names(tree) == {"a.txt", "sub", "sub/d.txt", "x", "x/sub", "x/sub/g.txt"}
+
+
+def test_files_from_entries_are_normalised_as_rsync_normalises_them(ends, tmp_path):
+    """``a//b`` is ``a/b``, and ``from/./dir`` is rsync's relative-path marker: ``from/dir``
+    synced as ``dir``. Both once selected nothing, silently."""
+    if shutil.which("rsync") is None:
+        pytest.skip("rsync is not installed")
+    tree = small_tree(ends.source)
+    for name in ("from/dir/f.txt", "from/dir/deep/g.bin", "from/other"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(name.encode())
+    listing = tmp_path / "list"
+    listing.write_text("from/./dir\nx//y/\nsub/./deeper/e.bin\n./a.txt\n")
+    sync("-a", "--files-from", listing, ends.source_arg(), ends.target_arg)
+    reference = tmp_path / "rsync"
+    subprocess.run(["rsync", "-a", "-r", "--files-from", str(listing), f"{tree}/", f"{reference}/"], check=True)
+    assert names(ends.target) == names(reference) == {
+        "a.txt", "dir", "dir/f.txt", "dir/deep", "dir/deep/g.bin", "x", "x/y", "x/y/z", "x/y/z/h.bin",
+        "deeper", "deeper/e.bin"}
+    assert snapshot(ends.target) == snapshot(reference)
+
+
+def test_a_missing_files_from_entry_is_reported_with_exit_23(ends, tmp_path):
+    """As rsync's: the others are synced, each missing one is named, and the exit status is 23."""
+    tree = small_tree(ends.source)
+    listing = tmp_path / "list"
+    listing.write_text("a.txt\nnonexistent/x\nsub/missing.bin\nsub/d.txt\n")
+    done = sync("-a", "--files-from", listing, ends.source_arg(), ends.target_arg, ok=False)
+    assert done.returncode == 23, done.stderr
+    assert "nonexistent/x" in done.stderr and "sub/missing.bin" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert names(ends.target) == {"a.txt", "sub", "sub/d.txt"}
+    if shutil.which("rsync"):
+        rsynced = subprocess.run(["rsync", "-a", "--files-from", str(listing), f"{tree}/", str(tmp_path / "r")],
+                                 capture_output=True)
+        assert rsynced.returncode == 23

@@ -18,7 +18,8 @@ import functools
 from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 from pdiffcopy.core.blocks import DEFAULT_BLOCK_SIZE
-from pdiffcopy.core.locations import is_url, parent_location, quote_path
+from pdiffcopy.core.filters import files_from_roots
+from pdiffcopy.core.locations import is_url, join_location, parent_location, quote_path
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import DEFAULT_HASH_METHOD
@@ -467,6 +468,16 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
 
     options = records.replace(options or TreeOptions(), **fields)  # (checked, as TreeOptions are)
     check_locations(source, target)
+    if options.files_from is not None:
+        roots = files_from_roots(options.files_from)
+        if set(roots) != {""}:  # rsync's "from/./dir": from/dir synced as dir, one sync per directory
+            from pdiffcopy.engine.treeunits import combined
+
+            return combined([sync_tree(join_location(source, head) + "/" if head else source, target,
+                                       records.replace(options, files_from=paths), token=token,
+                                       timeout=timeout, ca_file=ca_file, progress=progress,
+                                       report_line=report_line, transfer_line=transfer_line)
+                             for head, paths in roots.items()])
     # In shared memory and made before any worker forks: one limit for all of them.
     bucket = bwlimit_bucket(options.bwlimit, shared=True)
     trees = []

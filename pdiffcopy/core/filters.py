@@ -7,7 +7,7 @@ file system. :func:`~pdiffcopy.core.treeplan.plan_tree` asks a :class:`PathFilte
 from __future__ import annotations
 
 import re
-from typing import Iterable, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from pdiffcopy.core.entries import DIR, Entry
 
@@ -103,6 +103,9 @@ class PathFilter:
         self.rules = [(action, *glob_to_regex(pattern)) for action, pattern in rules]
         self.files_from: Optional[Set[str]] = None
         self.files_from_parents: Set[str] = set()
+        #: The listed paths and their parents met so far (:meth:`takes`), and those of them excluded.
+        self.met: Set[str] = set()
+        self.met_excluded: Set[str] = set()
         if files_from is not None:
             self.files_from = {p for p in (normalise_listed(text) for text in files_from) if p}
             for path in self.files_from:
@@ -153,6 +156,30 @@ class PathFilter:
             return True
         return path in self.files_from_parents or is_under(path, self.files_from)
 
+    def takes(self, path: str, is_dir: bool) -> bool:
+        """Whether the filters take ``path`` (its parents taken): listed, and not excluded.
+
+        With ``files_from`` a listed path (or a parent of one) is remembered as met,
+        for :meth:`missing`.
+        """
+        if self.files_from is None:
+            return not self.excluded(path, is_dir)
+        if path in self.files_from or path in self.files_from_parents:
+            self.met.add(path)
+            if self.excluded(path, is_dir):
+                self.met_excluded.add(path)
+                return False
+            return True
+        return self.listed(path) and not self.excluded(path, is_dir)
+
+    def missing(self) -> List[str]:
+        """The --files-from paths the source did not have (once its walk is over), in order;
+        one below an excluded directory is not missing, only left out."""
+        if self.files_from is None:
+            return []
+        return sorted(path for path in self.files_from - self.met
+                      if not is_under(path.rpartition("/")[0], self.met_excluded))
+
     def apply(self, entries: Iterable[Entry]) -> List[Entry]:
         """The entries the filters let through (see the class description)."""
         if not self.active:
@@ -166,7 +193,7 @@ class PathFilter:
                     pruned.add(entry.path)
                 continue
             is_dir = entry.kind == DIR
-            if self.excluded(entry.path, is_dir) or not self.listed(entry.path):
+            if not self.takes(entry.path, is_dir):
                 if is_dir:
                     pruned.add(entry.path)
                 continue
@@ -197,11 +224,32 @@ class PathFilter:
 
 
 def normalise_listed(text: str) -> str:
-    """A --files-from line as a relative path: no leading ``./`` or ``/``, no trailing ``/``."""
-    path = text.strip("/")
-    while path.startswith("./"):
-        path = path[2:].lstrip("/")
-    return "" if path == "." else path
+    """A --files-from line as a relative path, as rsync reads it: no leading ``/``, no empty
+    or ``.`` component (``./a//b/`` is ``a/b``)."""
+    return "/".join(part for part in text.split("/") if part not in ("", "."))
+
+
+def split_at_marker(text: str) -> Tuple[str, str]:
+    """A --files-from line cut at rsync's relative-path marker ``/./``: (the directory below the
+    source it is read from, the path it has there and in the target), both normalised.
+
+    ``from/./dir`` is ``from/dir`` synced as ``dir``; a line without a marker is read from the
+    source itself (``""``). A leading ``./`` marks nothing off.
+    """
+    head, marker, tail = "/".join(part for part in text.split("/") if part).partition("/./")
+    if not marker:
+        return "", normalise_listed(text)
+    return normalise_listed(head), normalise_listed(tail)
+
+
+def files_from_roots(lines: Iterable[str]) -> Dict[str, Tuple[str, ...]]:
+    """--files-from's lines grouped by the directory below the source each is read from
+    (:func:`split_at_marker`), in the order first seen."""
+    roots: Dict[str, List[str]] = {}
+    for line in lines:
+        head, path = split_at_marker(line)
+        roots.setdefault(head, []).append(path)
+    return {head: tuple(paths) for head, paths in roots.items()}
 
 
 def ancestors(path: str) -> List[str]:
@@ -221,4 +269,5 @@ def is_under(directory: str, prefixes: Set[str]) -> bool:
     return False
 
 
-__all__ = ["EXCLUDE", "INCLUDE", "PathFilter", "glob_to_regex", "is_under", "normalise_listed"]
+__all__ = ["EXCLUDE", "INCLUDE", "PathFilter", "files_from_roots", "glob_to_regex", "is_under", "normalise_listed",
+           "split_at_marker"]

@@ -80,7 +80,7 @@ def _filtered(entries: Iterable[Entry], path_filter: PathFilter) -> Iterator[Ent
             if is_dir:
                 pruned.add(path)
             continue
-        if path_filter.excluded(path, is_dir) or not path_filter.listed(path):
+        if not path_filter.takes(path, is_dir):
             if is_dir:
                 pruned.add(path)
             continue

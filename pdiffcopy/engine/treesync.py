@@ -180,6 +180,9 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             hard_links += piece.hard_links[:5 - len(hard_links)]
             if planner.finished:
                 log_phase(started, "listed and planned %d source entries", planner.wanted)
+                # A --files-from path the source does not have fails as one it could not list would.
+                source_failures += [(path, "No such file or directory (listed in --files-from)")
+                                    for path in path_filter.missing()]
                 result.failures += source_failures + target_failures
                 _check_deletions(piece, source, target, options, planner, source_failures)
                 _warn_about(result.skipped, hard_links, hard_link_count, options, target)

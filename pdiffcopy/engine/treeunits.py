@@ -68,6 +68,21 @@ class TreeResult:
     seconds: float = 0.0
 
 
+def combined(results: Sequence[TreeResult]) -> TreeResult:
+    """One result for several syncs into one target (--files-from's roots, several sources):
+    their counts added, their lists joined, the first stop."""
+    first = results[0]
+    total = TreeResult(first.source, first.target, dry_run=first.dry_run)
+    for result in results:
+        for name in ("files_copied", "bytes_moved", "directories_made", "deleted", "unchanged",
+                     "metadata_fixed", "nodes_made", "linked", "not_synced", "unfinished", "seconds"):
+            setattr(total, name, getattr(total, name) + getattr(result, name))
+        for name in ("failures", "differences", "skipped"):
+            getattr(total, name).extend(getattr(result, name))
+        total.stopped = total.stopped or result.stopped
+    return total
+
+
 class TreeProgress:
     """Counters for the progress display: per worker slots in shared memory."""
 
@@ -373,4 +388,4 @@ class _AlreadyReported(Exception):
     pass
 
 
-__all__ = ["BigFile", "TreeProgress", "TreeResult", "Unit", "UnitWorker", "stops", "traffic"]
+__all__ = ["BigFile", "TreeProgress", "TreeResult", "Unit", "UnitWorker", "combined", "stops", "traffic"]
