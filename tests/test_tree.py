@@ -467,8 +467,10 @@ def test_dry_run_and_diff_change_nothing_and_report_exactly(ends, source_tree):
     assert any(line.startswith("changed") and "a.txt" in line and "size 6 -> 15" in line for line in lines)
     assert any(line.startswith("changed") and "zero" in line and "mode" in line for line in lines)
     assert any(line.startswith("extraneous") and line.endswith("extraneous") for line in lines)
-    assert len(lines) == 4, lines
-    assert lines[0].startswith("changed") and "a.txt" in lines[0], lines
+    # The root's time, as rsync's ".d..t...... ./": both roots had a name added since.
+    assert lines[0] == "changed    dir     ./  (time)", lines
+    assert len(lines) == 5, lines
+    assert lines[1].startswith("changed") and "a.txt" in lines[1], lines
     dry = sync("-a", "-n", "--delete", ends.source_arg(), ends.target_arg)
     assert snapshot(target, times=True) == before
     assert any(line.startswith("delete") and "extraneous" in line for line in dry.stdout.splitlines())
@@ -597,3 +599,23 @@ def test_a_dry_run_closes_the_files_it_compares(tmp_path):
             gc.enable()
     assert len(result.differences) == 20  # every file differs, found by content
     assert left_open == []
+
+
+def test_dry_run_and_diff_list_the_roots_own_changes(ends):
+    """-n and --diff once said "nothing to do" while the sync then changed the root's mode and time."""
+    source, target = ends.source, ends.target
+    source.mkdir(parents=True, exist_ok=True)
+    (source / "f").write_bytes(b"f")
+    sync("-a", ends.source_arg(), ends.target_arg)
+    os.chmod(source, 0o750)
+    os.utime(source, ns=(1_600_000_000_000_000_000,) * 2)
+    before = os.stat(target)
+    diff = sync("-a", "--diff", ends.source_arg(), ends.target_arg)
+    assert diff.stdout.splitlines() == ["changed    dir     ./  (mode, time)"], diff.stdout
+    dry = sync("-a", "-n", ends.source_arg(), ends.target_arg)
+    assert "nothing to do" not in dry.stdout and "1 changed" in dry.stdout, dry.stdout
+    assert os.stat(target).st_mode == before.st_mode and os.stat(target).st_mtime_ns == before.st_mtime_ns
+    sync("-a", ends.source_arg(), ends.target_arg)
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o750
+    assert os.stat(target).st_mtime_ns == 1_600_000_000_000_000_000
+    assert sync("-a", "--diff", ends.source_arg(), ends.target_arg).stdout == ""

@@ -272,6 +272,12 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
     return touched
 
 
+def root_fix(source: Entry, target: Entry, options: PlanOptions) -> Optional[MetadataFix]:
+    """What a sync changes on the target's root directory itself (path ``""``), or None."""
+    changes = _metadata_changes(source, target, options)
+    return MetadataFix(source._replace(path=""), changes) if changes else None
+
+
 def makes_node(entry: Entry, options: PlanOptions) -> bool:
     """Whether a sync with ``options`` makes the :data:`OTHER` entry as a node: a device with
     ``devices`` when its numbers are known, a fifo or a socket with ``specials``."""
@@ -386,7 +392,7 @@ class Difference:
     details: str = ""
 
     def render(self) -> str:
-        name = printable(self.path) + ("/" if self.kind == DIR else "")
+        name = (printable(self.path) or ".") + ("/" if self.kind == DIR else "")  # the root: "./", as rsync's
         text = f"{self.change:<10} {self.kind:<7} {name}"
         return f"{text}  ({self.details})" if self.details else text
 
@@ -531,6 +537,7 @@ __all__ = [
     "TransferItem", "transfer_listing",
     "printable",
     "removal_order",
+    "root_fix",
     "Failure",
     "MKDIR",
     "MKPATH",

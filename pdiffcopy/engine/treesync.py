@@ -48,6 +48,7 @@ from pdiffcopy.core.treeplan import (
     describe_plan,
     plan_tree,
     printable,
+    root_fix,
     transfer_listing,
 )
 from pdiffcopy.core.treestream import StreamPlanner
@@ -224,6 +225,10 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     finally:
         pieces.close()
     if whole is not None:
+        if not target_missing and target.may_change_root():
+            fix = root_fix(source_stream.root, target_stream.root, planner.options)
+            if fix is not None:
+                whole.directory_metadata.append(fix)
         result.differences = describe_plan(whole, _compare_contents(source, target, whole, options))
         for line in result.differences:
             if report_line:
