@@ -849,3 +849,23 @@ def test_benchmark_of_an_ssh_source_compares_with_rsync_over_the_same_ssh(sshd, 
     assert len(rows) == 2, completed.stdout
     assert all(re.fullmatch(r"\d+\.\d\d s", row[-1].strip()) for row in rows), completed.stdout  # not "n/a"
     assert (tmp_path / "dst").read_bytes() == data
+
+
+def test_several_sources_over_one_ssh_session(sshd, tmp_path):
+    """``pdiffcopy a dir/ HOST:dest/`` and back: one remote server for every HOST:PATH."""
+    source = tmp_path / "src"
+    (source / "dir" / "sub").mkdir(parents=True)
+    (source / "a").write_bytes(b"a" * 3000)
+    (source / "dir" / "sub" / "b").write_bytes(random_bytes(100_000, seed=5))
+    remote = tmp_path / "remote"
+    pushed = over_ssh(sshd, "-a", f"{source}/a", f"{source}/dir/", f"127.0.0.1:{remote}/")
+    assert pushed.returncode == 0, pushed.stderr
+    assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*")) == ["a", "sub", "sub/b"]
+    assert "http" not in pushed.stderr
+    back = tmp_path / "back"
+    pulled = over_ssh(sshd, "-a", f"127.0.0.1:{remote}/a", f"127.0.0.1:{remote}/sub", f"{back}/")
+    assert pulled.returncode == 0, pulled.stderr
+    assert sorted(str(p.relative_to(back)) for p in back.rglob("*")) == ["a", "sub", "sub/b"]
+    assert (back / "sub" / "b").read_bytes() == (source / "dir" / "sub" / "b").read_bytes()
+    both = over_ssh(sshd, f"127.0.0.1:{remote}/a", f"{source}/a", f"127.0.0.1:{remote}/x/")
+    assert both.returncode != 0 and "both be remote" in one_line_error(both)

@@ -27,7 +27,7 @@ from pdiffcopy.engine.options import DEFAULT_DELTA, FileOptions, TreeOptions, fi
 from pdiffcopy.api.endpoints import bwlimit_bucket, check_locations, file_endpoint, tree_endpoint, wire_settings
 from pdiffcopy.api.locations import LocationProbes, check_not_nested, remove, resolve_locations
 from pdiffcopy.api.ssh import (PREHASH_MIN_BYTES, over_ssh, prehash_local_files, prehashed_file, reached_over_ssh,
-                               reached_with_local_hashing)
+                               reached_over_ssh_together, reached_with_local_hashing)
 
 if TYPE_CHECKING:
     from pdiffcopy.engine.filejob import Progress, SyncResult
@@ -519,6 +519,7 @@ def __getattr__(name: str):
 __all__ = ["DEFAULT_HASH_METHOD", "LocationProbes", "PREHASH_MIN_BYTES", "Progress", "TreeOptions", "TreeProgress",
            "bwlimit_bucket", "check_locations", "check_not_nested", "file_endpoint", "file_options",
            "looks_like_regex", "make_directory", "parent_location", "prehash_local_files", "prehashed_file",
-           "raise_open_file_limit", "reached_over_ssh", "reached_with_local_hashing", "remove", "replace_atomically",
+           "raise_open_file_limit", "reached_over_ssh", "reached_over_ssh_together", "reached_with_local_hashing",
+           "remove", "replace_atomically",
            "resolve_locations",
            "sync", "sync_tree", "tree_endpoint", "wire_totals"]

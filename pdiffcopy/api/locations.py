@@ -108,7 +108,8 @@ def resolve_locations(source: str, target: str, probes: LocationProbes, delete: 
         source_tree, target_tree = tree_locations(source, target)
         check_not_nested(source_tree, target_tree)
         return source_tree, target_tree, True
-    if source_kind is None and (source.endswith("/") or delete):
+    if source_kind is None and (source.endswith("/") or delete or target.endswith("/")
+                                or probes.kind(target) == "directory"):
         raise FileMissing(f"Source does not exist: {source}")
     if source_kind is not None and (probes.kind(target) == "directory" or target.endswith("/")):
         return source, join_location(target, last_name(source)), False

@@ -11,7 +11,7 @@ line all come through here.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from pdiffcopy.core.locations import is_url
 from pdiffcopy.errors import PdiffcopyError, UsageError
@@ -136,6 +136,36 @@ def reached_over_ssh(source, target, *, rsh: Optional[str] = None, remote_pdiffc
 
 
 @contextlib.contextmanager
+def reached_over_ssh_together(locations: "List[str]", **ssh_options):
+    """:func:`reached_over_ssh` for several SOURCEs and one TARGET (the last location): yields
+    ``(locations, session)``, each ``HOST:PATH`` replaced by its URL on one server (``session``
+    is None when none is remote).
+
+    :raises UsageError: When the ``HOST:PATH`` arguments name several hosts, or both sides are remote.
+    """
+    from pdiffcopy.core.sshform import parse_ssh_location
+
+    parsed = [parse_ssh_location(location) for location in locations]
+    remote = [index for index, location in enumerate(parsed) if location is not None]
+    if not remote:
+        yield list(locations), None
+        return
+    hosts = sorted({parsed[index].destination for index in remote})
+    if len(hosts) > 1:
+        raise UsageError(f"The HOST:PATH arguments name {len(hosts)} hosts ({', '.join(hosts)}); "
+                         f"all must be on one host, reached over one ssh session")
+    first = remote[0]
+    local = next((index for index, location in enumerate(parsed) if location is None), len(locations) - 1)
+    if first == len(locations) - 1 and len(remote) > 1 or \
+            (first != len(locations) - 1 and parsed[-1] is not None):
+        raise UsageError("SOURCE and TARGET cannot both be remote; one must be a local path")
+    pair = (locations[first], locations[local]) if first < local else (locations[local], locations[first])
+    with reached_over_ssh(*pair, **ssh_options) as (_, _, session):
+        yield [session.url_of(location) if location is not None else given
+               for location, given in zip(parsed, locations)], session
+
+
+@contextlib.contextmanager
 def reached_with_local_hashing(source, target, options: "Optional[FileOptions]", *, hash_target: bool = True,
                                while_waiting=None, **ssh_options):
     """:func:`reached_over_ssh`, the local file hashing its blocks while ssh logs in (:func:`prehash_local_files`).
@@ -166,4 +196,4 @@ def reached_with_local_hashing(source, target, options: "Optional[FileOptions]",
 
 
 __all__ = ["PREHASH_MIN_BYTES", "over_ssh", "prehash_local_files", "prehashed_file", "reached_over_ssh",
-           "reached_with_local_hashing"]
+           "reached_over_ssh_together", "reached_with_local_hashing"]

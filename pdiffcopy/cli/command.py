@@ -312,13 +312,14 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from pdiffcopy.cli.treecli import run_remove
 
         return run_remove(args, token)
-    if len(args.paths) != 2:
+    if len(args.paths) < 2:
         raise UsageError(f"Expected SOURCE and TARGET, got {len(args.paths)} argument(s); "
                          f"see pdiffcopy --help")
-    source, target = args.paths
+    *sources, target = args.paths
+    source = sources[0]
     from pdiffcopy.core.sshform import parse_ssh_location
 
-    over_ssh = any(parse_ssh_location(location) is not None for location in (source, target))
+    over_ssh = any(parse_ssh_location(location) is not None for location in args.paths)
     if not over_ssh and args.rsh is not None:
         raise UsageError(_rsh_without_remote(args.rsh))
     if not over_ssh and (args.direct or args.direct_port is not None):
@@ -333,6 +334,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_ca_file(args.ca_file)
     if args.benchmark:
         require_extra(("executor",), "client", "The benchmark (-B)")
+    if len(sources) > 1:
+        from pdiffcopy.cli.sources import run_several
+
+        return run_several(args, sources, target, token, sync_locations)
     if not over_ssh:
         return sync_locations(args, source, target, token)
     from pdiffcopy.api import reached_with_local_hashing

@@ -15,7 +15,7 @@ from pdiffcopy._version import __version__
 from pdiffcopy.core.sshform import DIRECT_OPTION, SERVE_DEVICE_OPTION, SERVE_OPTION
 from pdiffcopy.errors import UsageError
 
-USAGE = "pdiffcopy [OPTIONS] [SOURCE TARGET | --remove PATH...]"
+USAGE = "pdiffcopy [OPTIONS] [SOURCE... TARGET | --remove PATH...]"
 
 DESCRIPTION = """\
 Synchronise a large file between Linux hosts at high speed, by hashing both
@@ -41,6 +41,12 @@ missing), the file goes into it. A single file keeps what -a, -t, -o, -X
 and -A keep of a tree's files; without -a a new copy gets SOURCE's mode
 less the umask, and an existing one keeps its own. TARGET's parent
 directory must exist unless --mkpath makes it, as in rsync.
+
+Several SOURCEs go into the directory TARGET (made if missing), each by
+the rules above, as rsync takes them: a file as TARGET/NAME, a directory as
+TARGET/NAME, a SOURCE/ merged into TARGET. With --delete, a merged SOURCE/
+leaves the names the others bring alone. Some SOURCEs failing and others
+synced exits 23.
 
 Without SOURCE and TARGET, the server starts: it serves the files below
 --root (default: the current directory) on --listen (default 127.0.0.1:8080);
@@ -126,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="pdiffcopy", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=_Formatter, add_help=False)
-    parser.add_argument("paths", nargs="*", metavar="SOURCE TARGET", help=argparse.SUPPRESS)
+    parser.add_argument("paths", nargs="*", metavar="SOURCE... TARGET", help=argparse.SUPPRESS)
     sync = parser.add_argument_group("sync options")
     sync.add_argument("-b", "--block-size", metavar="BYTES", default="1MiB",
                       help="block size of the delta transfer: bytes or 5K, 1MiB, 4M... "

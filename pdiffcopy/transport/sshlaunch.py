@@ -214,6 +214,11 @@ class SshSession:
         assert self.base is not None, "start() first"
         return self.base + quote_path(self.location.absolute_path(self.home))
 
+    def url_of(self, location) -> str:
+        """The URL of another :class:`~pdiffcopy.core.sshform.SshLocation` on this session's host."""
+        assert self.base is not None, "start() first"
+        return self.base + quote_path(location.absolute_path(self.home))
+
     def shown(self, location: str) -> str:
         """``location`` as the user named it: the ``[USER@]HOST:PATH`` typed for the session's own
         URL and what is below it, ``[USER@]HOST:/ABSOLUTE`` for another URL of its server."""
