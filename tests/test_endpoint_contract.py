@@ -44,6 +44,7 @@ from pdiffcopy.transport.remote import RemoteFile
 from pdiffcopy.transport.remotetree import RemoteTree
 from pdiffcopy.engine.treeendpoints import (
     DELETE,
+    Alternates,
     METADATA,
     MKDIR,
     REMOVE,
@@ -1397,7 +1398,33 @@ def test_a_tree_here_lists_its_block_devices_as_files_when_asked(trees, loop_dev
     assert (data, error) == (backing.read_bytes(), "")
 
 
-TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes}, RemoteTree: {ServedTree, KeptAttributes}}
+def test_take_from_alternates_links_copies_or_leaves_out_what_a_directory_has_alike(trees):
+    """--link-dest, --copy-dest, --compare-dest: on the tree's side, from a directory beside it."""
+    build_tree(trees.directory / "prior")
+    tree = trees.open("new")
+    tree.apply([Operation(MKDIR, Entry("", DIR, 0, 0, 0o40755))], TIMES)
+    entry = next(entry for entry in LocalTree(str(trees.directory / "prior")).list().entries
+                 if entry.path == "a.txt")
+    other = entry._replace(path="b.txt", size=4)
+    assert tree.takes_from_alternates()
+    assert tree.take_from_alternates([entry, other], set(), ["../prior"], "link", TIMES, dry_run=True) == (
+        {"a.txt": "linked"}, 0, [])
+    assert not (trees.directory / "new" / "a.txt").exists()
+    assert tree.take_from_alternates([entry], set(), ["../missing", "../prior"], "link", TIMES) == (
+        {"a.txt": "linked"}, 0, [])
+    assert os.path.samefile(trees.directory / "new" / "a.txt", trees.directory / "prior" / "a.txt")
+    changed_mode = entry._replace(path="a.txt", mode=entry.mode ^ 0o020)
+    assert tree.take_from_alternates([changed_mode], {"a.txt"}, ["../prior"], "compare", TIMES) == (
+        {"a.txt": "copied"}, 5, [])  # alike but for its mode: copied, and given the entry's
+    assert not os.path.samefile(trees.directory / "new" / "a.txt", trees.directory / "prior" / "a.txt")
+    assert tree.take_from_alternates([entry], {"a.txt"}, ["../prior"], "compare", TIMES) == (
+        {"a.txt": "removed"}, 0, [])
+    assert not (trees.directory / "new" / "a.txt").exists()
+    assert (trees.directory / "prior" / "a.txt").read_bytes() == b"alpha"
+
+
+TREE_DECLARED = {LocalTree: {WalkedHere, TreeCopies, KeptAttributes, Alternates},
+                 RemoteTree: {ServedTree, KeptAttributes, Alternates}}
 
 
 @pytest.mark.parametrize("kind", list(TREE_DECLARED), ids=lambda kind: kind.__name__)

@@ -295,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("--remove", action="store_true",
                       help="delete the trees (or files) given as arguments, in parallel: files "
                            "first, then directories deepest first; the filters and -n apply")
+    for use, what in (("link", "hard link them from DIR"), ("copy", "copy them from DIR on TARGET's side"),
+                      ("compare", "leave them out of TARGET")):
+        tree.add_argument(f"--{use}-dest", metavar="DIR", action=_AlternateDir, dest="alternate_dirs", default=[],
+                          help=f"files TARGET lacks that DIR (relative to TARGET) has as SOURCE has them: "
+                               f"{what} (repeatable, up to 20, tried in order; as rsync's)")
     # What the client runs on the HOST of a HOST:PATH (pdiffcopy.server.sshserve).
     parser.add_argument(SERVE_OPTION, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(DIRECT_OPTION, metavar="PORT", type=int, default=None, help=argparse.SUPPRESS)
@@ -404,6 +409,18 @@ class _Rule(argparse.Action):
         else:
             rules.append(("+" if option_string == "--include" else "-", value))
         setattr(namespace, self.dest, rules)
+
+
+class _AlternateDir(argparse.Action):
+    """--link-dest, --copy-dest, --compare-dest DIR: (use, DIR) pairs; one use only, as in rsync."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        use = option_string.strip("-").split("-")[0]
+        given = list(getattr(namespace, self.dest) or [])
+        if any(other != use for other, _ in given):
+            raise argparse.ArgumentError(self, "--link-dest, --copy-dest and --compare-dest cannot be mixed "
+                                               "(as in rsync)")
+        setattr(namespace, self.dest, given + [(use, value)])
 
 
 class _FilesFrom(argparse.Action):

@@ -59,7 +59,9 @@ def tree_options(args: argparse.Namespace):
         concurrency=args.concurrency, includes=tuple(args.include),
         excludes=tuple(args.exclude), rules=tuple(args.rules),
         files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
-        compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse, mkpath=args.mkpath)
+        compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse, mkpath=args.mkpath,
+        alternate_dirs=tuple(directory for _, directory in args.alternate_dirs),
+        alternate_use=args.alternate_dirs[0][0] if args.alternate_dirs else "")
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str],

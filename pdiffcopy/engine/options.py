@@ -137,6 +137,22 @@ class TreeOptions(FileOptions):
     #: Make the target directory's missing parents (rsync's --mkpath); without it, as rsync, only
     #: the target directory itself is made, and its parent must exist.
     mkpath: bool = False
+    #: --link-dest, --copy-dest or --compare-dest (``alternate_use``: "link", "copy" or "compare"):
+    #: directories on the target's side (relative to the target) whose files are taken when they are
+    #: what the source has (:meth:`~pdiffcopy.engine.treeendpoints.Alternates.take_from_alternates`).
+    alternate_dirs: Tuple[str, ...] = ()
+    alternate_use: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.alternate_dirs and self.alternate_use not in ALTERNATE_USES:
+            raise UsageError(f"Invalid use of the alternate directories: {self.alternate_use!r} "
+                             f"(expected link, copy or compare)")
+        if len(self.alternate_dirs) > MAX_ALTERNATE_DIRS:
+            raise UsageError(f"At most {MAX_ALTERNATE_DIRS} --{self.alternate_use}-dest directories, "
+                             f"as in rsync (got {len(self.alternate_dirs)})")
+        if any(not directory for directory in self.alternate_dirs):
+            raise UsageError(f"--{self.alternate_use}-dest needs a directory")
 
     @property
     def asked_writes(self) -> Tuple[str, ...]:
@@ -149,6 +165,12 @@ class TreeOptions(FileOptions):
     def metadata(self) -> MetadataOptions:
         return MetadataOptions(times=self.times, owner=self.owner, fsync=self.fsync, xattrs=self.xattrs,
                                acls=self.acls, numeric_ids=self.numeric_ids, sparse=self.sparse)
+
+
+#: What --link-dest, --copy-dest and --compare-dest do with a file found in their directories.
+ALTERNATE_USES = ("link", "copy", "compare")
+#: rsync's limit on those directories.
+MAX_ALTERNATE_DIRS = 20
 
 
 def file_options(*, concurrency: Optional[int] = None, **values) -> FileOptions:
@@ -189,5 +211,5 @@ def check_delta(mode: str) -> str:
     return mode
 
 
-__all__ = ["CACHE_MODES", "DEFAULT_CONCURRENCY", "DEFAULT_DELTA", "DELTA_MODES", "MAX_CONCURRENCY", "FileOptions",
-           "TreeOptions", "check_concurrency", "file_options"]
+__all__ = ["ALTERNATE_USES", "CACHE_MODES", "DEFAULT_CONCURRENCY", "DEFAULT_DELTA", "DELTA_MODES",
+           "MAX_ALTERNATE_DIRS", "MAX_CONCURRENCY", "FileOptions", "TreeOptions", "check_concurrency", "file_options"]

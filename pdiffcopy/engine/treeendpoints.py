@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pdiffcopy.core.records import dataclass
-from typing import Callable, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.engine.capabilities import Capability, check_declared
 from pdiffcopy.engine.endpoints import FileEndpoint
@@ -197,7 +197,41 @@ class KeptAttributes(Capability):
         return frozenset()
 
 
-class TreeEndpoint(WalkedHere, TreeCopies, ServedTree, KeptAttributes, ABC):
+#: What :meth:`Alternates.take_from_alternates` did with a file: hard linked it from a
+#: directory, copied it from one, or found it there and left it out of the tree (removing the
+#: tree's own, other, version: rsync's --compare-dest).
+LINKED_FROM_ALTERNATE, COPIED_FROM_ALTERNATE, MATCHED_IN_ALTERNATE, REMOVED_FOR_ALTERNATE = \
+    "linked", "copied", "matched", "removed"
+TAKEN_FROM_ALTERNATES = (LINKED_FROM_ALTERNATE, COPIED_FROM_ALTERNATE, MATCHED_IN_ALTERNATE, REMOVED_FOR_ALTERNATE)
+
+
+class Alternates(Capability):
+    """Files taken from other directories on the tree's side: rsync's --link-dest, --copy-dest and --compare-dest."""
+
+    def takes_from_alternates(self) -> bool:
+        """Whether :meth:`take_from_alternates` works here. Without it: no."""
+        return False
+
+    def take_from_alternates(self, entries: Sequence[Entry], existing: Set[str], directories: Sequence[str],
+                             use: str, options: MetadataOptions, dry_run: bool = False
+                             ) -> Tuple[Dict[str, str], int, List[Failure]]:
+        """Take the files ``entries`` describe from ``directories`` (relative to the tree's root), tried in order.
+
+        A file a directory holds exactly as its entry says (regular, of its size and
+        time, and of its permissions, owner and attributes as far as ``options`` keep
+        them) is linked from it (``use`` "link"), copied from it ("copy"), or left out
+        ("compare": a version this tree has, listed in ``existing``, is removed). Failing
+        that, the first file that differs only in those attributes is copied and given
+        the entry's. The others are left to the sync.
+
+        :param dry_run: Say what would be done, and do nothing.
+        :returns: By path, what was done (:data:`LINKED_FROM_ALTERNATE`...); the bytes copied; the failures.
+        :raises Unsupported: Unless :meth:`takes_from_alternates` (always, without it).
+        """
+        raise Unsupported(f"{self.location} does not take files from other directories")
+
+
+class TreeEndpoint(WalkedHere, TreeCopies, ServedTree, KeptAttributes, Alternates, ABC):
     """A directory tree that can be listed, read and changed in batches; what only some trees can do
     comes in capabilities (:mod:`pdiffcopy.engine.capabilities`), named in :attr:`capabilities`."""
 
@@ -257,10 +291,12 @@ class TreeEndpoint(WalkedHere, TreeCopies, ServedTree, KeptAttributes, ABC):
 
 
 #: Every capability interface of a tree, for the contract suite.
-TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes)
+TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes, Alternates)
 
 
-__all__ = ["DELETE", "LINK", "METADATA", "MKDIR", "MKNOD", "MKPATH", "REMOVE", "SYMLINK", "TREE_CAPABILITIES",
-           "Failure",
+__all__ = ["COPIED_FROM_ALTERNATE", "DELETE", "LINK", "LINKED_FROM_ALTERNATE", "MATCHED_IN_ALTERNATE", "METADATA",
+           "MKDIR", "MKNOD", "MKPATH", "REMOVE", "REMOVED_FOR_ALTERNATE", "SYMLINK", "TAKEN_FROM_ALTERNATES",
+           "TREE_CAPABILITIES",
+           "Alternates", "Failure",
            "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies",
            "TreeEndpoint", "WalkedHere"]

@@ -22,11 +22,15 @@ from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, source_data_bytes
 from pdiffcopy.engine.workfile import open_work
 from pdiffcopy.engine.treeendpoints import (
+    COPIED_FROM_ALTERNATE,
     DELETE,
+    LINKED_FROM_ALTERNATE,
+    MATCHED_IN_ALTERNATE,
     METADATA,
     MKDIR,
     MKPATH,
     REMOVE,
+    REMOVED_FOR_ALTERNATE,
     Failure,
     Operation,
     TreeEndpoint,
@@ -145,6 +149,8 @@ class Runner:
             self.result.not_synced += len(plan.files) + len(plan.symlinks) + len(plan.nodes) + len(plan.metadata) + \
                 len([e for e in plan.deletions if e.kind != DIR])
             return
+        if self.options.alternate_dirs and plan.files:
+            self._take_from_alternates(failed_directories)
         self._build_units(failed_directories)
         log_phase(self.started, "queued %d units", len(self.units))
         progress.files_total += len(plan.files)
@@ -361,6 +367,33 @@ class Runner:
         for start in range(0, len(files), BATCH_OPERATIONS):
             self.units.append(Unit(0, "delete", tuple(files[start:start + BATCH_OPERATIONS])))
         self.units.sort(key=lambda unit: unit.weight, reverse=True)
+
+    def _take_from_alternates(self, failed_directories: set) -> None:
+        """--link-dest, --copy-dest, --compare-dest: the files their directories have as the source has
+        them are taken from there (by the target, on its side) before the queue copies the rest."""
+        plan, options, result = self.plan, self.options, self.result
+        candidates = [action for action in plan.files
+                      if not (failed_directories and is_under(action.source.parent, failed_directories))]
+        taken, copied_bytes, failures = self.target.take_from_alternates(
+            [action.source for action in candidates], {a.path for a in candidates if a.target is not None},
+            options.alternate_dirs, options.alternate_use, self.meta)
+        result.failures += failures
+        if not taken and not failures:
+            return
+        done = set(taken) | {path for path, _ in failures}
+        for action in plan.files:
+            how = taken.get(action.path)
+            if how == LINKED_FROM_ALTERNATE:
+                result.linked += 1
+            elif how == COPIED_FROM_ALTERNATE:
+                result.files_copied += 1
+            elif how == REMOVED_FOR_ALTERNATE:
+                result.deleted += 1
+            elif how == MATCHED_IN_ALTERNATE:
+                result.unchanged += 1
+        result.bytes_moved += copied_bytes
+        plan.files = [action for action in plan.files if action.path not in done]
+        log_phase(self.started, "took %d files from the alternate directories", len(taken))
 
     @property
     def _copies_locally(self) -> bool:

@@ -56,7 +56,7 @@ from pdiffcopy.core.entries import BLOCK_DEVICE, CHAR_DEVICE, node_type
 from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS, NOT_KEPT_OWNER, NOT_KEPT_XATTRS
 from pdiffcopy.core.xattrs import PRIVILEGED_PREFIXES
 from pdiffcopy.engine.segments import hash_both
-from pdiffcopy.engine.treeendpoints import Failure, ListingStream, TreeEndpoint
+from pdiffcopy.engine.treeendpoints import MATCHED_IN_ALTERNATE, Failure, ListingStream, TreeEndpoint
 from pdiffcopy.engine.treelisting import stream_both
 from pdiffcopy.engine.treerunner import Runner, log_phase
 from pdiffcopy.engine.treeunits import TreeProgress, TreeResult
@@ -114,6 +114,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
+    if options.alternate_dirs and not target.takes_from_alternates():
+        raise UsageError(f"--{options.alternate_use}-dest: {target.location} does not take files from "
+                         f"other directories")
     if not options.dry_run:
         # Its listing removes what killed runs left (a server sweeps its root at start).
         target.sweep_while_listing()
@@ -225,6 +228,8 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
     finally:
         pieces.close()
     if whole is not None:
+        if options.alternate_dirs and whole.files:
+            _drop_matched_in_alternates(whole, target, options)
         if not target_missing and target.may_change_root():
             fix = root_fix(source_stream.root, target_stream.root, planner.options)
             if fix is not None:
@@ -235,6 +240,15 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 report_line(line.render())
     result.seconds = time.monotonic() - started
     return result
+
+
+def _drop_matched_in_alternates(plan: TreePlan, target: TreeEndpoint, options: TreeOptions) -> None:
+    """A dry run's files that --compare-dest's directories have as the source has them: no change."""
+    taken, _, _ = target.take_from_alternates([action.source for action in plan.files],
+                                              {a.path for a in plan.files if a.target is not None},
+                                              options.alternate_dirs, options.alternate_use, options.metadata,
+                                              dry_run=True)
+    plan.files = [action for action in plan.files if taken.get(action.path) != MATCHED_IN_ALTERNATE]
 
 
 def _finish(runner: Runner, target: TreeEndpoint) -> None:

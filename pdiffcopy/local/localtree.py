@@ -13,6 +13,7 @@ files in path order, so most files land in a directory opened just before.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -38,7 +39,11 @@ from pdiffcopy.core.treestops import (
     stop_cause,
 )
 from pdiffcopy.engine.treeendpoints import (
+    COPIED_FROM_ALTERNATE,
     DELETE,
+    LINKED_FROM_ALTERNATE,
+    MATCHED_IN_ALTERNATE,
+    REMOVED_FOR_ALTERNATE,
     LINK,
     METADATA,
     MKDIR,
@@ -50,6 +55,7 @@ from pdiffcopy.engine.treeendpoints import (
     Listing,
     ListingStream,
     MetadataOptions,
+    Alternates,
     KeptAttributes,
     Operation,
     TreeCopies,
@@ -68,6 +74,7 @@ from pdiffcopy.local.treenodes import (
 from pdiffcopy.local.treedata import TreeFailure, copy_data, read_exactly, write_data
 from pdiffcopy.local.treewalk import Directories, Frame, entry_from_stat, remove_all, walk_from, why
 from pdiffcopy.local.writerlocks import create_held
+from pdiffcopy.core.xattrs import attributes_differ
 from pdiffcopy.local.xattrs import apply_attributes, read_attributes
 
 logger = logging.getLogger(__name__)
@@ -88,7 +95,7 @@ _CREATOR = (os.geteuid(), os.getegid()) if hasattr(os, "geteuid") else (-1, -1)
 class LocalTree(TreeEndpoint):
     """The tree below a local directory (which need not exist yet)."""
 
-    capabilities = (WalkedHere, TreeCopies, KeptAttributes)
+    capabilities = (WalkedHere, TreeCopies, KeptAttributes, Alternates)
 
     #: Whether :meth:`list` removes the stale temporaries it passes (set on a sync's target).
     sweep = False
@@ -98,6 +105,8 @@ class LocalTree(TreeEndpoint):
         self.directory = os.path.abspath(directory)
         self._root: Optional[Root] = None
         self._prefix = ""
+        #: Beneath an already confined root (a server's: :meth:`below`), never to be left.
+        self._beneath = False
         self._local = threading.local()
         #: Change the metadata of files with several hard links (a server
         #: refuses unless started with --write-hard-links; see confinement.refuse_hard_links).
@@ -120,6 +129,7 @@ class LocalTree(TreeEndpoint):
         """The tree at ``relative`` beneath an already confined ``root`` (the server's)."""
         tree = cls(os.path.join(root.directory, relative))
         tree._root, tree._prefix = root, relative.strip("/")
+        tree._beneath = True
         return tree
 
     # -- descriptors -------------------------------------------------------
@@ -741,6 +751,116 @@ class LocalTree(TreeEndpoint):
     def can_copy_files_from(self, other: TreeEndpoint) -> bool:
         return isinstance(other, LocalTree)
 
+    # -- alternate directories (--link-dest, --copy-dest, --compare-dest) ----
+
+    def takes_from_alternates(self) -> bool:
+        return True
+
+    def take_from_alternates(self, entries: Sequence[Entry], existing: Set[str], directories: Sequence[str],
+                             use: str, options: MetadataOptions, dry_run: bool = False
+                             ) -> Tuple[Dict[str, str], int, List[Failure]]:
+        trees = [self._alternate_tree(directory) for directory in directories]
+        taken: Dict[str, str] = {}
+        failures: List[Failure] = []
+        copied_bytes = 0
+        try:
+            for entry in entries:
+                try:
+                    done, copied = self._take_from_alternate(entry, entry.path in existing, trees, use, options,
+                                                             dry_run)
+                except (OSError, PdiffcopyError) as error:
+                    failures.append((entry.path, _message(error)))
+                    continue
+                if done:
+                    taken[entry.path] = done
+                    copied_bytes += copied
+        finally:
+            for tree in trees:
+                tree.close()
+        return taken, copied_bytes, failures
+
+    def _alternate_tree(self, directory: str) -> "LocalTree":
+        """The tree at ``directory``, relative to this one's: beneath a server's root, never outside it."""
+        if not self._beneath:  # (lexically: the target may not exist yet)
+            return LocalTree(os.path.normpath(os.path.join(self.directory, directory)))
+        relative = os.path.normpath(os.path.join(self._prefix, directory))
+        if os.path.isabs(directory) or relative == ".." or relative.startswith("../"):
+            raise TreeFailure(f"{directory}: outside the served directory")
+        return LocalTree.below(self.root, "" if relative == "." else relative)
+
+    def _take_from_alternate(self, entry: Entry, exists: bool, trees: Sequence["LocalTree"], use: str,
+                             options: MetadataOptions, dry_run: bool) -> Tuple[str, int]:
+        """What :meth:`take_from_alternates` does with one file: (what was done or "", bytes copied)."""
+        differing: Optional[Tuple["LocalTree", int]] = None  # a file that differs in its attributes only
+        opened: List[int] = []
+        try:
+            for tree in trees:
+                fd = tree._open_alternate(entry)
+                if fd is None:
+                    continue
+                opened.append(fd)
+                info = os.fstat(fd)
+                if info.st_size != entry.size or info.st_mtime_ns != entry.mtime_ns:
+                    continue
+                if _same_attributes(fd, info, entry, options):
+                    if dry_run:
+                        return (MATCHED_IN_ALTERNATE if use == "compare" else
+                                LINKED_FROM_ALTERNATE if use == "link" else COPIED_FROM_ALTERNATE), 0
+                    if use == "compare":
+                        if exists:
+                            directory, name = self._parent(entry.path)
+                            os.unlink(name, dir_fd=directory)
+                            return REMOVED_FOR_ALTERNATE, 0
+                        return MATCHED_IN_ALTERNATE, 0
+                    if use == "link" and self._link_alternate(fd, info, entry):
+                        return LINKED_FROM_ALTERNATE, 0
+                    return COPIED_FROM_ALTERNATE, self._copy_alternate(fd, entry, exists, options)
+                if differing is None:
+                    differing = (tree, fd)
+            if differing is None:
+                return "", 0
+            if dry_run:
+                return COPIED_FROM_ALTERNATE, 0
+            return COPIED_FROM_ALTERNATE, self._copy_alternate(differing[1], entry, exists, options)
+        finally:
+            for fd in opened:
+                os.close(fd)
+
+    def _open_alternate(self, entry: Entry) -> Optional[int]:
+        """This tree's regular file at ``entry.path``, opened for reading, or None."""
+        try:
+            directory, name = self._parent(entry.path)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | PROBING_FLAGS, dir_fd=directory)
+        except (OSError, PdiffcopyError):
+            return None  # missing (the directory too), not a file, beyond a symlink: nothing to take
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def _link_alternate(self, fd: int, info: os.stat_result, entry: Entry) -> bool:
+        """Make ``entry.path`` another name of the open file; False where the file system refuses
+        (another file system, a limit on links: the file is copied instead, as rsync does)."""
+        directory, name = self._parent(entry.path)
+        try:
+            present = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            if (present.st_dev, present.st_ino) == (info.st_dev, info.st_ino):
+                return True
+        except FileNotFoundError:
+            pass
+        try:
+            replace_with_new(directory, name, lambda temporary: os.link(
+                f"/proc/self/fd/{fd}", temporary, dst_dir_fd=directory, follow_symlinks=True))
+        except OSError as error:
+            if error.errno in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+                return False
+            raise
+        return True
+
+    def _copy_alternate(self, fd: int, entry: Entry, exists: bool, options: MetadataOptions) -> int:
+        return self._write_file(entry, options, lambda target: copy_data(fd, target, entry, options.sparse),
+                                fresh=not exists)
+
     def file_endpoint(self, path: str) -> FileEndpoint:
         from pdiffcopy.local.confinedfile import ConfinedFile
 
@@ -762,6 +882,17 @@ def _make_directory(name: str, directory: Optional[int] = None) -> None:
     except FileExistsError:
         if not stat.S_ISDIR(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
             raise TreeFailure("exists and is not a directory") from None
+
+
+def _same_attributes(fd: int, info: os.stat_result, entry: Entry, options: MetadataOptions) -> bool:
+    """Whether an open file has ``entry``'s permissions, and its owner and attributes as far as
+    ``options`` keep them: rsync's "identical in all preserved attributes"."""
+    if stat.S_IMODE(info.st_mode) != entry.permissions:
+        return False
+    if options.owner and (info.st_uid, info.st_gid) != (entry.uid, entry.gid):
+        return False
+    return not options.attributes or not attributes_differ(
+        read_attributes(f"/proc/self/fd/{fd}", options, follow=True), entry.xattrs)
 
 
 def _unlink_quietly(name: str, directory: int) -> None:

@@ -271,6 +271,15 @@ def _components() -> Dict[str, Any]:
         "OpenAPI": {"type": "object", "required": ["openapi", "info", "paths"],
                     "description": "This document."},
         "Entry": _ENTRY,
+        "AlternatesAnswer": {
+            "type": "object", "required": ["taken", "copied_bytes", "failures"],
+            "properties": {
+                "taken": {"type": "object", "additionalProperties": {
+                    "type": "string", "enum": ["linked", "copied", "matched", "removed"]}},
+                "copied_bytes": {"type": "integer", "minimum": 0},
+                "failures": _FAILURE_LIST,
+            },
+        },
         "Failures": {
             "type": "object", "required": ["failures"],
             "properties": {
@@ -751,12 +760,29 @@ def _tree_paths() -> Dict[str, Dict[str, Any]]:
             body={"required": True, "description": "The operations, run in order (at most 64 MiB "
                                                    "of JSON, read item by item)",
                   "content": {_JSON: {"schema": _ref("schemas", "ApplyRequest")}}})
+        alternates = _operation(
+            f"treeAlternates{name}", "Take files from other directories of the export (rsync's --link-dest, "
+                                     "--copy-dest, --compare-dest)",
+            {"200": _json_answer("By path, what was done (linked, copied, matched, removed); the bytes "
+                                 "copied; the failures", "AlternatesAnswer")},
+            errors=_PATH_ERRORS + (413,), parameters=list(parameters) + flags + [
+                {"name": "use", "in": "query", "required": True,
+                 "schema": {"type": "string", "enum": ["link", "copy", "compare"]}},
+                {"name": "dir", "in": "query", "required": True, "description": "A directory relative to the "
+                 "tree, beneath the export's root (1 to 20, tried in order)",
+                 "schema": {"type": "array", "items": {"type": "string"}}, "explode": True},
+                {"name": "dry_run", "in": "query", "schema": {"type": "integer", "enum": [0, 1]},
+                 "description": "1: say what would be done, do nothing"}],
+            body={"required": True, "description": "The files, as [entry, exists] pairs (at most 20,000)",
+                  "content": {_JSON: {"schema": {"type": "object", "required": ["entries"], "properties": {
+                      "entries": {"type": "array", "items": {"type": "array"}}}}}}})
         paths[f"/.pdiffcopy/tree{suffix}"] = {
             "get": listing,
             "head": _head_of(listing, f"treeListHeaders{name}", "Listing headers")}
         paths[f"/.pdiffcopy/tree-read{suffix}"] = {"post": read}
         paths[f"/.pdiffcopy/tree-write{suffix}"] = {"post": write}
         paths[f"/.pdiffcopy/tree-apply{suffix}"] = {"post": apply}
+        paths[f"/.pdiffcopy/tree-alternates{suffix}"] = {"post": alternates}
     return paths
 
 

@@ -7,7 +7,8 @@ root (or the root itself, without ``{path}``):
 * ``GET /.pdiffcopy/tree/{path}``: the listing, as compact JSON;
 * ``POST /.pdiffcopy/tree-read/{path}``: files, whole, as a :mod:`~pdiffcopy.core.treewire` stream;
 * ``POST /.pdiffcopy/tree-write/{path}``: a treewire stream in, files written;
-* ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions.
+* ``POST /.pdiffcopy/tree-apply/{path}``: directories, symlinks, metadata, deletions;
+* ``POST /.pdiffcopy/tree-alternates/{path}``: files taken from other directories (--link-dest...).
 
 The work is done by a :class:`~pdiffcopy.local.localtree.LocalTree` confined
 beneath the server's :class:`~pdiffcopy.local.confinement.Root`; the views check what
@@ -49,8 +50,9 @@ from pdiffcopy.local.treewalk import Directories
 from pdiffcopy.server.context import request_metrics, server_state
 from pdiffcopy.server.requests import export_root, located
 from pdiffcopy.local.confinement import Root, clean_relative_path
-from pdiffcopy.core.protocol import RESERVED_NAME
+from pdiffcopy.core.protocol import MAX_PATH_LENGTH, RESERVED_NAME
 from pdiffcopy.engine.forkshared import Throttle
+from pdiffcopy.engine.options import ALTERNATE_USES, MAX_ALTERNATE_DIRS
 from pdiffcopy.core.exportconfig import REFUSABLE
 from pdiffcopy.engine.treeendpoints import DELETE, LINK, METADATA, MKNOD, REMOVE, Failure, MetadataOptions, Operation
 from pdiffcopy.core.treeplan import DIR, FILE, Entry
@@ -616,6 +618,44 @@ def tree_apply(path: str = ""):
     finally:
         tree.close()
     return failures_answer(failures, ignored, tree.take_notices())
+
+
+@trees.post(f"{PREFIX}/tree-alternates/")
+@trees.post(f"{PREFIX}/tree-alternates/<path:path>")
+@storage_failures
+def tree_alternates(path: str = ""):
+    """Take the body's files from the directories ``dir`` (relative to the tree, beneath the export's
+    root) when they are what the client's entries say: rsync's --link-dest, --copy-dest, --compare-dest."""
+    use = request.args.get("use", "")
+    if use not in ALTERNATE_USES:
+        raise BadRequest(f"Invalid use: {use[:20]!r} (expected {', '.join(ALTERNATE_USES)})")
+    directories = request.args.getlist("dir")
+    if not 0 < len(directories) <= MAX_ALTERNATE_DIRS or \
+            any(not directory or len(directory) > MAX_PATH_LENGTH or "\0" in directory for directory in directories):
+        raise BadRequest(f"Expected 1 to {MAX_ALTERNATE_DIRS} directories (dir), each a path")
+    dry_run = request.args.get("dry_run") == "1"
+    policy = client_policy()
+    check_refused(metadata_options(), asked=("hard-links",) if use == "link" else ())
+    options, ignored = policy.options(metadata_options())
+    items = json_list("entries", MAX_BATCH_OPERATIONS, _alternate_item)
+    tree = open_tree(path)
+    try:
+        taken, copied, failures = tree.take_from_alternates(
+            [policy.entry(entry, ignored) for entry, _ in items], {entry.path for entry, exists in items if exists},
+            directories, use, options, dry_run=dry_run)
+    finally:
+        tree.close()
+    return json_answer({"taken": taken, "copied_bytes": copied, "failures": [list(f) for f in failures]})
+
+
+def _alternate_item(value: Any) -> Tuple[Entry, bool]:
+    """``[entry, exists]``: a file to take, and whether the tree has a version of it."""
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], bool):
+        raise TreeWireError("Invalid item: expected [entry, exists]")
+    entry = parse_entry(value[0])
+    if entry.kind != FILE:
+        raise TreeWireError(f"Invalid item: {entry.path!r} is not a file")
+    return entry, value[1]
 
 
 __all__ = ["trees"]

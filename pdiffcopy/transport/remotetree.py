@@ -18,8 +18,11 @@ import contextlib
 import http.client
 import json
 import logging
+import os
+import posixpath
 import time
-from typing import Any, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from urllib.parse import quote
 
 from pdiffcopy.transport import counters
 from pdiffcopy.errors import AccessDenied, PdiffcopyError, RemoteError, ServerFailed
@@ -33,6 +36,8 @@ from pdiffcopy.core.locations import quote_path
 from pdiffcopy.transport.urls import split_server_url
 from pdiffcopy.engine.treeendpoints import (
     LINK,
+    TAKEN_FROM_ALTERNATES,
+    Alternates,
     Failure,
     KeptAttributes,
     Listing,
@@ -89,7 +94,7 @@ class RemoteTree(TreeEndpoint):
                      :class:`~pdiffcopy.transport.remote.RemoteFile` takes it.
     """
 
-    capabilities = (ServedTree, KeptAttributes)
+    capabilities = (ServedTree, KeptAttributes, Alternates)
 
     def __init__(self, url: str, token: Optional[str] = None, concurrency: int = 4,
                  timeout: float = DEFAULT_TIMEOUT, ca_file: Optional[str] = None,
@@ -465,6 +470,40 @@ class RemoteTree(TreeEndpoint):
 
     def close(self) -> None:
         self.client.close()
+
+    # -- Alternates --------------------------------------------------------
+
+    def takes_from_alternates(self) -> bool:
+        return True
+
+    def take_from_alternates(self, entries: Sequence[Entry], existing: Set[str], directories: Sequence[str],
+                             use: str, options: MetadataOptions, dry_run: bool = False
+                             ) -> Tuple[Dict[str, str], int, List[Failure]]:
+        """The server takes them, in batches: the directories are its, relative to the tree (an
+        absolute one is from the server's root: over ssh, the host's ``/``)."""
+        directories = [posixpath.relpath(directory, "/" + self.path.strip("/")) if directory.startswith("/")
+                       else directory for directory in directories]
+        target = self._target("tree-alternates", options) + f"&use={quote(use, safe='')}&dry_run={int(dry_run)}" + \
+            "".join(f"&dir={quote(os.fsencode(directory), safe='')}" for directory in directories)
+        taken: Dict[str, str] = {}
+        copied = 0
+        failures: List[Failure] = []
+        items = [(entry, entry.path in existing) for entry in entries]
+        for _, body in _batches(items, MAX_BATCH_OPERATIONS, None, None, lambda item: [item[0].to_wire(), item[1]],
+                                "entries"):
+            document = self.client.json(self.client.request("POST", target, body=body,
+                                                            headers={"Content-Type": "application/json"}))
+            try:
+                answered = document["taken"]
+                if not isinstance(answered, dict) or not all(
+                        isinstance(path, str) and how in TAKEN_FROM_ALTERNATES for path, how in answered.items()):
+                    raise ValueError("taken")
+                taken.update(answered)
+                copied += int(document["copied_bytes"])
+                failures += _failures(document["failures"])
+            except (KeyError, TypeError, ValueError, AttributeError):
+                raise self.client.malformed("taken") from None
+        return taken, copied, failures
 
     def _failures_of(self, response) -> List[Failure]:
         document = self.client.json(response)
