@@ -425,6 +425,8 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
             return run_tree(source, target, args, token, shown)
         if args.alternate_dirs:
             raise UsageError(f"--{args.alternate_dirs[0][0]}-dest is for tree syncs, and {source} is a file")
+        if args.backup or args.backup_dir:
+            raise UsageError(f"--backup is for tree syncs, and {source} is a file")
         from pdiffcopy.api import DEFAULT_HASH_METHOD
 
         options = dict(block_size=args.block_size, hash_method=args.hash_method or DEFAULT_HASH_METHOD,

@@ -300,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
         tree.add_argument(f"--{use}-dest", metavar="DIR", action=_AlternateDir, dest="alternate_dirs", default=[],
                           help=f"files TARGET lacks that DIR (relative to TARGET) has as SOURCE has them: "
                                f"{what} (repeatable, up to 20, tried in order; as rsync's)")
+    tree.add_argument("--backup", action="store_true",
+                      help="keep what the sync replaces or deletes as NAME~ (rsync's -b; -b is the "
+                           "block size here, as in pdiffcopy 1.0.1)")
+    tree.add_argument("--backup-dir", metavar="DIR", default="",
+                      help="with --backup (implied): move the old versions into DIR (relative to TARGET) "
+                           "under their paths")
+    tree.add_argument("--suffix", metavar="SUFFIX", default=None,
+                      help="what ends a backup's name (default ~, or nothing with --backup-dir)")
     # What the client runs on the HOST of a HOST:PATH (pdiffcopy.server.sshserve).
     parser.add_argument(SERVE_OPTION, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(DIRECT_OPTION, metavar="PORT", type=int, default=None, help=argparse.SUPPRESS)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 from typing import Callable, List, Optional
 
+from pdiffcopy.core.filters import glob_escape
 from pdiffcopy.core.locations import last_name
 from pdiffcopy.errors import PartialTransfer, PdiffcopyError, UsageError
 
@@ -61,7 +61,7 @@ def run_several(args: argparse.Namespace, sources: List[str], target: str, token
         rules = list(args.rules or [])
         errors: List[PdiffcopyError] = []
         for given, source in zip(sources, reached):
-            kept = [("-", "/" + _escaped(name)) for name in named] if args.delete and given.endswith("/") else []
+            kept = [("-", "/" + glob_escape(name)) for name in named] if args.delete and given.endswith("/") else []
             args.rules = kept + rules
             try:
                 sync_one(args, source, target.rstrip("/") + "/", token, shown)
@@ -78,11 +78,6 @@ def run_several(args: argparse.Namespace, sources: List[str], target: str, token
         return errors[0].exit_code
     logger.error("%d of %d SOURCEs could not be synced; the others were", len(errors), len(sources))
     return PARTIAL_STATUS
-
-
-def _escaped(name: str) -> str:
-    """A file name as an rsync glob that matches it alone."""
-    return re.sub(r"([*?\[\\])", r"\\\1", name)
 
 
 __all__ = ["run_several"]

@@ -61,7 +61,8 @@ def tree_options(args: argparse.Namespace):
         files_from=None if args.files_from is None else tuple(args.files_from), bwlimit=args.bwlimit,
         compress=args.compress, partial=args.partial, delta=args.delta, sparse=args.sparse, mkpath=args.mkpath,
         alternate_dirs=tuple(directory for _, directory in args.alternate_dirs),
-        alternate_use=args.alternate_dirs[0][0] if args.alternate_dirs else "")
+        alternate_use=args.alternate_dirs[0][0] if args.alternate_dirs else "",
+        backup=args.backup or bool(args.backup_dir), backup_dir=args.backup_dir, suffix=args.suffix)
 
 
 def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional[str],

@@ -73,6 +73,11 @@ def glob_to_regex(pattern: str) -> Tuple["re.Pattern[str]", bool]:
     return re.compile(regex, re.DOTALL), dir_only and not subtree
 
 
+def glob_escape(name: str) -> str:
+    """``name`` as a glob that matches it alone (its ``*``, ``?``, ``[`` and ``\\`` escaped)."""
+    return re.sub(r"([*?\[\\])", r"\\\1", name)
+
+
 def _class_end(body: str, start: int) -> int:
     """Where the ``[...]`` opened at ``start`` closes (a ``]`` first in it is literal), or -1."""
     first = start + 1
@@ -97,10 +102,13 @@ class PathFilter:
     """
 
     def __init__(self, includes: Iterable[str] = (), excludes: Iterable[str] = (),
-                 rules: Iterable[Tuple[str, str]] = (), files_from: Optional[Iterable[str]] = None) -> None:
+                 rules: Iterable[Tuple[str, str]] = (), files_from: Optional[Iterable[str]] = None,
+                 protected: Iterable[str] = ()) -> None:
         self.includes = [self._compile(text, "include") for text in includes]
         self.excludes = [self._compile(text, "exclude") for text in excludes]
         self.rules = [(action, *glob_to_regex(pattern)) for action, pattern in rules]
+        #: rsync's protect rules (P GLOB): target paths never deleted, whatever the source has.
+        self.protected = [glob_to_regex(pattern) for pattern in protected]
         self.files_from: Optional[Set[str]] = None
         self.files_from_parents: Set[str] = set()
         #: The listed paths and their parents met so far (:meth:`takes`), and those of them excluded.
@@ -220,6 +228,8 @@ class PathFilter:
             return True
         if self.excluded(path, is_dir) or not self.listed(path):
             return True
+        if any((is_dir or not dir_only) and regex.search(path) for regex, dir_only in self.protected):
+            return True
         return bool(self.includes) and not self.included(path, is_dir)
 
 
@@ -269,5 +279,5 @@ def is_under(directory: str, prefixes: Set[str]) -> bool:
     return False
 
 
-__all__ = ["EXCLUDE", "INCLUDE", "PathFilter", "files_from_roots", "glob_to_regex", "is_under", "normalise_listed",
-           "split_at_marker"]
+__all__ = ["EXCLUDE", "INCLUDE", "PathFilter", "files_from_roots", "glob_escape", "glob_to_regex", "is_under",
+           "normalise_listed", "split_at_marker"]

@@ -547,6 +547,7 @@ __all__ = [
     "METADATA",
     "DELETE",
     "REMOVE",
+    "BACKUP",
     "LINK",
     "OPERATIONS",
     "Operation",
@@ -571,7 +572,10 @@ REMOVE = "remove"  # remove whatever is there, a whole directory tree included
 #: Make entry.path another name of the regular file at entry.target (a path in the same
 #: tree), replacing what has the name in one step (-H/--hard-links).
 LINK = "link"
-OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK, MKPATH, MKNOD)
+#: Keep what has the name entry.path (not a directory) as entry.target, a path relative to the
+#: tree that may lead out of it (--backup-dir), replacing an older backup: before a change (--backup).
+BACKUP = "backup"
+OPERATIONS = (MKDIR, SYMLINK, METADATA, DELETE, REMOVE, LINK, MKPATH, MKNOD, BACKUP)
 
 
 @dataclass(frozen=True)

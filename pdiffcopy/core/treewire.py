@@ -55,7 +55,7 @@ from pdiffcopy.core.entries import (
     node_type,
     shared_mode,
 )
-from pdiffcopy.core.treeplan import LINK, MKNOD, OPERATIONS, Operation
+from pdiffcopy.core.treeplan import BACKUP, LINK, MKNOD, OPERATIONS, Operation
 
 #: Largest header accepted: an entry with a 4,096-byte path escaped six
 #: bytes per byte fits many times over.
@@ -297,7 +297,22 @@ def parse_operation(value: Any) -> Operation:
         check_link(operation.entry)
     elif name == MKNOD:
         check_node(operation.entry)
+    elif name == BACKUP:
+        check_backup(operation.entry)
     return operation
+
+
+def check_backup(entry: Entry) -> None:
+    """Insist that a :data:`BACKUP` operation names a path of the tree and a relative path to keep it as
+    (it may lead out of the tree, into a --backup-dir: the tree refuses one beyond its root).
+
+    :raises TreeWireError: For anything else.
+    """
+    kept = entry.target
+    if not entry.path or not kept or kept.startswith("/") or "\0" in kept or len(kept) > MAX_PATH_LENGTH \
+            or kept.endswith("/") or kept.rpartition("/")[2] in (".", ".."):
+        raise TreeWireError("Invalid backup operation: its entry must name a path and a relative path "
+                            "to keep it as")
 
 
 def check_node(entry: Entry) -> None:

@@ -142,6 +142,11 @@ class TreeOptions(FileOptions):
     #: what the source has (:meth:`~pdiffcopy.engine.treeendpoints.Alternates.take_from_alternates`).
     alternate_dirs: Tuple[str, ...] = ()
     alternate_use: str = ""
+    #: --backup: what the sync replaces or deletes is kept as NAME + ``backup_suffix``, or (--backup-dir)
+    #: moved into ``backup_dir`` (relative to the target) under its path; ``suffix`` is --suffix.
+    backup: bool = False
+    backup_dir: str = ""
+    suffix: Optional[str] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -153,6 +158,22 @@ class TreeOptions(FileOptions):
                              f"as in rsync (got {len(self.alternate_dirs)})")
         if any(not directory for directory in self.alternate_dirs):
             raise UsageError(f"--{self.alternate_use}-dest needs a directory")
+        if self.backup and not self.backup_dir and not self.backup_suffix:
+            raise UsageError("--suffix cannot be empty without --backup-dir (as in rsync)")
+        if "/" in self.backup_suffix or "\0" in self.backup_suffix:
+            raise UsageError(f"--suffix {self.backup_suffix!r}: a suffix cannot hold a slash")
+
+    @property
+    def backup_suffix(self) -> str:
+        """What ends a backup's name: --suffix, else rsync's "~" (nothing with --backup-dir)."""
+        if self.suffix is not None:
+            return self.suffix
+        return "" if self.backup_dir else "~"
+
+    def backup_path(self, path: str) -> str:
+        """Where the target's old version of ``path`` is kept (relative to the target)."""
+        kept = f"{self.backup_dir.rstrip('/')}/{path}" if self.backup_dir else path
+        return kept + self.backup_suffix
 
     @property
     def asked_writes(self) -> Tuple[str, ...]:

@@ -24,6 +24,7 @@ from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import Unsupported
 # The operations are the tree plan's vocabulary (core); named here too, for the engine's callers.
 from pdiffcopy.core.treeplan import (  # noqa: F401
+    BACKUP,
     DELETE,
     LINK,
     METADATA,
@@ -294,9 +295,9 @@ class TreeEndpoint(WalkedHere, TreeCopies, ServedTree, KeptAttributes, Alternate
 TREE_CAPABILITIES = (WalkedHere, TreeCopies, ServedTree, KeptAttributes, Alternates)
 
 
-__all__ = ["COPIED_FROM_ALTERNATE", "DELETE", "LINK", "LINKED_FROM_ALTERNATE", "MATCHED_IN_ALTERNATE", "METADATA",
-           "MKDIR", "MKNOD", "MKPATH", "REMOVE", "REMOVED_FOR_ALTERNATE", "SYMLINK", "TAKEN_FROM_ALTERNATES",
-           "TREE_CAPABILITIES",
+__all__ = ["BACKUP", "COPIED_FROM_ALTERNATE", "DELETE", "LINK", "LINKED_FROM_ALTERNATE", "MATCHED_IN_ALTERNATE",
+           "METADATA", "MKDIR", "MKNOD", "MKPATH", "REMOVE", "REMOVED_FOR_ALTERNATE", "SYMLINK",
+           "TAKEN_FROM_ALTERNATES", "TREE_CAPABILITIES",
            "Alternates", "Failure",
            "KeptAttributes", "Listing", "ListingStream", "MetadataOptions", "Operation", "ServedTree", "TreeCopies",
            "TreeEndpoint", "WalkedHere"]

@@ -22,6 +22,7 @@ from pdiffcopy.errors import PdiffcopyError, StorageError
 from pdiffcopy.engine.segments import TRANSFER_REQUEST_BYTES, source_data_bytes
 from pdiffcopy.engine.workfile import open_work
 from pdiffcopy.engine.treeendpoints import (
+    BACKUP,
     COPIED_FROM_ALTERNATE,
     DELETE,
     LINKED_FROM_ALTERNATE,
@@ -46,6 +47,7 @@ from pdiffcopy.engine.workers import (
 )
 from pdiffcopy.core.treeplan import (
     DIR,
+    FILE,
     REASON_NEW,
     Entry,
     FileAction,
@@ -134,6 +136,8 @@ class Runner:
             failures = self.target.apply([Operation(making, Entry("", DIR, 0, 0, 0o40755))], self.meta)
             if failures:
                 raise StorageError(f"Cannot create {self.target.location}: {failures[0][1]}")
+        if self.options.backup and not target_missing and not self.result.stopped:
+            self._back_up()
         operations = [Operation(REMOVE, entry) for entry in plan.removals] + \
             [Operation(MKDIR, entry) for entry in plan.directories]
         failed_directories = self.failed_directories
@@ -368,6 +372,29 @@ class Runner:
             self.units.append(Unit(0, "delete", tuple(files[start:start + BATCH_OPERATIONS])))
         self.units.sort(key=lambda unit: unit.weight, reverse=True)
 
+    def _back_up(self) -> None:
+        """--backup: keep what this piece replaces or deletes (but directories) before it changes.
+
+        A path whose old version could not be kept is not changed: it fails instead.
+        """
+        plan, options = self.plan, self.options
+        replaced = [a.target for a in plan.files] + [current for _, current in plan.symlinks + plan.nodes] + \
+            [link.target for link in plan.links] + plan.removals + plan.deletions
+        kept = [Operation(BACKUP, Entry(entry.path, FILE, 0, 0, 0o100600, target=options.backup_path(entry.path)))
+                for entry in replaced if entry is not None and entry.kind != DIR]
+        failures = self.target.apply(kept, self.meta)
+        if not failures:
+            return
+        self.result.failures += [(path, f"not changed: its old version could not be kept ({message})")
+                                 for path, message in failures]
+        failed = {path for path, _ in failures}
+        plan.files = [a for a in plan.files if a.path not in failed]
+        plan.symlinks = [pair for pair in plan.symlinks if pair[0].path not in failed]
+        plan.nodes = [pair for pair in plan.nodes if pair[0].path not in failed]
+        plan.links = [link for link in plan.links if link.path not in failed]
+        plan.removals = [entry for entry in plan.removals if entry.path not in failed]
+        plan.deletions = [entry for entry in plan.deletions if entry.path not in failed]
+
     def _take_from_alternates(self, failed_directories: set) -> None:
         """--link-dest, --copy-dest, --compare-dest: the files their directories have as the source has
         them are taken from there (by the target, on its side) before the queue copies the rest."""
@@ -407,7 +434,7 @@ class Runner:
             target = self.target.file_endpoint(action.path)
             # A target with other names gets a new file: written in place it would change
             # the other names too (and a server refuses that).
-            temporary = not delta or self.options.atomic or \
+            temporary = not delta or self.options.atomic or self.options.backup or \
                 (action.target is not None and action.target.nlink > 1)
             # In place, nobody else may write it until its last part is checked, or the blocks
             # it leaves alone could change unseen. A partial file is leased from the start (its

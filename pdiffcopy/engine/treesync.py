@@ -51,6 +51,7 @@ from pdiffcopy.core.treeplan import (
     root_fix,
     transfer_listing,
 )
+from pdiffcopy.core.filters import glob_escape
 from pdiffcopy.core.treestream import StreamPlanner
 from pdiffcopy.core.entries import BLOCK_DEVICE, CHAR_DEVICE, node_type
 from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS, NOT_KEPT_OWNER, NOT_KEPT_XATTRS
@@ -348,7 +349,9 @@ def _remove_tree(tree: TreeEndpoint, options: TreeOptions, progress: Optional[Tr
 
 def _filter(options: TreeOptions) -> PathFilter:
     try:
-        return PathFilter(options.includes, options.excludes, options.rules, options.files_from)
+        # --backup beside the files: --delete never deletes a backup (rsync's "P *~").
+        protected = ["*" + glob_escape(options.backup_suffix)] if options.backup and not options.backup_dir else []
+        return PathFilter(options.includes, options.excludes, options.rules, options.files_from, protected)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -206,8 +206,10 @@ class UnitWorker:
         fresh = {a.path for a in actions if a.target is None}
         # A dense old version of a sparse file is written again, holes and all, whatever its bytes.
         # So is one whose target file has other names that must not change with it.
-        compare = {a.path for a in actions if a.target is not None and a.reason != REASON_SHARED
-                   and a.target.size == a.source.size and not (a.source.sparse and not a.target.sparse)}
+        # And (--backup) every file replaced: its old version, kept, must not change with it.
+        compare = set() if self.runner.options.backup else \
+            {a.path for a in actions if a.target is not None and a.reason != REASON_SHARED
+             and a.target.size == a.source.size and not (a.source.sparse and not a.target.sparse)}
         source, target = self.runner.source, self.runner.target
         if target.can_copy_files_from(source):
             self._copy_locally(source, target, [a.source for a in actions], fresh, compare)

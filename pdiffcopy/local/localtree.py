@@ -39,6 +39,7 @@ from pdiffcopy.core.treestops import (
     stop_cause,
 )
 from pdiffcopy.engine.treeendpoints import (
+    BACKUP,
     COPIED_FROM_ALTERNATE,
     DELETE,
     LINKED_FROM_ALTERNATE,
@@ -662,6 +663,8 @@ class LocalTree(TreeEndpoint):
             self.set_metadata(entry, options)
         elif operation.name == LINK:
             self._link(entry.target, directory, name)
+        elif operation.name == BACKUP:
+            self._back_up(directory, name, entry.target)
         elif operation.name == DELETE:
             if entry.kind == DIR:
                 os.rmdir(name, dir_fd=directory)
@@ -702,6 +705,52 @@ class LocalTree(TreeEndpoint):
             # above, whatever its name is now (AT_EMPTY_PATH would need a capability).
             replace_with_new(directory, name, lambda temporary: os.link(
                 f"/proc/self/fd/{source}", temporary, dst_dir_fd=directory, follow_symlinks=True))
+        finally:
+            os.close(source)
+
+    def _back_up(self, directory: int, name: str, kept: str) -> None:
+        """Give what has ``name`` (not a directory) the other name ``kept`` (relative to the tree, maybe
+        out of it: beneath a server's root only), replacing an older backup; nothing there, nothing to keep."""
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode):
+            raise TreeFailure("is a directory: only files, symlinks and special files are kept as backups")
+        parent, _, kept_name = kept.rpartition("/")
+        keeper = self._alternate_tree(parent or ".")
+        try:
+            failures = keeper.apply([Operation(MKPATH, Entry("", DIR, 0, 0, 0o40755))], MetadataOptions())
+            if failures:
+                raise TreeFailure(f"cannot make the backup directory {parent}: {failures[0][1]}")
+            kept_directory, kept_name = keeper._parent(kept_name)
+            try:
+                replace_with_new(kept_directory, kept_name, lambda temporary: os.link(
+                    name, temporary, src_dir_fd=directory, dst_dir_fd=kept_directory, follow_symlinks=False))
+            except OSError as error:
+                if error.errno != errno.EXDEV or not stat.S_ISREG(info.st_mode):
+                    raise
+                self._copy_as_backup(directory, name, kept_directory, kept_name, info)
+        finally:
+            keeper.close()
+
+    @staticmethod
+    def _copy_as_backup(directory: int, name: str, kept_directory: int, kept_name: str,
+                        info: os.stat_result) -> None:
+        """A backup on another file system: the file's data, mode and times copied there."""
+        source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+        try:
+            entry = entry_from_stat(kept_name, info)
+
+            def make(temporary: str) -> None:
+                target = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                 stat.S_IMODE(info.st_mode), dir_fd=kept_directory)
+                try:
+                    copy_data(source, target, entry)
+                    os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+                finally:
+                    os.close(target)
+            replace_with_new(kept_directory, kept_name, make)
         finally:
             os.close(source)
 

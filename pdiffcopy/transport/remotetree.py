@@ -35,6 +35,7 @@ from pdiffcopy.transport.remote import RemoteFile
 from pdiffcopy.core.locations import quote_path
 from pdiffcopy.transport.urls import split_server_url
 from pdiffcopy.engine.treeendpoints import (
+    BACKUP,
     LINK,
     TAKEN_FROM_ALTERNATES,
     Alternates,
@@ -407,6 +408,9 @@ class RemoteTree(TreeEndpoint):
             refusal = _leaves_the_tree(operation.entry.path, allow_root=True)
             if not refusal and operation.name == LINK:
                 refusal = _leaves_the_tree(operation.entry.target)  # the file it is linked to
+            if operation.name == BACKUP and operation.entry.target.startswith("/"):
+                operation = Operation(BACKUP, operation.entry._replace(target=self._from_server_root(
+                    operation.entry.target)))
             if refusal:
                 failures.append((operation.entry.path, refusal))
             else:
@@ -481,8 +485,8 @@ class RemoteTree(TreeEndpoint):
                              ) -> Tuple[Dict[str, str], int, List[Failure]]:
         """The server takes them, in batches: the directories are its, relative to the tree (an
         absolute one is from the server's root: over ssh, the host's ``/``)."""
-        directories = [posixpath.relpath(directory, "/" + self.path.strip("/")) if directory.startswith("/")
-                       else directory for directory in directories]
+        directories = [self._from_server_root(directory) if directory.startswith("/") else directory
+                       for directory in directories]
         target = self._target("tree-alternates", options) + f"&use={quote(use, safe='')}&dry_run={int(dry_run)}" + \
             "".join(f"&dir={quote(os.fsencode(directory), safe='')}" for directory in directories)
         taken: Dict[str, str] = {}
@@ -504,6 +508,11 @@ class RemoteTree(TreeEndpoint):
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise self.client.malformed("taken") from None
         return taken, copied, failures
+
+    def _from_server_root(self, path: str) -> str:
+        """An absolute path on the server's side (from its root: over ssh, the host's /) as one relative
+        to this tree, for the server to confine."""
+        return posixpath.relpath(path, "/" + self.path)
 
     def _failures_of(self, response) -> List[Failure]:
         document = self.client.json(response)
