@@ -1398,6 +1398,16 @@ def test_a_tree_here_lists_its_block_devices_as_files_when_asked(trees, loop_dev
     assert (data, error) == (backing.read_bytes(), "")
 
 
+def test_walk_only_enters_the_directories_it_is_told_here_and_all_on_a_server(trees):
+    """--files-from and -R: a walk here need not read what no listed path is below."""
+    build_tree(trees.directory / "tree")
+    tree = trees.open("tree")
+    tree.walk_only(lambda path: path != "sub")
+    listed = {entry.path for entry in tree.list().entries}
+    assert {"sub", "hollow", "a.txt"} <= listed  # the directory itself is listed, not entered
+    assert ("sub/b.bin" in listed) is (trees.name != "local")
+
+
 def test_take_from_alternates_links_copies_or_leaves_out_what_a_directory_has_alike(trees):
     """--link-dest, --copy-dest, --compare-dest: on the tree's side, from a directory beside it."""
     build_tree(trees.directory / "prior")

@@ -10,9 +10,10 @@ deleted in parallel, locally or on a server.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple
 
 from pdiffcopy.api.endpoints import file_endpoint, tree_endpoint, wire_settings
+from pdiffcopy.core.filters import normalise_listed
 from pdiffcopy.core.locations import is_url, join_location, last_name, tree_locations
 from pdiffcopy.errors import FileMissing, NotAFile, UsageError
 
@@ -88,8 +89,8 @@ class LocationProbes:
         self.close()
 
 
-def resolve_locations(source: str, target: str, probes: LocationProbes, delete: bool = False
-                      ) -> Tuple[str, str, bool]:
+def resolve_locations(source: str, target: str, probes: LocationProbes, delete: bool = False,
+                      files_from: Optional[Sequence[str]] = None) -> Tuple[str, str, bool]:
     """What to sync to what: ``(source, target, is_tree)``.
 
     A directory SOURCE is a tree (rsync's trailing-slash rule decides where it goes:
@@ -97,6 +98,8 @@ def resolve_locations(source: str, target: str, probes: LocationProbes, delete: 
     directory TARGET goes into it, as with cp; anything else is the single-file sync.
 
     :param delete: ``--delete`` was given: a missing SOURCE is refused here (it would delete all).
+    :param files_from: The paths a tree sync takes (--files-from, -R): a TARGET inside the SOURCE
+                       directory is refused only when inside one of them.
     """
     if is_url(source) and is_url(target):
         return source, target, False  # the single-file sync says why not
@@ -106,7 +109,8 @@ def resolve_locations(source: str, target: str, probes: LocationProbes, delete: 
         if target_kind is not None and target_kind != "directory":
             raise NotAFile(f"Cannot sync the directory {source} onto {target}: it is not a directory")
         source_tree, target_tree = tree_locations(source, target)
-        check_not_nested(source_tree, target_tree)
+        for taken in [""] if files_from is None else map(normalise_listed, files_from):
+            check_not_nested(join_location(source_tree, taken) if taken else source_tree, target_tree)
         return source_tree, target_tree, True
     if source_kind is None and (source.endswith("/") or delete or target.endswith("/")
                                 or probes.kind(target) == "directory"):

@@ -334,6 +334,10 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_ca_file(args.ca_file)
     if args.benchmark:
         require_extra(("executor",), "client", "The benchmark (-B)")
+    if args.relative and args.files_from is None:  # (--files-from's paths are kept as they are anyway)
+        from pdiffcopy.cli.sources import run_relative
+
+        return run_relative(args, sources, target, token, sync_locations)
     if len(sources) > 1:
         from pdiffcopy.cli.sources import run_several
 
@@ -405,7 +409,8 @@ def sync_locations(args: argparse.Namespace, source: str, target: str, token: Op
             probes.endpoints.update(prepared)
             prepared.clear()
         given_target = target
-        source, target, is_tree = resolve_locations(source, target, probes, delete=args.delete)
+        source, target, is_tree = resolve_locations(source, target, probes, delete=args.delete,
+                                                    files_from=args.files_from)
         if not is_tree and target != given_target and given_target.endswith("/") \
                 and probes.kind(given_target) is None and not (args.dry_run or args.diff or args.benchmark):
             from pdiffcopy.api import make_directory, parent_location

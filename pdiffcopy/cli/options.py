@@ -300,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         tree.add_argument(f"--{use}-dest", metavar="DIR", action=_AlternateDir, dest="alternate_dirs", default=[],
                           help=f"files TARGET lacks that DIR (relative to TARGET) has as SOURCE has them: "
                                f"{what} (repeatable, up to 20, tried in order; as rsync's)")
+    tree.add_argument("-R", "--relative", action="store_true",
+                      help="keep each SOURCE's path below TARGET (from a /./ in it, else whole), the "
+                           "directories on its way made as the source has them, as rsync -R")
     tree.add_argument("--backup", action="store_true",
                       help="keep what the sync replaces or deletes as NAME~ (rsync's -b; -b is the "
                            "block size here, as in pdiffcopy 1.0.1)")

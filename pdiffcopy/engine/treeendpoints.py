@@ -117,6 +117,11 @@ class WalkedHere(Capability):
         tell cheaply (always, without it)."""
         return False
 
+    def walk_only(self, descend: Callable[[str], bool]) -> None:
+        """Have :meth:`TreeEndpoint.list` enter only the subdirectories whose paths ``descend``
+        takes (--files-from, -R: the walk need not read what no listed path is below). Without it:
+        nothing, a server walks all of the tree (the filters then leave out what is not taken)."""
+
     def list_devices_as_files(self) -> bool:
         """Have :meth:`TreeEndpoint.list` describe each block device as a regular file of the device's
         size, and :meth:`TreeEndpoint.read_files` and :meth:`TreeEndpoint.file_endpoint` read its

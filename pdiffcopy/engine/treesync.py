@@ -115,6 +115,9 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
+    if path_filter.files_from is not None:  # only what is on the way to a listed path, or below one
+        for tree in (source, target):
+            tree.walk_only(path_filter.listed)
     if options.alternate_dirs and not target.takes_from_alternates():
         raise UsageError(f"--{options.alternate_use}-dest: {target.location} does not take files from "
                          f"other directories")

@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 from collections import OrderedDict
-from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pdiffcopy.engine.endpoints import FileEndpoint
 from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError
@@ -124,6 +124,8 @@ class LocalTree(TreeEndpoint):
         self.make_devices = _IS_ROOT
         #: Block devices are listed and read as files of their size (:meth:`list_devices_as_files`).
         self._devices_as_files = False
+        #: The subdirectories the walk enters (:meth:`walk_only`); None: all.
+        self._descend: Optional[Callable[[str], bool]] = None
 
     @classmethod
     def below(cls, root: Root, relative: str) -> "LocalTree":
@@ -266,7 +268,7 @@ class LocalTree(TreeEndpoint):
         if root is not None and root.kind == DIR:
             frames.append((os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._directory("")), "", None))
         return root, Directories(walk_from(frames, self.location, self.sweep, self._attributes,
-                                                    self._devices_as_files), frames)
+                                           self._devices_as_files, self._descend), frames)
 
     def _root_or_none(self) -> Optional[Entry]:
         try:
@@ -600,6 +602,9 @@ class LocalTree(TreeEndpoint):
     def list_devices_as_files(self) -> bool:
         self._devices_as_files = True
         return True
+
+    def walk_only(self, descend: Callable[[str], bool]) -> None:
+        self._descend = descend
 
     def _check_links(self, info: os.stat_result) -> None:
         """Refuse a metadata change of a file with several hard links, unless allowed.

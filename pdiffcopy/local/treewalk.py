@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 from pdiffcopy.core.entries import FILE, OTHER, Entry, device_target, is_device, kind_of, known_mode, shared_mode
 from pdiffcopy.core.protocol import MAX_PATH_LENGTH
@@ -87,7 +87,8 @@ def close_pending(pending: List[Frame]) -> None:
 
 
 def walk_from(frames: List[Frame], location: str, sweep: bool = False, attributes: Optional[MetadataOptions] = None,
-              devices_as_files: bool = False) -> Iterator[Tuple[List[Entry], List[Failure]]]:
+              devices_as_files: bool = False, descend: Optional[Callable[[str], bool]] = None
+              ) -> Iterator[Tuple[List[Entry], List[Failure]]]:
     """Yield what the walk found, at most about :data:`WALK_BATCH_ENTRIES` entries at a time.
 
     Depth first without recursion: a frame per directory on the current
@@ -95,7 +96,8 @@ def walk_from(frames: List[Frame], location: str, sweep: bool = False, attribute
     descriptor is open per level, not per pending directory (a directory
     of thousands of subdirectories would exhaust the descriptors). The
     lists yielded are emptied and reused afterwards: a consumer takes
-    what it needs from them before it asks for more.
+    what it needs from them before it asks for more. With ``descend``, only
+    the subdirectories whose paths it takes are entered.
     """
     entries: List[Entry] = []
     failures: List[Failure] = []
@@ -117,6 +119,8 @@ def walk_from(frames: List[Frame], location: str, sweep: bool = False, attribute
                 continue
             name = names.pop()
             path = f"{relative}/{name}" if relative else name
+            if descend is not None and not descend(path):
+                continue
             try:
                 child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             except FileNotFoundError:
