@@ -43,8 +43,8 @@ def refused(*args: str, cwd=None, env_extra=None) -> subprocess.CompletedProcess
 # -- 6. sync-only options without SOURCE and TARGET -----------------------------------------
 
 @pytest.mark.parametrize("options", [
-    ["-a"], ["-n"], ["--delete"], ["--diff"], ["-e", "x"], ["-i", "x"], ["--remove"], ["--checksum"],
-    ["-W"], ["--atomic"], ["-b", "64K"], ["-t"],
+    ["-a"], ["-n"], ["--delete"], ["--diff"], ["-e", "x"], ["-i"], ["--include-regex", "x"], ["--remove"],
+    ["--checksum"], ["-W"], ["--atomic"], ["-b", "64K"], ["-t"],
 ])
 def test_sync_only_options_without_paths_are_refused(tmp_path, options):
     port = free_port()

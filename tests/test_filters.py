@@ -93,7 +93,8 @@ def test_glob_rules_come_before_regexes(tmp_path):
     assert "sub/c.bin" in got and "b.bin" not in got and "sub/deeper/e.bin" not in got
 
 
-@pytest.mark.parametrize("option,glob,hint", [("--exclude-regex", "*.tmp", "--exclude"), ("-i", "?x", "--include"),
+@pytest.mark.parametrize("option,glob,hint", [("--exclude-regex", "*.tmp", "--exclude"),
+                                              ("--include-regex", "?x", "--include"),
                                               ("--exclude-regex", "**", "--exclude")])
 def test_glob_given_to_a_regex_option_gets_a_hint(tmp_path, option, glob, hint):
     tree = small_tree(tmp_path / "src")

@@ -211,7 +211,7 @@ def test_unreadable_file_reported_rest_copied(tree, tmp_path):
 
 
 def test_remove_with_filters_keeps_the_rest(tree):
-    sync("--remove", "-i", r"\.bin$", tree)
+    sync("--remove", "--include-regex", r"\.bin$", tree)
     assert not (tree / "sub" / "b.bin").exists() and not (tree / "sub" / "deeper" / "c.bin").exists()
     assert (tree / "a.txt").exists() and (tree / "sub" / "deeper").is_dir()
 
@@ -431,14 +431,15 @@ def test_delete_removes_extraneous_but_never_excluded(ends, source_tree):
 
 def test_include_and_exclude_filter_copy_and_delete(ends, source_tree):
     target = ends.target
-    sync("-i", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(), ends.target_arg)
+    sync("--include-regex", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(), ends.target_arg)
     copied = snapshot(target)
     assert set(copied) == {"sub", "sub/b.bin"}
     # An excluded directory is not entered: its contents are protected from --delete too.
     (target / "sub" / "deeper").mkdir()
     (target / "sub" / "deeper" / "mine").write_bytes(b"mine")
     (target / "other.txt").write_bytes(b"not selected by the include")
-    sync("--delete", "-i", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(), ends.target_arg)
+    sync("--delete", "--include-regex", r"\.bin$", "--exclude-regex", "^sub/deeper/", ends.source_arg(),
+         ends.target_arg)
     assert (target / "sub" / "deeper" / "mine").exists()
     assert (target / "other.txt").exists()
 
@@ -448,7 +449,7 @@ def test_delete_with_include_deletes_only_what_the_include_selects(ends, source_
     target.mkdir()
     (target / "stale.bin").write_bytes(b"stale")
     (target / "other.txt").write_bytes(b"not selected: protected")
-    sync("-a", "--delete", "-i", r"\.bin$", ends.source_arg(), ends.target_arg)
+    sync("-a", "--delete", "--include-regex", r"\.bin$", ends.source_arg(), ends.target_arg)
     assert set(snapshot(target)) == {"sub", "sub/b.bin", "sub/deeper", "sub/deeper/c.bin", "other.txt"}
 
 

@@ -435,7 +435,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
               progress: "Optional[TreeProgress]" = None,
               report_line: Optional[Callable[[str], None]] = None, rsh: Optional[str] = None,
               remote_pdiffcopy: Optional[str] = None, direct: bool = False, direct_port: Optional[int] = None,
-              transfer_line: Optional[Callable[[str], None]] = None, **fields) -> "TreeResult":
+              transfer_line: Optional[Callable[[str], None]] = None,
+              itemize_line: Optional[Callable[[str], None]] = None, **fields) -> "TreeResult":
     """Make the directory tree ``target`` hold what the tree ``source`` holds.
 
     The locations are taken as given: ``source`` is the directory whose
@@ -448,6 +449,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
     :param token: The server's shared secret, as for :func:`sync`.
     :param report_line: Called with each line of a dry run's listing.
     :param transfer_line: Called with each path the sync changes, as rsync's ``-v`` lists them.
+    :param itemize_line: Called with each change in rsync's ``-i`` code (a dry run's too).
     :param rsh: For a ``HOST:PATH`` side: the ssh command, as for :func:`sync`.
     :param remote_pdiffcopy: For a ``HOST:PATH`` side: the remote program, as for :func:`sync`.
     :param direct: For a ``HOST:PATH`` side: TLS straight to HOST, as for :func:`sync`.
@@ -461,7 +463,7 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             return sync_tree(source, target, options, token=session.token, timeout=timeout,
                              ca_file=session.ca_file or ca_file,
                              progress=progress, report_line=report_line, transfer_line=transfer_line,
-                             **fields)
+                             itemize_line=itemize_line, **fields)
     from pdiffcopy.core import records
     from pdiffcopy.engine.treesync import run_tree_sync as run_tree
     from pdiffcopy.local.processes import die_with_parent
@@ -476,7 +478,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
             return combined([sync_tree(join_location(source, head) + "/" if head else source, target,
                                        records.replace(options, files_from=paths), token=token,
                                        timeout=timeout, ca_file=ca_file, progress=progress,
-                                       report_line=report_line, transfer_line=transfer_line)
+                                       report_line=report_line, transfer_line=transfer_line,
+                                       itemize_line=itemize_line)
                              for head, paths in roots.items()])
     # In shared memory and made before any worker forks: one limit for all of them.
     bucket = bwlimit_bucket(options.bwlimit, shared=True)
@@ -487,7 +490,8 @@ def sync_tree(source: str, target: str, options: "Optional[TreeOptions]" = None,
                                        timeout=timeout, ca_file=ca_file, rate_limit=bucket,
                                        compress=options.compress))
         return run_tree(trees[0], trees[1], options, progress, report_line=report_line,
-                        on_worker_start=die_with_parent, transfer_line=transfer_line)
+                        on_worker_start=die_with_parent, transfer_line=transfer_line,
+                        itemize_line=itemize_line)
     finally:
         for tree in trees:
             tree.close()

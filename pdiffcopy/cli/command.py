@@ -317,6 +317,8 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                          f"see pdiffcopy --help")
     *sources, target = args.paths
     source = sources[0]
+    if args.itemize_changes and len(sources) > 1:
+        _refuse_regex_after_i(sources[0])
     from pdiffcopy.core.sshform import parse_ssh_location
 
     over_ssh = any(parse_ssh_location(location) is not None for location in args.paths)
@@ -388,6 +390,17 @@ def _rsh_without_remote(rsh: str) -> str:
         return (f"-e {rsh}: -e is --rsh, the ssh command for a HOST:PATH, as in rsync; the regex filter "
                 f"is now --exclude-regex")
     return f"-e/--rsh {rsh}: only for a HOST:PATH SOURCE or TARGET (the regex filter is --exclude-regex)"
+
+
+def _refuse_regex_after_i(first: str) -> None:
+    """``-i REGEX``, 1.x's include filter, is rsync's --itemize-changes since 2.0: REGEX would be a
+    SOURCE, and the others synced unfiltered. A first SOURCE that looks like one, and is not there, is refused."""
+    from pdiffcopy.api import looks_like_regex
+    from pdiffcopy.core.locations import is_url, looks_remote
+
+    if looks_like_regex(first) and not is_url(first) and not looks_remote(first) and not os.path.lexists(first):
+        raise UsageError(f"-i is rsync's --itemize-changes since pdiffcopy 2.0, and {first!r} looks like a "
+                         f"regular expression: use --include-regex {first!r} (see docs/migration.rst)")
 
 
 def sync_locations(args: argparse.Namespace, source: str, target: str, token: Optional[str],

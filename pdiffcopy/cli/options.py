@@ -286,10 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("--files-from", metavar="FILE", action=_FilesFrom, default=None,
                       help="sync only the paths listed in FILE (relative to SOURCE, one a line, "
                            "with what is below them; - reads stdin)")
-    tree.add_argument("-i", "--include-regex", metavar="REGEX", dest="include", action="append", default=[],
+    tree.add_argument("--include-regex", metavar="REGEX", dest="include", action="append", default=[],
                       help="only sync paths (relative to the tree) matching REGEX (repeatable)")
     tree.add_argument("--exclude-regex", metavar="REGEX", dest="exclude", action="append", default=[],
                       help="leave out paths matching REGEX, and directories' contents (repeatable)")
+    tree.add_argument("-i", "--itemize-changes", action="store_true",
+                      help="list each change in rsync's code (YXcstpoguax PATH), a dry run's too; -i "
+                           "was --include-regex before 2.0")
     tree.add_argument("--diff", action="store_true",
                       help="list the differences between the trees, item by item; change nothing")
     tree.add_argument("--remove", action="store_true",

@@ -81,10 +81,13 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
     progress = TreeProgress(options.concurrency)
     started, wire_before = time.monotonic(), wire_totals()
     events, changes = args.events, []
-    listed = changes.append if events is not None else _print if args.verbose and not options.dry_run else None
+    itemized = args.itemize_changes and events is None  # (in place of -v's names, as rsync's -vi)
+    listed = changes.append if events is not None else \
+        _print if args.verbose and not options.dry_run and not itemized else None
     with _display(progress, args):
         result = sync_tree(source, target, options, token=token, timeout=args.timeout, ca_file=args.ca_file,
-                           progress=progress, report_line=_listing(args), transfer_line=listed)
+                           progress=progress, report_line=_listing(args), transfer_line=listed,
+                           itemize_line=_print if itemized else None)
     if events is not None:
         _count_tree(events, result, changes)
         if args.json:

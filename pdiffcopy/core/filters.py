@@ -87,7 +87,7 @@ def _class_end(body: str, start: int) -> int:
 
 
 class PathFilter:
-    """rsync's ``--include``/``--exclude`` globs, ``--files-from``, and ``-i``/``--exclude-regex`` regexes.
+    """rsync's ``--include``/``--exclude`` globs, ``--files-from``, and ``--include-regex``/``--exclude-regex`` regexes.
 
     The glob rules are tried first, in the order given, and the first one that
     matches decides (rsync's rule); a path no glob matches falls to the
@@ -126,7 +126,7 @@ class PathFilter:
         except re.error as error:
             if _GLOB_CHARS & set(text):  # the regex error ("nothing to repeat") would mislead
                 raise ValueError(f"The {what} regex {text!r} looks like a glob: use --{what} {text!r} "
-                                 f"(-i/-e and --{what}-regex take regular expressions)") from None
+                                 f"(--include-regex and --exclude-regex take regular expressions)") from None
             raise ValueError(f"Invalid {what} regex {text!r}: {error}") from None
 
     @property

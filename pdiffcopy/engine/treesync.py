@@ -51,7 +51,9 @@ from pdiffcopy.core.treeplan import (
     root_fix,
     transfer_listing,
 )
+from pdiffcopy.core import records
 from pdiffcopy.core.filters import glob_escape
+from pdiffcopy.core.itemize import itemized_lines
 from pdiffcopy.core.treestream import StreamPlanner
 from pdiffcopy.core.entries import BLOCK_DEVICE, CHAR_DEVICE, node_type
 from pdiffcopy.core.treestops import NODES_DEVICES, NODES_SPECIALS, NOT_KEPT_OWNER, NOT_KEPT_XATTRS
@@ -73,12 +75,16 @@ def run_tree_sync(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
               progress: Optional[TreeProgress] = None,
               report_line: Optional[Callable[[str], None]] = None,
               on_worker_start: Optional[WorkerStart] = None,
-              transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
+              transfer_line: Optional[Callable[[str], None]] = None,
+              itemize_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     """Make the tree ``target`` hold what the tree ``source`` holds.
 
     :param report_line: Called with each line of a dry run's or diff's listing.
     :param transfer_line: Called with each path a sync changes as it starts on it
                           (:func:`~pdiffcopy.core.treeplan.transfer_listing`: rsync's ``-v``).
+    :param itemize_line: Called with each change in rsync's ``-i`` code as the sync starts on it
+                         (:func:`~pdiffcopy.core.itemize.itemized_lines`); in a dry run, instead of
+                         ``report_line``.
     :param on_worker_start: What each forked worker does first, given this process's id:
                             :func:`pdiffcopy.api.sync_tree` passes
                             ``pdiffcopy.local.processes.die_with_parent``.
@@ -87,7 +93,8 @@ def run_tree_sync(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             collected in :attr:`TreeResult.failures` instead.
     """
     with _no_garbage_collection():
-        return _sync_tree(source, target, options, progress, report_line, on_worker_start, transfer_line)
+        return _sync_tree(source, target, options, progress, report_line, on_worker_start, transfer_line,
+                          itemize_line)
 
 
 @contextlib.contextmanager
@@ -111,7 +118,8 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
                progress: Optional[TreeProgress],
                report_line: Optional[Callable[[str], None]],
                on_worker_start: Optional[WorkerStart],
-               transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
+               transfer_line: Optional[Callable[[str], None]] = None,
+               itemize_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     started = time.monotonic()
     progress = progress or TreeProgress(options.concurrency)
     path_filter = _filter(options)
@@ -134,7 +142,7 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
     source_stream, target_stream = stream_both(source, target, on_worker_start)
     try:
         return _sync_streams(source, target, options, progress, report_line, on_worker_start, path_filter,
-                             source_stream, target_stream, started, transfer_line)
+                             source_stream, target_stream, started, transfer_line, itemize_line)
     finally:
         source_stream.close()
         target_stream.close()
@@ -143,7 +151,8 @@ def _sync_tree(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
 def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions, progress: TreeProgress,
                   report_line: Optional[Callable[[str], None]], on_worker_start: Optional[WorkerStart],
                   path_filter: PathFilter, source_stream: ListingStream, target_stream: ListingStream,
-                  started: float, transfer_line: Optional[Callable[[str], None]] = None) -> TreeResult:
+                  started: float, transfer_line: Optional[Callable[[str], None]] = None,
+                  itemize_line: Optional[Callable[[str], None]] = None) -> TreeResult:
     """Plan and run the sync a piece at a time, as the two listings come (core.treestream)."""
     if source_stream.root is None:
         raise FileMissing(f"Source does not exist: {source.location}")
@@ -205,6 +214,15 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             if transfer_line is not None:
                 for line in transfer_listing(piece):
                     transfer_line(line)
+            if itemize_line is not None:
+                shown = piece
+                if planner.finished and not target_missing and target.may_change_root():
+                    fix = root_fix(source_stream.root, target_stream.root, planner.options)
+                    if fix is not None:  # (set by the runner, as the last step: said here)
+                        shown = records.replace(piece, directory_metadata=piece.directory_metadata + [fix])
+                for line in itemized_lines(shown, planner.options, sent=not target.walks_here(),
+                                           root_made=not target_made):
+                    itemize_line(line)
             runner = Runner(source, target, options, piece, progress, result, on_worker_start)
             runner.failed_directories = failed_directories
             runner.announced = announced
@@ -239,9 +257,13 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
             if fix is not None:
                 whole.directory_metadata.append(fix)
         result.differences = describe_plan(whole, _compare_contents(source, target, whole, options))
-        for line in result.differences:
-            if report_line:
-                report_line(line.render())
+        if itemize_line is not None:
+            for text in itemized_lines(whole, planner.options, sent=not target.walks_here(), root_made=target_missing):
+                itemize_line(text)
+        else:
+            for line in result.differences:
+                if report_line:
+                    report_line(line.render())
     result.seconds = time.monotonic() - started
     return result
 
