@@ -135,6 +135,12 @@ class PartialTransfer(PdiffcopyError):
     exit_code = 23
 
 
+class DeletionsStopped(PdiffcopyError):
+    """--max-delete left some deletions undone; all else was synced (rsync's 25)."""
+
+    exit_code = 25
+
+
 class VanishedFiles(PartialTransfer):
     """Source files listed at the start were gone when read; all else was synced (rsync's 24)."""
 

@@ -75,6 +75,7 @@ exit status (rsync's, where rsync has one for the same failure):
        a full or read-only target stopped it, a file failed its
        verification or changed during the sync
    24  source files vanished during a tree sync (and nothing else failed)
+   25  --max-delete stopped deletions (and nothing else failed)
    30  timeout: the server did not answer within --timeout
   127  no pdiffcopy on the ssh host
   255  ssh failed
@@ -272,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="compare files of the same size by content, not by modification time")
     tree.add_argument("--delete", action="store_true",
                       help="delete what TARGET has and SOURCE does not (never excluded paths)")
+    tree.add_argument("--delete-excluded", action="store_true",
+                      help="also delete what the filters leave out of TARGET (implies --delete)")
+    tree.add_argument("--max-delete", metavar="NUM", type=_whole_number, default=None,
+                      help="delete at most NUM entries; with more to delete, leave the rest and exit 25")
+    tree.add_argument("--prune-empty-dirs", action="store_true",
+                      help="make no directory that would hold nothing once filtered (rsync's -m; -m is "
+                           "the hash method here, as in pdiffcopy 1.0.1)")
     tree.add_argument("--force", action="store_true",
                       help="let --delete empty TARGET when SOURCE has nothing to sync")
     tree.add_argument("--include", metavar="GLOB", action=_Rule, dest="rules", default=[],
@@ -445,6 +453,16 @@ class _FilesFrom(argparse.Action):
             setattr(namespace, self.dest, (getattr(namespace, self.dest) or []) + _read_list(value))
         except OSError as error:
             raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
+
+
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}")
+    return value
 
 
 def _positive_int(text: str) -> int:

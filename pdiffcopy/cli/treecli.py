@@ -15,7 +15,7 @@ import time
 from typing import Callable, Optional
 
 from pdiffcopy.core.locations import is_url
-from pdiffcopy.errors import PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
+from pdiffcopy.errors import DeletionsStopped, PartialTransfer, PdiffcopyError, UsageError, VanishedFiles
 from pdiffcopy.core.treeplan import printable
 from pdiffcopy.core.treestops import VANISHED, stop_cause
 
@@ -49,7 +49,9 @@ def tree_options(args: argparse.Namespace):
     owner = keeps_owner(args)
     return TreeOptions(
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
-        delete=args.delete, force=args.force, hard_links=args.hard_links, dry_run=args.dry_run or args.diff,
+        delete=args.delete or args.delete_excluded, force=args.force, delete_excluded=args.delete_excluded,
+        max_delete=args.max_delete, prune_empty_dirs=args.prune_empty_dirs, hard_links=args.hard_links,
+        dry_run=args.dry_run or args.diff,
         devices=args.devices or args.devices_and_specials or args.archive,
         specials=args.specials or args.devices_and_specials or args.archive, copy_devices=args.copy_devices,
         whole_file=args.whole_file, atomic=args.atomic, fsync=args.fsync,
@@ -177,6 +179,9 @@ def _finish(result, done: str = "") -> int:
                  10 unchanged"``).
     """
     if not result.failures and not result.stopped:
+        if result.deletions_skipped:
+            raise DeletionsStopped(f"Deletions stopped by --max-delete: {result.deletions_skipped} left undone; "
+                                   f"everything else was synced")
         return 0
     listed = [(path, message) for path, message in result.failures
               if not (result.stopped and stop_cause(message)[0])]  # those the last line counts

@@ -103,12 +103,16 @@ class PathFilter:
 
     def __init__(self, includes: Iterable[str] = (), excludes: Iterable[str] = (),
                  rules: Iterable[Tuple[str, str]] = (), files_from: Optional[Iterable[str]] = None,
-                 protected: Iterable[str] = ()) -> None:
+                 protected: Iterable[str] = (), delete_excluded: bool = False, prune_empty: bool = False) -> None:
         self.includes = [self._compile(text, "include") for text in includes]
         self.excludes = [self._compile(text, "exclude") for text in excludes]
         self.rules = [(action, *glob_to_regex(pattern)) for action, pattern in rules]
         #: rsync's protect rules (P GLOB): target paths never deleted, whatever the source has.
         self.protected = [glob_to_regex(pattern) for pattern in protected]
+        #: --delete-excluded: what the globs and regexes leave out is no longer protected from --delete.
+        self.delete_excluded = delete_excluded
+        #: -m: :meth:`apply` drops the directories that would hold nothing.
+        self.prune_empty = prune_empty
         self.files_from: Optional[Set[str]] = None
         self.files_from_parents: Set[str] = set()
         #: The listed paths and their parents met so far (:meth:`takes`), and those of them excluded.
@@ -131,7 +135,12 @@ class PathFilter:
 
     @property
     def active(self) -> bool:
-        return bool(self.includes or self.excludes or self.rules) or self.files_from is not None
+        return bool(self.includes or self.excludes or self.rules or self.prune_empty) or self.files_from is not None
+
+    @property
+    def holds_whole(self) -> bool:
+        """Whether :meth:`apply` must see the whole listing: what a directory holds decides it."""
+        return bool(self.includes) or self.prune_empty
 
     @staticmethod
     def _matches(patterns: List["re.Pattern[str]"], path: str, is_dir: bool) -> bool:
@@ -206,8 +215,11 @@ class PathFilter:
                     pruned.add(entry.path)
                 continue
             taken.append(entry)
-        if not self.includes:
-            return taken
+        if self.includes:
+            taken = self._with_included(taken)
+        return _without_empty_directories(taken) if self.prune_empty else taken
+
+    def _with_included(self, taken: List[Entry]) -> List[Entry]:
         # With includes: keep what matches, and the directories on its way.
         wanted = [e for e in taken if e.kind != DIR and self.included(e.path, False)]
         needed: Set[str] = set()
@@ -226,11 +238,20 @@ class PathFilter:
         """Whether a target entry is outside what the filters select (and so never deleted)."""
         if path.rpartition("/")[0] and is_under(path.rpartition("/")[0], parents_pruned):
             return True
-        if self.excluded(path, is_dir) or not self.listed(path):
+        if (self.excluded(path, is_dir) and not self.delete_excluded) or not self.listed(path):
             return True
         if any((is_dir or not dir_only) and regex.search(path) for regex, dir_only in self.protected):
             return True
-        return bool(self.includes) and not self.included(path, is_dir)
+        return bool(self.includes) and not self.delete_excluded and not self.included(path, is_dir)
+
+
+def _without_empty_directories(entries: List[Entry]) -> List[Entry]:
+    """``entries`` less the directories nothing but directories (or nothing) is below: rsync's -m."""
+    needed: Set[str] = set()
+    for entry in entries:
+        if entry.kind != DIR:
+            needed.update(ancestors(entry.path))
+    return [entry for entry in entries if entry.kind != DIR or entry.path in needed]
 
 
 def normalise_listed(text: str) -> str:

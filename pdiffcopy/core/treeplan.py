@@ -358,7 +358,8 @@ def _plan_extraneous(plan: TreePlan, unmatched: Iterable[Entry], target: Sequenc
                      options: PlanOptions, path_filter: PathFilter, removed: Set[str]) -> None:
     """The target's entries the source does not have (``unmatched``): deleted or reported."""
     unmatched = sorted(unmatched)  # by path: parents before children
-    pruned = {e.path for e in target if e.kind == DIR and path_filter.excluded(e.path, True)}
+    pruned = set() if path_filter.delete_excluded else \
+        {e.path for e in target if e.kind == DIR and path_filter.excluded(e.path, True)}
     extra: List[Entry] = []
     for entry in unmatched:
         if entry.parent and is_under(entry.parent, removed):

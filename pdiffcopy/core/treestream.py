@@ -123,8 +123,8 @@ class StreamPlanner:
         """
         options = self.options
         path_filter = self.path_filter
-        if path_filter.includes:
-            # An include keeps a directory for what is found below it later: held whole to decide.
+        if path_filter.holds_whole:
+            # An include (or -m) keeps a directory for what is found below it later: held whole to decide.
             wanted: Iterator[Entry] = iter(in_walk_order(path_filter.apply(source)))
         else:
             wanted = filtered(source, path_filter)

@@ -147,6 +147,12 @@ class TreeOptions(FileOptions):
     backup: bool = False
     backup_dir: str = ""
     suffix: Optional[str] = None
+    #: --delete-excluded: what the filters leave out of the target is deleted too (implies --delete).
+    delete_excluded: bool = False
+    #: --max-delete: at most this many deletions; the rest are left, and the sync exits 25.
+    max_delete: Optional[int] = None
+    #: -m: directories that would hold nothing once filtered are not made.
+    prune_empty_dirs: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,6 +164,9 @@ class TreeOptions(FileOptions):
                              f"as in rsync (got {len(self.alternate_dirs)})")
         if any(not directory for directory in self.alternate_dirs):
             raise UsageError(f"--{self.alternate_use}-dest needs a directory")
+        if self.max_delete is not None and (isinstance(self.max_delete, bool) or not isinstance(self.max_delete, int)
+                                            or self.max_delete < 0):
+            raise UsageError(f"Invalid --max-delete: {self.max_delete!r} (expected a whole number, 0 or more)")
         if self.backup and not self.backup_dir and not self.backup_suffix:
             raise UsageError("--suffix cannot be empty without --backup-dir (as in rsync)")
         if "/" in self.backup_suffix or "\0" in self.backup_suffix:

@@ -201,7 +201,7 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                 source_failures += [(path, "No such file or directory (listed in --files-from)")
                                     for path in path_filter.missing()]
                 result.failures += source_failures + target_failures
-                _check_deletions(piece, source, target, options, planner, source_failures)
+                _check_deletions(piece, source, target, options, planner, source_failures, result)
                 _warn_about(result.skipped, hard_links, hard_link_count, options, target)
                 if stripped:
                     logger.warning("%s: security.* and trusted.* attributes are not kept: it does not set "
@@ -312,7 +312,7 @@ def _without_privileged(entries: Iterator[Entry], stripped: Optional[List[str]])
 
 
 def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint, options: TreeOptions,
-                     planner: StreamPlanner, source_failures: List[Failure]) -> None:
+                     planner: StreamPlanner, source_failures: List[Failure], result: TreeResult) -> None:
     """The last piece's deletions, once both walks are done: refused, or left, when they would lose data."""
     if options.delete and plan.deletions and not options.force and not planner.wanted:
         raise UsageError(f"Refusing to delete everything in {target.location}: the source "
@@ -322,6 +322,15 @@ def _check_deletions(plan: TreePlan, source: TreeEndpoint, target: TreeEndpoint,
         logger.warning("Not deleting anything: %d part(s) of the source could not be listed",
                        len(source_failures))
         plan.extraneous, plan.deletions = plan.deletions, []
+    if options.max_delete is not None and len(plan.deletions) > options.max_delete:
+        kept = plan.deletions[options.max_delete:]  # files first, then directories deepest first
+        plan.deletions = plan.deletions[:options.max_delete]
+        if any(entry.kind == DIR for entry in kept):  # a directory whose files stay cannot go either
+            kept_paths = {entry.path for entry in kept}
+            plan.deletions = [entry for entry in plan.deletions if entry.kind != DIR or not any(
+                path.startswith(entry.path + "/") for path in kept_paths)]
+        plan.extraneous += kept
+        result.deletions_skipped += len(kept)
 
 
 def _add_piece(whole: TreePlan, piece: TreePlan) -> None:
@@ -376,7 +385,8 @@ def _filter(options: TreeOptions) -> PathFilter:
     try:
         # --backup beside the files: --delete never deletes a backup (rsync's "P *~").
         protected = ["*" + glob_escape(options.backup_suffix)] if options.backup and not options.backup_dir else []
-        return PathFilter(options.includes, options.excludes, options.rules, options.files_from, protected)
+        return PathFilter(options.includes, options.excludes, options.rules, options.files_from, protected,
+                          delete_excluded=options.delete_excluded, prune_empty=options.prune_empty_dirs)
     except ValueError as error:
         raise UsageError(str(error)) from None
 

@@ -61,6 +61,8 @@ class TreeResult:
     #: Units of work that failed as a whole (a lost connection, a worker that died): what
     #: they did is not known, so the sync did not finish, whatever the counts say.
     unfinished: int = 0
+    #: Deletions --max-delete left undone (rsync's exit status 25).
+    deletions_skipped: int = 0
     failures: List[Failure] = field(default_factory=list)
     differences: List[Difference] = field(default_factory=list)
     skipped: List[Entry] = field(default_factory=list)
@@ -75,7 +77,8 @@ def combined(results: Sequence[TreeResult]) -> TreeResult:
     total = TreeResult(first.source, first.target, dry_run=first.dry_run)
     for result in results:
         for name in ("files_copied", "bytes_moved", "directories_made", "deleted", "unchanged",
-                     "metadata_fixed", "nodes_made", "linked", "not_synced", "unfinished", "seconds"):
+                     "metadata_fixed", "nodes_made", "linked", "not_synced", "unfinished", "deletions_skipped",
+                     "seconds"):
             setattr(total, name, getattr(total, name) + getattr(result, name))
         for name in ("failures", "differences", "skipped"):
             getattr(total, name).extend(getattr(result, name))
