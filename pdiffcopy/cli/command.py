@@ -275,7 +275,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                                  log_level=logging.getLevelName(logger.getEffectiveLevel()).lower()))
         return 0
     if args.listen:
+        if set(args.listen) <= set("rlptgoDvnzHAXSxcuPhq"):  # rsync's bundle of flags: -rlptgoD
+            raise UsageError(f"-l is --listen here (as in pdiffcopy 1.0.1), so -l{args.listen} names an "
+                             f"address; rsync's -l is --links: write -a, or the flags with --links apart")
         raise UsageError("--listen is a server option; it makes no sense with SOURCE and TARGET")
+    if args.group and not (args.owner or args.archive):
+        raise UsageError("-g keeps the group with the owner here: give -o (or -a), which keeps both")
     if args.hash_methods:
         raise UsageError("--hash-methods is a server option; a sync chooses its method with -m")
     if args.metrics_listen:

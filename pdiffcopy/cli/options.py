@@ -243,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep times, owner, devices and specials too (-t -o -D); a tree keeps permissions "
                            "and symlinks always, a single file with -a (a symlink SOURCE is then made a symlink)")
     tree.add_argument("-t", "--times", action="store_true", help="keep modification times")
+    tree.add_argument("-r", "--recursive", action="store_true",
+                      help="rsync's: a tree is always synced whole; without --links (or -a), as with "
+                           "rsync -r, its symlinks are left out")
+    tree.add_argument("--links", action="store_true",
+                      help="keep symlinks as symlinks (rsync's -l; -l is --listen here, as in 1.0.1)")
+    tree.add_argument("-p", "--perms", action="store_true", help="keep permissions (a tree always does)")
+    tree.add_argument("-g", "--group", action="store_true", help="keep the group, with -o (which keeps both)")
     tree.add_argument("-H", "--hard-links", action="store_true",
                       help="keep hard links: names sharing a file in SOURCE share one in TARGET "
                            "(as rsync -H; not implied by -a)")
@@ -322,6 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "under their paths")
     tree.add_argument("--suffix", metavar="SUFFIX", default=None,
                       help="what ends a backup's name (default ~, or nothing with --backup-dir)")
+    for flags, nargs, reason in _NO_SENSE_HERE:
+        tree.add_argument(*flags, nargs=nargs, action=_NoSenseHere, reason=reason, help=argparse.SUPPRESS)
     # What the client runs on the HOST of a HOST:PATH (pdiffcopy.server.sshserve).
     parser.add_argument(SERVE_OPTION, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(DIRECT_OPTION, metavar="PORT", type=int, default=None, help=argparse.SUPPRESS)
@@ -431,6 +440,33 @@ class _Rule(argparse.Action):
         else:
             rules.append(("+" if option_string == "--include" else "-", value))
         setattr(namespace, self.dest, rules)
+
+
+#: rsync's options for its daemon and its protocol: refused, each in one line saying why.
+_NO_SENSE_HERE = (
+    (("--daemon",), 0, "rsync's daemon: a pdiffcopy server starts without SOURCE and TARGET (see --root)"),
+    (("--port",), 1, "the port of rsync's daemon: name a server by its URL, http(s)://HOST:PORT/PATH"),
+    (("--password-file",), 1, "the password of rsync's daemon: a server's token is --token-file or "
+                              "$PDIFFCOPY_TOKEN"),
+    (("--rsync-path",), 1, "rsync on the other host: pdiffcopy there is named by --remote-pdiffcopy"),
+    (("--protocol",), 1, "rsync's protocol version: pdiffcopy's protocol is told apart by itself"),
+    (("--checksum-seed",), 1, "a seed of rsync's protocol's checksums: pdiffcopy's digests take none"),
+    (("--blocking-io",), 0, "how rsync drives its remote shell: pdiffcopy's data goes over an ssh "
+                            "forwarding, never through the shell's pipes"),
+    (("--iconv",), 1, "names converted between character sets: pdiffcopy keeps a name's bytes as they are"),
+    (("--sockopts",), 1, "socket options of rsync's daemon connections"),
+)
+
+
+class _NoSenseHere(argparse.Action):
+    """An rsync option that makes no sense for pdiffcopy: refused, saying why."""
+
+    def __init__(self, *args, reason: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reason = reason
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        raise argparse.ArgumentError(self, f"not for pdiffcopy: {self.reason}")
 
 
 class _AlternateDir(argparse.Action):

@@ -51,6 +51,7 @@ def tree_options(args: argparse.Namespace):
         times=args.times or args.archive, owner=owner, checksum=args.checksum,
         delete=args.delete or args.delete_excluded, force=args.force, delete_excluded=args.delete_excluded,
         max_delete=args.max_delete, prune_empty_dirs=args.prune_empty_dirs, hard_links=args.hard_links,
+        symlinks=not args.recursive or args.links or args.archive,
         dry_run=args.dry_run or args.diff,
         devices=args.devices or args.devices_and_specials or args.archive,
         specials=args.specials or args.devices_and_specials or args.archive, copy_devices=args.copy_devices,

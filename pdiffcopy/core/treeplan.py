@@ -57,6 +57,8 @@ class PlanOptions:
     devices: bool = False
     #: --specials: fifos and unix sockets made as nodes; skipped otherwise.
     specials: bool = False
+    #: Symlinks made as symlinks; skipped otherwise (rsync's -r without -l).
+    symlinks: bool = True
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,7 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
             and entry.xattrs == current.xattrs:
         plan.unchanged += 1
         return False
-    if entry.kind == OTHER and not makes_node(entry, options):
+    if entry.kind == OTHER and not makes_node(entry, options) or entry.kind == SYMLINK and not options.symlinks:
         plan.specials.append(entry)
         return False
     touched = False

@@ -153,6 +153,8 @@ class TreeOptions(FileOptions):
     max_delete: Optional[int] = None
     #: -m: directories that would hold nothing once filtered are not made.
     prune_empty_dirs: bool = False
+    #: Symlinks synced as symlinks; False (rsync's -r without -l): left out, with a warning.
+    symlinks: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

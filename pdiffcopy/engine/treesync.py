@@ -39,6 +39,7 @@ from pdiffcopy.errors import FileMissing, NotAFile, PdiffcopyError, UsageError
 from pdiffcopy.core.hashing import verify_method
 from pdiffcopy.core.treeplan import (
     DIR,
+    SYMLINK,
     REASON_NEW,
     Difference,
     Entry,
@@ -174,7 +175,8 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                                         attributes=options.metadata.attributes,
                                         hard_links=options.hard_links,
                                         devices=options.devices and NODES_DEVICES in makes,
-                                        specials=options.specials and NODES_SPECIALS in makes), path_filter)
+                                        specials=options.specials and NODES_SPECIALS in makes,
+                                        symlinks=options.symlinks), path_filter)
     pieces = planner.plan(_entries(source_stream, source_failures, privileged_kept, stripped),
                           None if target_missing else _entries(target_stream, target_failures, privileged_kept))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run)
@@ -407,7 +409,9 @@ def _warn_about(specials: List[Entry], hard_links: List[Entry], hard_link_count:
 
 
 def _skip_reason(entry: Entry, options: TreeOptions, target: TreeEndpoint) -> str:
-    """Why a sync with ``options`` skipped the device, fifo or socket ``entry`` (what the warning says)."""
+    """Why a sync with ``options`` skipped the device, fifo, socket or symlink ``entry`` (what the warning says)."""
+    if entry.kind == SYMLINK:
+        return "symlink(s): -r without --links (or -a) leaves them out, as rsync's does"
     kind = node_type(entry.mode)
     makes = target.makes_nodes()
     if kind in (CHAR_DEVICE, BLOCK_DEVICE) and options.devices:
