@@ -193,3 +193,20 @@ def test_a_missing_files_from_entry_is_reported_with_exit_23(ends, tmp_path):
         rsynced = subprocess.run(["rsync", "-a", "--files-from", str(listing), f"{tree}/", str(tmp_path / "r")],
                                  capture_output=True)
         assert rsynced.returncode == 23
+
+
+@pytest.mark.parametrize("option", ["--exclude-from", "--files-from"])
+def test_a_list_reached_through_another_users_symlink_is_refused(tmp_path, option):
+    """As rsync 3.5.0: in a shared directory, another user's link would choose what the sync reads."""
+    tree = small_tree(tmp_path / "src")
+    listing = tmp_path / "list"
+    listing.write_text("a.txt\n")
+    (tmp_path / "shared").mkdir()
+    os.symlink(listing, tmp_path / "shared" / "theirs")
+    os.lchown(tmp_path / "shared" / "theirs", 65534, 65534)
+    os.symlink(listing, tmp_path / "shared" / "mine")
+    refused = sync(option, tmp_path / "shared" / "theirs", f"{tree}/", tmp_path / "dst", ok=False)
+    assert refused.returncode == 1 and "another user" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "dst").exists()
+    sync(option, tmp_path / "shared" / "mine", f"{tree}/", tmp_path / "dst")
+    assert (tmp_path / "dst" / "a.txt").exists() is (option == "--files-from")  # the list was read
