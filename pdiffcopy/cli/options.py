@@ -280,6 +280,19 @@ def build_parser() -> argparse.ArgumentParser:
                            "files and big files in a tree are always flushed")
     tree.add_argument("--checksum", action="store_true",
                       help="compare files of the same size by content, not by modification time")
+    tree.add_argument("-u", "--update", action="store_true",
+                      help="leave alone the files that are newer in TARGET (as rsync -u)")
+    tree.add_argument("--existing", "--ignore-non-existing", dest="existing", action="store_true",
+                      help="make nothing new in TARGET: update only what it has")
+    tree.add_argument("--ignore-existing", action="store_true",
+                      help="leave alone what TARGET has: make only what it lacks")
+    tree.add_argument("--size-only", action="store_true",
+                      help="take files of the same size for the same (their metadata is still set)")
+    tree.add_argument("-I", "--ignore-times", action="store_true",
+                      help="compare every file, even those of the same size and time")
+    tree.add_argument("-@", "--modify-window", metavar="NUM", type=int, default=0,
+                      help="times within NUM seconds are the same (default 0: whole seconds, as rsync; "
+                           "-1: nanoseconds too)")
     tree.add_argument("--delete", action="store_true",
                       help="delete what TARGET has and SOURCE does not (never excluded paths)")
     tree.add_argument("--delete-excluded", action="store_true",

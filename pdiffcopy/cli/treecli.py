@@ -52,6 +52,8 @@ def tree_options(args: argparse.Namespace):
         delete=args.delete or args.delete_excluded, force=args.force, delete_excluded=args.delete_excluded,
         max_delete=args.max_delete, prune_empty_dirs=args.prune_empty_dirs, hard_links=args.hard_links,
         symlinks=not args.recursive or args.links or args.archive,
+        update=args.update, existing=args.existing, ignore_existing=args.ignore_existing,
+        size_only=args.size_only, ignore_times=args.ignore_times, modify_window=args.modify_window,
         dry_run=args.dry_run or args.diff,
         devices=args.devices or args.devices_and_specials or args.archive,
         specials=args.specials or args.devices_and_specials or args.archive, copy_devices=args.copy_devices,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import List, Optional, Tuple
 
 from pdiffcopy.core.entries import DIR, FILE, OTHER, SYMLINK, Entry, is_device
-from pdiffcopy.core.treeplan import REASON_CONTENT, MetadataFix, PlanOptions, TreePlan, printable
+from pdiffcopy.core.treeplan import REASON_CONTENT, MetadataFix, PlanOptions, TreePlan, printable, same_time
 from pdiffcopy.core.xattrs import ACL_NAMES, attributes_differ
 
 _KINDS = {FILE: "f", DIR: "d", SYMLINK: "L"}
@@ -47,7 +47,8 @@ def _flags(source: Entry, target: Optional[Entry], options: PlanOptions, content
     letters = [
         "c" if content else ".",
         "s" if source.kind == FILE and source.size != target.size else ".",
-        "t" if source.kind != SYMLINK and source.mtime_ns != target.mtime_ns and options.times else ".",
+        "t" if source.kind != SYMLINK and options.times
+        and not same_time(source.mtime_ns, target.mtime_ns, options.modify_window) else ".",
         "p" if source.kind != SYMLINK and source.permissions != target.permissions else ".",
         "o" if options.owner and source.uid != target.uid else ".",
         "g" if options.owner and source.gid != target.gid else ".",

@@ -59,6 +59,17 @@ class PlanOptions:
     specials: bool = False
     #: Symlinks made as symlinks; skipped otherwise (rsync's -r without -l).
     symlinks: bool = True
+    #: rsync's transfer rules: -u skips a file newer in the target; --existing makes nothing new;
+    #: --ignore-existing leaves what the target has alone; --size-only takes same-size files for
+    #: the same (their metadata is still fixed); -I compares every file by content.
+    update: bool = False
+    existing: bool = False
+    ignore_existing: bool = False
+    size_only: bool = False
+    ignore_times: bool = False
+    #: --modify-window: times within this many seconds are the same; 0 (rsync's default) compares
+    #: whole seconds; below 0, nanoseconds too.
+    modify_window: int = 0
 
 
 @dataclass(frozen=True)
@@ -150,11 +161,26 @@ class TreePlan:
                     or self.directory_metadata or self.removals or self.deletions or self.links)
 
 
+def same_time(source_ns: int, target_ns: int, window: int) -> bool:
+    """Whether two modification times are the same for --modify-window ``window``.
+
+    Within ``window`` seconds; below 0, to the nanosecond. At 0 (the default) whole seconds
+    where either time has none below them (a file system that keeps seconds only, FAT or
+    ext3, or a copy made on one), and to the nanosecond where both have: rsync's default takes
+    whole seconds always, and misses a file rewritten at its size within the second it was synced.
+    """
+    if source_ns == target_ns:
+        return True
+    if window < 0 or window == 0 and source_ns % 1_000_000_000 and target_ns % 1_000_000_000:
+        return False
+    return abs(source_ns // 1_000_000_000 - target_ns // 1_000_000_000) <= window
+
+
 def _metadata_changes(source: Entry, target: Entry, options: PlanOptions) -> Tuple[str, ...]:
     changes = []
     if source.kind != SYMLINK and source.permissions != target.permissions:
         changes.append("mode")
-    if options.times and source.mtime_ns != target.mtime_ns:
+    if options.times and not same_time(source.mtime_ns, target.mtime_ns, options.modify_window):
         changes.append("time")
     if options.owner and (source.uid, source.gid) != (target.uid, target.gid):
         changes.append("owner")
@@ -206,12 +232,22 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
         current = None
     # The common case first: a single-linked file or a symlink whose
     # kind, size, time and mode match, and owner and attributes if asked.
-    elif current is not None and entry[1:5] == current[1:5] and entry.kind in _QUICK_KINDS \
-            and entry.target == current.target and entry.nlink == 1 \
-            and not options.checksum and (not options.owner or entry[5:7] == current[5:7]) \
-            and entry.xattrs == current.xattrs:
+    elif current is not None and entry[1:3] == current[1:3] and entry.mode == current.mode \
+            and (entry.mtime_ns == current.mtime_ns or same_time(entry.mtime_ns, current.mtime_ns,
+                                                                 options.modify_window)) \
+            and entry.kind in _QUICK_KINDS and entry.target == current.target and entry.nlink == 1 \
+            and not (options.checksum or options.ignore_times) \
+            and (not options.owner or entry[5:7] == current[5:7]) and entry.xattrs == current.xattrs:
         plan.unchanged += 1
         return False
+    if current is None and options.existing:
+        return False  # --existing: nothing new is made (nor what a new directory holds)
+    if current is not None and options.ignore_existing and entry.kind != DIR:
+        return False  # --ignore-existing: what the target has stays as it is
+    if options.update and current is not None and current.kind == FILE == entry.kind \
+            and current.mtime_ns > entry.mtime_ns \
+            and not same_time(entry.mtime_ns, current.mtime_ns, options.modify_window):
+        return False  # -u: newer in the target
     if entry.kind == OTHER and not makes_node(entry, options) or entry.kind == SYMLINK and not options.symlinks:
         plan.specials.append(entry)
         return False
@@ -349,9 +385,9 @@ def _file_reason(entry: Entry, current: Optional[Entry], options: PlanOptions) -
         return REASON_NEW
     if current.size != entry.size:
         return REASON_SIZE
-    if options.checksum:
+    if options.checksum or options.ignore_times:
         return REASON_CONTENT
-    if current.mtime_ns != entry.mtime_ns:
+    if not options.size_only and not same_time(entry.mtime_ns, current.mtime_ns, options.modify_window):
         return REASON_TIME
     return None
 
@@ -541,6 +577,7 @@ __all__ = [
     "printable",
     "removal_order",
     "root_fix",
+    "same_time",
     "Failure",
     "MKDIR",
     "MKPATH",

@@ -155,6 +155,13 @@ class TreeOptions(FileOptions):
     prune_empty_dirs: bool = False
     #: Symlinks synced as symlinks; False (rsync's -r without -l): left out, with a warning.
     symlinks: bool = True
+    #: rsync's transfer rules and quick check (core.treeplan.PlanOptions says what each does).
+    update: bool = False
+    existing: bool = False
+    ignore_existing: bool = False
+    size_only: bool = False
+    ignore_times: bool = False
+    modify_window: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -166,6 +173,8 @@ class TreeOptions(FileOptions):
                              f"as in rsync (got {len(self.alternate_dirs)})")
         if any(not directory for directory in self.alternate_dirs):
             raise UsageError(f"--{self.alternate_use}-dest needs a directory")
+        if isinstance(self.modify_window, bool) or not isinstance(self.modify_window, int):
+            raise UsageError(f"Invalid --modify-window: {self.modify_window!r} (expected a whole number of seconds)")
         if self.max_delete is not None and (isinstance(self.max_delete, bool) or not isinstance(self.max_delete, int)
                                             or self.max_delete < 0):
             raise UsageError(f"Invalid --max-delete: {self.max_delete!r} (expected a whole number, 0 or more)")
