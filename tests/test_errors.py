@@ -416,13 +416,21 @@ def test_both_urls(server, tmp_path, unique):
     assert snapshot(server.root) == before
 
 
-@pytest.mark.parametrize("arguments", [["one"], ["one", "two", "three"], ["-B", "1"]],
-                         ids=["one", "three", "benchmark-without-paths"])
+@pytest.mark.parametrize("arguments", [["one"], ["-B", "1"]], ids=["one", "benchmark-without-paths"])
 def test_wrong_number_of_paths(tmp_path, arguments):
     # Without paths the command starts a server: give it a harmless address just in case.
     completed = cli(*arguments, "--root", str(tmp_path), cwd=tmp_path, timeout=30) \
         if arguments == ["-B", "1"] else cli(*arguments, cwd=tmp_path, timeout=30)
     assert_fails(completed, 1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_several_missing_sources_make_nothing(tmp_path):
+    """Three paths are two SOURCEs and a TARGET, as in rsync: none there, each is named, and
+    TARGET is not made."""
+    completed = cli("one", "two", "three", cwd=tmp_path, timeout=30)
+    assert completed.returncode == 3 and "one" in completed.stderr and "two" in completed.stderr
+    assert "Traceback" not in completed.stderr
     assert list(tmp_path.iterdir()) == []
 
 

@@ -111,7 +111,9 @@ def _sync_each(args: argparse.Namespace, jobs: List[Tuple[str, list, Optional[Li
         token = session.token if session is not None else token
         if session is not None and session.ca_file:
             args.ca_file = session.ca_file
-        if not (args.dry_run or args.diff):
+        with api.LocationProbes(token=token, timeout=args.timeout, ca_file=args.ca_file) as probes:
+            anything = any(probes.kind(source) is not None for source in reached)
+        if anything and not (args.dry_run or args.diff):  # (none there: each says so, TARGET not made)
             api.make_directory(target, parents=args.mkpath, token=token, timeout=args.timeout,
                                ca_file=args.ca_file)
         rules, files_from = args.rules, args.files_from

@@ -47,8 +47,7 @@ def _flags(source: Entry, target: Optional[Entry], options: PlanOptions, content
     letters = [
         "c" if content else ".",
         "s" if source.kind == FILE and source.size != target.size else ".",
-        "t" if source.kind != SYMLINK and options.times
-        and not same_time(source.mtime_ns, target.mtime_ns, options.modify_window) else ".",
+        "t" if options.times and _times_differ(source, target, options.modify_window) else ".",
         "p" if source.kind != SYMLINK and source.permissions != target.permissions else ".",
         "o" if options.owner and source.uid != target.uid else ".",
         "g" if options.owner and source.gid != target.gid else ".",
@@ -57,6 +56,16 @@ def _flags(source: Entry, target: Optional[Entry], options: PlanOptions, content
         "x" if options.attributes and attributes_differ(source_xattrs, target_xattrs) else ".",
     ]
     return "".join(letters)
+
+
+def _times_differ(source: Entry, target: Entry, window: int) -> bool:
+    """As the quick check sees a file's times; a symlink's, a directory's and a node's as rsync's
+    letters show them (whole seconds, but with a window below 0)."""
+    if source.kind == FILE:
+        return not same_time(source.mtime_ns, target.mtime_ns, window)
+    if window < 0:
+        return source.mtime_ns != target.mtime_ns
+    return abs(source.mtime_ns // 1_000_000_000 - target.mtime_ns // 1_000_000_000) > window
 
 
 def _fix_flags(fix: MetadataFix) -> str:
