@@ -84,3 +84,26 @@ def test_times_both_to_the_nanosecond_are_compared_to_the_nanosecond(tmp_path):
     put(tmp_path / "dst", "f", b"FFFF", PAST + 456)
     done = run_cli("--no-progress", "-a", "--modify-window=1", f"{tmp_path}/src/", tmp_path / "dst")
     assert done.returncode == 0 and (tmp_path / "dst" / "f").read_bytes() == b"FFFF"  # asked: seconds
+
+
+@pytest.mark.parametrize("options", [["--max-size=1999"], ["--max-size=1.9K"], ["--max-size=2000-1"],
+                                     ["--min-size=2000"], ["--min-size=1KB+1", "--max-size=3K"]],
+                         ids=lambda options: " ".join(options))
+def test_size_bounds_leave_files_alone_as_rsyncs(ends, tmp_path, options):
+    ends.source.mkdir(parents=True, exist_ok=True)
+    for name, size in (("big", 2000), ("small", 2), ("huge", 5000)):
+        put(ends.source, name, b"x" * size, PAST)
+    put(ends.target, "huge", b"old", PAST)  # larger in the source: left as it is with --max-size
+    reference = tmp_path / "rsync"
+    put(reference, "huge", b"old", PAST)
+    subprocess.run(["rsync", "-a", *options, f"{ends.source}/", f"{reference}/"], check=True)
+    done = run_cli("--no-progress", "-a", *options, ends.source_arg(), ends.target_arg)
+    assert done.returncode == 0, done.stderr
+    assert without_directory_times(ends.target) == without_directory_times(reference)
+
+
+def test_a_bad_size_is_refused_in_one_line(tmp_path):
+    (tmp_path / "src").mkdir()
+    done = run_cli("--no-progress", "--max-size=abc", f"{tmp_path}/src/", tmp_path / "dst")
+    assert done.returncode == 1 and "--max-size" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "dst").exists()

@@ -293,6 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("-@", "--modify-window", metavar="NUM", type=int, default=0,
                       help="times within NUM seconds are the same (default 0: whole seconds, as rsync; "
                            "-1: nanoseconds too)")
+    tree.add_argument("--max-size", metavar="SIZE", type=_file_size, default=None,
+                      help="leave alone files larger than SIZE (rsync's units: a bare number is bytes, "
+                           "K/M/G binary, KB/MB/GB decimal, +1/-1 after them)")
+    tree.add_argument("--min-size", metavar="SIZE", type=_file_size, default=None,
+                      help="leave alone files smaller than SIZE")
     tree.add_argument("--delete", action="store_true",
                       help="delete what TARGET has and SOURCE does not (never excluded paths)")
     tree.add_argument("--delete-excluded", action="store_true",
@@ -532,24 +537,30 @@ class _FilesFrom(argparse.Action):
             raise argparse.ArgumentError(self, f"cannot read {value}: {error.strerror or error}") from None
 
 
-def _whole_number(text: str) -> int:
+def _whole_number(text: str, least: int = 0) -> int:
+    """``text`` as a whole number of at least ``least``, or argparse's one-line error."""
+    what = "a positive whole number" if least == 1 else f"a whole number, {least} or more"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}")
     return value
+
+
+def _file_size(text: str) -> int:
+    """--max-size, --min-size: rsync's SIZE in bytes, or argparse's one-line error."""
+    from pdiffcopy.core.ratelimit import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, not {text!r}")
-    return value
+    return _whole_number(text, least=1)
 
 
 def _compress_level(text: str) -> int:

@@ -54,6 +54,7 @@ def tree_options(args: argparse.Namespace):
         symlinks=not args.recursive or args.links or args.archive,
         update=args.update, existing=args.existing, ignore_existing=args.ignore_existing,
         size_only=args.size_only, ignore_times=args.ignore_times, modify_window=args.modify_window,
+        max_size=args.max_size, min_size=args.min_size,
         dry_run=args.dry_run or args.diff,
         devices=args.devices or args.devices_and_specials or args.archive,
         specials=args.specials or args.devices_and_specials or args.archive, copy_devices=args.copy_devices,

@@ -51,6 +51,24 @@ def parse_rate(text: str) -> Optional[int]:
     return rate
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*([+-]1)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """rsync's ``--max-size``/``--min-size`` SIZE in bytes: a bare number is bytes, the units as
+    :func:`parse_rate`'s, and a ``+1`` or ``-1`` after them adds or takes one byte.
+
+    >>> parse_size("1999"), parse_size("1.5K"), parse_size("1KB+1"), parse_size("2M-1")
+    (1999, 1536, 1001, 2097151)
+    """
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"Invalid size {text!r}: expected a number with an optional unit such as 500K, "
+                         f"50M or 1.5MB, and +1 or -1 (a bare number is bytes, as in rsync)")
+    return max(0, int(float(match.group(1)) * (_UNITS[unit] if unit else 1)) + int(match.group(3) or 0))
+
+
 def bandwidth_limit(value: "int | str | None", what: str = "--bwlimit") -> Optional[int]:
     """A client's limit in bytes per second from rsync's syntax or an int; None for no limit.
 

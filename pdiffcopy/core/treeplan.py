@@ -70,6 +70,9 @@ class PlanOptions:
     #: --modify-window: times within this many seconds are the same; 0 (rsync's default) compares
     #: whole seconds; below 0, nanoseconds too.
     modify_window: int = 0
+    #: --max-size, --min-size: files larger, or smaller, are left alone (None: no bound).
+    max_size: Optional[int] = None
+    min_size: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,9 @@ def _plan_entry(plan: TreePlan, entry: Entry, current: Optional[Entry], options:
             and (not options.owner or entry[5:7] == current[5:7]) and entry.xattrs == current.xattrs:
         plan.unchanged += 1
         return False
+    if entry.kind == FILE and (options.max_size is not None and entry.size > options.max_size
+                               or options.min_size is not None and entry.size < options.min_size):
+        return False  # --max-size, --min-size: left alone, as rsync's
     if current is None and options.existing:
         return False  # --existing: nothing new is made (nor what a new directory holds)
     if current is not None and options.ignore_existing and entry.kind != DIR:

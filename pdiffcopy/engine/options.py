@@ -162,6 +162,8 @@ class TreeOptions(FileOptions):
     size_only: bool = False
     ignore_times: bool = False
     modify_window: int = 0
+    max_size: Optional[int] = None
+    min_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

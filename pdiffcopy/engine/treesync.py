@@ -179,7 +179,8 @@ def _sync_streams(source: TreeEndpoint, target: TreeEndpoint, options: TreeOptio
                                         symlinks=options.symlinks, update=options.update,
                                         existing=options.existing, ignore_existing=options.ignore_existing,
                                         size_only=options.size_only, ignore_times=options.ignore_times,
-                                        modify_window=options.modify_window), path_filter)
+                                        modify_window=options.modify_window, max_size=options.max_size,
+                                        min_size=options.min_size), path_filter)
     pieces = planner.plan(_entries(source_stream, source_failures, privileged_kept, stripped),
                           None if target_missing else _entries(target_stream, target_failures, privileged_kept))
     result = TreeResult(source.location, target.location, dry_run=options.dry_run)
