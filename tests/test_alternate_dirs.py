@@ -79,6 +79,8 @@ def test_unchanged_files_come_from_dir_as_rsync_takes_them(ends, tmp_path, how):
     assert linked_to(ends.target, prior) == linked_to(reference, reference_prior)
     if how == "link":
         assert linked_to(ends.target, prior) == {"same", "sub/s", "big"}
+        # The summary counts what the disk shows: three linked; "changed", "mode" and "sub/new" copied.
+        assert "3 file(s) copied" in done.stderr and "3 hard link(s) made" in done.stderr, done.stderr
     assert snapshot(prior, times=True) == prior_before  # DIR is never changed
     again = run_cli("--no-progress", "-a", "--diff", option, ends.source_arg(), ends.target_arg)
     assert again.returncode == 0 and again.stdout == "", again.stdout

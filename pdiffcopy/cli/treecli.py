@@ -110,7 +110,7 @@ def run_tree(source: str, target: str, args: argparse.Namespace, token: Optional
                     "%d deleted, %d unchanged, in %s", shown(source), shown(target), result.files_copied,
                     format_size(result.bytes_moved, binary=True), result.directories_made,
                     "y" if result.directories_made == 1 else "ies",
-                    f"{result.linked} hard link(s) made, " if options.hard_links else "",
+                    f"{result.linked} hard link(s) made, " if options.hard_links or result.linked else "",
                     f"{result.nodes_made} special file(s) made, " if result.nodes_made else "",
                     result.deleted, result.unchanged, format_timespan(result.seconds))
     from pdiffcopy.cli.reports import print_stats, wants_stats
